@@ -31,8 +31,9 @@ def _cmd_ask(args: argparse.Namespace) -> int:
     _quiet_libraries()
     from edge_index.keys import normalize
     from origin.config import OriginConfig
-    from origin.generate import GenerationStats, SamplingParams, chat_messages, stream_chat
+    from origin.generate import GenerationStats, chat_messages, stream_chat
     from origin.model import load_model
+    from origin.sampling import SamplingParams
 
     normalize(args.question, field="question")  # rejects empty and over-long questions
     config = OriginConfig.from_env()

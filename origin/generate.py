@@ -11,30 +11,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from origin.detokenizer import IncrementalDetokenizer
+from origin.sampling import SamplingParams, sample_next
+
 if TYPE_CHECKING:
-    import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 Message = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
 
 
 @dataclass
@@ -80,46 +63,6 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return ids
-
-
-def sample_next(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
-) -> int:
-    """Pick the next token from ``logits`` ([vocab]) by greedy, or temperature/top-k/top-p."""
-    import torch
-
-    if params.temperature == 0.0:
-        return int(logits.argmax())
-    scores = logits.float() / params.temperature
-    if params.top_k > 0:
-        kth = torch.topk(scores, min(params.top_k, scores.numel())).values[-1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        # keep the smallest prefix whose mass reaches top_p (always at least one token)
-        outside = sorted_probs.cumsum(0) - sorted_probs >= params.top_p
-        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
-        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
-class IncrementalDetokenizer:
-    """Turns a growing list of token ids into text deltas, holding back incomplete UTF-8."""
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.emitted = ""
-
-    def push(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        text = str(self.tokenizer.decode(self.ids, skip_special_tokens=True))
-        if text.endswith("\ufffd") or not text.startswith(self.emitted):
-            return ""
-        delta = text[len(self.emitted) :]
-        self.emitted = text
-        return delta
 
 
 def stream_chat(

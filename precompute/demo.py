@@ -11,8 +11,9 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from origin.generate import GenerationStats, SamplingParams, chat_messages, stream_chat
+from origin.generate import GenerationStats, chat_messages, stream_chat
 from origin.model import load_model
+from origin.sampling import SamplingParams
 
 DEMO_QUESTIONS = (
     "What is the capital of France?",

@@ -1,16 +1,8 @@
 from __future__ import annotations
 
-import pytest
-import torch
-
-from origin.generate import (
-    GenerationStats,
-    IncrementalDetokenizer,
-    SamplingParams,
-    chat_messages,
-    sample_next,
-    stream_chat,
-)
+from origin.detokenizer import IncrementalDetokenizer
+from origin.generate import GenerationStats, chat_messages, stream_chat
+from origin.sampling import SamplingParams
 
 
 def _run(embedded_model, question: str, params: SamplingParams) -> tuple[str, GenerationStats]:  # type: ignore[no-untyped-def]
@@ -57,19 +49,6 @@ def test_seeded_sampling_is_reproducible(embedded_model) -> None:  # type: ignor
     assert len(others) > 1
 
 
-def test_sampling_filters_reduce_to_greedy() -> None:
-    generator = torch.Generator().manual_seed(0)
-    logits = torch.tensor([0.1, 3.0, 2.9, -1.0])
-    assert sample_next(logits, SamplingParams(temperature=0.0), None) == 1
-    for _ in range(20):
-        assert sample_next(logits, SamplingParams(temperature=1.0, top_k=1), generator) == 1
-        assert sample_next(logits, SamplingParams(temperature=1.0, top_p=1e-6), generator) == 1
-    seen = {
-        sample_next(logits, SamplingParams(temperature=5.0, top_k=2), generator) for _ in range(200)
-    }
-    assert seen == {1, 2}
-
-
 def test_detokenizer_never_splits_multibyte_characters(embedded_model) -> None:  # type: ignore[no-untyped-def]
     _, tokenizer = embedded_model
     text = "héllo 你好 👩🏽‍💻 naïve — ok"
@@ -78,17 +57,3 @@ def test_detokenizer_never_splits_multibyte_characters(embedded_model) -> None: 
     deltas = [detok.push(i) for i in ids]
     assert "".join(deltas) == tokenizer.decode(ids)
     assert all("\ufffd" not in d for d in deltas)
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"max_tokens": 0}, "max_tokens must be at least 1"),
-        ({"temperature": -0.5}, "temperature must be >= 0"),
-        ({"top_p": 0.0}, "top_p must be in"),
-        ({"top_k": -1}, "top_k must be >= 0"),
-    ],
-)
-def test_bad_sampling_params(kwargs: dict[str, float], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        SamplingParams(**kwargs)  # type: ignore[arg-type]

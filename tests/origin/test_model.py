@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from origin.generate import SamplingParams, answer
+from origin.generate import answer
 from origin.model import (
     EMBEDDED_INSTALL,
     MARKER,
@@ -22,6 +22,7 @@ from origin.model import (
     load_model,
     resolve_model_path,
 )
+from origin.sampling import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 CONVERT = (

@@ -1,0 +1,369 @@
+"""The engine: a background loop of schedule -> execute -> update over a slot KV cache.
+
+One engine serves both the online server (``stream``) and offline batch generation
+(``generate_many``). Requests join and leave between steps (iteration-level continuous batching);
+long prompts are prefilled in chunks beside running decodes; a cancelled request leaves at the
+next step and its slot is free for the next waiting one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from origin.engine.request import OutputCallback, Request, RequestOutput
+from origin.engine.runner import Runner, Segment, make_runner
+from origin.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from origin.generate import Message, encode_chat, eos_token_ids
+from origin.sampling import SamplingParams, sample_rows
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+Prompt = str | Sequence[Message] | Sequence[int]
+
+
+@dataclass(frozen=True)
+class EngineConfig(SchedulerConfig):
+    quantization: str | None = None  # None or "int8"
+
+
+@dataclass
+class Completion:
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    prompt_tokens: int
+    ttft_s: float | None
+    e2e_s: float | None
+    error: str | None = None
+
+
+@dataclass
+class EngineStats:
+    """Counters since start (for /metrics) and the state of the last step."""
+
+    steps: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    preemptions: int = 0
+    requests_finished: dict[str, int] = field(default_factory=dict)
+    last_step_tokens: int = 0
+    last_step_seqs: int = 0
+    busy_s: float = 0.0
+
+
+class Engine:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        config: EngineConfig | None = None,
+        runner: Runner | None = None,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.runner = runner or make_runner(
+            model, self.config.max_num_seqs, self.config.max_model_len, self.config.quantization
+        )
+        self.scheduler = Scheduler(self.config, self.runner.cache)
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        self.stats = EngineStats()
+        self._ids = itertools.count()
+        self._incoming: list[Request] = []
+        self._by_id: dict[str, Request] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.loop_error: BaseException | None = None
+        self.step_hooks: list[Callable[[SchedulerOutput], None]] = []
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: str = "embedded",
+        config: EngineConfig | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+    ) -> Engine:
+        from origin.model import load_model
+
+        model, tokenizer = load_model(spec, device=device, dtype=dtype)
+        return cls(model, tokenizer, config)
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """A question (str), chat messages, or token ids, as the prompt's token ids."""
+        if isinstance(prompt, str):
+            return encode_chat(self.tokenizer, [{"role": "user", "content": prompt}])
+        items = list(prompt)
+        if not items:
+            raise ValueError("prompt is empty")
+        if all(isinstance(t, int) for t in items):
+            return [int(t) for t in items]  # type: ignore[call-overload]
+        return encode_chat(self.tokenizer, items)  # type: ignore[arg-type]
+
+    def add_request(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        on_output: OutputCallback | None = None,
+        request_id: str | None = None,
+    ) -> Request:
+        """Queue a request; ``on_output`` is called from the engine thread with each output."""
+        params = params or SamplingParams()
+        request = Request(
+            request_id or f"req-{next(self._ids)}",
+            self.encode(prompt),
+            params,
+            self.tokenizer,
+            self.eos_ids,
+            on_output,
+        )
+        total = len(request.prompt_ids) + params.max_tokens
+        if total > self.config.max_model_len:
+            raise ValueError(
+                f"prompt ({len(request.prompt_ids)} tokens) + max_tokens ({params.max_tokens}) "
+                f"exceeds max_model_len {self.config.max_model_len}"
+            )
+        with self._wake:
+            if request.request_id in self._by_id:
+                raise ValueError(f"request id {request.request_id!r} is already in use")
+            self._by_id[request.request_id] = request
+            self._incoming.append(request)
+            self._wake.notify()
+        return request
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a request; its slot is freed at the next step. False if unknown or done."""
+        with self._wake:
+            request = self._by_id.get(request_id)
+            if request is None or request.finished:
+                return False
+            request.cancelled = True
+            self._wake.notify()
+            return True
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting) + len(self._incoming)
+
+    # -- the step -------------------------------------------------------------------------------
+
+    def step(self) -> SchedulerOutput:
+        """One schedule -> execute -> update. Safe to call by hand when the loop is not running."""
+        started = time.perf_counter()
+        with self._lock:
+            for request in self._incoming:
+                self.scheduler.add(request)
+            self._incoming.clear()
+        out = self.scheduler.schedule()
+        for request in out.aborted:
+            self._emit(request)
+        if out.scheduled:
+            sampled = self._execute(out)
+            self.scheduler.update(out, sampled)
+            for item in out.scheduled:
+                request = item.request
+                if request.request_id in sampled or request.finished:
+                    self._emit(request)
+            self.stats.generation_tokens += len(sampled)
+            self.stats.prompt_tokens += sum(
+                s.num_tokens for s in out.scheduled if s.request.request_id not in sampled
+            ) + sum(s.num_tokens - 1 for s in out.scheduled if s.request.request_id in sampled)
+        self.stats.preemptions = self.scheduler.num_preemptions
+        self.stats.steps += 1
+        self.stats.last_step_tokens = out.num_tokens
+        self.stats.last_step_seqs = len(out.scheduled)
+        self.stats.busy_s += time.perf_counter() - started
+        for hook in self.step_hooks:
+            hook(out)
+        return out
+
+    def _execute(self, out: SchedulerOutput) -> dict[str, int]:
+        segments = [
+            Segment(
+                slot=item.request.slot,  # type: ignore[arg-type]
+                token_ids=item.request.token_ids[
+                    item.request.num_computed : item.request.num_computed + item.num_tokens
+                ],
+                start=item.request.num_computed,
+            )
+            for item in out.scheduled
+        ]
+        logits = self.runner.forward(segments)
+        rows = [i for i, item in enumerate(out.scheduled) if item.completes_known_tokens]
+        if not rows:
+            return {}
+        stacked = torch.stack([logits[i][-1] for i in rows]).cpu()
+        requests = [out.scheduled[i].request for i in rows]
+        tokens = sample_rows(stacked, [r.params for r in requests], [r.generator for r in requests])
+        return {r.request_id: t for r, t in zip(requests, tokens, strict=True)}
+
+    def _emit(self, request: Request) -> None:
+        output = request.take_output()
+        if output.finished:
+            with self._lock:
+                self._by_id.pop(request.request_id, None)
+            reason = output.finish_reason or "unknown"
+            self.stats.requests_finished[reason] = self.stats.requests_finished.get(reason, 0) + 1
+        if request.on_output is not None:
+            try:
+                request.on_output(output)
+            except Exception:  # a broken consumer must not stop the engine
+                log.exception("output callback of %s failed", request.request_id)
+
+    # -- the background loop --------------------------------------------------------------------
+
+    def start(self) -> Engine:
+        if self._thread is None or not self._thread.is_alive():
+            self._stopping = False
+            self._thread = threading.Thread(target=self._loop, name="edgeqa-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.loop_error is None
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self._incoming and not self.scheduler.has_work:
+                    self._wake.wait()
+                if self._stopping:
+                    break
+            try:
+                self.step()
+            except Exception as error:
+                # fail what was in flight, keep serving the next requests
+                log.exception("engine step failed")
+                for request in self.scheduler.abort_all(
+                    "error", f"{type(error).__name__}: {error}"
+                ):
+                    self._emit(request)
+
+    # -- interfaces -----------------------------------------------------------------------------
+
+    async def stream(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield outputs as they are produced; leaving the loop early cancels the request."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+
+        def deliver(output: RequestOutput) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, output)
+            except RuntimeError:
+                pass  # the consumer's event loop is gone; the request is being cancelled
+
+        request = self.add_request(prompt, params, deliver, request_id)
+        self.start()
+        finished = False
+        try:
+            while not finished:
+                output = await queue.get()
+                finished = output.finished
+                yield output
+        finally:
+            if not finished:
+                self.cancel(request.request_id)
+
+    def generate_many(
+        self,
+        prompts: Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        progress: bool = True,
+        desc: str = "generating",
+    ) -> list[Completion]:
+        """Generate for every prompt, keeping the batch full; results in the prompts' order."""
+        from tqdm import tqdm
+
+        per_prompt = (
+            list(params)
+            if isinstance(params, Sequence)
+            else [params or SamplingParams()] * len(prompts)
+        )
+        if len(per_prompt) != len(prompts):
+            raise ValueError("params must be one SamplingParams or one per prompt")
+        results: dict[str, Completion] = {}
+        texts: dict[str, list[str]] = {}
+        tokens: dict[str, list[int]] = {}
+        done = threading.Event()
+        bar = tqdm(total=len(prompts), desc=desc, unit="req", disable=not progress)
+
+        def collect(output: RequestOutput) -> None:
+            texts[output.request_id].append(output.delta_text)
+            tokens[output.request_id].extend(output.delta_token_ids)
+            if output.finished:
+                times = output.times
+                results[output.request_id] = Completion(
+                    request_id=output.request_id,
+                    text="".join(texts[output.request_id]),
+                    token_ids=tokens[output.request_id],
+                    finish_reason=output.finish_reason,
+                    prompt_tokens=output.prompt_tokens,
+                    ttft_s=times.ttft_s,
+                    e2e_s=None if times.finished is None else times.finished - times.arrival,
+                    error=output.error,
+                )
+                bar.update(1)
+                if len(results) == len(prompts):
+                    done.set()
+
+        ids = []
+        for prompt, p in zip(prompts, per_prompt, strict=True):
+            request_id = f"batch-{next(self._ids)}"
+            texts[request_id], tokens[request_id] = [], []
+            ids.append(self.add_request(prompt, p, collect, request_id).request_id)
+        if not prompts:
+            done.set()
+        if self._thread is not None and self._thread.is_alive():
+            done.wait()
+        else:
+            while not done.is_set():
+                self.step()
+        bar.close()
+        return [results[i] for i in ids]
+
+    def metrics(self) -> dict[str, Any]:
+        return {
+            "num_requests_running": self.num_running,
+            "num_requests_waiting": self.num_waiting,
+            "kv_cache_usage": self.scheduler.kv_tokens_used / self.config.kv_capacity,
+            "steps": self.stats.steps,
+            "prompt_tokens": self.stats.prompt_tokens,
+            "generation_tokens": self.stats.generation_tokens,
+            "preemptions": self.stats.preemptions,
+            "requests_finished": dict(self.stats.requests_finished),
+        }

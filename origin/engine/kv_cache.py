@@ -1,0 +1,77 @@
+"""The KV cache: preallocated slots indexed by position (gpt-fast style).
+
+A request owns one slot for its lifetime in the running set. Its keys and values for position ``p``
+live at ``[:, slot, :, p]``; the slot's length is how many positions are valid. Finishing a request,
+cancelling it or rejecting speculative tokens only moves that length: nothing is copied or freed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class SlotKVCache:
+    # k, v: [layers, slots, kv_heads, max_len, head_dim]
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        num_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_slots = num_slots
+        self.max_len = max_len
+        self.lengths = [0] * num_slots
+        self._free = list(range(num_slots))  # kept sorted: the lowest free slot is taken first
+        self.kv_heads_index = torch.arange(num_kv_heads, device=device)
+
+    @property
+    def bytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def used_slots(self) -> list[int]:
+        free = set(self._free)
+        return [s for s in range(self.num_slots) if s not in free]
+
+    def allocate(self) -> int:
+        """Take the lowest free slot; low slots keep batched attention's slot range compact."""
+        if not self._free:
+            raise RuntimeError("no free KV cache slot")
+        slot = self._free.pop(0)
+        self.lengths[slot] = 0
+        return slot
+
+    def free(self, slot: int) -> None:
+        assert slot not in self._free, f"slot {slot} freed twice"
+        self.lengths[slot] = 0
+        self._free.append(slot)
+        self._free.sort()
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Forget positions ``>= length`` (speculative rollback): a position move, no copy."""
+        assert 0 <= length <= self.lengths[slot]
+        self.lengths[slot] = length
+
+    def write(
+        self,
+        layer: int,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> None:
+        """Store k, v ([tokens, kv_heads, head_dim]) at (slot, position) for each token."""
+        heads = self.kv_heads_index[None, :]
+        self.k[layer][slots[:, None], heads, positions[:, None]] = k
+        self.v[layer][slots[:, None], heads, positions[:, None]] = v

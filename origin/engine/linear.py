@@ -1,0 +1,170 @@
+"""The engine's linear layers: dense (weights stored [in, out] for fast x @ W) and INT8.
+
+INT8 is "quantize offline, swap Linear at load" (gpt-fast). On CUDA it is bitsandbytes LLM.int8
+(outlier columns kept in fp16). On CPU it is weight-only INT8 with per-output-channel scales: the
+activations stay in floating point (bf16 into the kernel, fp32 around it), because this model's
+activation outliers make per-tensor activation quantization (``torch.ao`` dynamic quantization)
+agree with fp32 on under half of the greedy tokens. Norms, embeddings and the LM head are never
+quantized.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Protocol
+
+import torch
+
+# clip ratios tried per output channel; the one with the least squared error wins
+_CLIP_RATIOS = (1.0, 0.97, 0.94, 0.91, 0.88, 0.85)
+
+
+class Linear(Protocol):
+    out_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    @property
+    def weight_bytes(self) -> int: ...
+
+
+class DenseLinear:
+    """y = x @ W^T + b in the weights' dtype.
+
+    On CPU, MKL's GEMV streams a transposed, contiguous weight ([in, out]) ~1.5x faster than the
+    usual [out, in] layout, but its small-M GEMM is slow; oneDNN with a prepacked weight is ~1.5x
+    faster from M = 4 rows up. So the CPU keeps both: [in, out] for M <= 2, prepacked otherwise.
+    """
+
+    _small_m = 2
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight_t = weight.t().contiguous()  # [in, out]
+        self.bias = bias
+        self.out_features = weight.shape[0]
+        self.packed: torch.nn.Module | None = None
+        if weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16):
+            module = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
+            module.weight.data = weight.contiguous()
+            if bias is not None:
+                module.bias.data = bias
+            with warnings.catch_warnings():
+                # MkldnnLinear is a ScriptModule; torch.jit's deprecation notice is not ours to fix
+                warnings.simplefilter("ignore", DeprecationWarning)
+                from torch.utils import mkldnn
+
+                self.packed = mkldnn.to_mkldnn(module, weight.dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None and x.shape[0] > self._small_m:
+            return self.packed(x)
+        if self.bias is None:
+            return x @ self.weight_t
+        return torch.addmm(self.bias, x, self.weight_t)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.weight_t.numel() * self.weight_t.element_size()
+
+
+def quantize_per_channel_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric INT8 per output channel with a per-channel clip search.
+
+    weight: [out, in] float. Returns (int8 [out, in], scales [out] float32).
+    """
+    w = weight.float()
+    absmax = w.abs().amax(dim=1).clamp(min=1e-8)
+    best_err = torch.full_like(absmax, float("inf"))
+    best_scale = absmax / 127.0
+    for ratio in _CLIP_RATIOS:
+        scale = absmax * ratio / 127.0
+        q = torch.clamp(torch.round(w / scale[:, None]), -127, 127)
+        err = ((q * scale[:, None] - w) ** 2).sum(dim=1)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_scale = torch.where(better, scale, best_scale)
+    q = torch.clamp(torch.round(w / best_scale[:, None]), -127, 127).to(torch.int8)
+    return q.contiguous(), best_scale
+
+
+class Int8WeightOnlyLinear:
+    """CPU weight-only INT8: int8 weights, activations in bf16 into the kernel, fp32 around it.
+
+    For up to 4 rows ``_weight_int8pack_mm`` reads the int8 weights directly (~3x faster than
+    fp32 at batch 1). That kernel scales badly with rows, so larger batches convert the int8
+    weights to bf16 on the fly and use one bf16 GEMM, then apply the per-channel scales.
+    """
+
+    compute_dtype = torch.bfloat16
+    _small_m = 4
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        q, scales = quantize_per_channel_int8(weight)
+        self.weight = q  # [out, in] int8
+        self.scales = scales.to(self.compute_dtype)
+        self.bias = bias
+        self.out_features = weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        xc = x.to(self.compute_dtype)
+        if x.shape[0] <= self._small_m:
+            y = torch._weight_int8pack_mm(xc, self.weight, self.scales)
+        else:
+            y = (xc @ self.weight.to(self.compute_dtype).t()) * self.scales
+        y = y.to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.weight.numel() + self.scales.numel() * self.scales.element_size()
+
+
+class BnbInt8Linear:
+    """CUDA LLM.int8 (bitsandbytes): int8 weights, outlier features in fp16."""
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        device: torch.device,
+        threshold: float = 6.0,
+    ) -> None:
+        import bitsandbytes as bnb
+
+        out_features, in_features = weight.shape
+        layer = bnb.nn.Linear8bitLt(
+            in_features,
+            out_features,
+            bias=bias is not None,
+            has_fp16_weights=False,
+            threshold=threshold,
+        )
+        layer.weight = bnb.nn.Int8Params(
+            weight.to(torch.float16).cpu(), requires_grad=False, has_fp16_weights=False
+        )
+        if bias is not None:
+            layer.bias = torch.nn.Parameter(bias.to(torch.float16).cpu(), requires_grad=False)
+        self.layer = layer.to(device)  # quantizes on the move to CUDA
+        self.out_features = out_features
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x.to(torch.float16)).to(x.dtype)
+
+    @property
+    def weight_bytes(self) -> int:
+        return int(self.layer.weight.numel())
+
+
+def make_linear(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    quantization: str | None,
+    device: torch.device,
+) -> Linear:
+    if quantization is None:
+        return DenseLinear(weight, bias)
+    if quantization != "int8":
+        raise ValueError(f"quantization must be None or 'int8', got {quantization!r}")
+    if device.type == "cuda":
+        return BnbInt8Linear(weight, bias, device)
+    return Int8WeightOnlyLinear(weight, None if bias is None else bias.float())

@@ -1,0 +1,321 @@
+"""Model runners: execute one engine step (a batch of token segments) against the slot KV cache.
+
+``LlamaRunner`` is a lean forward for the Llama family (Llama, Mistral, Qwen2, SmolLM2) in plain
+PyTorch: fused QKV and gate/up weights stored [in, out], one GEMM per weight for every token of the
+step (prefill chunks and decode tokens together), batched decode attention over the slot cache, and
+optional INT8 weights. It matches transformers' logits (tests compare them). ``HFRunner`` runs any
+other causal LM through its own forward with one transformers cache per slot: correct, not fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from origin.engine.kv_cache import SlotKVCache
+from origin.engine.linear import Linear, make_linear
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+LLAMA_FAMILY = ("llama", "mistral", "qwen2")
+
+
+@dataclass
+class Segment:
+    """Tokens of one request computed in one step, starting at cache position ``start``."""
+
+    slot: int
+    token_ids: list[int]
+    start: int
+    all_logits: bool = False  # logits for every token (verification) or only the last
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class Runner(Protocol):
+    cache: SlotKVCache
+    device: torch.device
+
+    def forward(self, segments: list[Segment]) -> list[torch.Tensor]:
+        """Logits ([n, vocab], float32) per segment, n = 1 or ``num_tokens``."""
+        ...
+
+    def release(self, slot: int) -> None: ...
+
+    @property
+    def weight_bytes(self) -> int: ...
+
+
+def unsupported_reason(model: PreTrainedModel, max_len: int) -> str | None:
+    """Why ``LlamaRunner`` cannot run this model, or None when it can."""
+    config = model.config
+    if config.model_type not in LLAMA_FAMILY:
+        return f"model_type {config.model_type!r} is not one of {LLAMA_FAMILY}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} is not silu"
+    window = getattr(config, "sliding_window", None)
+    if window and getattr(config, "use_sliding_window", True) and max_len > window:
+        return f"sliding_window {window} is shorter than max_len {max_len}"
+    if getattr(config, "pretraining_tp", 1) not in (None, 1):
+        return "pretraining_tp > 1 is not supported"
+    return None
+
+
+class _Layer:
+    def __init__(self, layer: Any, quantization: str | None, device: torch.device) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+        qkv_b = None
+        if attn.q_proj.bias is not None:
+            qkv_b = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+        self.qkv: Linear = make_linear(qkv_w.detach(), _detach(qkv_b), quantization, device)
+        self.o: Linear = make_linear(
+            attn.o_proj.weight.detach(), _detach(attn.o_proj.bias), quantization, device
+        )
+        gate_up_w = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        gate_up_b = None
+        if mlp.gate_proj.bias is not None:
+            gate_up_b = torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias])
+        self.gate_up: Linear = make_linear(
+            gate_up_w.detach(), _detach(gate_up_b), quantization, device
+        )
+        self.down: Linear = make_linear(
+            mlp.down_proj.weight.detach(), _detach(mlp.down_proj.bias), quantization, device
+        )
+        self.input_norm = layer.input_layernorm.weight.detach()
+        self.post_norm = layer.post_attention_layernorm.weight.detach()
+
+
+def _detach(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # as transformers' LlamaRMSNorm: statistics in fp32, scale in the model dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [tokens, heads, head_dim]; cos, sin: [tokens, 1, head_dim]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class LlamaRunner:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        num_slots: int,
+        max_len: int,
+        quantization: str | None = None,
+    ) -> None:
+        reason = unsupported_reason(model, max_len)
+        if reason:
+            raise ValueError(f"LlamaRunner cannot run this model: {reason}")
+        config = model.config
+        self.device = model.device
+        self.dtype = model.dtype
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.eps = config.rms_norm_eps
+        self.scale = self.head_dim**-0.5
+        base: Any = model.model
+        with torch.no_grad():
+            self.layers = [_Layer(layer, quantization, self.device) for layer in base.layers]
+            self.embed = base.embed_tokens.weight.detach()
+            self.final_norm = base.norm.weight.detach()
+            self.lm_head = make_linear(model.lm_head.weight.detach(), None, None, self.device)
+            # cos, sin for every position: [max_len, head_dim], with the model's own rope scaling
+            positions = torch.arange(max_len, device=self.device)[None]
+            probe = torch.zeros(1, device=self.device, dtype=self.dtype)
+            cos, sin = base.rotary_emb(probe, positions)
+        self.cos, self.sin = cos[0], sin[0]
+        self.cache = SlotKVCache(
+            len(self.layers),
+            num_slots,
+            self.num_kv_heads,
+            max_len,
+            self.head_dim,
+            self.dtype,
+            self.device,
+        )
+
+    @property
+    def weight_bytes(self) -> int:
+        per_layer = sum(
+            lin.weight_bytes + 0
+            for layer in self.layers
+            for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        )
+        return per_layer + self.lm_head.weight_bytes
+
+    def release(self, slot: int) -> None:
+        """Nothing to do: the slot's positions are simply overwritten by its next owner."""
+
+    @torch.inference_mode()
+    def forward(self, segments: list[Segment]) -> list[torch.Tensor]:
+        device = self.device
+        tokens = [t for seg in segments for t in seg.token_ids]
+        positions_list = [seg.start + i for seg in segments for i in range(seg.num_tokens)]
+        slots_list = [seg.slot for seg in segments for _ in range(seg.num_tokens)]
+        input_ids = torch.tensor(tokens, device=device)
+        positions = torch.tensor(positions_list, device=device)
+        slots = torch.tensor(slots_list, device=device)
+        cos = self.cos[positions][:, None, :]
+        sin = self.sin[positions][:, None, :]
+        for seg in segments:
+            end = seg.start + seg.num_tokens
+            assert end <= self.cache.max_len, "segment runs past the slot's max_len"
+            self.cache.lengths[seg.slot] = end
+        plan = _AttentionPlan(segments, self.cache, device)
+
+        x = self.embed[input_ids]  # [T, hidden]
+        n_q, n_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        for index, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.input_norm, self.eps)
+            qkv = layer.qkv(h)
+            q = qkv[:, : n_q * d].view(-1, n_q, d)
+            k = qkv[:, n_q * d : (n_q + n_kv) * d].view(-1, n_kv, d)
+            v = qkv[:, (n_q + n_kv) * d :].view(-1, n_kv, d)
+            q = rotate(q, cos, sin)
+            k = rotate(k, cos, sin)
+            self.cache.write(index, slots, positions, k, v)
+            attn = plan.attend(q, self.cache.k[index], self.cache.v[index], self.scale)
+            x = x + layer.o(attn.reshape(-1, n_q * d))
+            h = rms_norm(x, layer.post_norm, self.eps)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+
+        rows = plan.logit_rows
+        h = rms_norm(x[rows], self.final_norm, self.eps)
+        logits = self.lm_head(h).float()
+        return list(logits.split(plan.logit_counts))
+
+
+class _AttentionPlan:
+    """How the tokens of one step attend: decode tokens batched over a slot range, others alone."""
+
+    def __init__(self, segments: list[Segment], cache: SlotKVCache, device: torch.device) -> None:
+        self.decode_rows: list[int] = []
+        self.decode_slots: list[int] = []
+        self.prefill: list[tuple[int, Segment]] = []  # (first row, segment)
+        self.logit_rows: list[int] = []
+        self.logit_counts: list[int] = []
+        row = 0
+        for seg in segments:
+            if seg.num_tokens == 1:
+                self.decode_rows.append(row)
+                self.decode_slots.append(seg.slot)
+            else:
+                self.prefill.append((row, seg))
+            count = seg.num_tokens if seg.all_logits else 1
+            self.logit_rows.extend(range(row + seg.num_tokens - count, row + seg.num_tokens))
+            self.logit_counts.append(count)
+            row += seg.num_tokens
+        self.num_tokens = row
+        self.device = device
+        if self.decode_slots:
+            # slots [0, span) hold every decode slot; rows of other slots in the span are padding
+            self.span = max(self.decode_slots) + 1
+            self.max_len = max(cache.lengths[s] for s in self.decode_slots)
+            lengths = torch.ones(self.span, dtype=torch.long)
+            for s in self.decode_slots:
+                lengths[s] = cache.lengths[s]
+            # mask: [span, 1, 1, max_len], True where the key position is valid
+            self.decode_mask = (torch.arange(self.max_len)[None, :] < lengths[:, None]).to(device)[
+                :, None, None, :
+            ]
+            self.decode_rows_t = torch.tensor(self.decode_rows, device=device)
+            self.decode_slots_t = torch.tensor(self.decode_slots, device=device)
+        self.prefill_masks = []
+        for _, seg in self.prefill:
+            end = seg.start + seg.num_tokens
+            query_pos = torch.arange(seg.start, end)[:, None]
+            self.prefill_masks.append((torch.arange(end)[None, :] <= query_pos).to(device))
+
+    def attend(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        # q: [T, heads, head_dim]; k_cache, v_cache: [slots, kv_heads, max_len, head_dim]
+        out = torch.empty_like(q)
+        if self.decode_slots:
+            n_heads, d = q.shape[1], q.shape[2]
+            q_span = torch.zeros(self.span, n_heads, 1, d, dtype=q.dtype, device=q.device)
+            q_span[self.decode_slots_t, :, 0] = q[self.decode_rows_t]
+            k = k_cache[: self.span, :, : self.max_len]
+            v = v_cache[: self.span, :, : self.max_len]
+            o = F.scaled_dot_product_attention(
+                q_span, k, v, attn_mask=self.decode_mask, scale=scale, enable_gqa=True
+            )
+            out[self.decode_rows_t] = o[self.decode_slots_t, :, 0]
+        for (row, seg), mask in zip(self.prefill, self.prefill_masks, strict=True):
+            end = seg.start + seg.num_tokens
+            qs = q[row : row + seg.num_tokens].transpose(0, 1)[None]  # [1, heads, n, d]
+            k = k_cache[seg.slot : seg.slot + 1, :, :end]
+            v = v_cache[seg.slot : seg.slot + 1, :, :end]
+            o = F.scaled_dot_product_attention(
+                qs, k, v, attn_mask=mask, scale=scale, enable_gqa=True
+            )
+            out[row : row + seg.num_tokens] = o[0].transpose(0, 1)
+        return out
+
+
+class HFRunner:
+    """Any causal LM with the transformers Cache API: a cache per slot, a forward per segment."""
+
+    def __init__(self, model: PreTrainedModel, num_slots: int, max_len: int) -> None:
+        self.model = model
+        self.device = model.device
+        # only the bookkeeping of the slot cache is used; the tensors live in per-slot caches
+        self.cache = SlotKVCache(0, num_slots, 1, max_len, 1, torch.float32, "cpu")
+        self._caches: dict[int, object] = {}
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def release(self, slot: int) -> None:
+        self._caches.pop(slot, None)
+
+    @torch.inference_mode()
+    def forward(self, segments: list[Segment]) -> list[torch.Tensor]:
+        from transformers import DynamicCache
+
+        results = []
+        for seg in segments:
+            cache = self._caches.get(seg.slot)
+            if cache is None or seg.start == 0:
+                cache = DynamicCache(config=self.model.config)
+                self._caches[seg.slot] = cache
+            if cache.get_seq_length() > seg.start:  # type: ignore[attr-defined]
+                cache.crop(seg.start)  # type: ignore[attr-defined]
+            assert cache.get_seq_length() == seg.start  # type: ignore[attr-defined]
+            ids = torch.tensor([seg.token_ids], device=self.device)
+            logits = self.model(input_ids=ids, cache=cache, use_cache=True).logits[0]
+            results.append((logits if seg.all_logits else logits[-1:]).float())
+            self.cache.lengths[seg.slot] = seg.start + seg.num_tokens
+        return results
+
+
+def make_runner(
+    model: PreTrainedModel, num_slots: int, max_len: int, quantization: str | None = None
+) -> Runner:
+    """The lean runner when the architecture allows, else the generic one (no INT8 there)."""
+    if unsupported_reason(model, max_len) is None:
+        return LlamaRunner(model, num_slots, max_len, quantization)
+    if quantization is not None:
+        raise ValueError(
+            f"quantization={quantization!r} needs a Llama-family model: "
+            f"{unsupported_reason(model, max_len)}"
+        )
+    return HFRunner(model, num_slots, max_len)

@@ -1,0 +1,229 @@
+"""The scheduler: which requests compute how many tokens in the next step.
+
+A step reads top to bottom (vLLM's shape): set the token budget; serve running requests in arrival
+order (a decode token each, or the next prefill chunk), preempting the newest running request when
+the KV cache has no room; admit waiting requests while budget, slots and cache room remain; check
+the invariants; return one ``SchedulerOutput``. ``update`` then commits what the step computed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from origin.engine.kv_cache import SlotKVCache
+from origin.engine.request import Request, Status
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 32  # requests running at once (one KV slot each)
+    token_budget: int = 512  # tokens computed per step, prefill and decode together
+    prefill_chunk: int = 256  # most prompt tokens one request prefills in one step
+    max_model_len: int = 2048  # prompt + output tokens of one request (a slot's length)
+    kv_cache_tokens: int | None = None  # KV positions held at once; None: every slot full
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "token_budget", "prefill_chunk", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.token_budget < self.max_num_seqs:
+            raise ValueError("token_budget must be at least max_num_seqs (one token each)")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.max_model_len:
+            raise ValueError("kv_cache_tokens must hold at least one max_model_len request")
+
+    @property
+    def kv_capacity(self) -> int:
+        if self.kv_cache_tokens is None:
+            return self.max_num_seqs * self.max_model_len
+        return self.kv_cache_tokens
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_tokens: int
+
+    @property
+    def completes_known_tokens(self) -> bool:
+        """True when this chunk reaches the last known token, so a new token is sampled."""
+        return self.request.num_computed + self.num_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    aborted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, cache: SlotKVCache) -> None:
+        if cache.num_slots < config.max_num_seqs or cache.max_len < config.max_model_len:
+            raise ValueError("the KV cache is smaller than the scheduler's config")
+        self.config = config
+        self.cache = cache
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in arrival order: the newest is preempted first
+        self.num_preemptions = 0
+
+    # -- intake ---------------------------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        total = len(request.prompt_ids) + request.params.max_tokens
+        if total > self.config.max_model_len:
+            raise ValueError(
+                f"prompt ({len(request.prompt_ids)} tokens) + max_tokens "
+                f"({request.params.max_tokens}) exceeds max_model_len {self.config.max_model_len}"
+            )
+        self.waiting.append(request)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def kv_tokens_used(self) -> int:
+        return sum(r.num_computed for r in self.running)
+
+    # -- one step -------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        self._drop_cancelled(out)
+        budget = self.config.token_budget
+        kv_free = self.config.kv_capacity - self.kv_tokens_used
+
+        for request in list(self.running):
+            if request.status is not Status.RUNNING:
+                continue  # preempted earlier in this loop
+            if budget == 0:
+                break
+            n = self._chunk(request, budget)
+            while n > kv_free and self._preempt_newest(out, keep=request):
+                kv_free = self.config.kv_capacity - self.kv_tokens_used - self._reserved(out)
+            if n > kv_free:
+                self._preempt(request, out)
+                continue
+            out.scheduled.append(ScheduledRequest(request, n))
+            budget -= n
+            kv_free -= n
+
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            n = self._chunk(request, budget)
+            # admit only when the whole request fits beside the others, so that admitting it
+            # never forces a preemption of someone already running
+            need = request.num_tokens + request.params.max_tokens - len(request.output_ids)
+            if out.preempted or need > kv_free:
+                break
+            self.waiting.popleft()
+            request.slot = self.cache.allocate()
+            request.status = Status.RUNNING
+            if request.times.scheduled is None:
+                request.times.scheduled = time.monotonic()
+            self.running.append(request)
+            out.scheduled.append(ScheduledRequest(request, n))
+            budget -= n
+            kv_free -= need
+        return out
+
+    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """Commit a computed step: advance positions, append sampled tokens, retire the done."""
+        now = time.monotonic()
+        finished = []
+        for item in out.scheduled:
+            request = item.request
+            request.num_computed += item.num_tokens
+            token = sampled.get(request.request_id)
+            if token is None:
+                continue  # a prefill chunk that did not reach the end of the prompt
+            request.append_token(token, now)
+            if request.finish_reason is not None:
+                self._finish(request, now)
+                finished.append(request)
+        return finished
+
+    def abort_all(self, reason: str, error: str | None = None) -> list[Request]:
+        now = time.monotonic()
+        victims = [*self.running, *self.waiting]
+        for request in victims:
+            request.finish_reason = reason
+            request.error = error
+            self._finish(request, now)
+        self.waiting.clear()
+        return victims
+
+    def check_invariants(self, out: SchedulerOutput | None = None) -> None:
+        """Internal consistency, asserted by the tests after every step."""
+        slots = [r.slot for r in self.running]
+        assert len(slots) == len(set(slots)), "two running requests share a slot"
+        assert len(self.running) <= self.config.max_num_seqs
+        assert sorted(s for s in slots if s is not None) == self.cache.used_slots, "leaked slot"
+        assert all(r.status is Status.RUNNING for r in self.running)
+        assert all(r.status is Status.WAITING and r.slot is None for r in self.waiting)
+        assert self.kv_tokens_used <= self.config.kv_capacity
+        for request in self.running:
+            assert request.num_computed <= request.num_tokens
+        if out is not None:
+            assert out.num_tokens <= self.config.token_budget, "token budget exceeded"
+            ids = [s.request.request_id for s in out.scheduled]
+            assert len(ids) == len(set(ids)), "a request scheduled twice in one step"
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _chunk(self, request: Request, budget: int) -> int:
+        remaining = request.num_uncomputed
+        if remaining == 1:
+            return 1
+        return min(remaining, budget, self.config.prefill_chunk)
+
+    def _reserved(self, out: SchedulerOutput) -> int:
+        return sum(s.num_tokens for s in out.scheduled)
+
+    def _preempt_newest(self, out: SchedulerOutput, keep: Request) -> bool:
+        """Preempt the newest running request other than ``keep``; False when there is none."""
+        for victim in reversed(self.running):
+            if victim is keep:
+                return False
+            if victim.status is Status.RUNNING:
+                out.scheduled = [s for s in out.scheduled if s.request is not victim]
+                self._preempt(victim, out)
+                return True
+        return False
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        """Recompute preemption: free the slot, keep the tokens, queue it first."""
+        assert request.slot is not None
+        self.cache.free(request.slot)
+        self.running.remove(request)
+        request.slot = None
+        request.num_computed = 0
+        request.status = Status.WAITING
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+        out.preempted.append(request)
+
+    def _drop_cancelled(self, out: SchedulerOutput) -> None:
+        now = time.monotonic()
+        for request in [r for r in (*self.running, *self.waiting) if r.cancelled]:
+            if request.status is Status.WAITING:
+                self.waiting.remove(request)
+            request.finish_reason = "abort"
+            self._finish(request, now)
+            out.aborted.append(request)
+
+    def _finish(self, request: Request, now: float) -> None:
+        if request.status is Status.RUNNING:
+            assert request.slot is not None
+            self.cache.free(request.slot)
+            self.running.remove(request)
+        request.slot = None
+        request.status = Status.FINISHED
+        request.times.finished = now

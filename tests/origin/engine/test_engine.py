@@ -1,0 +1,149 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from origin.engine import Engine, EngineConfig
+from origin.generate import answer
+from origin.sampling import SamplingParams
+from tests.origin.engine.conftest import checked
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "How many legs does a spider have?",
+    "What is 2 + 2?",
+    "Who wrote Romeo and Juliet?",
+    "What color is the sky on a clear day?",
+]
+GREEDY = SamplingParams(max_tokens=24)
+
+
+def test_batched_greedy_equals_one_at_a_time(engine_fp32: Engine, embedded_model) -> None:  # type: ignore[no-untyped-def]
+    model, tokenizer = embedded_model
+    results = engine_fp32.generate_many(QUESTIONS, GREEDY, progress=False)  # 6 requests, 4 slots
+    for question, result in zip(QUESTIONS, results, strict=True):
+        assert result.text == answer(model, tokenizer, question, GREEDY), question
+        assert result.finish_reason in ("stop", "length")
+    assert "Paris" in results[0].text
+    assert engine_fp32.num_running == 0 and engine_fp32.runner.cache.num_free == 4
+
+
+def test_stream_yields_the_same_text_and_timings(engine_fp32: Engine) -> None:
+    async def run() -> tuple[str, list]:
+        parts, outputs = [], []
+        async for output in engine_fp32.stream(QUESTIONS[0], GREEDY):
+            parts.append(output.delta_text)
+            outputs.append(output)
+        return "".join(parts), outputs
+
+    engine_fp32.start()
+    try:
+        text, outputs = asyncio.run(run())
+    finally:
+        engine_fp32.stop()
+    assert text == engine_fp32.generate_many([QUESTIONS[0]], GREEDY, progress=False)[0].text
+    last = outputs[-1]
+    assert last.finished and last.finish_reason == "stop"
+    t = last.times
+    assert t.arrival <= t.scheduled <= t.first_token <= t.tokens[-1] <= t.finished  # type: ignore[operator]
+    assert len(t.tokens) == last.completion_tokens
+    assert t.queue_s is not None and t.ttft_compute_s is not None and t.ttft_s is not None
+
+
+def test_leaving_a_stream_early_cancels_and_frees_the_slot(engine_fp32: Engine) -> None:
+    async def run() -> int:
+        seen = 0
+        async for output in engine_fp32.stream(
+            "Write a long essay about rivers.", SamplingParams(max_tokens=200)
+        ):
+            seen += len(output.delta_token_ids)
+            if seen >= 3:
+                break
+        return seen
+
+    engine_fp32.start()
+    try:
+        assert asyncio.run(run()) >= 3
+        for _ in range(200):
+            if engine_fp32.num_running == 0 and engine_fp32.num_waiting == 0:
+                break
+            asyncio.run(asyncio.sleep(0.02))
+        assert engine_fp32.num_running == 0
+        assert engine_fp32.runner.cache.num_free == 4
+        assert engine_fp32.stats.requests_finished.get("abort", 0) >= 1
+    finally:
+        engine_fp32.stop()
+
+
+def test_cancel_by_id_takes_effect_at_the_next_step(engine_fp32: Engine) -> None:
+    outputs = []
+    request = engine_fp32.add_request(
+        "Tell me a story.", SamplingParams(max_tokens=100), outputs.append
+    )
+    engine_fp32.step()
+    assert engine_fp32.num_running == 1
+    assert engine_fp32.cancel(request.request_id)
+    out = engine_fp32.step()
+    assert out.aborted == [request] and engine_fp32.num_running == 0
+    assert outputs[-1].finished and outputs[-1].finish_reason == "abort"
+    assert not engine_fp32.cancel(request.request_id)  # already gone
+
+
+def test_stop_strings_and_max_tokens(engine_fp32: Engine) -> None:
+    stop, length = engine_fp32.generate_many(
+        [QUESTIONS[0], "Write a poem about the sea."],
+        [SamplingParams(max_tokens=24, stop=("Paris",)), SamplingParams(max_tokens=5)],
+        progress=False,
+    )
+    assert stop.finish_reason == "stop" and "Paris" not in stop.text
+    assert stop.text.startswith("The capital of France is")
+    assert length.finish_reason == "length" and len(length.token_ids) == 5
+
+
+def test_seeded_sampling_is_reproducible(engine_fp32: Engine) -> None:
+    params = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.9, seed=11)
+    first = engine_fp32.generate_many(["Tell me a fun fact."] * 2, params, progress=False)
+    second = engine_fp32.generate_many(["Tell me a fun fact."] * 2, params, progress=False)
+    assert [c.text for c in first] == [c.text for c in second]
+
+
+def test_preemption_under_a_small_kv_cache_keeps_greedy_output(embedded_model) -> None:  # type: ignore[no-untyped-def]
+    model, tokenizer = embedded_model
+    engine = checked(
+        Engine(
+            model,
+            tokenizer,
+            EngineConfig(max_num_seqs=4, max_model_len=160, kv_cache_tokens=200, token_budget=256),
+        )
+    )
+    roomy = Engine(model, tokenizer, EngineConfig(max_num_seqs=4, max_model_len=160))
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    results = engine.generate_many(QUESTIONS[:4], params, progress=False)
+    assert engine.stats.preemptions > 0
+    expected = roomy.generate_many(QUESTIONS[:4], params, progress=False)
+    assert roomy.stats.preemptions == 0
+    assert [r.text for r in results] == [r.text for r in expected]
+    assert all(len(r.token_ids) == 60 for r in results)
+
+
+def test_bad_requests_are_refused_clearly(engine_fp32: Engine) -> None:
+    with pytest.raises(ValueError, match="exceeds max_model_len 512"):
+        engine_fp32.add_request("hi", SamplingParams(max_tokens=600))
+    with pytest.raises(ValueError, match="prompt is empty"):
+        engine_fp32.add_request([], GREEDY)
+
+
+def test_int8_engine_answers_and_mostly_agrees(embedded_model) -> None:  # type: ignore[no-untyped-def]
+    model, tokenizer = embedded_model
+    engine = checked(
+        Engine(
+            model, tokenizer, EngineConfig(max_num_seqs=4, max_model_len=256, quantization="int8")
+        )
+    )
+    results = engine.generate_many(QUESTIONS[:4], GREEDY, progress=False)
+    assert "Paris" in results[0].text
+    assert engine.runner.weight_bytes < 0.5 * sum(
+        p.numel() * p.element_size() for p in model.parameters()
+    )

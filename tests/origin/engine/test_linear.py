@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from origin.engine.linear import (
+    DenseLinear,
+    Int8WeightOnlyLinear,
+    make_linear,
+    quantize_per_channel_int8,
+)
+
+
+def _weight(out_features: int = 96, in_features: int = 64) -> torch.Tensor:
+    return torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8])
+def test_dense_paths_agree_with_f_linear(rows: int) -> None:
+    w, b = _weight(), torch.randn(96)
+    x = torch.randn(rows, 64)
+    expected = torch.nn.functional.linear(x, w, b)
+    assert torch.allclose(DenseLinear(w, b)(x), expected, atol=1e-4)
+    assert torch.allclose(DenseLinear(w)(x), x @ w.T, atol=1e-4)
+
+
+def test_per_channel_quantization_error_is_small() -> None:
+    w = _weight()
+    q, scales = quantize_per_channel_int8(w)
+    assert q.dtype == torch.int8 and scales.shape == (96,)
+    error = (q.float() * scales[:, None] - w).abs().max(dim=1).values
+    assert torch.all(error <= scales * 0.51 + w.abs().amax(dim=1) * 0.16)
+    relative = (q.float() * scales[:, None] - w).norm() / w.norm()
+    assert relative < 0.02
+
+
+@pytest.mark.parametrize("rows", [1, 4, 5, 16])
+def test_int8_linear_is_close_to_dense_on_both_paths(rows: int) -> None:
+    w = _weight()
+    x = torch.randn(rows, 64)
+    y = Int8WeightOnlyLinear(w)(x)
+    ref = x @ w.T
+    assert y.dtype == torch.float32
+    assert (y - ref).norm() / ref.norm() < 0.03
+
+
+def test_unknown_quantization_is_refused() -> None:
+    with pytest.raises(ValueError, match="quantization must be None or 'int8'"):
+        make_linear(_weight(), None, "int4", torch.device("cpu"))
+
+
+@pytest.mark.gpu
+def test_bitsandbytes_int8_on_cuda() -> None:
+    w = _weight(256, 128).cuda().half()
+    x = torch.randn(8, 128, device="cuda").half()
+    lin = make_linear(w, None, "int8", torch.device("cuda"))
+    y = lin(x)
+    ref = x @ w.T
+    assert (y.float() - ref.float()).norm() / ref.float().norm() < 0.05

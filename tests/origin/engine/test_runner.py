@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from origin.engine.runner import HFRunner, LlamaRunner, Segment, make_runner
+from tests.origin.engine.conftest import tiny_model
+
+
+def _reference_logits(model, ids: list[int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([ids])).logits[0].float()
+
+
+def _prompt(n: int, vocab: int, seed: int = 0) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (n,), generator=g).tolist()
+
+
+def test_lean_runner_matches_transformers_on_the_embedded_model(embedded_model) -> None:  # type: ignore[no-untyped-def]
+    model, tokenizer = embedded_model
+    ids = tokenizer.encode("The quick brown fox jumps over the lazy dog because")
+    ref = _reference_logits(model, ids)
+    runner = LlamaRunner(model, num_slots=3, max_len=128)
+    whole = runner.forward([Segment(2, ids, 0, all_logits=True)])[0]
+    assert torch.allclose(whole, ref, atol=1e-3)
+    # chunked prefill in slot 0 beside a batched decode in slot 1 and 2
+    first = runner.forward([Segment(0, ids[:5], 0, all_logits=True)])[0]
+    runner.forward([Segment(1, ids[:-1], 0)])
+    mixed = runner.forward(
+        [
+            Segment(0, ids[5:], 5, all_logits=True),
+            Segment(1, ids[-1:], len(ids) - 1),
+            Segment(2, ids[-1:], len(ids) - 1),
+        ]
+    )
+    assert torch.allclose(torch.cat([first, mixed[0]]), ref, atol=1e-3)
+    assert torch.allclose(mixed[1][0], ref[-1], atol=1e-3)
+    assert torch.allclose(mixed[2][0], ref[-1], atol=1e-3)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "mistral"])
+def test_lean_runner_matches_each_llama_family_member(model_type: str) -> None:
+    model = tiny_model(model_type)
+    runner = LlamaRunner(model, num_slots=4, max_len=64)
+    prompts = [_prompt(n, 128, seed=n) for n in (9, 17, 4)]
+    refs = [_reference_logits(model, p) for p in prompts]
+    for slot, p in enumerate(prompts):
+        runner.forward([Segment(slot, p[:-1], 0)])
+    # one batched decode step: different lengths, slots 0..2
+    out = runner.forward([Segment(s, p[-1:], len(p) - 1) for s, p in enumerate(prompts)])
+    for logits, ref in zip(out, refs, strict=True):
+        assert torch.allclose(logits[0], ref[-1], atol=1e-4)
+
+
+def test_rollback_is_a_position_move() -> None:
+    model = tiny_model("llama")
+    runner = LlamaRunner(model, num_slots=1, max_len=64)
+    ids = _prompt(20, 128)
+    runner.forward([Segment(0, ids, 0)])
+    runner.cache.truncate(0, 12)  # reject the last 8 positions
+    again = runner.forward([Segment(0, ids[12:], 12, all_logits=True)])[0]
+    assert torch.allclose(again, _reference_logits(model, ids)[12:], atol=1e-4)
+
+
+def test_other_architectures_use_the_generic_runner() -> None:
+    model = tiny_model("gpt2")
+    runner = make_runner(model, num_slots=2, max_len=64)
+    assert isinstance(runner, HFRunner)
+    ids = _prompt(10, 128)
+    runner.forward([Segment(0, ids[:6], 0)])
+    out = runner.forward([Segment(0, ids[6:], 6, all_logits=True), Segment(1, ids, 0)])
+    ref = _reference_logits(model, ids)
+    assert torch.allclose(out[0], ref[6:], atol=1e-4)
+    assert torch.allclose(out[1][0], ref[-1], atol=1e-4)
+    with pytest.raises(ValueError, match="needs a Llama-family model"):
+        make_runner(model, 2, 64, quantization="int8")
+
+
+def test_sliding_window_shorter_than_max_len_is_refused() -> None:
+    model = tiny_model("mistral", sliding_window=16)
+    with pytest.raises(ValueError, match="sliding_window 16"):
+        LlamaRunner(model, num_slots=1, max_len=64)
+    assert isinstance(make_runner(model, 1, 64), HFRunner)
