@@ -28,6 +28,10 @@ TRAILING_PUNCTUATION = "?!.\u3002\uff1f\uff01\u2026~"
 _WHITESPACE_RUN = re.compile(f"[{re.escape(WHITESPACE)}]+")
 
 
+# a str from JSON or JavaScript may hold unpaired UTF-16 halves; they have no UTF-8 form
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 class InvalidQueryError(ValueError):
     """A query that has no key. ``field`` names the offending input for HTTP error bodies."""
 
@@ -53,6 +57,10 @@ def normalize(query: str, max_query_chars: int = MAX_QUERY_CHARS, field: str = "
     """
     if not isinstance(query, str):
         raise InvalidQueryError(f"{field} must be a string, got {type(query).__name__}", field)
+    if _SURROGATE.search(query):
+        raise InvalidQueryError(
+            f"{field} contains a lone surrogate: it is not valid Unicode", field
+        )
     text = unicodedata.normalize("NFKC", query)
     if len(text) > max_query_chars:
         raise QueryTooLongError(

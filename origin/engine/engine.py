@@ -13,7 +13,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +35,15 @@ Prompt = str | Sequence[Message] | Sequence[int]
 
 @dataclass(frozen=True)
 class EngineConfig(SchedulerConfig):
-    quantization: str | None = None  # None or "int8"
+    quantization: str | None = None  # None (the model's dtype), "bf16" or "int8"
+
+
+def default_quantization(device: torch.device | str) -> str | None:
+    """The weights the origin serves with when not told: bf16 on CPUs with native bf16 dot
+    products (2x the fp32 throughput at 0.99 greedy agreement), else the model as loaded."""
+    if torch.device(device).type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "bf16"
+    return None
 
 
 @dataclass
@@ -76,7 +84,11 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.runner = runner or make_runner(
-            model, self.config.max_num_seqs, self.config.max_model_len, self.config.quantization
+            model,
+            self.config.max_num_seqs,
+            self.config.max_model_len,
+            self.config.quantization,
+            tokenizer,
         )
         self.scheduler = Scheduler(self.config, self.runner.cache)
         self.eos_ids = eos_token_ids(model, tokenizer)
@@ -92,17 +104,16 @@ class Engine:
         self.step_hooks: list[Callable[[SchedulerOutput], None]] = []
 
     @classmethod
-    def from_spec(
-        cls,
-        spec: str = "embedded",
-        config: EngineConfig | None = None,
-        device: str | None = None,
-        dtype: str | None = None,
-    ) -> Engine:
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Engine:
+        """An engine for ``EDGEQA_MODEL`` with the ``EDGEQA_*`` engine settings."""
+        from origin.config import OriginConfig
         from origin.model import load_model
 
-        model, tokenizer = load_model(spec, device=device, dtype=dtype)
-        return cls(model, tokenizer, config)
+        settings = OriginConfig.from_env(environ)
+        model, tokenizer = load_model(
+            settings.model, settings.device, settings.dtype, settings.cache_dir
+        )
+        return cls(model, tokenizer, settings.engine_config(str(model.device)))
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -179,6 +190,11 @@ class Engine:
         for request in out.aborted:
             self._emit(request)
         if out.scheduled:
+            # prefill work of this step (recomputed tokens after a preemption count too)
+            self.stats.prompt_tokens += sum(
+                s.num_tokens - int(s.completes_known_tokens and s.request.num_uncomputed == 1)
+                for s in out.scheduled
+            )
             sampled = self._execute(out)
             self.scheduler.update(out, sampled)
             for item in out.scheduled:
@@ -186,9 +202,6 @@ class Engine:
                 if request.request_id in sampled or request.finished:
                     self._emit(request)
             self.stats.generation_tokens += len(sampled)
-            self.stats.prompt_tokens += sum(
-                s.num_tokens for s in out.scheduled if s.request.request_id not in sampled
-            ) + sum(s.num_tokens - 1 for s in out.scheduled if s.request.request_id in sampled)
         self.stats.preemptions = self.scheduler.num_preemptions
         self.stats.steps += 1
         self.stats.last_step_tokens = out.num_tokens

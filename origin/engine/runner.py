@@ -19,7 +19,7 @@ from origin.engine.kv_cache import SlotKVCache
 from origin.engine.linear import Linear, make_linear
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2")
 
@@ -68,26 +68,32 @@ def unsupported_reason(model: PreTrainedModel, max_len: int) -> str | None:
 
 
 class _Layer:
-    def __init__(self, layer: Any, quantization: str | None, device: torch.device) -> None:
+    def __init__(
+        self,
+        layer: Any,
+        quantization: str | None,
+        device: torch.device,
+        calibration: dict[str, torch.Tensor] | None = None,
+    ) -> None:
         attn, mlp = layer.self_attn, layer.mlp
-        qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-        qkv_b = None
-        if attn.q_proj.bias is not None:
-            qkv_b = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
-        self.qkv: Linear = make_linear(qkv_w.detach(), _detach(qkv_b), quantization, device)
-        self.o: Linear = make_linear(
-            attn.o_proj.weight.detach(), _detach(attn.o_proj.bias), quantization, device
+        calib = calibration or {}
+
+        def linear(weights: list[Any], biases: list[Any], name: str) -> Linear:
+            weight = torch.cat([w.detach() for w in weights])
+            bias = None
+            if biases[0] is not None:
+                bias = torch.cat([b.detach() for b in biases])
+            return make_linear(weight, bias, quantization, device, calib.get(name))
+
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        self.qkv = linear([p.weight for p in projections], [p.bias for p in projections], "qkv")
+        self.o = linear([attn.o_proj.weight], [attn.o_proj.bias], "o")
+        self.gate_up = linear(
+            [mlp.gate_proj.weight, mlp.up_proj.weight],
+            [mlp.gate_proj.bias, mlp.up_proj.bias],
+            "gate_up",
         )
-        gate_up_w = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
-        gate_up_b = None
-        if mlp.gate_proj.bias is not None:
-            gate_up_b = torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias])
-        self.gate_up: Linear = make_linear(
-            gate_up_w.detach(), _detach(gate_up_b), quantization, device
-        )
-        self.down: Linear = make_linear(
-            mlp.down_proj.weight.detach(), _detach(mlp.down_proj.bias), quantization, device
-        )
+        self.down = linear([mlp.down_proj.weight], [mlp.down_proj.bias], "down")
         self.input_norm = layer.input_layernorm.weight.detach()
         self.post_norm = layer.post_attention_layernorm.weight.detach()
 
@@ -117,6 +123,7 @@ class LlamaRunner:
         num_slots: int,
         max_len: int,
         quantization: str | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
     ) -> None:
         reason = unsupported_reason(model, max_len)
         if reason:
@@ -130,8 +137,21 @@ class LlamaRunner:
         self.eps = config.rms_norm_eps
         self.scale = self.head_dim**-0.5
         base: Any = model.model
+        calibration: dict[tuple[int, str], torch.Tensor] = {}
+        if quantization == "int8" and self.device.type == "cpu" and tokenizer is not None:
+            from origin.engine.calibration import collect_linear_inputs
+
+            calibration = collect_linear_inputs(model, tokenizer)
         with torch.no_grad():
-            self.layers = [_Layer(layer, quantization, self.device) for layer in base.layers]
+            self.layers = [
+                _Layer(
+                    layer,
+                    quantization,
+                    self.device,
+                    {name: x for (i, name), x in calibration.items() if i == index},
+                )
+                for index, layer in enumerate(base.layers)
+            ]
             self.embed = base.embed_tokens.weight.detach()
             self.final_norm = base.norm.weight.detach()
             self.lm_head = make_linear(model.lm_head.weight.detach(), None, None, self.device)
@@ -184,12 +204,11 @@ class LlamaRunner:
         for index, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, self.eps)
             qkv = layer.qkv(h)
-            q = qkv[:, : n_q * d].view(-1, n_q, d)
-            k = qkv[:, n_q * d : (n_q + n_kv) * d].view(-1, n_kv, d)
+            # rotate q and k heads together: [T, heads + kv_heads, head_dim]
+            qk = rotate(qkv[:, : (n_q + n_kv) * d].view(-1, n_q + n_kv, d), cos, sin)
+            q, k = qk[:, :n_q], qk[:, n_q:]
             v = qkv[:, (n_q + n_kv) * d :].view(-1, n_kv, d)
-            q = rotate(q, cos, sin)
-            k = rotate(k, cos, sin)
-            self.cache.write(index, slots, positions, k, v)
+            plan.store(self.cache, index, slots, positions, k, v)
             attn = plan.attend(q, self.cache.k[index], self.cache.v[index], self.scale)
             x = x + layer.o(attn.reshape(-1, n_q * d))
             h = rms_norm(x, layer.post_norm, self.eps)
@@ -206,6 +225,7 @@ class _AttentionPlan:
     """How the tokens of one step attend: decode tokens batched over a slot range, others alone."""
 
     def __init__(self, segments: list[Segment], cache: SlotKVCache, device: torch.device) -> None:
+        self.segments = segments
         self.decode_rows: list[int] = []
         self.decode_slots: list[int] = []
         self.prefill: list[tuple[int, Segment]] = []  # (first row, segment)
@@ -243,10 +263,35 @@ class _AttentionPlan:
             query_pos = torch.arange(seg.start, end)[:, None]
             self.prefill_masks.append((torch.arange(end)[None, :] <= query_pos).to(device))
 
+    def store(
+        self,
+        cache: SlotKVCache,
+        layer: int,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> None:
+        """Write the step's keys and values: slices for one segment, a scatter for several."""
+        if len(self.segments) == 1:
+            seg = self.segments[0]
+            end = seg.start + seg.num_tokens
+            cache.k[layer, seg.slot, :, seg.start : end] = k.transpose(0, 1)
+            cache.v[layer, seg.slot, :, seg.start : end] = v.transpose(0, 1)
+        else:
+            cache.write(layer, slots, positions, k, v)
+
     def attend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
     ) -> torch.Tensor:
         # q: [T, heads, head_dim]; k_cache, v_cache: [slots, kv_heads, max_len, head_dim]
+        if len(self.decode_slots) == 1 and not self.prefill:
+            # one decode token: every cached position of its slot is valid, no mask needed
+            slot = self.decode_slots[0]
+            k = k_cache[slot : slot + 1, :, : self.max_len]
+            v = v_cache[slot : slot + 1, :, : self.max_len]
+            o = F.scaled_dot_product_attention(q[:, :, None], k, v, scale=scale, enable_gqa=True)
+            return o[:, :, 0]
         out = torch.empty_like(q)
         if self.decode_slots:
             n_heads, d = q.shape[1], q.shape[2]
@@ -308,11 +353,17 @@ class HFRunner:
 
 
 def make_runner(
-    model: PreTrainedModel, num_slots: int, max_len: int, quantization: str | None = None
+    model: PreTrainedModel,
+    num_slots: int,
+    max_len: int,
+    quantization: str | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> Runner:
-    """The lean runner when the architecture allows, else the generic one (no INT8 there)."""
+    """The lean runner when the architecture allows, else the generic one (no INT8 there).
+
+    With a tokenizer, CPU INT8 is calibrated on a few prompts (activation-aware scaling)."""
     if unsupported_reason(model, max_len) is None:
-        return LlamaRunner(model, num_slots, max_len, quantization)
+        return LlamaRunner(model, num_slots, max_len, quantization, tokenizer)
     if quantization is not None:
         raise ValueError(
             f"quantization={quantization!r} needs a Llama-family model: "

@@ -58,6 +58,8 @@ def test_errors_are_typed_and_name_the_field() -> None:
         normalize("x" * 11, max_query_chars=10)
     assert info.value.field == "q" and "limit is 10" in str(info.value)
     assert isinstance(info.value, ValueError)
+    with pytest.raises(InvalidQueryError, match="lone surrogate"):
+        normalize("ok \ud83d")  # half of an emoji's UTF-16 pair
     with pytest.raises(InvalidQueryError, match="must be a string"):
         normalize(b"bytes")  # type: ignore[arg-type]
 
@@ -84,6 +86,10 @@ def _is_white_space(ch: str) -> bool:
 
 
 def reference_normalize(query: str) -> str:
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidQueryError("not valid Unicode") from None
     text = unicodedata.normalize("NFKC", query)
     if len(text) > MAX_QUERY_CHARS:
         raise QueryTooLongError("too long")

@@ -27,3 +27,20 @@ def test_bad_value_names_the_variable() -> None:
         OriginConfig.from_env({"EDGEQA_MAX_TOKENS": "many"})
     with pytest.raises(ConfigError, match="EDGEQA_TEMPERATURE must be at least 0"):
         OriginConfig.from_env({"EDGEQA_TEMPERATURE": "-1"})
+
+
+def test_engine_settings() -> None:
+    config = OriginConfig.from_env(
+        {"EDGEQA_MAX_NUM_SEQS": "8", "EDGEQA_QUANTIZATION": "int8", "EDGEQA_KV_CACHE_TOKENS": "0"}
+    )
+    engine = config.engine_config("cpu")
+    assert engine.max_num_seqs == 8 and engine.quantization == "int8"
+    assert engine.kv_cache_tokens is None and engine.token_budget == 512
+    assert (
+        OriginConfig.from_env({"EDGEQA_QUANTIZATION": "none"}).engine_config("cpu").quantization
+        is None
+    )
+    auto = OriginConfig.from_env({}).engine_config("cuda")
+    assert auto.quantization is None  # fp16 weights as loaded on CUDA
+    with pytest.raises(ConfigError, match="EDGEQA_QUANTIZATION must be one of"):
+        OriginConfig.from_env({"EDGEQA_QUANTIZATION": "int4"})

@@ -1,0 +1,116 @@
+"""Activation-aware INT8 calibration (AWQ-style scaling, Lin et al. 2023).
+
+Weight-only INT8 error hurts most on the input channels that carry large activations. Scaling
+those weight columns up by ``s`` before quantizing (and the activations down by ``1/s`` at run
+time, one elementwise multiply) gives them more of the INT8 grid. For each linear layer ``s`` is
+``mean|x|^alpha`` over calibration activations, with ``alpha`` picked from a small grid to
+minimise the layer's output error; ``alpha = 0`` (no scaling) is always a candidate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+# Varied, generic prompts: only their activation statistics are used.
+CALIBRATION_PROMPTS = (
+    "What is the capital of France?",
+    "Explain how a refrigerator keeps food cold.",
+    "Write a short poem about the sea at night.",
+    "How do I reset my online banking password?",
+    "Give me three tips for a job interview.",
+    "What is 17 multiplied by 23?",
+    "Summarize the plot of Romeo and Juliet in two sentences.",
+    "Translate 'good morning' into Spanish and German.",
+    "Why is the sky blue?",
+    "List the planets of the solar system in order.",
+    "My card payment was declined, what should I do?",
+    "Write a Python function that reverses a string.",
+)
+
+ALPHAS = (0.0, 0.25, 0.5, 0.75)
+_MAX_ROWS = 512
+
+
+def collect_linear_inputs(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, answer_tokens: int = 0
+) -> dict[tuple[int, str], torch.Tensor]:
+    """Inputs ([rows, in_features], fp32) of q_proj, o_proj, gate_proj and down_proj per layer,
+    over the calibration prompts (and, with ``answer_tokens``, the model's greedy answers)."""
+    from origin.generate import encode_chat
+
+    captured: dict[tuple[int, str], list[torch.Tensor]] = {}
+    handles = []
+    layers: Any = model.model.layers  # type: ignore[union-attr]
+    for index, layer in enumerate(layers):
+        modules = {
+            "qkv": layer.self_attn.q_proj,
+            "o": layer.self_attn.o_proj,
+            "gate_up": layer.mlp.gate_proj,
+            "down": layer.mlp.down_proj,
+        }
+        for name, module in modules.items():
+            handles.append(module.register_forward_pre_hook(_recorder(captured, (index, name))))
+    try:
+        with torch.inference_mode():
+            for prompt in CALIBRATION_PROMPTS:
+                ids = encode_chat(tokenizer, [{"role": "user", "content": prompt}])
+                tensor = torch.tensor([ids], device=model.device)
+                if answer_tokens > 0:
+                    tensor = model.generate(  # type: ignore[operator]
+                        tensor,
+                        max_new_tokens=answer_tokens,
+                        do_sample=False,
+                        pad_token_id=tokenizer.pad_token_id or 0,
+                    )
+                model(input_ids=tensor)  # one pass over prompt + answer, recorded by the hooks
+    finally:
+        for handle in handles:
+            handle.remove()
+    result = {}
+    for key, chunks in captured.items():
+        rows = torch.cat(chunks)
+        if rows.shape[0] > _MAX_ROWS:
+            pick = torch.randperm(rows.shape[0], generator=torch.Generator().manual_seed(0))
+            rows = rows[pick[:_MAX_ROWS]]
+        result[key] = rows
+    return result
+
+
+def _recorder(
+    store: dict[tuple[int, str], list[torch.Tensor]], key: tuple[int, str]
+) -> Callable[..., None]:
+    def hook(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        x = args[0]
+        if x.dim() == 3 and x.shape[1] > 1:  # full-sequence passes only, not generate's decode
+            store.setdefault(key, []).append(x.reshape(-1, x.shape[-1]).float().cpu())
+
+    return hook
+
+
+def activation_scales(
+    weight: torch.Tensor,
+    inputs: torch.Tensor,
+    quantize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    alphas: Sequence[float] = ALPHAS,
+) -> torch.Tensor | None:
+    """Per-input-channel scales ``s`` ([in]) that minimise ||Q(W s)(x / s) - W x||, or None."""
+    w = weight.float().cpu()
+    x = inputs.float()
+    reference = x @ w.T
+    mean_abs = x.abs().mean(dim=0).clamp(min=1e-5)
+    best_error, best_scales = float("inf"), None
+    for alpha in alphas:
+        scales = mean_abs.pow(alpha)
+        scales = scales / (scales.max() * scales.min()).sqrt()
+        q, channel = quantize(w * scales[None, :])
+        approx = (x / scales) @ (q.float() * channel[:, None]).T
+        error = float((approx - reference).pow(2).mean())
+        if error < best_error:
+            best_error, best_scales = error, (None if alpha == 0.0 else scales)
+    return best_scales
