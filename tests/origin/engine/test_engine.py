@@ -147,3 +147,36 @@ def test_int8_engine_answers_and_mostly_agrees(embedded_model) -> None:  # type:
     assert engine.runner.weight_bytes < 0.5 * sum(
         p.numel() * p.element_size() for p in model.parameters()
     )
+
+
+def test_engine_from_environment(model_cache_dir) -> None:  # type: ignore[no-untyped-def]
+    engine = Engine.from_env(
+        {
+            "EDGEQA_CACHE_DIR": str(model_cache_dir),
+            "EDGEQA_MAX_NUM_SEQS": "2",
+            "EDGEQA_MAX_MODEL_LEN": "256",
+            "EDGEQA_QUANTIZATION": "none",
+        }
+    )
+    assert engine.config.max_num_seqs == 2 and engine.config.quantization is None
+    assert engine.runner.cache.num_slots == 2 and engine.runner.cache.max_len == 256
+    result = engine.generate_many([QUESTIONS[0]], GREEDY, progress=False)[0]
+    assert "Paris" in result.text
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_cuda_engine_fp16_and_llm_int8(model_cache_dir, quantization: str | None) -> None:  # type: ignore[no-untyped-def]
+    from origin.model import load_model
+
+    model, tokenizer = load_model("embedded", device="cuda", cache_dir=model_cache_dir)
+    engine = checked(
+        Engine(
+            model,
+            tokenizer,
+            EngineConfig(max_num_seqs=4, max_model_len=256, quantization=quantization),
+        )
+    )
+    results = engine.generate_many(QUESTIONS[:4], GREEDY, progress=False)
+    assert "Paris" in results[0].text
+    assert all(r.finish_reason in ("stop", "length") for r in results)
