@@ -211,9 +211,15 @@ class HFContinuousBatching(System):
 
 
 class EdgeqaSystem(System):
-    def __init__(
-        self, name: str, model, tokenizer, max_tokens: int, quantization: str | None
-    ) -> None:  # type: ignore[no-untyped-def]
+    def __init__(  # type: ignore[no-untyped-def]
+        self,
+        name: str,
+        model,
+        tokenizer,
+        max_tokens: int,
+        quantization: str | None,
+        speculative: str | None = None,
+    ) -> None:
         self.name = name
         config = EngineConfig(
             max_num_seqs=64,
@@ -221,6 +227,7 @@ class EdgeqaSystem(System):
             prefill_chunk=256,
             max_model_len=512,
             quantization=quantization,
+            speculative=speculative,
         )
         self.engine = Engine(model, tokenizer, config)
         self.params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
@@ -293,7 +300,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--deadline-s", type=float, default=600.0, help="per system")
     parser.add_argument(
-        "--systems", default="sequential,static,edgeqa,edgeqa_fp32,edgeqa_int8,hf_cb"
+        "--systems", default="sequential,static,edgeqa,edgeqa+spec,edgeqa_fp32,edgeqa_int8,hf_cb"
     )
     args = parser.parse_args()
     if args.quick:
@@ -317,6 +324,14 @@ def main() -> None:
             "edgeqa", model, tokenizer, args.max_tokens, default_quantization(model.device)
         ),
         "edgeqa_fp32": lambda: EdgeqaSystem("edgeqa_fp32", model, tokenizer, args.max_tokens, None),
+        "edgeqa+spec": lambda: EdgeqaSystem(
+            "edgeqa+spec",
+            model,
+            tokenizer,
+            args.max_tokens,
+            default_quantization(model.device),
+            speculative="ngram+suffix",
+        ),
         "edgeqa_int8": lambda: EdgeqaSystem(
             "edgeqa_int8", model, tokenizer, args.max_tokens, "int8"
         ),

@@ -28,6 +28,8 @@ class OriginConfig:
     prefill_chunk: int
     max_model_len: int
     kv_cache_tokens: int
+    speculative: str
+    num_speculative_tokens: int
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> OriginConfig:
@@ -49,6 +51,13 @@ class OriginConfig:
             prefill_chunk=env_int(env, "EDGEQA_PREFILL_CHUNK", 256, minimum=1),
             max_model_len=env_int(env, "EDGEQA_MAX_MODEL_LEN", 2048, minimum=16),
             kv_cache_tokens=env_int(env, "EDGEQA_KV_CACHE_TOKENS", 0, minimum=0),
+            speculative=env_choice(
+                env,
+                "EDGEQA_SPECULATIVE",
+                "none",
+                ("none", "ngram", "suffix", "ngram+suffix", "suffix+ngram"),
+            ),
+            num_speculative_tokens=env_int(env, "EDGEQA_NUM_SPECULATIVE_TOKENS", 5, minimum=1),
         )
 
     def engine_config(self, device: str) -> EngineConfig:
@@ -68,4 +77,6 @@ class OriginConfig:
             max_model_len=self.max_model_len,
             kv_cache_tokens=self.kv_cache_tokens or None,
             quantization=quantization,
+            speculative=None if self.speculative == "none" else self.speculative,
+            num_speculative_tokens=self.num_speculative_tokens,
         )

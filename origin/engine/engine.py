@@ -21,7 +21,16 @@ import torch
 
 from origin.engine.request import OutputCallback, Request, RequestOutput
 from origin.engine.runner import Runner, Segment, make_runner
-from origin.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from origin.engine.scheduler import ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput
+from origin.engine.speculative import (
+    DraftProposer,
+    NgramProposer,
+    Proposer,
+    SpecConfig,
+    Speculator,
+    SuffixIndex,
+    SuffixProposer,
+)
 from origin.generate import Message, encode_chat, eos_token_ids
 from origin.sampling import SamplingParams, sample_rows
 
@@ -36,6 +45,9 @@ Prompt = str | Sequence[Message] | Sequence[int]
 @dataclass(frozen=True)
 class EngineConfig(SchedulerConfig):
     quantization: str | None = None  # None (the model's dtype), "bf16" or "int8"
+    speculative: str | None = None  # None, "ngram", "suffix", "draft", or "+"-joined
+    num_speculative_tokens: int = 5
+    spec_max_batch: int = 4  # speculate only while at most this many requests decode
 
 
 def default_quantization(device: torch.device | str) -> str | None:
@@ -79,6 +91,7 @@ class Engine:
         tokenizer: PreTrainedTokenizerBase,
         config: EngineConfig | None = None,
         runner: Runner | None = None,
+        draft: tuple[PreTrainedModel, PreTrainedTokenizerBase] | None = None,
     ) -> None:
         self.config = config or EngineConfig()
         self.model = model
@@ -90,7 +103,13 @@ class Engine:
             self.config.quantization,
             tokenizer,
         )
-        self.scheduler = Scheduler(self.config, self.runner.cache)
+        self.speculator: Speculator | None = None
+        self.suffix_index: SuffixIndex | None = None
+        if self.config.speculative:
+            self.speculator = self._make_speculator(draft)
+        elif draft is not None:
+            raise ValueError("a draft model was given but speculative does not include 'draft'")
+        self.scheduler = Scheduler(self.config, self.runner.cache, self.speculator)
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.stats = EngineStats()
         self._ids = itertools.count()
@@ -114,6 +133,52 @@ class Engine:
             settings.model, settings.device, settings.dtype, settings.cache_dir
         )
         return cls(model, tokenizer, settings.engine_config(str(model.device)))
+
+    def _make_speculator(
+        self, draft: tuple[PreTrainedModel, PreTrainedTokenizerBase] | None
+    ) -> Speculator:
+        spec = SpecConfig(
+            method=self.config.speculative or "",
+            num_speculative_tokens=self.config.num_speculative_tokens,
+            max_batch=self.config.spec_max_batch,
+        )
+        proposers: list[Proposer] = []
+        for method in spec.methods:
+            if method == "ngram":
+                proposers.append(NgramProposer(spec.ngram_sizes))
+            elif method == "suffix":
+                self.suffix_index = SuffixIndex(spec.ngram_sizes, spec.suffix_max_tokens)
+                self.suffix_index.template_tokens = frozenset(
+                    self.encode([{"role": "user", "content": ""}])
+                )
+                proposers.append(SuffixProposer(self.suffix_index))
+            else:
+                if draft is None:
+                    raise ValueError("speculative 'draft' needs a draft model (draft=(model, tok))")
+                proposers.append(
+                    DraftProposer(
+                        draft[0],
+                        draft[1],
+                        self.tokenizer,
+                        self.config.max_num_seqs,
+                        self.config.max_model_len,
+                    )
+                )
+        return Speculator(spec, proposers)
+
+    def seed_answers(self, answers: Sequence[str], questions: Sequence[str] | None = None) -> int:
+        """Add known answers (a release's, say) to the suffix index; returns how many.
+
+        With ``questions``, later requests similar to one of them follow its answer first.
+        """
+        if self.suffix_index is None:
+            raise ValueError("seed_answers needs speculative='suffix'")
+        if questions is not None and len(questions) != len(answers):
+            raise ValueError("questions and answers must have the same length")
+        for i, text in enumerate(answers):
+            prompt = self.encode(questions[i]) if questions is not None else None
+            self.suffix_index.add(self.tokenizer.encode(text, add_special_tokens=False), prompt)
+        return len(answers)
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -196,12 +261,16 @@ class Engine:
                 for s in out.scheduled
             )
             sampled = self._execute(out)
-            self.scheduler.update(out, sampled)
+            finished = self.scheduler.update(out, sampled)
+            if self.suffix_index is not None:
+                for request in finished:
+                    if request.finish_reason in ("stop", "length"):
+                        self.suffix_index.add(request.output_ids, request.prompt_ids)
             for item in out.scheduled:
                 request = item.request
                 if request.request_id in sampled or request.finished:
                     self._emit(request)
-            self.stats.generation_tokens += len(sampled)
+            self.stats.generation_tokens += sum(len(t) for t in sampled.values())
         self.stats.preemptions = self.scheduler.num_preemptions
         self.stats.steps += 1
         self.stats.last_step_tokens = out.num_tokens
@@ -211,25 +280,50 @@ class Engine:
             hook(out)
         return out
 
-    def _execute(self, out: SchedulerOutput) -> dict[str, int]:
-        segments = [
-            Segment(
-                slot=item.request.slot,  # type: ignore[arg-type]
-                token_ids=item.request.token_ids[
-                    item.request.num_computed : item.request.num_computed + item.num_tokens
-                ],
-                start=item.request.num_computed,
+    def _execute(self, out: SchedulerOutput) -> dict[str, list[int]]:
+        segments = []
+        for item in out.scheduled:
+            request = item.request
+            known = item.num_tokens - len(item.proposal)
+            tokens = request.token_ids[request.num_computed : request.num_computed + known]
+            segments.append(
+                Segment(
+                    slot=request.slot,  # type: ignore[arg-type]
+                    token_ids=tokens + item.proposal,
+                    start=request.num_computed,
+                    all_logits=bool(item.proposal),
+                )
             )
-            for item in out.scheduled
-        ]
         logits = self.runner.forward(segments)
-        rows = [i for i, item in enumerate(out.scheduled) if item.completes_known_tokens]
-        if not rows:
-            return {}
-        stacked = torch.stack([logits[i][-1] for i in rows]).cpu()
-        requests = [out.scheduled[i].request for i in rows]
-        tokens = sample_rows(stacked, [r.params for r in requests], [r.generator for r in requests])
-        return {r.request_id: t for r, t in zip(requests, tokens, strict=True)}
+        sampled: dict[str, list[int]] = {}
+        plain = []
+        for i, item in enumerate(out.scheduled):
+            if item.proposal:
+                sampled[item.request.request_id] = self._verify(item, logits[i])
+            elif item.completes_known_tokens:
+                plain.append(i)
+        if plain:
+            stacked = torch.stack([logits[i][-1] for i in plain]).cpu()
+            requests = [out.scheduled[i].request for i in plain]
+            tokens = sample_rows(
+                stacked, [r.params for r in requests], [r.generator for r in requests]
+            )
+            for request, token in zip(requests, tokens, strict=True):
+                sampled[request.request_id] = [token]
+        return sampled
+
+    def _verify(self, item: ScheduledRequest, logits: torch.Tensor) -> list[int]:
+        """Greedy verification: the accepted proposal prefix, then the target's next token."""
+        # logits: [1 + k, vocab]; row i predicts the token after proposal[:i]
+        targets = logits.argmax(dim=-1).tolist()
+        accepted = 0
+        for proposed, target in zip(item.proposal, targets, strict=False):
+            if proposed != target:
+                break
+            accepted += 1
+        assert self.speculator is not None
+        self.speculator.observe(item.request, item.proposer, len(item.proposal), accepted)
+        return [*item.proposal[:accepted], targets[accepted]]
 
     def _emit(self, request: Request) -> None:
         output = request.take_output()
@@ -379,4 +473,19 @@ class Engine:
             "generation_tokens": self.stats.generation_tokens,
             "preemptions": self.stats.preemptions,
             "requests_finished": dict(self.stats.requests_finished),
+            "spec_decode": self.spec_metrics(),
+        }
+
+    def spec_metrics(self) -> dict[str, Any]:
+        """vLLM's spec_decode_* counters, plus acceptance per proposer."""
+        if self.speculator is None:
+            return {}
+        stats = self.speculator.stats
+        return {
+            "num_drafts": stats.num_drafts,
+            "num_draft_tokens": stats.num_draft_tokens,
+            "num_accepted_tokens": stats.num_accepted_tokens,
+            "num_accepted_tokens_per_pos": list(stats.accepted_per_position),
+            "acceptance_rate": stats.acceptance_rate,
+            "acceptance_rate_by_proposer": stats.acceptance_by_proposer(),
         }

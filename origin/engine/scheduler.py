@@ -11,9 +11,13 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from origin.engine.kv_cache import SlotKVCache
 from origin.engine.request import Request, Status
+
+if TYPE_CHECKING:
+    from origin.engine.speculative import Speculator
 
 
 @dataclass(frozen=True)
@@ -43,12 +47,15 @@ class SchedulerConfig:
 @dataclass
 class ScheduledRequest:
     request: Request
-    num_tokens: int
+    num_tokens: int  # tokens computed this step, speculative proposal included
+    proposal: list[int] = field(default_factory=list)
+    proposer: str = ""
 
     @property
     def completes_known_tokens(self) -> bool:
         """True when this chunk reaches the last known token, so a new token is sampled."""
-        return self.request.num_computed + self.num_tokens == self.request.num_tokens
+        known = self.num_tokens - len(self.proposal)
+        return self.request.num_computed + known == self.request.num_tokens
 
 
 @dataclass
@@ -63,7 +70,9 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, cache: SlotKVCache) -> None:
+    def __init__(
+        self, config: SchedulerConfig, cache: SlotKVCache, speculator: Speculator | None = None
+    ) -> None:
         if cache.num_slots < config.max_num_seqs or cache.max_len < config.max_model_len:
             raise ValueError("the KV cache is smaller than the scheduler's config")
         self.config = config
@@ -71,6 +80,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in arrival order: the newest is preempted first
         self.num_preemptions = 0
+        self.speculator = speculator
 
     # -- intake ---------------------------------------------------------------------------------
 
@@ -114,6 +124,9 @@ class Scheduler:
             budget -= n
             kv_free -= n
 
+        if self.speculator is not None and budget > 0:
+            budget, kv_free = self._speculate(out, budget, kv_free)
+
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             n = self._chunk(request, budget)
@@ -133,20 +146,35 @@ class Scheduler:
             kv_free -= need
         return out
 
-    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
-        """Commit a computed step: advance positions, append sampled tokens, retire the done."""
+    def update(self, out: SchedulerOutput, sampled: dict[str, list[int]]) -> list[Request]:
+        """Commit a computed step: advance positions, append sampled tokens, retire the done.
+
+        ``sampled`` holds one token per request, or for a verified proposal the accepted
+        proposal tokens followed by the target's own next token.
+        """
         now = time.monotonic()
         finished = []
         for item in out.scheduled:
             request = item.request
-            request.num_computed += item.num_tokens
-            token = sampled.get(request.request_id)
-            if token is None:
-                continue  # a prefill chunk that did not reach the end of the prompt
-            request.append_token(token, now)
+            tokens = sampled.get(request.request_id)
+            if not tokens:
+                request.num_computed += item.num_tokens  # a prefill chunk short of the prompt end
+                continue
+            # valid K/V: the known tokens computed, plus the accepted proposal tokens
+            base = request.num_computed + item.num_tokens - len(item.proposal)
+            appended = 0
+            for token in tokens:
+                request.append_token(token, now)
+                appended += 1
+                if request.finish_reason is not None:
+                    break
+            request.num_computed = base + appended - 1
             if request.finish_reason is not None:
                 self._finish(request, now)
                 finished.append(request)
+            elif item.proposal:
+                assert request.slot is not None
+                self.cache.truncate(request.slot, request.num_computed)  # drop rejected tokens
         return finished
 
     def abort_all(self, reason: str, error: str | None = None) -> list[Request]:
@@ -176,6 +204,23 @@ class Scheduler:
             assert len(ids) == len(set(ids)), "a request scheduled twice in one step"
 
     # -- helpers --------------------------------------------------------------------------------
+
+    def _speculate(self, out: SchedulerOutput, budget: int, kv_free: int) -> tuple[int, int]:
+        """Extend decode items with proposals, within the leftover budget and cache room."""
+        assert self.speculator is not None
+        decoding = [s for s in out.scheduled if s.num_tokens == 1 and s.request.num_uncomputed == 1]
+        if not decoding:
+            return budget, kv_free
+        share = min(budget, kv_free) // len(decoding)
+        room = [min(share, self.config.max_model_len - s.request.num_tokens - 1) for s in decoding]
+        proposals = self.speculator.propose([s.request for s in decoding], room, len(self.running))
+        for item, (proposer, tokens) in zip(decoding, proposals, strict=True):
+            if tokens:
+                item.proposal, item.proposer = tokens, proposer
+                item.num_tokens += len(tokens)
+                budget -= len(tokens)
+                kv_free -= len(tokens)
+        return budget, kv_free
 
     def _chunk(self, request: Request, budget: int) -> int:
         remaining = request.num_uncomputed

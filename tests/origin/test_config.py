@@ -44,3 +44,11 @@ def test_engine_settings() -> None:
     assert auto.quantization is None  # fp16 weights as loaded on CUDA
     with pytest.raises(ConfigError, match="EDGEQA_QUANTIZATION must be one of"):
         OriginConfig.from_env({"EDGEQA_QUANTIZATION": "int4"})
+
+
+def test_speculative_settings() -> None:
+    config = OriginConfig.from_env({"EDGEQA_SPECULATIVE": "ngram+suffix"}).engine_config("cpu")
+    assert config.speculative == "ngram+suffix" and config.num_speculative_tokens == 5
+    assert OriginConfig.from_env({}).engine_config("cpu").speculative is None
+    with pytest.raises(ConfigError, match="EDGEQA_SPECULATIVE must be one of"):
+        OriginConfig.from_env({"EDGEQA_SPECULATIVE": "medusa"})

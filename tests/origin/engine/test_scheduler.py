@@ -30,7 +30,7 @@ def _step(scheduler: Scheduler) -> tuple[SchedulerOutput, list[Request]]:
     scheduler.check_invariants(out)
     for item in out.scheduled:  # what the runner does: the slot now holds these positions
         scheduler.cache.lengths[item.request.slot] = item.request.num_computed + item.num_tokens  # type: ignore[index]
-    sampled = {s.request.request_id: TOKEN for s in out.scheduled if s.completes_known_tokens}
+    sampled = {s.request.request_id: [TOKEN] for s in out.scheduled if s.completes_known_tokens}
     finished = scheduler.update(out, sampled)
     scheduler.check_invariants()
     return out, finished

@@ -1,0 +1,134 @@
+"""Speculative decoding at batch 1: tokens/s with and without each proposer, side by side.
+
+Workload: repeated paraphrased questions. For each of several banking77 intents, the answer to the
+intent's first phrasing is generated first (it seeds the suffix index, as a release's answers
+would), then the other phrasings are asked one at a time and measured. Every system answers the
+same measured questions greedily with the same engine settings (fp32 weights, so that "identical"
+means the exact greedy output); ``identical`` compares each system's answers with the baseline's.
+
+Prints one JSON object:
+  {"config": {...}, "systems": {"baseline": {"tok_per_s"},
+   "<proposer>": {"tok_per_s", "speedup", "acceptance_rate", "identical",
+                  "mean_accepted_per_draft"}}}
+
+Run: .venv/bin/python benchmarks/spec.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import random
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import DATA_DIR
+from transformers.utils import logging as hf_logging
+
+from origin.engine import Engine, EngineConfig
+from origin.model import load_model
+from origin.sampling import SamplingParams
+
+
+def paraphrase_groups(intents: int, per_intent: int, seed: int) -> list[list[str]]:
+    """``intents`` groups of ``per_intent`` phrasings of one banking77 intent each."""
+    by_intent: dict[str, list[str]] = defaultdict(list)
+    with (DATA_DIR / "banking77" / "train.csv").open(encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            by_intent[row["category"]].append(row["text"].strip())
+    rng = random.Random(seed)
+    names = sorted(by_intent)
+    rng.shuffle(names)
+    return [rng.sample(by_intent[name], per_intent) for name in names[:intents]]
+
+
+def run(engine: Engine, questions: list[str], params: SamplingParams) -> tuple[list[str], float]:
+    """Answer one at a time; output tokens per second over the whole set."""
+    texts, tokens, elapsed = [], 0, 0.0
+    for question in questions:
+        started = time.perf_counter()
+        result = engine.generate_many([question], params, progress=False)[0]
+        elapsed += time.perf_counter() - started
+        texts.append(result.text)
+        tokens += len(result.token_ids)
+    return texts, tokens / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="5 intents x 3 phrasings (< 5 min)")
+    parser.add_argument("--intents", type=int, default=10)
+    parser.add_argument("--per-intent", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--proposers", default="ngram,suffix,draft")
+    args = parser.parse_args()
+    if args.quick:
+        args.intents, args.per_intent, args.max_tokens = 5, 3, 48
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+    model, tokenizer = load_model("embedded", device="cpu", dtype="float32")
+    groups = paraphrase_groups(args.intents, args.per_intent, args.seed)
+    seeds = [g[0] for g in groups]
+    measured = [q for g in groups for q in g[1:]]
+    params = SamplingParams(max_tokens=args.max_tokens)
+    settings = {"max_num_seqs": 1, "max_model_len": 1024}
+
+    baseline = Engine(model, tokenizer, EngineConfig(**settings))  # type: ignore[arg-type]
+    run(baseline, measured[:1], params)  # warm-up
+    seed_answers, _ = run(baseline, seeds, params)
+    reference, baseline_tps = run(baseline, measured, params)
+    systems: dict[str, dict[str, object]] = {"baseline": {"tok_per_s": round(baseline_tps, 2)}}
+
+    for proposer in args.proposers.split(","):
+        draft = (model, tokenizer) if proposer == "draft" else None
+        engine = Engine(
+            model,
+            tokenizer,
+            EngineConfig(speculative=proposer, **settings),
+            draft=draft,  # type: ignore[arg-type]
+        )
+        if proposer == "suffix":
+            engine.seed_answers(seed_answers, seeds)
+        run(engine, measured[:1], SamplingParams(max_tokens=4))  # warm-up, tiny
+        texts, tps = run(engine, measured, params)
+        spec = engine.spec_metrics()
+        drafts = max(spec["num_drafts"], 1)
+        systems[proposer] = {
+            "tok_per_s": round(tps, 2),
+            "speedup": round(tps / baseline_tps, 2),
+            "acceptance_rate": round(spec["acceptance_rate"], 3),
+            "mean_accepted_per_draft": round(spec["num_accepted_tokens"] / drafts, 2),
+            "identical": texts == reference,
+        }
+        print(f"{proposer}: {systems[proposer]}", file=sys.stderr, flush=True)
+
+    print(
+        json.dumps(
+            {
+                "config": {
+                    "intents": args.intents,
+                    "measured_questions": len(measured),
+                    "seeded_answers": len(seed_answers),
+                    "max_tokens": args.max_tokens,
+                    "num_speculative_tokens": EngineConfig().num_speculative_tokens,
+                    "weights": "fp32",
+                    "draft": "the embedded model drafting for itself",
+                    "threads": torch.get_num_threads(),
+                },
+                "systems": systems,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+from __future__ import annotations
+
+import pytest
+
+from origin.engine import Engine, EngineConfig
+from origin.engine.request import Request
+from origin.engine.speculative import (
+    SpecConfig,
+    Speculator,
+    SuffixIndex,
+    find_continuation,
+)
+from origin.sampling import SamplingParams
+from tests.origin.engine.conftest import checked, tiny_model
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Tell me the capital city of France.",
+    "Explain what photosynthesis is.",
+    "Explain the process of photosynthesis.",
+    "How many legs does a spider have?",
+]
+PARAMS = SamplingParams(max_tokens=40)
+
+
+@pytest.fixture(scope="module")
+def reference(engine_fp32: Engine) -> list[str]:
+    return [c.text for c in engine_fp32.generate_many(QUESTIONS, PARAMS, progress=False)]
+
+
+def _engine(embedded_model, method: str, **config: object) -> Engine:  # type: ignore[no-untyped-def]
+    model, tokenizer = embedded_model
+    draft = (model, tokenizer) if "draft" in method else None
+    options: dict[str, object] = {"max_num_seqs": 4, "max_model_len": 512}
+    options.update(config)
+    return checked(
+        Engine(model, tokenizer, EngineConfig(speculative=method, **options), draft=draft)
+    )  # type: ignore[arg-type]
+
+
+def test_find_continuation_prefers_the_longest_latest_match() -> None:
+    haystack = [1, 2, 3, 9, 1, 2, 3, 4, 5, 6, 1, 2, 3]
+    assert find_continuation(haystack, haystack, (3, 2), 3) == [4, 5, 6]
+    assert find_continuation([7, 8], haystack, (3, 2), 3) == []
+
+
+def test_suffix_index_looks_up_and_evicts_oldest() -> None:
+    index = SuffixIndex(sizes=(3, 2), max_tokens=20)
+    index.add([10, 11, 12, 13, 14, 15])
+    assert index.lookup([99, 11, 12], 2) == [13, 14]
+    assert index.lookup([5, 6], 2) == []
+    for start in range(100, 140, 8):  # 40 more tokens: the first answer is dropped
+        index.add(list(range(start, start + 8)))
+    assert index.lookup([99, 11, 12], 2) == []
+    assert index.num_tokens <= 20
+    assert index.lookup([133, 134, 135], 3) == [136, 137, 138]  # the newest is kept
+
+
+def test_spec_config_is_checked() -> None:
+    with pytest.raises(ValueError, match="speculative method must be one of"):
+        SpecConfig(method="medusa")
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        SpecConfig(method="ngram", num_speculative_tokens=0)
+    assert SpecConfig(method="ngram+suffix").methods == ["ngram", "suffix"]
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix", "draft", "ngram+suffix"])
+def test_greedy_output_is_identical_at_batch_1_and_4(
+    embedded_model,
+    reference: list[str],
+    method: str,  # type: ignore[no-untyped-def]
+) -> None:
+    engine = _engine(embedded_model, method)
+    one_by_one = [engine.generate_many([q], PARAMS, progress=False)[0].text for q in QUESTIONS]
+    batched = [c.text for c in engine.generate_many(QUESTIONS, PARAMS, progress=False)]
+    assert one_by_one == reference
+    assert batched == reference
+    metrics = engine.metrics()["spec_decode"]
+    assert metrics["num_drafts"] > 0 and metrics["num_draft_tokens"] >= metrics["num_drafts"]
+    assert 0 < metrics["num_accepted_tokens"] <= metrics["num_draft_tokens"]
+    assert sum(metrics["num_accepted_tokens_per_pos"]) == metrics["num_accepted_tokens"]
+    if method == "draft":  # the model drafting for itself agrees on every token
+        assert metrics["acceptance_rate"] == 1.0
+
+
+def test_rejection_in_the_middle_of_a_proposal(embedded_model, reference: list[str]) -> None:  # type: ignore[no-untyped-def]
+    engine = _engine(embedded_model, "suffix", num_speculative_tokens=8)
+    true_answer = reference[0]
+    assert true_answer.startswith("The capital of France is Paris")
+    # a stored answer that agrees for a few tokens, then says something else
+    engine.seed_answers(["The capital of France is Lyon, a city in the south of the country."])
+    out = engine.generate_many([QUESTIONS[0]], PARAMS, progress=False)[0]
+    assert out.text == true_answer
+    stats = engine.speculator.stats  # type: ignore[union-attr]
+    per_position = stats.accepted_per_position
+    assert per_position[0] > 0 and stats.num_accepted_tokens < stats.num_draft_tokens
+    # some draft was accepted part-way: more drafts accepted position 1 than position 8
+    assert per_position[0] > per_position[-1]
+
+
+def test_cancellation_during_verification_frees_the_slot(embedded_model) -> None:  # type: ignore[no-untyped-def]
+    engine = _engine(embedded_model, "draft")
+    outputs = []
+    request = engine.add_request(QUESTIONS[2], SamplingParams(max_tokens=100), outputs.append)
+    for _ in range(3):
+        engine.step()
+    # one step by hand: schedule (with a proposal), cancel while it is verified, commit
+    with engine._lock:
+        for incoming in engine._incoming:
+            engine.scheduler.add(incoming)
+        engine._incoming.clear()
+    out = engine.scheduler.schedule()
+    assert out.scheduled and out.scheduled[0].proposal
+    request.cancelled = True
+    engine.scheduler.update(out, engine._execute(out))
+    engine.scheduler.check_invariants()
+    step = engine.step()
+    assert step.aborted == [request]
+    assert engine.runner.cache.num_free == 4 and engine.num_running == 0
+
+
+def test_back_off_when_the_batch_is_large(embedded_model, reference: list[str]) -> None:  # type: ignore[no-untyped-def]
+    engine = _engine(embedded_model, "ngram", spec_max_batch=2)
+    batched = [c.text for c in engine.generate_many(QUESTIONS, PARAMS, progress=False)]
+    assert batched == reference
+    steps_with_many = engine.speculator.stats.num_drafts  # type: ignore[union-attr]
+    single = _engine(embedded_model, "ngram", spec_max_batch=2)
+    single.generate_many([QUESTIONS[3]], PARAMS, progress=False)
+    # with five requests decoding most steps speculate not at all
+    assert steps_with_many < 5 * single.speculator.stats.num_drafts  # type: ignore[union-attr]
+
+
+def test_back_off_when_acceptance_is_low(embedded_model) -> None:  # type: ignore[no-untyped-def]
+    _, tokenizer = embedded_model
+    speculator = Speculator(SpecConfig(method="ngram", min_acceptance=0.3, cooldown_steps=5), [])
+    request = Request("r", [1, 2, 3], SamplingParams(), tokenizer, {2})
+    for _ in range(3):
+        speculator.observe(request, "ngram", proposed=5, accepted=0)
+    assert request.spec_cooldown == 5
+    assert speculator.propose([request], [5], num_decoding=1) == [("", [])]
+    assert request.spec_cooldown == 4
+
+
+def test_sampled_requests_never_speculate(embedded_model) -> None:  # type: ignore[no-untyped-def]
+    engine = _engine(embedded_model, "ngram")
+    params = SamplingParams(max_tokens=24, temperature=0.8, seed=3)
+    engine.generate_many([QUESTIONS[2]], params, progress=False)
+    assert engine.metrics()["spec_decode"]["num_drafts"] == 0
+
+
+def test_draft_with_another_tokenizer_is_refused(embedded_model) -> None:  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    from edge_index.embedder import embedded_embedder_path
+
+    model, tokenizer = embedded_model
+    other = AutoTokenizer.from_pretrained(embedded_embedder_path())
+    with pytest.raises(ValueError, match="tokenizer differs from the target's"):
+        Engine(
+            model,
+            tokenizer,
+            EngineConfig(max_num_seqs=2, max_model_len=256, speculative="draft"),
+            draft=(tiny_model("llama"), other),
+        )
+    with pytest.raises(ValueError, match="needs a draft model"):
+        Engine(
+            model, tokenizer, EngineConfig(max_num_seqs=2, max_model_len=256, speculative="draft")
+        )
