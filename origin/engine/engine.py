@@ -162,6 +162,7 @@ class Engine:
                         self.tokenizer,
                         self.config.max_num_seqs,
                         self.config.max_model_len,
+                        self.config.quantization,
                     )
                 )
         return Speculator(spec, proposers)

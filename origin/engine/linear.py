@@ -10,6 +10,7 @@ quantized.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from typing import Protocol
 
@@ -100,18 +101,28 @@ class Bf16Linear:
     """
 
     compute_dtype = torch.bfloat16
+    # CPU bf16 GEMM rows are bitwise independent of the row count only up to this reduction
+    # length; longer reductions run in pieces summed in fp32 (see _AttentionPlan for why it matters)
+    max_k = 1024
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight_t = weight.t().contiguous().to(self.compute_dtype)  # [in, out]
+        in_features = weight.shape[1]
+        pieces = -(-in_features // self.max_k)
+        bounds = [round(i * in_features / pieces) for i in range(pieces + 1)]
+        self.k_pieces = list(itertools.pairwise(bounds))
         self.weight_split = None
-        if weight.shape[0] % 2 == 0:
+        if weight.shape[0] % 2 == 0 and pieces == 1:
             self.weight_split = split_columns(self.weight_t)
         self.bias = bias
         self.out_features = weight.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         xc = x.to(self.compute_dtype)
-        if x.shape[0] == 1 and self.weight_split is not None:
+        if len(self.k_pieces) > 1:
+            parts = [(xc[:, a:b] @ self.weight_t[a:b]).to(x.dtype) for a, b in self.k_pieces]
+            y = torch.stack(parts).sum(dim=0)
+        elif x.shape[0] == 1 and self.weight_split is not None:
             y = gemv_split(xc, self.weight_split).to(x.dtype)
         else:
             y = (xc @ self.weight_t).to(x.dtype)

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2")
+# steps with at most this many segments attend query by query (see _AttentionPlan)
+EXACT_MAX_SEGMENTS = 8
 
 
 @dataclass
@@ -226,18 +228,31 @@ class LlamaRunner:
 
 
 class _AttentionPlan:
-    """How the tokens of one step attend: decode tokens batched over a slot range, others alone."""
+    """How the tokens of one step attend.
+
+    Small steps (at most ``EXACT_MAX_SEGMENTS`` segments) attend query by query: each decode or
+    verification token over exactly its own valid keys, with the same call whichever step it is
+    in. With bf16 weights (whose GEMM rows do not depend on the batch) a token's result is then
+    bitwise the same whether it is decoded alone or verified inside a speculative proposal, so
+    speculation cannot change a greedy output. Larger steps batch their decode tokens over the
+    slot range. Prompt chunks attend together under a causal mask.
+    """
 
     def __init__(self, segments: list[Segment], cache: SlotKVCache, device: torch.device) -> None:
         self.segments = segments
         self.decode_rows: list[int] = []
         self.decode_slots: list[int] = []
+        self.per_query: list[tuple[int, int, int]] = []  # (row, slot, keys up to and incl.)
         self.prefill: list[tuple[int, Segment]] = []  # (first row, segment)
         self.logit_rows: list[int] = []
         self.logit_counts: list[int] = []
+        exact = len(segments) <= EXACT_MAX_SEGMENTS
         row = 0
         for seg in segments:
-            if seg.num_tokens == 1:
+            if exact and (seg.num_tokens == 1 or seg.all_logits):
+                for i in range(seg.num_tokens):
+                    self.per_query.append((row + i, seg.slot, seg.start + i + 1))
+            elif seg.num_tokens == 1:
                 self.decode_rows.append(row)
                 self.decode_slots.append(seg.slot)
             else:
@@ -289,14 +304,18 @@ class _AttentionPlan:
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
     ) -> torch.Tensor:
         # q: [T, heads, head_dim]; k_cache, v_cache: [slots, kv_heads, max_len, head_dim]
-        if len(self.decode_slots) == 1 and not self.prefill:
-            # one decode token: every cached position of its slot is valid, no mask needed
-            slot = self.decode_slots[0]
-            k = k_cache[slot : slot + 1, :, : self.max_len]
-            v = v_cache[slot : slot + 1, :, : self.max_len]
-            o = F.scaled_dot_product_attention(q[:, :, None], k, v, scale=scale, enable_gqa=True)
-            return o[:, :, 0]
-        out = torch.empty_like(q)
+        out = torch.empty_like(q) if len(self.per_query) < self.num_tokens else None
+        per_query = []
+        for row, slot, length in self.per_query:
+            k = k_cache[slot : slot + 1, :, :length]
+            v = v_cache[slot : slot + 1, :, :length]
+            qs = q[row : row + 1].transpose(0, 1)[None]  # [1, heads, 1, d]
+            o = F.scaled_dot_product_attention(qs, k, v, scale=scale, enable_gqa=True)
+            per_query.append(o[0, :, 0])
+        if out is None:  # every token attended alone
+            return torch.stack(per_query)
+        for (row, _, _), o in zip(self.per_query, per_query, strict=True):
+            out[row] = o
         if self.decode_slots:
             n_heads, d = q.shape[1], q.shape[2]
             q_span = torch.zeros(self.span, n_heads, 1, d, dtype=q.dtype, device=q.device)

@@ -57,3 +57,13 @@ def test_bitsandbytes_int8_on_cuda() -> None:
     y = lin(x)
     ref = x @ w.T
     assert (y.float() - ref.float()).norm() / ref.float().norm() < 0.05
+
+
+@pytest.mark.parametrize("in_features", [576, 1536])
+def test_bf16_rows_do_not_depend_on_the_row_count(in_features: int) -> None:
+    # what makes speculative verification bitwise equal to one-token decoding
+    lin = make_linear(_weight(96, in_features), None, "bf16", torch.device("cpu"))
+    x = torch.randn(7, in_features, generator=torch.Generator().manual_seed(1))
+    together = lin(x)
+    alone = torch.cat([lin(x[i : i + 1]) for i in range(7)])
+    assert torch.equal(together, alone)
