@@ -86,7 +86,7 @@ class Request:
         self.slot: int | None = None
         self.num_computed = 0  # tokens of token_ids whose K/V are in the slot
         self.num_preemptions = 0
-        self.spec_ema = 1.0  # recent share of proposed tokens accepted (speculative back-off)
+        self.spec_ema = 2.0  # recent mean of accepted tokens per draft (speculative back-off)
         self.spec_cooldown = 0  # steps left without speculation
         self.spec_neighbors: list[int] | None = None  # similar earlier answers (suffix proposer)
         self.cancelled = False

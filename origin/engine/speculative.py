@@ -14,7 +14,8 @@ speculation. Rejected tokens cost nothing to undo: the slot's length moves back.
 
 Speculation backs off by itself: not at all when more than ``max_batch`` requests decode (the step
 is then compute-bound and verifying k extra tokens per request costs more than it saves), and per
-request when its recent acceptance falls below ``min_acceptance`` (it pauses, then probes again).
+request when its recent mean of accepted tokens per draft falls below ``min_accepted`` (it pauses,
+then probes again).
 """
 
 from __future__ import annotations
@@ -39,11 +40,11 @@ class SpecConfig:
     method: str  # "ngram", "suffix", "draft", or several joined by "+" (tried in that order)
     num_speculative_tokens: int = 5
     max_batch: int = 4  # no speculation when more requests than this decode in a step
-    # a request whose acceptance EMA falls below this pauses. Verifying k+1 tokens costs ~1.3x a
-    # plain step with bf16 weights and ~2x with fp32 on this CPU: with k = 5 it pays from ~10%
-    # (bf16) or ~20% (fp32) acceptance
-    min_acceptance: float = 0.15
-    cooldown_steps: int = 16  # steps a paused request decodes without speculating
+    # A request pauses when its recent mean of accepted tokens per draft falls below this. A
+    # verification step yields 1 + accepted tokens and costs ~1.3x a plain step with bf16 weights
+    # (~2x with fp32) on this CPU, so it pays from ~0.3 (bf16) or ~1 (fp32) accepted per draft.
+    min_accepted: float = 0.4
+    cooldown_steps: int = 8  # steps a paused request decodes without speculating
     ngram_sizes: tuple[int, ...] = (4, 3, 2)
     suffix_max_tokens: int = 500_000  # tokens of past answers kept in the suffix index
 
@@ -349,9 +350,9 @@ class Speculator:
         return result
 
     def observe(self, request: Request, proposer: str, proposed: int, accepted: int) -> None:
-        """Record a verification and update the request's acceptance EMA (the back-off)."""
+        """Record a verification and update the request's accepted-per-draft EMA (the back-off)."""
         self.stats.record(proposer, proposed, accepted)
-        request.spec_ema = 0.6 * request.spec_ema + 0.4 * (accepted / proposed)
-        if request.spec_ema < self.config.min_acceptance:
+        request.spec_ema = 0.7 * request.spec_ema + 0.3 * accepted
+        if request.spec_ema < self.config.min_accepted:
             request.spec_cooldown = self.config.cooldown_steps
-            request.spec_ema = self.config.min_acceptance + 0.2  # probe again after the pause
+            request.spec_ema = 2 * self.config.min_accepted  # probe again after the pause
