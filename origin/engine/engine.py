@@ -211,12 +211,7 @@ class Engine:
             self.eos_ids,
             on_output,
         )
-        total = len(request.prompt_ids) + params.max_tokens
-        if total > self.config.max_model_len:
-            raise ValueError(
-                f"prompt ({len(request.prompt_ids)} tokens) + max_tokens ({params.max_tokens}) "
-                f"exceeds max_model_len {self.config.max_model_len}"
-            )
+        self.scheduler.check_fits(request)  # here, so the caller gets the error, not the loop
         with self._wake:
             if request.request_id in self._by_id:
                 raise ValueError(f"request id {request.request_id!r} is already in use")
@@ -258,8 +253,9 @@ class Engine:
         if out.scheduled:
             # prefill work of this step (recomputed tokens after a preemption count too)
             self.stats.prompt_tokens += sum(
-                s.num_tokens - int(s.completes_known_tokens and s.request.num_uncomputed == 1)
+                s.num_tokens - len(s.proposal)
                 for s in out.scheduled
+                if s.request.num_uncomputed > 1  # not a decode step
             )
             sampled = self._execute(out)
             finished = self.scheduler.update(out, sampled)

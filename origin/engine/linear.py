@@ -60,7 +60,8 @@ class DenseLinear:
         self.out_features = weight.shape[0]
         self.packed: torch.nn.Module | None = None
         self.weight_split: torch.Tensor | None = None
-        self.weight_t = weight.t().contiguous()  # [in, out]
+        # [in, out]; on CPU replaced by the prepacked and split forms, which cover every row count
+        self.weight_t: torch.Tensor | None = weight.t().contiguous()
         on_cpu = weight.device.type == "cpu"
         if on_cpu and weight.dtype in (torch.float32, torch.bfloat16):
             module = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
@@ -74,8 +75,8 @@ class DenseLinear:
 
                 self.packed = mkldnn.to_mkldnn(module, weight.dtype)
             if self.out_features % 2 == 0:
-                self.weight_split = split_columns(self.weight_t)
-                self.weight_t = self.weight_split  # one copy: [in, out] is only for other cases
+                self.weight_split = split_columns(weight.t())
+                self.weight_t = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 1 and self.weight_split is not None:
@@ -83,13 +84,16 @@ class DenseLinear:
             return y if self.bias is None else y + self.bias
         if self.packed is not None:
             return self.packed(x)
+        assert self.weight_t is not None
         if self.bias is None:
             return x @ self.weight_t
         return torch.addmm(self.bias, x, self.weight_t)
 
     @property
     def weight_bytes(self) -> int:
-        return self.weight_t.numel() * self.weight_t.element_size()
+        weight = self.weight_t if self.weight_t is not None else self.weight_split
+        assert weight is not None
+        return weight.numel() * weight.element_size()
 
 
 class Bf16Linear:

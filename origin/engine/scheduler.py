@@ -84,13 +84,17 @@ class Scheduler:
 
     # -- intake ---------------------------------------------------------------------------------
 
-    def add(self, request: Request) -> None:
+    def check_fits(self, request: Request) -> None:
+        """Refuse a request that could not fit in one slot, with a message naming the limit."""
         total = len(request.prompt_ids) + request.params.max_tokens
         if total > self.config.max_model_len:
             raise ValueError(
                 f"prompt ({len(request.prompt_ids)} tokens) + max_tokens "
                 f"({request.params.max_tokens}) exceeds max_model_len {self.config.max_model_len}"
             )
+
+    def add(self, request: Request) -> None:
+        self.check_fits(request)
         self.waiting.append(request)
 
     @property
