@@ -11,7 +11,10 @@ with the baseline's.
 Prints one JSON object:
   {"config": {...}, "systems": {"baseline": {"tok_per_s"},
    "<proposer>": {"tok_per_s", "speedup", "acceptance_rate", "identical",
-                  "mean_accepted_per_draft"}}}
+                  "mean_accepted_per_draft", "forward_reduction"}}}
+
+``forward_reduction`` is output tokens / target forwards: the speedup the proposer would give if
+verifying a draft cost no more than a plain decoding step, i.e. the ceiling its predictions allow.
 
 Run: .venv/bin/python benchmarks/spec.py [--quick]
 """
@@ -52,8 +55,10 @@ def paraphrase_groups(intents: int, per_intent: int, seed: int) -> list[list[str
     return [rng.sample(by_intent[name], per_intent) for name in names[:intents]]
 
 
-def run(engine: Engine, questions: list[str], params: SamplingParams) -> tuple[list[str], float]:
-    """Answer one at a time; output tokens per second over the whole set."""
+def run(
+    engine: Engine, questions: list[str], params: SamplingParams
+) -> tuple[list[str], float, int]:
+    """Answer one at a time: the answers, output tokens per second, output tokens."""
     texts, tokens, elapsed = [], 0, 0.0
     for question in questions:
         started = time.perf_counter()
@@ -61,7 +66,7 @@ def run(engine: Engine, questions: list[str], params: SamplingParams) -> tuple[l
         elapsed += time.perf_counter() - started
         texts.append(result.text)
         tokens += len(result.token_ids)
-    return texts, tokens / elapsed
+    return texts, tokens / elapsed, tokens
 
 
 def main() -> None:
@@ -88,8 +93,8 @@ def main() -> None:
 
     baseline = Engine(model, tokenizer, EngineConfig(**settings))  # type: ignore[arg-type]
     run(baseline, measured[:1], params)  # warm-up
-    seed_answers, _ = run(baseline, seeds, params)
-    reference, baseline_tps = run(baseline, measured, params)
+    seed_answers, _, _ = run(baseline, seeds, params)
+    reference, baseline_tps, _ = run(baseline, measured, params)
     systems: dict[str, dict[str, object]] = {"baseline": {"tok_per_s": round(baseline_tps, 2)}}
 
     for proposer in args.proposers.split(","):
@@ -103,14 +108,23 @@ def main() -> None:
         if proposer == "suffix":
             engine.seed_answers(seed_answers, seeds)
         run(engine, measured[:1], SamplingParams(max_tokens=4))  # warm-up, tiny
-        texts, tps = run(engine, measured, params)
-        spec = engine.spec_metrics()
+        before = engine.spec_metrics()
+        texts, tps, tokens = run(engine, measured, params)
+        after = engine.spec_metrics()
+        spec = {
+            name: after[name] - before[name]
+            for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+        }
+        spec["acceptance_rate"] = spec["num_accepted_tokens"] / max(spec["num_draft_tokens"], 1)
         drafts = max(spec["num_drafts"], 1)
         systems[proposer] = {
             "tok_per_s": round(tps, 2),
             "speedup": round(tps / baseline_tps, 2),
             "acceptance_rate": round(spec["acceptance_rate"], 3),
             "mean_accepted_per_draft": round(spec["num_accepted_tokens"] / drafts, 2),
+            # the speedup if a verification cost no more than a plain step: an upper bound set
+            # by how much of the answers the proposer predicts
+            "forward_reduction": round(tokens / max(tokens - spec["num_accepted_tokens"], 1), 2),
             "identical": texts == reference,
         }
         print(f"{proposer}: {systems[proposer]}", file=sys.stderr, flush=True)

@@ -47,7 +47,7 @@ class EngineConfig(SchedulerConfig):
     quantization: str | None = None  # None (the model's dtype), "bf16" or "int8"
     speculative: str | None = None  # None, "ngram", "suffix", "draft", or "+"-joined
     num_speculative_tokens: int = 5
-    spec_max_batch: int = 4  # speculate only while at most this many requests decode
+    spec_max_batch: int = 2  # speculate only while at most this many requests decode
 
 
 def default_quantization(device: torch.device | str) -> str | None:

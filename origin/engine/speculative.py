@@ -39,7 +39,7 @@ METHODS = ("ngram", "suffix", "draft")
 class SpecConfig:
     method: str  # "ngram", "suffix", "draft", or several joined by "+" (tried in that order)
     num_speculative_tokens: int = 5
-    max_batch: int = 4  # no speculation when more requests than this decode in a step
+    max_batch: int = 2  # no speculation when more requests than this decode in a step
     # A request pauses when its recent mean of accepted tokens per draft falls below this. A
     # verification step yields 1 + accepted tokens and costs ~1.3x a plain step with bf16 weights
     # (~2x with fp32) on this CPU, so it pays from ~0.3 (bf16) or ~1 (fp32) accepted per draft.
