@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from datetime import UTC, date, datetime, timedelta
 
 from edgeqa import __version__
 
@@ -66,6 +67,40 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _date(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date (YYYY-MM-DD): {text!r}") from None
+
+
+def _cmd_precompute_run(args: argparse.Namespace) -> int:
+    _quiet_libraries()
+    import json
+
+    from edge_index.store import open_store
+    from precompute.pipeline import PrecomputeConfig, run_precompute
+
+    until = args.until or datetime.now(UTC).date()
+    since = args.since or until - timedelta(days=6)
+    if since > until:
+        raise ValueError(f"--since {since} is after --until {until}")
+    config = PrecomputeConfig.from_env(
+        k=args.k,
+        top_n=args.top_n,
+        max_tokens=args.max_tokens,
+        partition_size=args.partition_size,
+        quantization=args.quantization,
+        keep=args.keep,
+        baseline_sample=args.baseline_sample,
+    )
+    report = run_precompute(
+        open_store(args.logs), open_store(args.out), since, until, config, progress=True
+    )
+    print(json.dumps(report, indent=2, default=str))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgeqa", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -86,6 +121,29 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="run the local end-to-end demo")
     demo.add_argument("--max-tokens", type=int, default=64)
     demo.set_defaults(run=_cmd_demo)
+
+    precompute = commands.add_parser("precompute", help="the nightly precompute")
+    pre_commands = precompute.add_subparsers(dest="precompute_command", required=True)
+    run = pre_commands.add_parser(
+        "run", help="mine the logs, generate, build and publish a release; print the run report"
+    )
+    run.add_argument("--logs", required=True, help="store root holding logs/ (file:// or s3://)")
+    run.add_argument("--out", required=True, help="store root to publish releases to")
+    run.add_argument("--since", type=_date, default=None, help="first log day (default: until-6)")
+    run.add_argument("--until", type=_date, default=None, help="last log day (default: today UTC)")
+    run.add_argument("--k", type=int, default=None, help="distinct users (EDGEQA_MIN_USERS, 5)")
+    run.add_argument("--top-n", type=int, default=None, help="clusters kept (EDGEQA_TOP_N)")
+    run.add_argument("--max-tokens", type=int, default=None, help="per answer (EDGEQA_MAX_TOKENS)")
+    run.add_argument("--partition-size", type=int, default=None, help="questions per partition")
+    run.add_argument("--quantization", choices=("int8", "bf16", "none"), default=None)
+    run.add_argument("--keep", type=int, default=None, help="releases kept (EDGEQA_KEEP_RELEASES)")
+    run.add_argument(
+        "--baseline-sample",
+        type=int,
+        default=None,
+        help="questions answered one at a time for the throughput comparison (default 8, 0: off)",
+    )
+    run.set_defaults(run=_cmd_precompute_run)
     return parser
 
 
@@ -94,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, RuntimeError) as error:
         # bad input or a missing model/package: one clear line, no traceback
         print(f"edgeqa: error: {error}", file=sys.stderr)
         return 2

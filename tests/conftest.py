@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,45 @@ def cli_env(model_cache_dir: Path) -> dict[str, str]:
     env["EDGEQA_CACHE_DIR"] = str(model_cache_dir)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     return env
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A real S3 endpoint on loopback (moto in server mode), shared by the session."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    previous = {name: os.environ.get(name) for name in _S3_ENV}
+    os.environ.update(
+        {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+    )
+    yield endpoint
+    server.stop()
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+_S3_ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+
+
+@pytest.fixture()
+def s3_bucket(s3_endpoint: str) -> str:
+    """A fresh, empty bucket on the loopback S3 server."""
+    import uuid
+
+    import boto3
+
+    name = f"edgeqa-test-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3").create_bucket(Bucket=name)
+    return name

@@ -1,0 +1,257 @@
+"""Release building: mined clusters + generated answers -> a complete release in a local folder.
+
+One row per published phrasing (every phrasing of a cluster is indexed under the cluster's
+answer, so each has its own exact-tier object and its own vector). Embeddings are computed in
+batches; rows are cut into shards of ``shard_rows`` and each shard gets its own FAISS index
+(``factory``: ``auto`` picks HNSW32 with efConstruction >= 200 below ``ivf_rows`` rows and an IVF
+index above; any FAISS factory string works). IVF training runs on a GPU through faiss-gpu when
+one is present. Expiry: ``generated_at + ttl_days``, stretched by a jitter of up to
+``ttl_jitter`` derived from the key, so entries do not all expire at once and a rebuild from the
+same answers is identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edge_index.release import (
+    FORMAT,
+    answer_object,
+    canonical_json,
+    object_path,
+    row_schema,
+    serialize_index,
+    sha256_hex,
+    shard_paths,
+)
+
+if TYPE_CHECKING:
+    import faiss
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from precompute.mining import HotQuestion
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    factory: str = "auto"
+    ef_construction: int = 200
+    ef_search: int = 128
+    ivf_rows: int = 1_000_000
+    shard_rows: int = 250_000
+    ttl_days: float = 7.0
+    ttl_jitter: float = 0.2
+    threshold: float = 0.9  # the semantic tier's cosine threshold until one is calibrated
+    embed_batch: int = 256
+
+    def __post_init__(self) -> None:
+        if self.ef_construction < 1 or self.shard_rows < 1 or self.ttl_days <= 0:
+            raise ValueError("ef_construction, shard_rows and ttl_days must be positive")
+        if not 0 <= self.ttl_jitter < 1:
+            raise ValueError("ttl_jitter must be in [0, 1)")
+
+
+@dataclass
+class BuildReport:
+    clusters: int = 0
+    rows: int = 0
+    shards: int = 0
+    excluded_clusters: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "seconds": round(self.seconds, 2)}
+
+
+def factory_for(config: BuildConfig, rows: int) -> str:
+    if config.factory != "auto":
+        return config.factory
+    if rows >= config.ivf_rows:
+        return f"IVF{int(4 * math.sqrt(rows))},Flat"
+    return "HNSW32,Flat"
+
+
+def _jitter(key: str) -> float:
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+
+
+def build_index(vectors: np.ndarray, factory: str, config: BuildConfig) -> faiss.Index:
+    import faiss
+
+    index = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+    inner = faiss.downcast_index(index)
+    if hasattr(inner, "hnsw"):
+        inner.hnsw.efConstruction = config.ef_construction
+        inner.hnsw.efSearch = config.ef_search
+    if not index.is_trained:
+        index = _train(index, vectors)
+    index.add(vectors)
+    return index
+
+
+def _train(index: faiss.Index, vectors: np.ndarray) -> faiss.Index:
+    import faiss
+
+    if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:
+        resources = faiss.StandardGpuResources()
+        gpu = faiss.index_cpu_to_gpu(resources, 0, index)
+        gpu.train(vectors)
+        return faiss.index_gpu_to_cpu(gpu)
+    index.train(vectors)
+    return index
+
+
+def release_version(now: datetime, content_sha256: str) -> str:
+    """Sortable by time; the suffix tells two releases of the same second apart."""
+    return f"{now.strftime('%Y%m%dT%H%M%SZ')}-{content_sha256[:8]}"
+
+
+def build_release(
+    staging: Path,
+    hot: list[HotQuestion],
+    answers: dict[str, dict[str, Any]],
+    embedder: SentenceTransformer,
+    embedder_name: str,
+    profile: str,
+    profile_inputs: dict[str, Any],
+    config: BuildConfig,
+    extra: dict[str, Any] | None = None,
+    now: datetime | None = None,
+) -> tuple[dict[str, Any], BuildReport]:
+    """Write a complete release under ``staging``; returns its manifest.
+
+    ``answers``: generated rows by the cluster's canonical key (``answer``, ``flag``,
+    ``generated_at``). Clusters whose answer is missing or flagged are left out and counted.
+    """
+    import time
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    started = time.perf_counter()
+    now = (now or datetime.now(UTC)).replace(microsecond=0)
+    report = BuildReport()
+    rows: list[dict[str, Any]] = []
+    for cluster in hot:
+        generated = answers.get(cluster.key)
+        if generated is None:
+            reason = "not_generated"
+        else:
+            reason = f"answer_{generated['flag']}" if generated["flag"] else ""
+        if reason:
+            report.excluded_clusters[reason] = report.excluded_clusters.get(reason, 0) + 1
+            continue
+        assert generated is not None
+        report.clusters += 1
+        generated_at = generated["generated_at"]
+        for phrasing in cluster.phrasings:
+            ttl = timedelta(days=config.ttl_days * (1 + config.ttl_jitter * _jitter(phrasing.key)))
+            rows.append(
+                {
+                    "id": len(rows),
+                    "key": phrasing.key,
+                    "question": phrasing.question,
+                    "normalized": phrasing.normalized,
+                    "answer": generated["answer"],
+                    "users": len(phrasing.users),
+                    "hits": phrasing.hits,
+                    "generated_at": generated_at,
+                    "expires_at": (generated_at + ttl).replace(microsecond=0),
+                    "cluster": cluster.key,
+                    "canonical": phrasing is cluster.canonical,
+                    "object_sha256": "",
+                }
+            )
+    content = hashlib.sha256()
+    for row in rows:
+        content.update(canonical_json([row["key"], row["answer"], row["cluster"]]))
+    version = release_version(now, content.hexdigest())
+    staging.mkdir(parents=True, exist_ok=True)
+    for row in rows:
+        data = answer_object(row, version, profile)
+        row["object_sha256"] = sha256_hex(data)
+        target = staging / object_path(row["key"])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+
+    dim = int(embedder.get_embedding_dimension() or 0)
+    factory = factory_for(config, len(rows))
+    shards = []
+    for shard, start in enumerate(range(0, len(rows), config.shard_rows)):
+        chunk = rows[start : start + config.shard_rows]
+        vectors = np.asarray(
+            embedder.encode(
+                [r["normalized"] for r in chunk],
+                batch_size=config.embed_batch,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            ),
+            dtype=np.float32,
+        )
+        index = build_index(vectors, factory_for(config, len(chunk)), config)
+        index_path, rows_path = shard_paths(shard)
+        index_bytes = serialize_index(index)
+        (staging / index_path).parent.mkdir(parents=True, exist_ok=True)
+        (staging / index_path).write_bytes(index_bytes)
+        table = pa.Table.from_pylist(
+            [{**r, "id": i} for i, r in enumerate(chunk)], schema=row_schema()
+        )
+        pq.write_table(table, staging / rows_path, compression="zstd")
+        rows_bytes = (staging / rows_path).read_bytes()
+        shards.append(
+            {
+                "id": shard,
+                "count": len(chunk),
+                "index": {
+                    "path": index_path,
+                    "bytes": len(index_bytes),
+                    "sha256": sha256_hex(index_bytes),
+                },
+                "rows": {
+                    "path": rows_path,
+                    "bytes": len(rows_bytes),
+                    "sha256": sha256_hex(rows_bytes),
+                },
+            }
+        )
+    report.rows = len(rows)
+    report.shards = len(shards)
+    manifest = {
+        "format": FORMAT,
+        "version": version,
+        "profile": {"name": profile, "inputs": profile_inputs},
+        "embedder": {"name": embedder_name, "dim": dim},
+        "metric": "inner_product",
+        "index": {
+            "factory": factory,
+            "ef_construction": config.ef_construction,
+            "ef_search": config.ef_search,
+        },
+        "threshold": {
+            "value": config.threshold,
+            "calibrated": False,
+            "target_precision": None,
+            "precision": None,
+            "recall": None,
+        },
+        "guard": {"numbers": True, "negations": True, "entities": True},
+        "shards": shards,
+        "objects": {"prefix": "a/", "count": len(rows), "integrity": "rows.object_sha256"},
+        "counts": {"clusters": report.clusters, "rows": len(rows)},
+        "expiry": {"ttl_days": config.ttl_days, "jitter": config.ttl_jitter},
+        "content_sha256": content.hexdigest(),
+        "created_at": now.isoformat(),
+        **(extra or {}),
+    }
+    (staging / "manifest.json").write_bytes(json.dumps(manifest, indent=2, sort_keys=True).encode())
+    report.seconds = time.perf_counter() - started
+    return manifest, report

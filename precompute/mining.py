@@ -1,0 +1,245 @@
+"""Hot-question mining: which logged questions may be published, and which matter most.
+
+Rules (DESIGN.md, "Mining rules"), applied in this order, every exclusion counted by reason:
+1. ``failed_request``: rows whose request was rejected or failed (status >= 400, tier
+   ``rejected``/``error``) do not count as asks.
+2. ``multi_turn``: ``turns > 1`` rows never publish (the question depends on the conversation).
+3. ``pii``: a query with personal data (``precompute.pii``) never publishes, counted per kind.
+4. ``invalid_query``: empty or over-long after normalizing (the key spec refuses it).
+5. ``below_k``: a phrasing (one key) asked by fewer than ``k`` distinct users (each user counted
+   once however often they asked) is dropped. Applied per phrasing, before clustering, so that
+   every text that reaches the edge was typed by at least ``k`` people.
+6. Near-duplicate phrasings that passed are clustered (embedder + FAISS inner product, cosine >=
+   ``cluster_threshold``, numbers must match); the cluster is answered once, its canonical
+   question being its most common phrasing (most distinct users, then most asks).
+7. Ranking: over the cluster's distinct users, each contributes ``0.5 ** (age / half_life)`` of
+   their latest ask — distinct users × recency decay. ``below_top_n``: clusters past ``top_n``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from edge_index.keys import InvalidQueryError, key, normalize
+from precompute.pii import find_pii
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+@dataclass(frozen=True)
+class MiningConfig:
+    k: int = 5
+    top_n: int = 10_000
+    half_life_days: float = 7.0
+    cluster_threshold: float = 0.9
+    embed_batch: int = 256
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError("k must be at least 1")
+        if self.top_n < 1:
+            raise ValueError("top_n must be at least 1")
+        if self.half_life_days <= 0:
+            raise ValueError("half_life_days must be positive")
+        if not 0 < self.cluster_threshold <= 1:
+            raise ValueError("cluster_threshold must be in (0, 1]")
+
+
+@dataclass
+class Phrasing:
+    key: str
+    normalized: str
+    question: str  # the most common raw form
+    users: set[str]
+    hits: int
+    latest_by_user: dict[str, datetime]
+
+
+@dataclass
+class HotQuestion:
+    """A cluster of phrasings answered once."""
+
+    canonical: Phrasing
+    phrasings: list[Phrasing]  # canonical first
+    users: int
+    hits: int
+    score: float
+
+    @property
+    def key(self) -> str:
+        return self.canonical.key
+
+    @property
+    def question(self) -> str:
+        return self.canonical.question
+
+
+@dataclass
+class MiningReport:
+    rows: int = 0
+    excluded_rows: dict[str, int] = field(default_factory=dict)
+    pii_by_kind: dict[str, int] = field(default_factory=dict)
+    phrasings: int = 0
+    excluded_phrasings: dict[str, int] = field(default_factory=dict)
+    phrasings_kept: int = 0
+    clusters: int = 0
+    merged_phrasings: int = 0
+    published_clusters: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _exclude(counts: dict[str, int], reason: str, n: int = 1) -> None:
+    counts[reason] = counts.get(reason, 0) + n
+
+
+def _numbers(text: str) -> tuple[str, ...]:
+    return tuple(sorted(_NUMBER.findall(text)))
+
+
+def collect_phrasings(rows: Iterable[dict[str, Any]], report: MiningReport) -> dict[str, Phrasing]:
+    """Rules 1–4: group the usable rows by key."""
+    by_key: dict[str, Phrasing] = {}
+    forms: dict[str, Counter[str]] = {}
+    for row in rows:
+        report.rows += 1
+        status = row.get("status") or 200
+        if status >= 400 or row.get("tier") in ("rejected", "error"):
+            _exclude(report.excluded_rows, "failed_request")
+            continue
+        if (row.get("turns") or 1) > 1:
+            _exclude(report.excluded_rows, "multi_turn")
+            continue
+        query = str(row["query"])
+        kinds = find_pii(query)
+        if kinds:
+            _exclude(report.excluded_rows, "pii")
+            for kind in kinds:
+                _exclude(report.pii_by_kind, kind)
+            continue
+        try:
+            normalized = normalize(query)
+        except InvalidQueryError:
+            _exclude(report.excluded_rows, "invalid_query")
+            continue
+        k = key(query)
+        phrasing = by_key.get(k)
+        if phrasing is None:
+            phrasing = by_key[k] = Phrasing(k, normalized, query.strip(), set(), 0, {})
+            forms[k] = Counter()
+        user = str(row["user"])
+        ts = row["ts"]
+        phrasing.users.add(user)
+        phrasing.hits += 1
+        if user not in phrasing.latest_by_user or ts > phrasing.latest_by_user[user]:
+            phrasing.latest_by_user[user] = ts
+        forms[k][" ".join(query.split())] += 1
+    for k, phrasing in by_key.items():
+        # most common raw form; ties broken by text so that reruns agree
+        phrasing.question = min(forms[k].items(), key=lambda item: (-item[1], item[0]))[0]
+    return by_key
+
+
+def cluster(
+    phrasings: list[Phrasing], embedder: SentenceTransformer | None, config: MiningConfig
+) -> list[list[Phrasing]]:
+    """Greedy clustering, most popular first: each unassigned phrasing opens a cluster and takes
+    every unassigned neighbour at cosine >= threshold whose numbers match."""
+    if not phrasings:
+        return []
+    order = sorted(phrasings, key=lambda p: (-len(p.users), -p.hits, p.key))
+    if embedder is None or len(order) == 1:
+        return [[p] for p in order]
+    import faiss
+    import numpy as np
+
+    vectors = embedder.encode(
+        [p.normalized for p in order],
+        batch_size=config.embed_batch,
+        normalize_embeddings=True,
+        convert_to_numpy=True,
+        show_progress_bar=False,
+    ).astype(np.float32)
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(vectors)
+    lims, _scores, ids = index.range_search(vectors, config.cluster_threshold)
+    assigned = [False] * len(order)
+    clusters = []
+    for i, head in enumerate(order):
+        if assigned[i]:
+            continue
+        assigned[i] = True
+        members = [head]
+        head_numbers = _numbers(head.normalized)
+        neighbours = sorted(
+            (int(j) for j in ids[lims[i] : lims[i + 1]] if int(j) != i), key=lambda j: j
+        )
+        for j in neighbours:
+            if not assigned[j] and _numbers(order[j].normalized) == head_numbers:
+                assigned[j] = True
+                members.append(order[j])
+        clusters.append(members)
+    return clusters
+
+
+def mine(
+    rows: Iterable[dict[str, Any]],
+    embedder: SentenceTransformer | None,
+    config: MiningConfig | None = None,
+    now: datetime | None = None,
+) -> tuple[list[HotQuestion], MiningReport]:
+    """The hot questions to answer, best first, and the report of what was excluded and why."""
+    config = config or MiningConfig()
+    now = now or datetime.now(UTC)
+    report = MiningReport()
+    by_key = collect_phrasings(rows, report)
+    report.phrasings = len(by_key)
+    kept = []
+    for phrasing in by_key.values():
+        if len(phrasing.users) < config.k:
+            _exclude(report.excluded_phrasings, "below_k")
+            _exclude(report.excluded_rows, "below_k", phrasing.hits)
+        else:
+            kept.append(phrasing)
+    report.phrasings_kept = len(kept)
+    hot = []
+    for members in cluster(kept, embedder, config):
+        latest: dict[str, datetime] = {}
+        for member in members:
+            for user, ts in member.latest_by_user.items():
+                if user not in latest or ts > latest[user]:
+                    latest[user] = ts
+        score = sum(
+            math.pow(0.5, max((now - ts).total_seconds(), 0.0) / 86400 / config.half_life_days)
+            for ts in latest.values()
+        )
+        canonical = members[0]  # most distinct users, then most asks (cluster order)
+        hot.append(
+            HotQuestion(
+                canonical=canonical,
+                phrasings=members,
+                users=len(latest),
+                hits=sum(m.hits for m in members),
+                score=score,
+            )
+        )
+        report.merged_phrasings += len(members) - 1
+    report.clusters = len(hot)
+    hot.sort(key=lambda h: (-h.score, -h.users, h.key))
+    if len(hot) > config.top_n:
+        dropped = hot[config.top_n :]
+        _exclude(report.excluded_phrasings, "below_top_n", sum(len(h.phrasings) for h in dropped))
+        _exclude(report.excluded_rows, "below_top_n", sum(h.hits for h in dropped))
+        hot = hot[: config.top_n]
+    report.published_clusters = len(hot)
+    return hot, report

@@ -1,0 +1,102 @@
+"""Mining rules: k distinct users, PII, multi-turn, clustering, ranking; every exclusion counted."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from edge_index.keys import key
+from precompute.mining import MiningConfig, mine
+
+NOW = datetime(2026, 11, 29, tzinfo=UTC)
+
+
+def _asks(query: str, users: list[str], days_ago: float = 1.0, **extra: Any) -> list[dict]:
+    ts = NOW - timedelta(days=days_ago)
+    return [
+        {
+            "ts": ts,
+            "user": u,
+            "query": query,
+            "turns": 1,
+            "tier": "generated",
+            "status": 200,
+            **extra,
+        }
+        for u in users
+    ]
+
+
+def _users(n: int, tag: str = "u") -> list[str]:
+    return [f"{tag}{i}" for i in range(n)]
+
+
+def test_k_distinct_users_each_counted_once(embedder) -> None:  # type: ignore[no-untyped-def]
+    rows = _asks("How do I freeze my card?", _users(5))
+    rows += _asks("What are your opening hours?", ["same"] * 40)  # one user, many asks
+    rows += _asks("What are your opening hours?", _users(3, "v"))  # 4 distinct in all
+    hot, report = mine(rows, embedder, MiningConfig(k=5), NOW)
+    assert [h.question for h in hot] == ["How do I freeze my card?"]
+    assert report.excluded_phrasings == {"below_k": 1}
+    assert report.excluded_rows == {"below_k": 43}
+
+
+def test_exclusions_are_counted_by_reason(embedder) -> None:  # type: ignore[no-untyped-def]
+    rows = _asks("How do I close my account?", _users(6))
+    rows += _asks("and what about savings?", _users(9), turns=2)
+    rows += _asks("My email is jo@example.com, help", _users(7))
+    rows += _asks("Is card 4111 1111 1111 1111 blocked?", _users(7))
+    rows += _asks("How do I close my account?", _users(3, "w"), status=500, tier="error")
+    rows += _asks("   ???  ", _users(6))
+    hot, report = mine(rows, embedder, MiningConfig(k=5), NOW)
+    assert [h.question for h in hot] == ["How do I close my account?"]
+    assert hot[0].users == 6  # the failed requests' users do not count
+    assert report.excluded_rows == {
+        "multi_turn": 9,
+        "pii": 14,
+        "failed_request": 3,
+        "invalid_query": 6,
+    }
+    assert report.pii_by_kind == {"email": 7, "card": 7}
+
+
+def test_near_duplicates_cluster_under_the_most_common_phrasing(embedder) -> None:  # type: ignore[no-untyped-def]
+    rows = _asks("How do I reset my password?", _users(9, "a"))
+    rows += _asks("how do i reset my password", _users(3, "b"))  # same key as the first
+    rows += _asks("How can I reset my password?", _users(6, "c"))
+    rows += _asks("What is the daily limit for 100 pound notes?", _users(5, "d"))
+    rows += _asks("What is the daily limit for 200 pound notes?", _users(5, "e"))
+    hot, report = mine(rows, embedder, MiningConfig(k=5), NOW)
+    by_key = {h.key: h for h in hot}
+    reset = by_key[key("How do I reset my password?")]
+    assert reset.question == "How do I reset my password?"  # 9 of its 12 asks used this form
+    assert [p.key for p in reset.phrasings] == [
+        key("How do I reset my password?"),
+        key("How can I reset my password?"),
+    ]
+    assert reset.users == 18
+    # numbers differ: never merged, however similar the sentences
+    assert key("What is the daily limit for 100 pound notes?") in by_key
+    assert key("What is the daily limit for 200 pound notes?") in by_key
+    assert report.merged_phrasings == 1 and report.clusters == 3
+
+
+def test_ranking_is_distinct_users_times_recency(embedder) -> None:  # type: ignore[no-untyped-def]
+    rows = _asks("How do I order a new card?", _users(10, "a"), days_ago=30)  # many, old
+    rows += _asks("What is my sort code?", _users(6, "b"), days_ago=0.5)  # fewer, recent
+    rows += _asks("How do I activate my card?", _users(5, "c"), days_ago=60)
+    config = MiningConfig(k=5, top_n=2, half_life_days=7)
+    hot, report = mine(rows, embedder, config, NOW)
+    assert [h.question for h in hot] == ["What is my sort code?", "How do I order a new card?"]
+    assert hot[0].score == pytest.approx(6 * 0.5 ** (0.5 / 7))
+    assert report.excluded_phrasings == {"below_top_n": 1}
+    assert report.excluded_rows == {"below_top_n": 5}
+    assert report.published_clusters == 2
+
+
+def test_config_is_validated() -> None:
+    for bad in ({"k": 0}, {"top_n": 0}, {"half_life_days": 0}, {"cluster_threshold": 1.5}):
+        with pytest.raises(ValueError):
+            MiningConfig(**bad)  # type: ignore[arg-type]

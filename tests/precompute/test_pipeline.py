@@ -1,0 +1,167 @@
+"""The precompute end to end: request logs in S3 -> mined, generated, built, published release."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections import defaultdict
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edge_index.keys import InvalidQueryError, key
+from edge_index.release import load_release, read_pointer
+from edge_index.store import FileStore, open_store
+from precompute.generate import GenerationConfig, generate_all, make_engine
+from precompute.pii import find_pii
+from precompute.samplelogs import generate_rows, write_logs
+
+UNTIL = date(2026, 11, 28)
+
+
+def _passing_keys(rows: list[dict[str, Any]], k: int) -> set[str]:
+    """The mining rules, read independently: single-turn, successful, no PII, >= k users."""
+    users: dict[str, set[str]] = defaultdict(set)
+    for r in rows:
+        if r["turns"] > 1 or r["status"] >= 400 or find_pii(r["query"]):
+            continue
+        try:
+            users[key(r["query"])].add(r["user"])
+        except InvalidQueryError:
+            continue
+    return {q for q, u in users.items() if len(u) >= k}
+
+
+def test_precompute_run_publishes_exactly_what_the_rules_allow(
+    s3_bucket: str, cli_env: dict[str, str]
+) -> None:
+    rows = generate_rows(UNTIL, intents=5, users=120, asks=500, tail_questions=20)
+    logs = open_store(f"s3://{s3_bucket}/logs-root")
+    assert write_logs(logs, rows) == len(rows)
+    env = {**cli_env, **{k: v for k, v in os.environ.items() if k.startswith("AWS_")}}
+    result = subprocess.run(
+        [
+            "edgeqa", "precompute", "run",
+            "--logs", f"s3://{s3_bucket}/logs-root",
+            "--out", f"s3://{s3_bucket}/edge",
+            "--since", "2026-11-22", "--until", "2026-11-28",
+            "--max-tokens", "96", "--partition-size", "4", "--baseline-sample", "2",
+        ],
+        env=env, capture_output=True, text=True, check=False, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert report["status"] == "published"
+
+    out = open_store(f"s3://{s3_bucket}/edge")
+    release = load_release(out, report["profile"], check_objects=True)  # every sha256 checked
+    assert release.version == report["version"]
+    published = {r["key"] for s in release.shards for r in s.rows.to_pylist()}
+    flagged = report["generation"]["flagged"]
+    excluded_clusters = report["build"]["excluded_clusters"]
+    assert sum(flagged.values()) == sum(excluded_clusters.values())
+    expected = _passing_keys(rows, k=5)
+    if not flagged:
+        assert published == expected
+    else:  # clusters whose answer was cut off are flagged, never published
+        assert published <= expected
+        assert report["mining"]["phrasings_kept"] == len(expected)
+    assert published
+
+    excluded = report["excluded_rows"]
+    assert excluded["pii"] == 30 and excluded["multi_turn"] == 40
+    assert excluded["failed_request"] == 10 and excluded["below_k"] >= 20
+    assert set(report["mining"]["pii_by_kind"]) >= {"email", "card", "phone", "url_secret"}
+    gen = report["generation"]
+    assert gen["answers_per_s"] > 0 and gen["tokens_per_s"] > 0
+    assert gen["sequential_sample"]["tokens_per_s"] > 0
+    assert set(report["timings_s"]) >= {"read_logs", "mine", "generate", "build", "publish"}
+    # nothing personal reached the edge
+    for shard in release.shards:
+        for r in shard.rows.to_pylist():
+            assert not find_pii(r["question"])
+
+
+def test_generation_resumes_after_a_crash_without_redoing_finished_partitions(
+    embedded_model: Any, tmp_path: Path
+) -> None:
+    model, tokenizer = embedded_model
+    store = FileStore(tmp_path)
+    config = GenerationConfig(max_tokens=8, partition_size=2, quantization="bf16")
+    questions = [f"What is {n} plus {n}?" for n in range(5)]
+    keys = [key(q) for q in questions]
+    generated: list[str] = []
+
+    class CrashingEngine:
+        def __init__(self, crash_after: int | None) -> None:
+            self.engine = make_engine(model, tokenizer, config)
+            self.crash_after = crash_after
+
+        def generate_many(self, prompts: Any, params: Any, progress: bool = False) -> Any:
+            if self.crash_after is not None and len(generated) >= self.crash_after:
+                raise RuntimeError("worker died")
+            generated.extend(p[-1]["content"] for p in prompts)
+            return self.engine.generate_many(prompts, params, progress=progress)
+
+    with pytest.raises(RuntimeError, match="worker died"):
+        generate_all(lambda: CrashingEngine(2), store, "p", "run", keys, questions, config,
+                     progress=False)  # type: ignore[arg-type,return-value]  # fmt: skip
+    assert generated == questions[:2]  # the first partition finished and was saved
+    rows, report = generate_all(
+        lambda: CrashingEngine(None),
+        store,
+        "p",
+        "run",
+        keys,
+        questions,
+        config,
+        progress=False,  # type: ignore[arg-type,return-value]
+    )
+    assert generated == questions  # only partitions 2 and 3 were generated on the rerun
+    assert report.partitions == 3 and report.partitions_reused == 1 and report.generated == 3
+    assert [r["question"] for r in rows] == questions
+    for r in rows:  # an answer cut off by max_tokens is flagged
+        assert r["flag"] == ("truncated" if r["finish_reason"] == "length" else "")
+    # a third run reuses everything
+    rows_again, again = generate_all(
+        lambda: CrashingEngine(0),
+        store,
+        "p",
+        "run",
+        keys,
+        questions,
+        config,
+        progress=False,  # type: ignore[arg-type,return-value]
+    )
+    assert again.partitions_reused == 3 and rows_again == rows
+
+
+def test_cli_refuses_bad_dates(cli_env: dict[str, str], tmp_path: Path) -> None:
+    result = subprocess.run(
+        ["edgeqa", "precompute", "run", "--logs", str(tmp_path), "--out", str(tmp_path),
+         "--since", "2026-11-30", "--until", "2026-11-01"],
+        env=cli_env, capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2 and "after --until" in result.stderr
+    result = subprocess.run(
+        ["edgeqa", "precompute", "run", "--logs", str(tmp_path), "--out", str(tmp_path),
+         "--since", "yesterday"],
+        env=cli_env, capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2 and "YYYY-MM-DD" in result.stderr
+
+
+def test_nothing_to_publish_leaves_the_store_untouched(embedded_model: Any, tmp_path: Path) -> None:
+    from precompute.pipeline import PrecomputeConfig, run_precompute
+
+    logs, out = FileStore(tmp_path / "logs"), FileStore(tmp_path / "out")
+    write_logs(logs, generate_rows(UNTIL, intents=2, users=3, asks=20, tail_questions=0))
+    report = run_precompute(
+        logs, out, UNTIL, UNTIL, PrecomputeConfig(baseline_sample=0), progress=False,
+        model=embedded_model,
+    )  # fmt: skip
+    assert report["status"] == "nothing_to_publish" and report["version"] is None
+    assert read_pointer(out, report["profile"]) == (None, None)

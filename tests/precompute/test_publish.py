@@ -1,0 +1,253 @@
+"""Building and publishing releases: integrity, atomic flips, races, fault injection, pruning."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edge_index.release import (
+    ReleaseError,
+    list_versions,
+    load_release,
+    object_path,
+    read_pointer,
+    release_prefix,
+)
+from edge_index.store import FileStore, Store, open_store
+from precompute.build import BuildConfig, build_release
+from precompute.mining import MiningConfig, mine
+from precompute.publish import STAGES, PublishConflictError, prune, publish
+
+PROFILE = "test-profile"
+QUESTIONS = (
+    "How do I freeze my card?",
+    "What are your opening hours?",
+    "How long does a transfer take?",
+    "How do I close my account?",
+)
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    if request.param == "file":
+        return FileStore(tmp_path / "store")
+    return open_store(f"s3://{request.getfixturevalue('s3_bucket')}/root")
+
+
+def _build(
+    embedder: Any,
+    staging: Path,
+    store: Store,
+    tag: str = "v1",
+    now: datetime | None = None,
+    questions: tuple[str, ...] = QUESTIONS,
+) -> dict[str, Any]:
+    now = now or datetime(2026, 11, 29, tzinfo=UTC)
+    rows = [
+        {"ts": now, "user": f"u{i}", "query": q, "turns": 1, "tier": "generated", "status": 200}
+        for q in questions
+        for i in range(5)
+    ]
+    hot, _ = mine(rows, embedder, MiningConfig(k=5), now)
+    answers = {
+        h.key: {"answer": f"{tag}: answer to {h.question}", "flag": "", "generated_at": now}
+        for h in hot
+    }
+    pointer, _ = read_pointer(store, PROFILE)
+    manifest, _ = build_release(
+        staging,
+        hot,
+        answers,
+        embedder,
+        "embedded",
+        PROFILE,
+        {"model": "test"},
+        BuildConfig(),
+        extra={"parent": pointer["version"] if pointer else None, "run_id": f"run-{tag}"},
+        now=now,
+    )
+    return manifest
+
+
+def test_publish_then_load_verifies_everything(embedder, store: Store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    manifest = _build(embedder, tmp_path / "r1", store)
+    report = publish(store, tmp_path / "r1")
+    assert report.version == manifest["version"] and report.parent is None
+    release = load_release(store, PROFILE, check_objects=True)
+    assert release.version == manifest["version"]
+    rows = release.shards[0].rows.to_pylist()
+    assert sorted(r["question"] for r in rows) == sorted(QUESTIONS)
+    assert manifest["index"]["factory"] == "HNSW32,Flat"
+    # the exact-tier object for a key, as the CDN serves it
+    obj = json.loads(
+        store.get(f"{release_prefix(PROFILE, report.version)}/{object_path(rows[0]['key'])}")
+    )
+    assert obj["answer"] == rows[0]["answer"] and obj["version"] == report.version
+    # the semantic index finds each question's own row
+    vectors = embedder.encode([r["normalized"] for r in rows], normalize_embeddings=True)
+    _, ids = release.shards[0].index.search(vectors, 1)
+    assert [int(i[0]) for i in ids] == [r["id"] for r in rows]
+    # expiry carries jitter within bounds
+    for r in rows:
+        ttl = (r["expires_at"] - r["generated_at"]).total_seconds() / 86400
+        assert 7.0 <= ttl <= 7.0 * 1.2
+
+
+def test_corrupt_release_is_refused(embedder, store: Store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    manifest = _build(embedder, tmp_path / "r1", store)
+    publish(store, tmp_path / "r1")
+    prefix = release_prefix(PROFILE, manifest["version"])
+    shard = f"{prefix}/{manifest['shards'][0]['rows']['path']}"
+    store.put(shard, store.get(shard)[:-10] + b"0123456789")
+    with pytest.raises(ReleaseError, match="sha256"):
+        load_release(store, PROFILE)
+
+
+def test_next_release_builds_on_the_current_one_and_pruning_keeps_n(
+    embedder,
+    store: Store,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    versions = []
+    for n in range(4):
+        now = datetime(2026, 11, 20 + n, tzinfo=UTC)
+        _build(embedder, tmp_path / f"r{n}", store, tag=f"v{n}", now=now)
+        versions.append(publish(store, tmp_path / f"r{n}", keep=2).version)
+    assert list_versions(store, PROFILE) == versions[-2:]
+    pointer, _ = read_pointer(store, PROFILE)
+    assert pointer is not None
+    assert pointer["version"] == versions[-1] and pointer["parent"] == versions[-2]
+
+
+def test_stale_parent_is_refused(embedder, store: Store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _build(embedder, tmp_path / "a", store, tag="a")
+    _build(embedder, tmp_path / "b", store, tag="b", questions=QUESTIONS[:2])
+    publish(store, tmp_path / "a")
+    with pytest.raises(PublishConflictError, match="built on None"):
+        publish(store, tmp_path / "b")
+
+
+def test_two_racing_publishers_exactly_one_wins(embedder, store: Store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    base = _build(embedder, tmp_path / "base", store, tag="base")
+    publish(store, tmp_path / "base")
+    later = datetime(2026, 11, 30, tzinfo=UTC)
+    a = _build(embedder, tmp_path / "a", store, tag="a", now=later)
+    b = _build(embedder, tmp_path / "b", store, tag="b", now=later, questions=QUESTIONS[:3])
+    assert a["parent"] == b["parent"] == base["version"]
+    barrier = threading.Barrier(2)
+    outcome: dict[str, str] = {}
+
+    def run(name: str) -> None:
+        def stage(s: str) -> None:
+            if s == "flip":
+                barrier.wait(timeout=60)  # both have uploaded and verified
+
+        try:
+            publish(store, tmp_path / name, on_stage=stage)
+            outcome[name] = "won"
+        except PublishConflictError as error:
+            outcome[name] = f"lost: {error}"
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [n for n, o in outcome.items() if o == "won"]
+    assert len(winners) == 1, outcome
+    loser = "b" if winners == ["a"] else "a"
+    assert "another publisher" in outcome[loser]
+    pointer, _ = read_pointer(store, PROFILE)
+    assert pointer is not None
+    won = a if winners == ["a"] else b
+    lost = b if won is a else a
+    assert pointer["version"] == won["version"]
+    load_release(store, PROFILE, check_objects=True)
+    # the loser's upload is gone
+    assert store.list(release_prefix(PROFILE, lost["version"])) == []
+
+
+@pytest.mark.parametrize("stage", STAGES[:-1])
+def test_failure_at_any_stage_keeps_readers_on_the_previous_release(
+    embedder,
+    store: Store,
+    tmp_path: Path,
+    stage: str,  # type: ignore[no-untyped-def]
+) -> None:
+    old = _build(embedder, tmp_path / "old", store, tag="old")
+    publish(store, tmp_path / "old")
+    new = _build(
+        embedder, tmp_path / "new", store, tag="new", now=datetime(2026, 12, 1, tzinfo=UTC)
+    )
+
+    def fail(s: str) -> None:
+        if s == stage:
+            raise ConnectionError(f"injected failure at {s}")
+
+    with pytest.raises(ConnectionError):
+        publish(store, tmp_path / "new", on_stage=fail)
+    assert load_release(store, PROFILE, check_objects=True).version == old["version"]
+    assert store.list(release_prefix(PROFILE, new["version"])) == []
+    # and the same release publishes fine afterwards
+    assert publish(store, tmp_path / "new").version == new["version"]
+
+
+def _publish_and_die(root: str, staging: str, stage: str) -> None:
+    def die(s: str) -> None:
+        if s == stage:
+            os._exit(17)  # a kill: no cleanup, no exception handlers
+
+    publish(FileStore(root), Path(staging), on_stage=die)
+
+
+@pytest.mark.parametrize("stage", ["shards", "manifest", "verify", "flip"])
+def test_kill_at_any_stage_never_exposes_a_partial_release(
+    embedder, tmp_path: Path, stage: str
+) -> None:  # type: ignore[no-untyped-def]
+    store = FileStore(tmp_path / "store")
+    old = _build(embedder, tmp_path / "old", store, tag="old")
+    publish(store, tmp_path / "old")
+    new = _build(
+        embedder, tmp_path / "new", store, tag="new", now=datetime(2026, 12, 1, tzinfo=UTC)
+    )
+    child = multiprocessing.get_context("fork").Process(
+        target=_publish_and_die, args=(str(store.root), str(tmp_path / "new"), stage)
+    )
+    child.start()
+    child.join(60)
+    assert child.exitcode == 17
+    assert load_release(store, PROFILE, check_objects=True).version == old["version"]
+    assert list_versions(store, PROFILE) in ([old["version"]], [old["version"], new["version"]])
+    # what the killed publisher left behind is cleaned once it is old enough
+    leftovers = store.list(release_prefix(PROFILE, new["version"]))
+    assert leftovers  # the kill left files
+    if new["version"] not in list_versions(store, PROFILE):
+        prune(store, PROFILE, keep=5, now=datetime(2026, 12, 3, tzinfo=UTC))
+        assert store.list(release_prefix(PROFILE, new["version"])) == []
+
+
+def test_publish_refuses_keep_below_two(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="keep"):
+        publish(FileStore(tmp_path), tmp_path, keep=1)
+
+
+def test_prune_never_removes_current_or_recent_orphans(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    store = FileStore(tmp_path / "store")
+    _build(embedder, tmp_path / "r", store)
+    version = publish(store, tmp_path / "r").version
+    store.put(f"{PROFILE}/releases/20261129T120000Z-inflight/a/x.json", b"{}")
+    removed = prune(store, PROFILE, keep=2, now=datetime(2026, 11, 29, 13, tzinfo=UTC))
+    assert removed == []
+    assert store.exists(f"{PROFILE}/releases/20261129T120000Z-inflight/a/x.json")
+    removed = prune(
+        store, PROFILE, keep=2, now=datetime(2026, 11, 29, 13, tzinfo=UTC) + timedelta(days=2)
+    )
+    assert removed == ["20261129T120000Z-inflight"]
+    assert list_versions(store, PROFILE) == [version]
