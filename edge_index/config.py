@@ -92,6 +92,8 @@ class EdgeConfig:
     device: str
     max_query_chars: int
     store_uri: str
+    profile: str  # "" = the store's only profile
+    poll_s: float
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> EdgeConfig:
@@ -101,4 +103,6 @@ class EdgeConfig:
             device=env_choice(env, "EDGEQA_DEVICE", "auto", ("auto", "cpu", "cuda")),
             max_query_chars=env_int(env, "EDGEQA_MAX_QUERY_CHARS", MAX_QUERY_CHARS, minimum=1),
             store_uri=env_str(env, "EDGEQA_STORE", "file://./var/store"),
+            profile=env_str(env, "EDGEQA_PROFILE", ""),
+            poll_s=env_float(env, "EDGEQA_POLL_S", 30.0, minimum=0.1),
         )

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOGS_PREFIX = "logs"
-TIERS = ("exact", "semantic", "origin_cache", "generated", "rejected", "error")
+TIERS = ("exact", "semantic", "origin_cache", "generated", "miss", "rejected", "error")
 COLUMNS = (
     "ts",
     "request_id",
@@ -266,8 +266,10 @@ def _valid(row: dict[str, Any]) -> str | None:
     for name in REQUIRED:
         if row.get(name) is None:
             return name
-    if not isinstance(row["query"], str) or not row["query"].strip():
+    if not isinstance(row["query"], str):
         return "query"
+    if not row["query"].strip() and row["tier"] not in ("rejected", "error"):
+        return "query"  # a refused request may have had an empty query
     if not isinstance(row["user"], str) or not row["user"]:
         return "user"
     if not isinstance(row["turns"], int) or row["turns"] < 1:

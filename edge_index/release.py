@@ -20,7 +20,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_index.store import ObjectNotFoundError, Store
@@ -147,6 +148,17 @@ class LoadedRelease:
     manifest: dict[str, Any]
     manifest_sha256: str
     shards: list[Shard]
+    embedder_files: dict[str, bytes] = field(default_factory=dict)  # path -> verified bytes
+
+    def write_embedder(self, folder: Path) -> Path | None:
+        """The release's own (fine-tuned) embedder written to ``folder``; None if it has none."""
+        if not self.embedder_files:
+            return None
+        for path, data in self.embedder_files.items():
+            target = folder / path.removeprefix("embedder/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        return folder
 
     @property
     def version(self) -> str:
@@ -225,4 +237,8 @@ def load_release(
                     raise ReleaseError(f"{path} is missing") from None
                 if sha256_hex(data) != digest:
                     raise ReleaseError(f"{path} does not match its row's object_sha256")
-    return LoadedRelease(manifest, manifest_sha, shards)
+    embedder_files = {
+        entry["path"]: _checked(store, f"{prefix}/{entry['path']}", entry)
+        for entry in manifest.get("embedder", {}).get("files", [])
+    }
+    return LoadedRelease(manifest, manifest_sha, shards, embedder_files)

@@ -93,11 +93,32 @@ def _cmd_precompute_run(args: argparse.Namespace) -> int:
         quantization=args.quantization,
         keep=args.keep,
         baseline_sample=args.baseline_sample,
+        finetune_steps=args.finetune_steps,
     )
     report = run_precompute(
         open_store(args.logs), open_store(args.out), since, until, config, progress=True
     )
     print(json.dumps(report, indent=2, default=str))
+    return 0
+
+
+def _cmd_edge_serve(args: argparse.Namespace) -> int:
+    _quiet_libraries()
+    from edge_index.config import EdgeConfig
+    from edge_index.service import serve
+    from edge_index.store import open_store
+
+    config = EdgeConfig.from_env()
+    serve(
+        open_store(args.store or config.store_uri),
+        args.profile or config.profile or None,
+        config.embedder,
+        args.host,
+        args.port,
+        config.poll_s,
+        config.max_query_chars,
+        log_requests=not args.no_logs,
+    )
     return 0
 
 
@@ -143,7 +164,25 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="questions answered one at a time for the throughput comparison (default 8, 0: off)",
     )
+    run.add_argument(
+        "--finetune-steps",
+        type=int,
+        default=None,
+        help="tune the embedder on the release's phrasings first and ship it in the release",
+    )
     run.set_defaults(run=_cmd_precompute_run)
+
+    edge = commands.add_parser("edge", help="the edge index service")
+    edge_commands = edge.add_subparsers(dest="edge_command", required=True)
+    edge_serve = edge_commands.add_parser("serve", help="serve the current release over HTTP")
+    edge_serve.add_argument("--host", default="127.0.0.1")
+    edge_serve.add_argument("--port", type=int, default=8080)
+    edge_serve.add_argument("--store", default=None, help="store root (default: EDGEQA_STORE)")
+    edge_serve.add_argument(
+        "--profile", default=None, help="default: EDGEQA_PROFILE or the only one"
+    )
+    edge_serve.add_argument("--no-logs", action="store_true", help="do not write request logs")
+    edge_serve.set_defaults(run=_cmd_edge_serve)
     return parser
 
 

@@ -3,11 +3,12 @@
 One row per published phrasing (every phrasing of a cluster is indexed under the cluster's
 answer, so each has its own exact-tier object and its own vector). Embeddings are computed in
 batches; rows are cut into shards of ``shard_rows`` and each shard gets its own FAISS index
-(``factory``: ``auto`` picks HNSW32 with efConstruction >= 200 below ``ivf_rows`` rows and an IVF
-index above; any FAISS factory string works). IVF training runs on a GPU through faiss-gpu when
-one is present. Expiry: ``generated_at + ttl_days``, stretched by a jitter of up to
-``ttl_jitter`` derived from the key, so entries do not all expire at once and a rebuild from the
-same answers is identical.
+(``factory``: ``auto`` picks HNSW32 with efConstruction >= 200 below ``ivf_rows`` rows, and above
+an IVF index trained on a sample of 64 points per list; any FAISS factory string works). IVF
+training runs on a GPU through faiss-gpu when one is present. The semantic tier's decision is
+calibrated on the release's own phrasings (``edge_index.matcher``). Expiry: ``generated_at +
+ttl_days``, stretched by a jitter of up to ``ttl_jitter`` derived from the key, so entries do not
+all expire at once and a rebuild from the same answers is identical.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from edge_index.guard import Guard
+from edge_index.matcher import Calibration, Decision, calibrate
 from edge_index.release import (
     FORMAT,
     answer_object,
@@ -33,7 +38,6 @@ from edge_index.release import (
 
 if TYPE_CHECKING:
     import faiss
-    import numpy as np
     from sentence_transformers import SentenceTransformer
 
     from precompute.mining import HotQuestion
@@ -44,11 +48,15 @@ class BuildConfig:
     factory: str = "auto"
     ef_construction: int = 200
     ef_search: int = 128
-    ivf_rows: int = 1_000_000
-    shard_rows: int = 250_000
+    ivf_rows: int = 200_000  # HNSW below, IVF from here (HNSW builds slowly at millions of rows)
+    nprobe: int = 16  # IVF lists searched per query
+    shard_rows: int = 2_000_000
     ttl_days: float = 7.0
     ttl_jitter: float = 0.2
-    threshold: float = 0.9  # the semantic tier's cosine threshold until one is calibrated
+    threshold: float = 0.9  # the semantic tier's cosine threshold when calibration cannot reach
+    margin: float = 0.05  # ... the target (too few phrasings), with this margin
+    target_precision: float = 0.99
+    calibration_rows: int = 20_000  # leave-one-out calibration on at most this many phrasings
     embed_batch: int = 256
 
     def __post_init__(self) -> None:
@@ -74,7 +82,7 @@ def factory_for(config: BuildConfig, rows: int) -> str:
     if config.factory != "auto":
         return config.factory
     if rows >= config.ivf_rows:
-        return f"IVF{int(4 * math.sqrt(rows))},Flat"
+        return f"IVF{min(max(int(4 * math.sqrt(rows)), 256), 4096)},Flat"
     return "HNSW32,Flat"
 
 
@@ -90,8 +98,16 @@ def build_index(vectors: np.ndarray, factory: str, config: BuildConfig) -> faiss
     if hasattr(inner, "hnsw"):
         inner.hnsw.efConstruction = config.ef_construction
         inner.hnsw.efSearch = config.ef_search
+    if hasattr(inner, "nprobe"):
+        inner.nprobe = config.nprobe
     if not index.is_trained:
-        index = _train(index, vectors)
+        # k-means on at most 64 points per list: enough for the centroids, minutes faster
+        nlist = getattr(inner, "nlist", 1)
+        sample = vectors
+        if len(vectors) > 64 * nlist:
+            chosen = np.random.default_rng(0).choice(len(vectors), 64 * nlist, replace=False)
+            sample = vectors[np.sort(chosen)]
+        index = _train(index, sample)
     index.add(vectors)
     return index
 
@@ -106,6 +122,40 @@ def _train(index: faiss.Index, vectors: np.ndarray) -> faiss.Index:
         return faiss.index_gpu_to_cpu(gpu)
     index.train(vectors)
     return index
+
+
+def calibrate_rows(
+    rows: list[dict[str, Any]], vectors: np.ndarray, config: BuildConfig
+) -> Calibration:
+    """The semantic tier's decision, calibrated leave-one-out on the release's own phrasings
+    (label = the answer's cluster); a deterministic sample when there are very many."""
+    import random
+
+    chosen = list(range(len(rows)))
+    if len(chosen) > config.calibration_rows:
+        chosen = sorted(random.Random(0).sample(chosen, config.calibration_rows))
+    return calibrate(
+        vectors[chosen],
+        [rows[i]["cluster"] for i in chosen],
+        [rows[i]["question"] for i in chosen],
+        Guard(),
+        target_precision=config.target_precision,
+        fallback=Decision(threshold=config.threshold, margin=config.margin),
+    )
+
+
+def _copy_embedder(folder: Path, staging: Path) -> list[dict[str, Any]]:
+    import shutil
+
+    entries = []
+    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        relative = f"embedder/{path.relative_to(folder).as_posix()}"
+        target = staging / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+        data = target.read_bytes()
+        entries.append({"path": relative, "bytes": len(data), "sha256": sha256_hex(data)})
+    return entries
 
 
 def release_version(now: datetime, content_sha256: str) -> str:
@@ -124,15 +174,18 @@ def build_release(
     config: BuildConfig,
     extra: dict[str, Any] | None = None,
     now: datetime | None = None,
+    embedder_dir: Path | None = None,
+    embedder_info: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], BuildReport]:
     """Write a complete release under ``staging``; returns its manifest.
 
     ``answers``: generated rows by the cluster's canonical key (``answer``, ``flag``,
     ``generated_at``). Clusters whose answer is missing or flagged are left out and counted.
+    ``embedder_dir``: a (fine-tuned) sentence-transformers folder to ship inside the release under
+    ``embedder/`` -- the edge then embeds queries with it; ``embedder_info`` describes it.
     """
     import time
 
-    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -184,19 +237,21 @@ def build_release(
 
     dim = int(embedder.get_embedding_dimension() or 0)
     factory = factory_for(config, len(rows))
+    all_vectors = np.asarray(
+        embedder.encode(
+            [r["normalized"] for r in rows],
+            batch_size=config.embed_batch,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        ),
+        dtype=np.float32,
+    ).reshape(len(rows), dim)
+    calibration = calibrate_rows(rows, all_vectors, config)
     shards = []
     for shard, start in enumerate(range(0, len(rows), config.shard_rows)):
         chunk = rows[start : start + config.shard_rows]
-        vectors = np.asarray(
-            embedder.encode(
-                [r["normalized"] for r in chunk],
-                batch_size=config.embed_batch,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            ),
-            dtype=np.float32,
-        )
+        vectors = all_vectors[start : start + config.shard_rows]
         index = build_index(vectors, factory_for(config, len(chunk)), config)
         index_path, rows_path = shard_paths(shard)
         index_bytes = serialize_index(index)
@@ -229,21 +284,21 @@ def build_release(
         "format": FORMAT,
         "version": version,
         "profile": {"name": profile, "inputs": profile_inputs},
-        "embedder": {"name": embedder_name, "dim": dim},
+        "embedder": {
+            "name": embedder_name,
+            "dim": dim,
+            **(embedder_info or {}),
+            **({"files": _copy_embedder(embedder_dir, staging)} if embedder_dir else {}),
+        },
         "metric": "inner_product",
         "index": {
             "factory": factory,
             "ef_construction": config.ef_construction,
             "ef_search": config.ef_search,
+            "nprobe": config.nprobe,
         },
-        "threshold": {
-            "value": config.threshold,
-            "calibrated": False,
-            "target_precision": None,
-            "precision": None,
-            "recall": None,
-        },
-        "guard": {"numbers": True, "negations": True, "entities": True},
+        "threshold": calibration.as_manifest(),
+        "guard": Guard().as_dict(),
         "shards": shards,
         "objects": {"prefix": "a/", "count": len(rows), "integrity": "rows.object_sha256"},
         "counts": {"clusters": report.clusters, "rows": len(rows)},

@@ -3,6 +3,7 @@
 Rules (DESIGN.md, "Mining rules"), applied in this order, every exclusion counted by reason:
 1. ``failed_request``: rows whose request was rejected or failed (status >= 400, tier
    ``rejected``/``error``) do not count as asks.
+   ``edge_miss``: an edge lookup that missed is not counted, the origin logs the same ask.
 2. ``multi_turn``: ``turns > 1`` rows never publish (the question depends on the conversation).
 3. ``pii``: a query with personal data (``precompute.pii``) never publishes, counted per kind.
 4. ``invalid_query``: empty or over-long after normalizing (the key spec refuses it).
@@ -113,6 +114,9 @@ def collect_phrasings(rows: Iterable[dict[str, Any]], report: MiningReport) -> d
     forms: dict[str, Counter[str]] = {}
     for row in rows:
         report.rows += 1
+        if row.get("tier") == "miss":  # an edge miss: the origin logs the same ask
+            _exclude(report.excluded_rows, "edge_miss")
+            continue
         status = row.get("status") or 200
         if status >= 400 or row.get("tier") in ("rejected", "error"):
             _exclude(report.excluded_rows, "failed_request")

@@ -44,6 +44,7 @@ class PrecomputeConfig:
     embedder: str = "embedded"
     keep: int = 5
     baseline_sample: int = 8  # questions answered one at a time for the throughput comparison
+    finetune_steps: int = 0  # > 0: tune the embedder on the release's phrasings and ship it
 
     @classmethod
     def from_env(
@@ -84,6 +85,26 @@ class PrecomputeConfig:
                 top[name] = value
         parts = {p: replace(getattr(self, p), **c) for p, c in nested.items() if c}
         return replace(self, **parts, **top)
+
+
+def _finetuned(
+    embedder: Any, hot: list[Any], config: PrecomputeConfig, folder: Path
+) -> tuple[Any, Path | None, dict[str, Any] | None]:
+    """The embedder tuned on the clusters' phrasings (label = cluster), saved to ``folder``;
+    the base embedder when too few clusters have two phrasings or more."""
+    import copy
+
+    from edge_index.finetune import finetune, model_digest
+
+    texts = [p.normalized for h in hot for p in h.phrasings]
+    labels = [h.key for h in hot for p in h.phrasings]
+    if sum(1 for h in hot if len(h.phrasings) >= 2) < 2:
+        return embedder, None, None
+    tuned = finetune(copy.deepcopy(embedder), texts, labels, steps=config.finetune_steps)
+    tuned.save(str(folder))
+    info = {"finetuned": {"base": config.embedder, "steps": config.finetune_steps,
+                          "examples": len(texts), "sha256": model_digest(folder)}}  # fmt: skip
+    return tuned, folder, info
 
 
 def _timed(timings: dict[str, float], name: str, started: float) -> None:
@@ -162,11 +183,18 @@ def run_precompute(
     parent = pointer["version"] if pointer else None
     with tempfile.TemporaryDirectory(prefix="edgeqa-release-") as tmp:
         started = time.perf_counter()
+        release_embedder, embedder_dir, embedder_info = embedder, None, None
+        if config.finetune_steps:
+            release_embedder, embedder_dir, embedder_info = _finetuned(
+                embedder, hot, config, Path(tmp) / "embedder"
+            )
+            timings["finetune"] = round(time.perf_counter() - started, 2)
+            started = time.perf_counter()
         _manifest, build = build_release(
             Path(tmp) / "release",
             hot,
             answers,
-            embedder,
+            release_embedder,
             config.embedder,
             profile.name,
             profile.inputs,
@@ -183,6 +211,8 @@ def run_precompute(
                 },
             },
             now=now,
+            embedder_dir=embedder_dir,
+            embedder_info=embedder_info,
         )
         report["build"] = build.as_dict()
         _timed(timings, "build", started)

@@ -107,6 +107,7 @@ def publish(
         report.bytes += _upload(store, prefix, objects, staging, workers)
         stage("shards")
         shards = sorted((staging / "shards").glob("*"))
+        shards += sorted(p for p in (staging / "embedder").rglob("*") if p.is_file())
         report.bytes += _upload(store, prefix, shards, staging, workers)
         stage("manifest")
         store.put(f"{prefix}/manifest.json", manifest_bytes, "application/json")

@@ -50,6 +50,7 @@ def test_exclusions_are_counted_by_reason(embedder) -> None:  # type: ignore[no-
     rows += _asks("Is card 4111 1111 1111 1111 blocked?", _users(7))
     rows += _asks("How do I close my account?", _users(3, "w"), status=500, tier="error")
     rows += _asks("   ???  ", _users(6))
+    rows += _asks("How do I close my account?", _users(4, "m"), tier="miss", status=404)
     hot, report = mine(rows, embedder, MiningConfig(k=5), NOW)
     assert [h.question for h in hot] == ["How do I close my account?"]
     assert hot[0].users == 6  # the failed requests' users do not count
@@ -58,6 +59,7 @@ def test_exclusions_are_counted_by_reason(embedder) -> None:  # type: ignore[no-
         "pii": 14,
         "failed_request": 3,
         "invalid_query": 6,
+        "edge_miss": 4,  # the origin logs the same asks
     }
     assert report.pii_by_kind == {"email": 7, "card": 7}
 

@@ -8,7 +8,6 @@ import os
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,17 +20,9 @@ from edge_index.release import (
     release_prefix,
 )
 from edge_index.store import FileStore, Store, open_store
-from precompute.build import BuildConfig, build_release
-from precompute.mining import MiningConfig, mine
 from precompute.publish import STAGES, PublishConflictError, prune, publish
-
-PROFILE = "test-profile"
-QUESTIONS = (
-    "How do I freeze my card?",
-    "What are your opening hours?",
-    "How long does a transfer take?",
-    "How do I close my account?",
-)
+from tests.releases import PROFILE, QUESTIONS
+from tests.releases import build as _build
 
 
 @pytest.fixture(params=["file", "s3"])
@@ -39,41 +30,6 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if request.param == "file":
         return FileStore(tmp_path / "store")
     return open_store(f"s3://{request.getfixturevalue('s3_bucket')}/root")
-
-
-def _build(
-    embedder: Any,
-    staging: Path,
-    store: Store,
-    tag: str = "v1",
-    now: datetime | None = None,
-    questions: tuple[str, ...] = QUESTIONS,
-) -> dict[str, Any]:
-    now = now or datetime(2026, 11, 29, tzinfo=UTC)
-    rows = [
-        {"ts": now, "user": f"u{i}", "query": q, "turns": 1, "tier": "generated", "status": 200}
-        for q in questions
-        for i in range(5)
-    ]
-    hot, _ = mine(rows, embedder, MiningConfig(k=5), now)
-    answers = {
-        h.key: {"answer": f"{tag}: answer to {h.question}", "flag": "", "generated_at": now}
-        for h in hot
-    }
-    pointer, _ = read_pointer(store, PROFILE)
-    manifest, _ = build_release(
-        staging,
-        hot,
-        answers,
-        embedder,
-        "embedded",
-        PROFILE,
-        {"model": "test"},
-        BuildConfig(),
-        extra={"parent": pointer["version"] if pointer else None, "run_id": f"run-{tag}"},
-        now=now,
-    )
-    return manifest
 
 
 def test_publish_then_load_verifies_everything(embedder, store: Store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,161 @@
+"""Lookups against one loaded release: the exact tier (key map) and the semantic tier (FAISS).
+
+``ReleaseIndex`` holds everything a lookup needs in memory: a dict from key to row for the exact
+tier, and the release's FAISS shards (searched together, ids offset per shard) with each row's
+answer id for the semantic tier. It is immutable once built, so the service swaps whole indexes
+on a new release and a lookup in flight keeps the one it started with.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edge_index.embedder import QueryEncoder
+from edge_index.guard import Guard
+from edge_index.keys import key as key_of
+from edge_index.keys import normalize
+from edge_index.matcher import DEFAULT_K, Decision, decision_from_manifest, features
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+    from edge_index.release import LoadedRelease
+
+
+@dataclass(frozen=True)
+class Hit:
+    tier: str  # "exact" or "semantic"
+    key: str  # the key of the phrasing that matched
+    question: str
+    answer: str
+    score: float
+    version: str
+
+
+@dataclass(frozen=True)
+class Miss:
+    reason: str  # "no_match", "below_threshold", "margin", "agreement", "guard:<check>"
+    version: str | None
+    score: float | None = None
+
+
+class ReleaseIndex:
+    def __init__(
+        self,
+        release: LoadedRelease,
+        embedder: SentenceTransformer,
+        decision: Decision | None = None,
+        guard: Guard | None = None,
+        k: int = DEFAULT_K,
+        encoder: QueryEncoder | None = None,
+    ) -> None:
+        import faiss
+
+        manifest = release.manifest
+        self.release = release
+        self.version = release.version
+        self.manifest = manifest
+        self.embedder = embedder
+        self.decision = decision or decision_from_manifest(manifest.get("threshold", {}))
+        self.guard = guard if guard is not None else Guard(**manifest.get("guard", {}))
+        self.k = k
+        self.keys: list[str] = []
+        self.questions: list[str] = []
+        self.answers: list[str] = []
+        answer_ids: list[int] = []
+        by_answer: dict[str, int] = {}
+        self.exact: dict[str, int] = {}
+        self.shards: list[tuple[Any, int]] = []  # (faiss index, id offset)
+        ef_search = int(manifest.get("index", {}).get("ef_search", 128))
+        for shard in release.shards:
+            offset = len(self.keys)
+            columns = shard.rows.select(["key", "question", "answer", "cluster"]).to_pydict()
+            for k_, q, a, c in zip(
+                columns["key"], columns["question"], columns["answer"], columns["cluster"],
+                strict=True,
+            ):  # fmt: skip
+                self.exact.setdefault(k_, len(self.keys))
+                self.keys.append(k_)
+                self.questions.append(q)
+                self.answers.append(a)
+                answer_ids.append(by_answer.setdefault(c, len(by_answer)))
+            inner = faiss.downcast_index(shard.index)
+            if hasattr(inner, "hnsw"):
+                inner.hnsw.efSearch = max(ef_search, k)
+            if hasattr(inner, "nprobe"):
+                inner.nprobe = int(manifest.get("index", {}).get("nprobe", 16))
+            self.shards.append((shard.index, offset))
+        self.answer_ids = np.asarray(answer_ids, dtype=np.int64)
+        self.encoder = encoder or QueryEncoder(embedder)
+        self._embed_lock = threading.Lock()  # one forward at a time: 2 cores, no oversubscription
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        with self._embed_lock:
+            if len(texts) == 1:
+                return self.encoder(texts)
+            vectors = self.embedder.encode(
+                texts, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False,
+                batch_size=256,
+            )  # fmt: skip
+        return np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1)
+
+    def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Scores and global row ids of the k nearest rows over every shard, best first."""
+        all_scores, all_ids = [], []
+        for index, offset in self.shards:
+            scores, ids = index.search(vectors, min(k, index.ntotal))
+            all_scores.append(scores)
+            all_ids.append(np.where(ids >= 0, ids + offset, -1))
+        if not all_scores:
+            return np.zeros((len(vectors), 0), np.float32), np.zeros((len(vectors), 0), np.int64)
+        scores = np.concatenate(all_scores, axis=1)
+        ids = np.concatenate(all_ids, axis=1)
+        order = np.argsort(-scores, axis=1)[:, :k]
+        return np.take_along_axis(scores, order, 1), np.take_along_axis(ids, order, 1)
+
+    def lookup_exact(self, key: str) -> Hit | None:
+        row = self.exact.get(key)
+        if row is None:
+            return None
+        return Hit("exact", key, self.questions[row], self.answers[row], 1.0, self.version)
+
+    def lookup_semantic(self, query: str, normalized: str | None = None) -> Hit | Miss:
+        normalized = normalized if normalized is not None else normalize(query)
+        vector = self.embed([normalized])
+        scores, ids = self.search(vector, self.k)
+        return self.decide(query, scores[0], ids[0])
+
+    def decide(self, query: str, scores: np.ndarray, ids: np.ndarray) -> Hit | Miss:
+        answers = [int(self.answer_ids[i]) if i >= 0 else -1 for i in ids]
+        f = features(scores.tolist(), answers, self.decision.vote_k)
+        if f is None:
+            return Miss("no_match", self.version)
+        row = int(ids[f.position])
+        if f.score < self.decision.threshold:
+            return Miss("below_threshold", self.version, f.score)
+        if f.margin < self.decision.margin:
+            return Miss("margin", self.version, f.score)
+        if f.agreement < self.decision.agreement:
+            return Miss("agreement", self.version, f.score)
+        refused = self.guard.check(query, self.questions[row])
+        if refused:
+            return Miss(f"guard:{refused}", self.version, f.score)
+        return Hit(
+            "semantic", self.keys[row], self.questions[row], self.answers[row], f.score,
+            self.version,
+        )  # fmt: skip
+
+    def lookup(self, query: str) -> Hit | Miss:
+        """Exact tier first, then semantic. Raises ``InvalidQueryError`` for a bad query."""
+        normalized = normalize(query)
+        hit = self.lookup_exact(key_of(query))
+        if hit is not None:
+            return hit
+        return self.lookup_semantic(query, normalized)

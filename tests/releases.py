@@ -1,0 +1,64 @@
+"""Building small releases for tests, through the real mining and build code."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from edge_index.release import read_pointer
+from edge_index.store import Store
+from precompute.build import BuildConfig, build_release
+from precompute.mining import MiningConfig, mine
+
+PROFILE = "test-profile"
+QUESTIONS = (
+    "How do I freeze my card?",
+    "What are your opening hours?",
+    "How long does a transfer take?",
+    "How do I close my account?",
+)
+
+
+def build(
+    embedder: Any,
+    staging: Path,
+    store: Store,
+    tag: str = "v1",
+    now: datetime | None = None,
+    questions: tuple[str, ...] = QUESTIONS,
+    answers: dict[str, str] | None = None,
+    **build_kwargs: Any,
+) -> dict[str, Any]:
+    """Build a release of ``questions`` (each asked by 5 users) into ``staging``, on top of the
+    store's current release; ``answers``: the answer per question (default: derived text)."""
+    now = now or datetime(2026, 11, 29, tzinfo=UTC)
+    rows = [
+        {"ts": now, "user": f"u{i}", "query": q, "turns": 1, "tier": "generated", "status": 200}
+        for q in questions
+        for i in range(5)
+    ]
+    hot, _ = mine(rows, embedder, MiningConfig(k=5), now)
+    generated = {
+        h.key: {
+            "answer": (answers or {}).get(h.question, f"{tag}: answer to {h.question}"),
+            "flag": "",
+            "generated_at": now,
+        }
+        for h in hot
+    }
+    pointer, _ = read_pointer(store, PROFILE)
+    manifest, _ = build_release(
+        staging,
+        hot,
+        generated,
+        embedder,
+        "embedded",
+        PROFILE,
+        {"model": "test"},
+        BuildConfig(),
+        extra={"parent": pointer["version"] if pointer else None, "run_id": f"run-{tag}"},
+        now=now,
+        **build_kwargs,
+    )
+    return manifest
