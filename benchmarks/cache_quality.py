@@ -14,7 +14,7 @@ Systems: ``cosine_0.8`` and ``cosine_0.9`` (nearest phrasing above a fixed cosin
 defaults elsewhere); then what each of edgeqa's steps buys, each calibrated on the cache rows
 to the target precision: ``calibrated_cosine`` (threshold only), ``+margin``, ``+agreement``,
 ``+guard`` (the base embedder with the full decision) and ``edgeqa``: all of it with the embedder
-fine-tuned on the cache rows (``--finetune-steps``, default 150, ~6 min on 2 CPU cores; shipped
+fine-tuned on the cache rows (``--finetune-steps``, default 150, ~8 min on 2 idle CPU cores; shipped
 inside the release and recorded in its manifest). ``--finetune-steps 0``: ``edgeqa`` = ``+guard``.
 
 Prints one JSON object: {"config": {...}, "systems": {"<name>": {"threshold", "hit_rate",
