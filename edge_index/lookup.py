@@ -16,8 +16,7 @@ import numpy as np
 
 from edge_index.embedder import QueryEncoder
 from edge_index.guard import Guard
-from edge_index.keys import key as key_of
-from edge_index.keys import normalize
+from edge_index.keys import key_of_normalized, normalize
 from edge_index.matcher import DEFAULT_K, Decision, decision_from_manifest, features
 
 if TYPE_CHECKING:
@@ -155,7 +154,7 @@ class ReleaseIndex:
     def lookup(self, query: str) -> Hit | Miss:
         """Exact tier first, then semantic. Raises ``InvalidQueryError`` for a bad query."""
         normalized = normalize(query)
-        hit = self.lookup_exact(key_of(query))
+        hit = self.lookup_exact(key_of_normalized(normalized))
         if hit is not None:
             return hit
         return self.lookup_semantic(query, normalized)

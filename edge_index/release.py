@@ -17,14 +17,13 @@ Readers (``load_release``) verify the chain and refuse a release that breaks it.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge_index.store import ObjectNotFoundError, Store
+from edge_index.store import ObjectNotFoundError, Store, sha256_hex
 
 if TYPE_CHECKING:
     import faiss
@@ -73,10 +72,6 @@ def row_schema() -> pa.Schema:
             ("object_sha256", pa.string()),
         ]
     )
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def canonical_json(value: Any) -> bytes:

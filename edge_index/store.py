@@ -202,9 +202,6 @@ class FileStore(Store):
             self._write(target, data)
         return sha256_hex(data)
 
-    def put_file(self, path: str, local: Path, content_type: str | None = None) -> None:
-        self.put(path, Path(local).read_bytes(), content_type)
-
     def child(self, prefix: str) -> FileStore:
         return FileStore(self._path(prefix), self.retries)
 

@@ -20,20 +20,18 @@ Rules (DESIGN.md, "Mining rules"), applied in this order, every exclusion counte
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from edge_index.guard import numbers
 from edge_index.keys import InvalidQueryError, key, normalize
 from precompute.pii import find_pii
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
-
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 
 
 @dataclass(frozen=True)
@@ -102,10 +100,6 @@ class MiningReport:
 
 def _exclude(counts: dict[str, int], reason: str, n: int = 1) -> None:
     counts[reason] = counts.get(reason, 0) + n
-
-
-def _numbers(text: str) -> tuple[str, ...]:
-    return tuple(sorted(_NUMBER.findall(text)))
 
 
 def collect_phrasings(rows: Iterable[dict[str, Any]], report: MiningReport) -> dict[str, Phrasing]:
@@ -184,12 +178,12 @@ def cluster(
             continue
         assigned[i] = True
         members = [head]
-        head_numbers = _numbers(head.normalized)
+        head_numbers = numbers(head.normalized)
         neighbours = sorted(
             (int(j) for j in ids[lims[i] : lims[i + 1]] if int(j) != i), key=lambda j: j
         )
         for j in neighbours:
-            if not assigned[j] and _numbers(order[j].normalized) == head_numbers:
+            if not assigned[j] and numbers(order[j].normalized) == head_numbers:
                 assigned[j] = True
                 members.append(order[j])
         clusters.append(members)

@@ -33,7 +33,7 @@ from edge_index.release import (
     release_prefix,
     sha256_hex,
 )
-from edge_index.store import ObjectNotFoundError, PreconditionFailedError, Store
+from edge_index.store import PreconditionFailedError, Store
 from precompute.generate import work_prefix
 
 log = logging.getLogger(__name__)
@@ -161,23 +161,20 @@ def prune(store: Store, profile: str, keep: int, now: datetime | None = None) ->
     protected = {pointer.get("version"), pointer.get("parent")} if pointer else set()
     versions = list_versions(store, profile)
     doomed = [v for v in versions[: max(len(versions) - keep, 0)] if v not in protected]
+
+    def run_of(version: str) -> str | None:
+        try:
+            return read_manifest(store, profile, version)[0].get("run_id")
+        except ReleaseError:
+            return None
+
+    kept_runs = {run_of(v) for v in versions if v not in doomed} if doomed else set()
     removed = []
     for version in doomed:
-        try:
-            manifest, _ = read_manifest(store, profile, version)
-            run = manifest.get("run_id")
-        except ReleaseError:
-            run = None
+        run = run_of(version)
         store.delete_prefix(release_prefix(profile, version))
-        if run:
-            kept_runs = set()
-            for other in set(versions) - set(doomed):
-                try:
-                    kept_runs.add(read_manifest(store, profile, other)[0].get("run_id"))
-                except (ReleaseError, ObjectNotFoundError):
-                    continue
-            if run not in kept_runs:
-                store.delete_prefix(work_prefix(profile, run))
+        if run and run not in kept_runs:
+            store.delete_prefix(work_prefix(profile, run))
         removed.append(version)
     complete = set(versions)
     prefix = f"{profile}/releases/"
