@@ -86,14 +86,14 @@ class EdgeState:
     def __init__(
         self,
         store: Store,
-        profile: str,
+        profile: str | None,
         embedder: SentenceTransformer,
         poll_s: float = 30.0,
         metrics: EdgeMetrics | None = None,
         warm_up: int = 64,
     ) -> None:
         self.store = store
-        self.profile = profile
+        self.profile = profile  # None: the store's only profile, once one is published
         self.embedder = embedder
         self.poll_s = poll_s
         self.warm_up = warm_up  # semantic lookups run on a new release before it serves
@@ -108,6 +108,12 @@ class EdgeState:
     def refresh(self) -> bool:
         """Load the pointer's release if it is new; True when a new one is now served."""
         with self._refresh_lock:
+            if self.profile is None:
+                try:
+                    self.profile = resolve_profile(self.store, None)
+                except ValueError as error:
+                    log.info("%s", error)
+                    return False
             pointer, _ = read_pointer(self.store, self.profile)
             if pointer is None:
                 return False
@@ -351,8 +357,7 @@ def serve(
 
     # one query per search: FAISS's OpenMP pool would only fight torch's for the cores
     faiss.omp_set_num_threads(1)
-    profile = resolve_profile(store, profile)
-    state = EdgeState(store, profile, load_embedder(embedder_spec), poll_s)
+    state = EdgeState(store, profile or None, load_embedder(embedder_spec), poll_s)
     logs = LogWriter(store, source="edge") if log_requests else None
     state.start()
     app = create_app(state, logs, max_query_chars)

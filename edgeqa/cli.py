@@ -122,6 +122,24 @@ def _cmd_edge_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_origin_serve(args: argparse.Namespace) -> int:
+    _quiet_libraries()
+    import dataclasses
+
+    from origin.config import ServerConfig
+    from origin.server import serve
+
+    config = ServerConfig.from_env()
+    if args.profile:
+        config = dataclasses.replace(config, profile=args.profile)
+    if args.no_logs:
+        config = dataclasses.replace(config, log_requests=False)
+    if args.no_tiers:
+        config = dataclasses.replace(config, tiers=False)
+    serve(config, args.host, args.port, args.store)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgeqa", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -176,13 +194,32 @@ def build_parser() -> argparse.ArgumentParser:
     edge_commands = edge.add_subparsers(dest="edge_command", required=True)
     edge_serve = edge_commands.add_parser("serve", help="serve the current release over HTTP")
     edge_serve.add_argument("--host", default="127.0.0.1")
-    edge_serve.add_argument("--port", type=int, default=8080)
+    edge_serve.add_argument("--port", type=int, default=8001)
     edge_serve.add_argument("--store", default=None, help="store root (default: EDGEQA_STORE)")
     edge_serve.add_argument(
         "--profile", default=None, help="default: EDGEQA_PROFILE or the only one"
     )
     edge_serve.add_argument("--no-logs", action="store_true", help="do not write request logs")
     edge_serve.set_defaults(run=_cmd_edge_serve)
+
+    origin = commands.add_parser("origin", help="the origin server (OpenAI-compatible API)")
+    origin_commands = origin.add_subparsers(dest="origin_command", required=True)
+    origin_serve = origin_commands.add_parser(
+        "serve", help="generate, stream and log answers over HTTP"
+    )
+    origin_serve.add_argument("--host", default="127.0.0.1")
+    origin_serve.add_argument("--port", type=int, default=8000)
+    origin_serve.add_argument(
+        "--store", default=None, help="store root for releases and logs (default: EDGEQA_STORE)"
+    )
+    origin_serve.add_argument(
+        "--profile", default=None, help="release profile (default: EDGEQA_PROFILE or the only one)"
+    )
+    origin_serve.add_argument("--no-logs", action="store_true", help="do not write request logs")
+    origin_serve.add_argument(
+        "--no-tiers", action="store_true", help="always generate (no release or online cache)"
+    )
+    origin_serve.set_defaults(run=_cmd_origin_serve)
     return parser
 
 

@@ -8,10 +8,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edge_index.config import default_cache_dir, env_choice, env_float, env_int, env_str
+from edge_index.config import (
+    ConfigError,
+    default_cache_dir,
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_str,
+)
 
 if TYPE_CHECKING:
     from origin.engine import EngineConfig
+
+
+# the instruction both the nightly job and the origin put before a question (EDGEQA_SYSTEM_PROMPT),
+# so that a published answer and a generated one come from the same prompt
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly, in one to three sentences."
 
 
 @dataclass(frozen=True)
@@ -79,4 +92,58 @@ class OriginConfig:
             quantization=quantization,
             speculative=None if self.speculative == "none" else self.speculative,
             num_speculative_tokens=self.num_speculative_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The HTTP server's settings (the engine's are in ``OriginConfig``)."""
+
+    store_uri: str
+    profile: str  # "" = the store's only profile, once one is published
+    poll_s: float
+    embedder: str
+    served_model_name: str  # "" = derived from EDGEQA_MODEL
+    system_prompt: str
+    api_keys: tuple[str, ...]
+    max_queued_requests: int
+    max_queued_tokens: int
+    max_in_flight_per_user: int  # 0 = no per-user bound
+    request_timeout_s: float
+    max_body_bytes: int
+    cache_ttl_s: float
+    cache_jitter: float
+    cache_max_bytes: int
+    shutdown_grace_s: float
+    tiers: bool
+    log_requests: bool
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerConfig:
+        env = os.environ if environ is None else environ
+        keys = tuple(k.strip() for k in env.get("EDGEQA_API_KEYS", "").split(",") if k.strip())
+        if any(len(k) < 16 for k in keys):
+            raise ConfigError("EDGEQA_API_KEYS: every key must have at least 16 characters")
+        jitter = env_float(env, "EDGEQA_CACHE_JITTER", 0.1, minimum=0.0)
+        if jitter >= 1:
+            raise ConfigError(f"EDGEQA_CACHE_JITTER must be below 1, got {jitter}")
+        return cls(
+            store_uri=env_str(env, "EDGEQA_STORE", "file://./var/store"),
+            profile=env_str(env, "EDGEQA_PROFILE", ""),
+            poll_s=env_float(env, "EDGEQA_POLL_S", 30.0, minimum=0.1),
+            embedder=env_str(env, "EDGEQA_EMBEDDER", "embedded"),
+            served_model_name=env_str(env, "EDGEQA_SERVED_MODEL_NAME", ""),
+            system_prompt=env_str(env, "EDGEQA_SYSTEM_PROMPT", DEFAULT_SYSTEM_PROMPT),
+            api_keys=keys,
+            max_queued_requests=env_int(env, "EDGEQA_MAX_QUEUED_REQUESTS", 64, minimum=1),
+            max_queued_tokens=env_int(env, "EDGEQA_MAX_QUEUED_TOKENS", 16384, minimum=1),
+            max_in_flight_per_user=env_int(env, "EDGEQA_MAX_IN_FLIGHT_PER_USER", 0, minimum=0),
+            request_timeout_s=env_float(env, "EDGEQA_REQUEST_TIMEOUT_S", 120.0, minimum=0.1),
+            max_body_bytes=env_int(env, "EDGEQA_MAX_BODY_BYTES", 1 << 20, minimum=1024),
+            cache_ttl_s=env_float(env, "EDGEQA_CACHE_TTL_S", 3600.0, minimum=0.0),
+            cache_jitter=jitter,
+            cache_max_bytes=env_int(env, "EDGEQA_CACHE_MAX_BYTES", 64 << 20, minimum=0),
+            shutdown_grace_s=env_float(env, "EDGEQA_SHUTDOWN_GRACE_S", 30.0, minimum=0.0),
+            tiers=env_bool(env, "EDGEQA_ORIGIN_TIERS", True),
+            log_requests=env_bool(env, "EDGEQA_LOG_REQUESTS", True),
         )

@@ -23,15 +23,13 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from edge_index.store import ObjectNotFoundError, Store
+from origin.config import DEFAULT_SYSTEM_PROMPT
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from origin.engine import Engine
-
-
-DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly, in one to three sentences."
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ Rules (DESIGN.md, "Mining rules"), applied in this order, every exclusion counte
    ``rejected``/``error``) do not count as asks.
    ``edge_miss``: an edge lookup that missed is not counted, the origin logs the same ask.
 2. ``multi_turn``: ``turns > 1`` rows never publish (the question depends on the conversation).
-3. ``pii``: a query with personal data (``precompute.pii``) never publishes, counted per kind.
+3. ``pii``: a query with personal data (``edge_index.pii``) never publishes, counted per kind.
 4. ``invalid_query``: empty or over-long after normalizing (the key spec refuses it).
 5. ``below_k``: a phrasing (one key) asked by fewer than ``k`` distinct users (each user counted
    once however often they asked) is dropped. Applied per phrasing, before clustering, so that
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from edge_index.guard import numbers
 from edge_index.keys import InvalidQueryError, key, normalize
-from precompute.pii import find_pii
+from edge_index.pii import find_pii
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer

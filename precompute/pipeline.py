@@ -21,9 +21,9 @@ from edge_index.config import env_int, env_str
 from edge_index.logs import LogReadStats, read_logs
 from edge_index.release import read_pointer
 from edge_index.store import Store
+from origin.config import DEFAULT_SYSTEM_PROMPT
 from precompute.build import BuildConfig, build_release
 from precompute.generate import (
-    DEFAULT_SYSTEM_PROMPT,
     GenerationConfig,
     GenerationReport,
     generate_all,

@@ -115,6 +115,9 @@ class Engine:
         self._ids = itertools.count()
         self._incoming: list[Request] = []
         self._by_id: dict[str, Request] = {}
+        # requests not yet given a slot, and their prompt tokens (the server's admission bound)
+        self._queued: dict[str, int] = {}
+        self._queued_tokens = 0
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
@@ -200,8 +203,12 @@ class Engine:
         params: SamplingParams | None = None,
         on_output: OutputCallback | None = None,
         request_id: str | None = None,
+        arrival: float | None = None,
     ) -> Request:
-        """Queue a request; ``on_output`` is called from the engine thread with each output."""
+        """Queue a request; ``on_output`` is called from the engine thread with each output.
+
+        ``arrival`` (``time.monotonic()``) is when the request reached the caller, say the HTTP
+        server, so that the queue part of the TTFT counts from there."""
         params = params or SamplingParams()
         request = Request(
             request_id or f"req-{next(self._ids)}",
@@ -211,11 +218,15 @@ class Engine:
             self.eos_ids,
             on_output,
         )
+        if arrival is not None:
+            request.times.arrival = arrival
         self.scheduler.check_fits(request)  # here, so the caller gets the error, not the loop
         with self._wake:
             if request.request_id in self._by_id:
                 raise ValueError(f"request id {request.request_id!r} is already in use")
             self._by_id[request.request_id] = request
+            self._queued[request.request_id] = len(request.prompt_ids)
+            self._queued_tokens += len(request.prompt_ids)
             self._incoming.append(request)
             self._wake.notify()
         return request
@@ -238,6 +249,18 @@ class Engine:
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting) + len(self._incoming)
 
+    def queue_load(self) -> tuple[int, int]:
+        """Requests waiting for their first slot, and their prompt tokens (thread-safe)."""
+        with self._lock:
+            return len(self._queued), self._queued_tokens
+
+    def _dequeue(self, requests: Sequence[Request]) -> None:
+        with self._lock:
+            for request in requests:
+                tokens = self._queued.pop(request.request_id, None)
+                if tokens is not None:
+                    self._queued_tokens -= tokens
+
     # -- the step -------------------------------------------------------------------------------
 
     def step(self) -> SchedulerOutput:
@@ -248,6 +271,7 @@ class Engine:
                 self.scheduler.add(request)
             self._incoming.clear()
         out = self.scheduler.schedule()
+        self._dequeue([s.request for s in out.scheduled] + out.aborted)
         for request in out.aborted:
             self._emit(request)
         if out.scheduled:
@@ -357,6 +381,14 @@ class Engine:
         return self._thread is not None and self._thread.is_alive() and self.loop_error is None
 
     def _loop(self) -> None:
+        try:
+            self._serve_steps()
+        except BaseException as error:  # the loop is dead: /health must say so
+            self.loop_error = error
+            log.critical("engine loop died: %r", error)
+            raise
+
+    def _serve_steps(self) -> None:
         while True:
             with self._wake:
                 while not self._stopping and not self._incoming and not self.scheduler.has_work:
@@ -368,20 +400,26 @@ class Engine:
             except Exception as error:
                 # fail what was in flight, keep serving the next requests
                 log.exception("engine step failed")
-                for request in self.scheduler.abort_all(
-                    "error", f"{type(error).__name__}: {error}"
-                ):
+                aborted = self.scheduler.abort_all("error", f"{type(error).__name__}: {error}")
+                self._dequeue(aborted)
+                for request in aborted:
                     self._emit(request)
 
     # -- interfaces -----------------------------------------------------------------------------
 
-    async def stream(
+    def open_stream(
         self,
         prompt: Prompt,
         params: SamplingParams | None = None,
         request_id: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Yield outputs as they are produced; leaving the loop early cancels the request."""
+        arrival: float | None = None,
+        timeout_s: float | None = None,
+    ) -> OutputStream:
+        """Queue a request now and return its outputs as an async iterator (call from a running
+        event loop). ``close()`` it when leaving early: that cancels the request.
+
+        ``timeout_s`` bounds the whole request (from now): past it the request is cancelled and
+        ``TimeoutError`` raised by the iterator."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
 
@@ -391,17 +429,26 @@ class Engine:
             except RuntimeError:
                 pass  # the consumer's event loop is gone; the request is being cancelled
 
-        request = self.add_request(prompt, params, deliver, request_id)
+        request = self.add_request(prompt, params, deliver, request_id, arrival)
         self.start()
-        finished = False
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        return OutputStream(self, request.request_id, queue, deadline)
+
+    async def stream(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        arrival: float | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield outputs as they are produced; leaving the loop early cancels the request."""
+        outputs = self.open_stream(prompt, params, request_id, arrival, timeout_s)
         try:
-            while not finished:
-                output = await queue.get()
-                finished = output.finished
+            async for output in outputs:
                 yield output
         finally:
-            if not finished:
-                self.cancel(request.request_id)
+            outputs.close()
 
     def generate_many(
         self,
@@ -486,3 +533,44 @@ class Engine:
             "acceptance_rate": stats.acceptance_rate,
             "acceptance_rate_by_proposer": stats.acceptance_by_proposer(),
         }
+
+
+class OutputStream:
+    """The outputs of one request, as an async iterator (``Engine.open_stream``)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        request_id: str,
+        queue: asyncio.Queue[RequestOutput],
+        deadline: float | None,
+    ) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self.queue = queue
+        self.deadline = deadline
+        self.finished = False
+
+    def __aiter__(self) -> OutputStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        if self.deadline is None:
+            output = await self.queue.get()
+        else:
+            remaining = self.deadline - asyncio.get_running_loop().time()
+            try:
+                output = await asyncio.wait_for(self.queue.get(), max(0.0, remaining))
+            except TimeoutError:
+                self.close()
+                raise
+        self.finished = output.finished
+        return output
+
+    def close(self) -> None:
+        """Cancel the request unless it has finished (its slot is free at the next step)."""
+        if not self.finished:
+            self.finished = True
+            self.engine.cancel(self.request_id)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import threading
 import time
@@ -14,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from edge_index.logs import read_logs
 from edge_index.release import release_prefix
@@ -22,39 +20,12 @@ from edge_index.service import EdgeState, create_app, resolve_profile
 from edge_index.store import FileStore, Store, open_store
 from precompute.publish import publish
 from tests.releases import PROFILE, QUESTIONS, build
+from tests.serving import Server, free_port, wait_healthy
 
 MORE = (
     "What is the daily limit for 100 pound withdrawals?",
     "Can I use Apple Pay with my card?",
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    def __init__(self, state: EdgeState, logs: Any = None) -> None:
-        self.port = _free_port()
-        config = uvicorn.Config(
-            create_app(state, logs), host="127.0.0.1", port=self.port, log_level="warning"
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> Server:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 @pytest.fixture()
@@ -69,7 +40,7 @@ def _publish(embedder: Any, store: Store, tmp: Path, tag: str, day: int, **kw: A
 
 def test_tiers_errors_health_and_metrics(embedder, s3_store: Store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     state = EdgeState(s3_store, PROFILE, embedder, poll_s=3600)
-    with Server(state) as server, httpx.Client(base_url=server.url) as client:
+    with Server(create_app(state)) as server, httpx.Client(base_url=server.url) as client:
         assert client.get("/health").status_code == 503  # nothing published yet
         miss = client.get("/v1/lookup", params={"q": "How do I freeze my card?"})
         assert miss.status_code == 404 and miss.json() == {
@@ -148,7 +119,7 @@ def test_hot_swap_under_load_fails_no_lookup(embedder, s3_store: Store, tmp_path
                     with lock:
                         outcomes[f"error {type(error).__name__}"] += 1
 
-    with Server(state) as server:
+    with Server(create_app(state)) as server:
         threads = [threading.Thread(target=client_loop, args=(n,)) for n in range(20)]
         for t in threads:
             t.start()
@@ -184,7 +155,7 @@ def test_corrupt_release_is_refused_and_the_old_one_keeps_serving(
     assert state.refresh() is False
     assert state.index is not None and state.index.version == old
     assert state.refresh() is False  # not retried until the pointer changes
-    with Server(state) as server, httpx.Client(base_url=server.url) as client:
+    with Server(create_app(state)) as server, httpx.Client(base_url=server.url) as client:
         response = client.get("/v1/lookup", params={"q": QUESTIONS[0]})
         assert response.status_code == 200 and response.json()["version"] == old
         metrics = client.get("/metrics").text
@@ -199,7 +170,7 @@ def test_lookups_are_logged_with_hashed_users(embedder, tmp_path: Path) -> None:
     state = EdgeState(store, PROFILE, embedder, poll_s=3600)
     state.refresh()
     logs = LogWriter(store, source="edge", flush_interval_s=0)
-    with Server(state, logs) as server, httpx.Client(base_url=server.url) as client:
+    with Server(create_app(state, logs)) as server, httpx.Client(base_url=server.url) as client:
         client.get("/v1/lookup", params={"q": QUESTIONS[0]}, headers={"x-edgeqa-user": "alice"})
         client.get("/v1/lookup", params={"q": "something else entirely"})
         client.get("/v1/lookup", params={"q": ""})
@@ -228,7 +199,7 @@ def served_store(embedder, tmp_path: Path) -> Iterator[FileStore]:  # type: igno
 
 
 def test_edge_serve_command(served_store: FileStore, cli_env: dict[str, str]) -> None:
-    port = _free_port()
+    port = free_port()
     env = {**cli_env, "EDGEQA_STORE": served_store.uri, "EDGEQA_USER_SALT": "test-salt"}
     child = subprocess.Popen(
         ["edgeqa", "edge", "serve", "--host", "127.0.0.1", "--port", str(port)],
@@ -236,15 +207,7 @@ def test_edge_serve_command(served_store: FileStore, cli_env: dict[str, str]) ->
     )  # fmt: skip
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert child.poll() is None, child.stderr.read() if child.stderr else ""
-            time.sleep(0.2)
+        wait_healthy(url, child)
         response = httpx.get(f"{url}/v1/lookup", params={"q": QUESTIONS[1]})
         assert response.status_code == 200 and response.json()["tier"] == "exact"
     finally:

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from edge_index.keys import InvalidQueryError, key
+from edge_index.pii import find_pii
 from edge_index.release import load_release, read_pointer
 from edge_index.store import FileStore, open_store
 from precompute.generate import GenerationConfig, generate_all, make_engine
-from precompute.pii import find_pii
 from precompute.samplelogs import generate_rows, write_logs
 
 UNTIL = date(2026, 11, 28)

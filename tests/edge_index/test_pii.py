@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from precompute.pii import find_pii, luhn_ok
+from edge_index.pii import find_pii, luhn_ok
 
 
 @pytest.mark.parametrize(

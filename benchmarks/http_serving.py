@@ -1,0 +1,264 @@
+"""The origin over HTTP on loopback: a Poisson trace of hot and novel questions, streamed.
+
+Publishes a real release first (sample logs -> ``run_precompute``: mining, engine generation,
+FAISS build, publish), starts ``edgeqa origin serve`` on it as a separate process, and replays a
+Poisson trace with streaming chat requests: half hot questions (the sample logs' phrasings, many
+in the release), the rest novel questions from NQ-open, some of them asked twice (the online
+cache). The rate overloads the engine on purpose: the bounded queue must answer 429 at once and
+the admitted requests must finish with a bounded TTFT.
+
+Prints one JSON object::
+
+  {"config": {...},
+   "client": {"completed", "rejected_429", "errors", "ttft_ms": {"mean","p50","p99"},
+              "tpot_ms": {...}, "output_tok_per_s", "ttft_ms_by_tier": {...}},
+   "server": {"ttft_queue_ms": {...}, "ttft_compute_ms": {...}, "ttft_network_ms": {...}},
+   "tiers": {"<tier>": count}}
+
+``server`` comes from the origin's own ``/metrics`` histograms (p50/p99 interpolated within
+buckets, as Prometheus' ``histogram_quantile`` does).
+
+    python benchmarks/http_serving.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ROOT, nq_questions, summary_ms
+
+sys.path.insert(0, str(ROOT))
+from edge_index.store import FileStore
+from precompute.pipeline import PrecomputeConfig, run_precompute
+from precompute.samplelogs import INTENTS, generate_rows, write_logs
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def publish_release(store: FileStore, top_n: int, max_tokens: int) -> dict[str, Any]:
+    until = datetime.now(UTC).date()
+    write_logs(store, generate_rows(until, days=3, asks=1500, seed=7))
+    config = PrecomputeConfig.from_env(
+        {}, top_n=top_n, max_tokens=max_tokens, baseline_sample=0, quantization="bf16"
+    )
+    report = run_precompute(store, store, until - timedelta(days=2), until, config, progress=False)
+    if report.get("status") != "published":
+        raise RuntimeError(f"no release was published: {report}")
+    return {"version": report["version"], "clusters": report["mining"]["clusters"]}
+
+
+def trace(n: int, rate: float, hot_share: float, repeat_share: float, seed: int) -> list[Any]:
+    """(arrival offset s, question) pairs of a Poisson process."""
+    rng = random.Random(seed)
+    hot = [q for intent in INTENTS for q in intent]
+    novel = iter(nq_questions(n, seed))
+    asked_novel: list[str] = []
+    out, t = [], 0.0
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        draw = rng.random()
+        if draw < hot_share:
+            question = rng.choice(hot)
+        elif asked_novel and draw < hot_share + repeat_share:
+            question = rng.choice(asked_novel)
+        else:
+            question = next(novel)
+            asked_novel.append(question)
+        out.append((t, question))
+    return out
+
+
+async def one_request(client: httpx.AsyncClient, question: str, max_tokens: int) -> dict[str, Any]:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    sent = time.perf_counter()
+    result: dict[str, Any] = {"status": None, "tier": None, "ttft": None, "tpot": None, "tokens": 0}
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            result["status"] = response.status_code
+            result["tier"] = response.headers.get("x-edgeqa-tier", "rejected")
+            first = last = None
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                data = json.loads(line[6:])
+                if "error" in data:
+                    result["status"] = 500
+                elif data.get("choices") and data["choices"][0]["delta"].get("content"):
+                    last = time.perf_counter()
+                    first = first or last
+                elif data.get("usage"):
+                    result["tokens"] = data["usage"]["completion_tokens"]
+            if first is not None:
+                result["ttft"] = first - sent
+                if result["tokens"] > 1 and last is not None and result["tier"] == "generated":
+                    result["tpot"] = (last - first) / (result["tokens"] - 1)
+    except httpx.HTTPError as error:
+        result["status"] = f"{type(error).__name__}"
+    return result
+
+
+async def replay(url: str, requests: list[Any], max_tokens: int) -> tuple[list[Any], float]:
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+        started = time.perf_counter()
+
+        async def at(offset: float, question: str) -> dict[str, Any]:
+            await asyncio.sleep(max(0.0, offset - (time.perf_counter() - started)))
+            return await one_request(client, question, max_tokens)
+
+        results = await asyncio.gather(*(at(t, q) for t, q in requests))
+        return list(results), time.perf_counter() - started
+
+
+def histogram(text: str, name: str) -> dict[str, float | None]:
+    """mean / p50 / p99 in ms of a Prometheus histogram in exposition text."""
+    buckets: list[tuple[float, float]] = []
+    total = count = 0.0
+    for line in text.splitlines():
+        if line.startswith(f"{name}_bucket"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.split()[-1])))
+        elif line.startswith(f"{name}_sum"):
+            total = float(line.split()[-1])
+        elif line.startswith(f"{name}_count"):
+            count = float(line.split()[-1])
+    if not count:
+        return {"mean": None, "p50": None, "p99": None}
+
+    def quantile(q: float) -> float:
+        rank, low, below = q * count, 0.0, 0.0
+        for upper, cumulative in sorted(buckets):
+            if cumulative >= rank:
+                if upper == float("inf"):
+                    return low
+                share = (rank - below) / (cumulative - below) if cumulative > below else 1.0
+                return low + (upper - low) * share
+            low, below = upper, cumulative
+        return low
+
+    return {
+        "mean": round(total / count * 1000, 2),
+        "p50": round(quantile(0.5) * 1000, 2),
+        "p99": round(quantile(0.99) * 1000, 2),
+    }
+
+
+def start_origin(store: FileStore, port: int, env_extra: dict[str, str]) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEQA_")}
+    env.update({"EDGEQA_STORE": store.uri, "EDGEQA_USER_SALT": "bench", **env_extra})
+    child = subprocess.Popen(
+        [sys.executable, "-m", "edgeqa", "origin", "serve", "--port", str(port)],
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            raise RuntimeError(f"the origin exited: {child.stderr.read() if child.stderr else ''}")
+        try:
+            health = httpx.get(f"{url}/health")
+            if health.status_code == 200 and health.json().get("release"):
+                return child
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    child.kill()
+    raise RuntimeError("the origin did not become healthy with the release in 300 s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="150 requests (default 600)")
+    parser.add_argument("--rate", type=float, default=16.0, help="requests per second")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--hot-share", type=float, default=0.5)
+    parser.add_argument("--repeat-share", type=float, default=0.1)
+    parser.add_argument("--max-queued", type=int, default=16, help="EDGEQA_MAX_QUEUED_REQUESTS")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    n = 150 if args.quick else 600
+
+    with tempfile.TemporaryDirectory(prefix="edgeqa-http-") as tmp:
+        store = FileStore(Path(tmp) / "store")
+        release = publish_release(store, top_n=34, max_tokens=96)
+        port = _free_port()
+        server_env = {
+            "EDGEQA_MAX_QUEUED_REQUESTS": str(args.max_queued),
+            "EDGEQA_LOG_REQUESTS": "1",
+        }
+        child = start_origin(store, port, server_env)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            requests = trace(n, args.rate, args.hot_share, args.repeat_share, args.seed)
+            results, wall = asyncio.run(replay(url, requests, args.max_tokens))
+            metrics = httpx.get(f"{url}/metrics").text
+        finally:
+            child.send_signal(signal.SIGTERM)
+            child.wait(60)
+
+    ok = [r for r in results if r["status"] == 200]
+    rejected = [r for r in results if r["status"] == 429]
+    errors = [r for r in results if r["status"] not in (200, 429)]
+    by_tier: dict[str, list[float]] = {}
+    for r in ok:
+        if r["ttft"] is not None:
+            by_tier.setdefault(r["tier"], []).append(r["ttft"])
+    report = {
+        "config": {
+            "requests": n, "rate_per_s": args.rate, "max_tokens": args.max_tokens,
+            "hot_share": args.hot_share, "repeat_share": args.repeat_share,
+            "max_queued_requests": args.max_queued, "release": release,
+            "duration_s": round(wall, 1),
+        },
+        "client": {
+            "completed": len(ok),
+            "rejected_429": len(rejected),
+            "errors": len(errors),
+            "ttft_ms": summary_ms([r["ttft"] for r in ok if r["ttft"] is not None]),
+            "tpot_ms": summary_ms([r["tpot"] for r in ok if r["tpot"] is not None]),
+            "output_tok_per_s": round(sum(r["tokens"] for r in ok) / wall, 1),
+            "ttft_ms_by_tier": {tier: summary_ms(v) for tier, v in sorted(by_tier.items())},
+        },
+        "server": {
+            "ttft_queue_ms": histogram(metrics, "edgeqa_ttft_queue_seconds"),
+            "ttft_compute_ms": histogram(metrics, "edgeqa_ttft_compute_seconds"),
+            "ttft_network_ms": histogram(metrics, "edgeqa_ttft_network_seconds"),
+        },
+        "tiers": dict(Counter(r["tier"] or "error" for r in results).most_common()),
+    }  # fmt: skip
+    if errors:
+        report["error_samples"] = [str(r["status"]) for r in errors[:5]]
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

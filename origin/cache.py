@@ -1,0 +1,114 @@
+"""The origin's online cache: answers generated in the last hours, by question key.
+
+Tomorrow's release covers today's hot questions; until then this cache answers a repeat of a
+question the origin has just generated. Entries expire after ``ttl_s`` with random jitter (so a
+burst of answers written together does not expire together and stampede the engine), and the
+cache holds at most ``max_bytes`` of text, evicting the least recently used entries first.
+
+Only greedy, single-turn, personal-data-free answers of the served profile are written here (the
+server decides); entries are keyed by the key spec's key of the normalized question.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CachedAnswer:
+    answer: str
+    completion_tokens: int
+    expires_at: float  # monotonic seconds
+
+
+# the entry's text plus what a dict slot, the key and the dataclass cost, roughly
+_OVERHEAD_BYTES = 200
+
+
+class OnlineCache:
+    def __init__(
+        self,
+        ttl_s: float = 3600.0,
+        jitter: float = 0.1,
+        max_bytes: int = 64 << 20,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        if ttl_s < 0 or not 0 <= jitter < 1 or max_bytes < 0:
+            raise ValueError("ttl_s >= 0, 0 <= jitter < 1 and max_bytes >= 0 are required")
+        self.ttl_s = ttl_s
+        self.jitter = jitter
+        self.max_bytes = max_bytes
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self._entries: OrderedDict[str, CachedAnswer] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.expirations = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.ttl_s > 0 and self.max_bytes > 0
+
+    @staticmethod
+    def _size(key: str, entry: CachedAnswer) -> int:
+        return len(key) + len(entry.answer.encode("utf-8")) + _OVERHEAD_BYTES
+
+    def get(self, key: str) -> CachedAnswer | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self.misses += 1
+                return None
+            if entry.expires_at <= self.clock():
+                self._remove(key)
+                self.expirations += 1
+                self.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return entry
+
+    def put(self, key: str, answer: str, completion_tokens: int) -> bool:
+        """Store an answer; False when caching is off or the entry alone exceeds the bound."""
+        if not self.enabled:
+            return False
+        ttl = self.ttl_s * (1 + self.rng.uniform(-self.jitter, self.jitter))
+        entry = CachedAnswer(answer, completion_tokens, self.clock() + ttl)
+        size = self._size(key, entry)
+        if size > self.max_bytes:
+            return False
+        with self._lock:
+            if key in self._entries:
+                self._remove(key)
+            self._entries[key] = entry
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                oldest = next(iter(self._entries))
+                self._remove(oldest)
+                self.evictions += 1
+        return True
+
+    def _remove(self, key: str) -> None:
+        entry = self._entries.pop(key)
+        self._bytes -= self._size(key, entry)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0

@@ -1,0 +1,54 @@
+"""The origin's online cache: TTL with jitter, a memory bound with LRU eviction."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from origin.cache import OnlineCache
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_entries_expire_with_jitter_spread() -> None:
+    clock = Clock()
+    cache = OnlineCache(ttl_s=100, jitter=0.2, clock=clock, rng=random.Random(1))
+    for i in range(200):
+        assert cache.put(f"k{i}", "answer", 1)
+    expiries = sorted(cache._entries[f"k{i}"].expires_at for i in range(200))
+    assert 80 <= expiries[0] < 90 and 110 < expiries[-1] <= 120  # spread over +-20 %
+    clock.now = 100
+    alive = sum(cache.get(f"k{i}") is not None for i in range(200))
+    assert 40 < alive < 160  # about half expired at the nominal TTL, not all at once
+    clock.now = 121
+    assert all(cache.get(f"k{i}") is None for i in range(200))
+    assert len(cache) == 0 and cache.bytes == 0 and cache.expirations == 200
+
+
+def test_memory_bound_evicts_least_recently_used() -> None:
+    cache = OnlineCache(ttl_s=100, jitter=0, max_bytes=1000)
+    for i in range(3):
+        cache.put(f"k{i}", "x" * 100, 10)
+    assert cache.get("k0") is not None  # k0 is now the most recently used
+    cache.put("k3", "x" * 100, 10)  # each entry costs ~300 bytes: one must go
+    assert cache.bytes <= 1000 and cache.evictions > 0
+    assert cache.get("k0") is not None and cache.get("k1") is None
+    assert not cache.put("huge", "x" * 5000, 1)  # larger than the whole bound: refused
+    cache.put("k0", "new", 1)  # replacing keeps the byte count exact
+    assert cache.get("k0").answer == "new"  # type: ignore[union-attr]
+    cache.clear()
+    assert cache.bytes == 0 and len(cache) == 0
+
+
+def test_off_and_invalid_settings() -> None:
+    assert not OnlineCache(ttl_s=0).put("k", "a", 1)
+    assert not OnlineCache(max_bytes=0).put("k", "a", 1)
+    with pytest.raises(ValueError):
+        OnlineCache(jitter=1.5)

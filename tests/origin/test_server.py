@@ -1,0 +1,539 @@
+"""The origin server over real HTTP on loopback, with the embedded model and a real release.
+
+One server (module scope) serves most tests; a test that needs other settings swaps
+``origin.server.config`` and puts it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from edge_index.logs import LogWriter, read_logs
+from edge_index.service import EdgeState
+from edge_index.store import FileStore
+from origin.config import ServerConfig
+from origin.engine import Engine, EngineConfig
+from origin.server import OriginServer, Runtime, create_app
+from precompute.publish import publish
+from tests.releases import PROFILE, QUESTIONS, build
+from tests.serving import Server, free_port, wait_healthy
+
+MODEL = "SmolLM2-135M-Instruct"
+VLLM_BENCH = Path(__file__).parents[1] / "third_party" / "vllm_benchmarks"
+NOVEL = "Why do leaves change colour in autumn?"
+
+
+@dataclass
+class Origin:
+    url: str
+    server: OriginServer
+    engine: Engine
+    store: FileStore
+
+    def client(self, **kw: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, **{"timeout": 120, **kw})
+
+
+def _config(store: FileStore, **env: str) -> ServerConfig:
+    return ServerConfig.from_env(
+        {"EDGEQA_STORE": store.uri, "EDGEQA_MAX_QUEUED_REQUESTS": "256",
+         "EDGEQA_MAX_QUEUED_TOKENS": "100000", **env}
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def origin(embedded_model, embedder, tmp_path_factory) -> Iterator[Origin]:  # type: ignore[no-untyped-def]
+    model, tokenizer = embedded_model
+    tmp = tmp_path_factory.mktemp("origin")
+    store = FileStore(tmp / "store")
+    build(embedder, tmp / "v1", store, tag="v1", now=datetime(2026, 11, 20, tzinfo=UTC))
+    publish(store, tmp / "v1")
+    engine = Engine(
+        model, tokenizer, EngineConfig(max_num_seqs=8, max_model_len=512, speculative="suffix")
+    ).start()
+    releases = EdgeState(store, PROFILE, embedder, poll_s=3600)
+    logs = LogWriter(store, source="origin", flush_interval_s=3600)
+    server = OriginServer(_config(store), lambda: Runtime(engine, 48, 0.0, releases), MODEL, logs)
+    with Server(create_app(server)) as running:
+        wait_healthy(running.url)
+        yield Origin(running.url, server, engine, store)
+
+
+def _chat(question: str, **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": question}], **extra}
+
+
+def _events(response: httpx.Response) -> list[Any]:
+    """The JSON payloads of an SSE body, and "[DONE]"."""
+    out: list[Any] = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+# -- the API with the official client -------------------------------------------------------------
+
+
+def test_openai_client_chat_and_completions(origin: Origin) -> None:
+    client = openai.OpenAI(base_url=f"{origin.url}/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    messages: Any = [{"role": "user", "content": [{"type": "text", "text": "Name a fruit."}]}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24)
+    text = whole.choices[0].message.content
+    assert text and whole.choices[0].finish_reason in ("stop", "length")
+    assert whole.usage is not None and whole.usage.completion_tokens > 0
+    parts, usage = [], None
+    for chunk in client.chat.completions.create(
+        model=MODEL, messages=messages, max_completion_tokens=24, stream=True,
+        stream_options={"include_usage": True}, temperature=0.0, top_p=1.0, seed=3,
+    ):  # fmt: skip
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert "".join(parts) == text  # greedy: streaming and not streaming agree
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+
+    done = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8)
+    pieces = [
+        c.choices[0].text
+        for c in client.completions.create(
+            model=MODEL, prompt="The capital of France is", max_tokens=8, stream=True
+        )
+        if c.choices
+    ]
+    assert done.choices[0].text and "".join(pieces) == done.choices[0].text
+    # token ids as the prompt, a stop string, and tolerated extras
+    ids = origin.engine.tokenizer.encode("The capital of France is")
+    stopped = client.completions.create(
+        model=MODEL, prompt=ids, max_tokens=8, stop=["."], best_of=1,
+        extra_body={"ignore_eos": False, "logprobs": None},
+    )  # fmt: skip
+    assert "." not in stopped.choices[0].text
+
+
+def test_sse_format(origin: Origin) -> None:
+    with origin.client() as client, client.stream(
+        "POST", "/v1/chat/completions",
+        json=_chat("Say hello.", max_tokens=8, stream=True, stream_options={"include_usage": True}),
+    ) as response:  # fmt: skip
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = _events(response)
+    assert events[-1] == "[DONE]"
+    first, finish, usage = events[0], events[-3], events[-2]
+    assert first["object"] == "chat.completion.chunk"
+    assert first["choices"][0]["delta"]["role"] == "assistant"
+    assert finish["choices"][0]["finish_reason"] in ("stop", "length")
+    assert usage["choices"] == [] and usage["usage"]["total_tokens"] > 0
+
+
+# -- tiers ----------------------------------------------------------------------------------------
+
+
+def test_release_tiers_online_cache_and_what_never_caches(origin: Origin) -> None:
+    with origin.client() as client:
+        exact = client.post("/v1/chat/completions", json=_chat("how do I freeze my CARD?"))
+        assert exact.headers["x-edgeqa-tier"] == "exact"
+        assert exact.json()["choices"][0]["message"]["content"] == f"v1: answer to {QUESTIONS[0]}"
+        cut = client.post("/v1/chat/completions", json=_chat(QUESTIONS[0], max_tokens=2)).json()
+        assert cut["choices"][0]["finish_reason"] == "length"
+        assert cut["usage"]["completion_tokens"] == 2
+
+        with client.stream(
+            "POST", "/v1/chat/completions", json=_chat(QUESTIONS[1], stream=True)
+        ) as response:
+            assert response.headers["x-edgeqa-tier"] == "exact"
+            events = _events(response)
+        assert events[-1] == "[DONE]"
+        text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1])
+        assert text == f"v1: answer to {QUESTIONS[1]}"
+
+        first = client.post("/v1/chat/completions", json=_chat(NOVEL, max_tokens=24))
+        again = client.post("/v1/chat/completions", json=_chat(f"  {NOVEL.lower()}", max_tokens=24))
+        assert first.headers["x-edgeqa-tier"] == "generated"
+        content = first.json()["choices"][0]["message"]["content"]
+        if first.json()["choices"][0]["finish_reason"] == "stop":
+            assert again.headers["x-edgeqa-tier"] == "origin_cache"
+            assert again.json()["choices"][0]["message"]["content"] == content
+        else:  # a cut answer is not cached
+            assert again.headers["x-edgeqa-tier"] == "generated"
+
+        never = [
+            _chat(QUESTIONS[0], temperature=0.8, seed=1),  # non-default sampling
+            _chat(QUESTIONS[0], stop=["x"]),
+            {"model": MODEL, "messages": [  # multi-turn
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello!"},
+                {"role": "user", "content": QUESTIONS[0]},
+            ], "max_tokens": 8},
+            _chat(f"{QUESTIONS[0]} My email is jo@example.com", max_tokens=8),  # personal data
+            {"model": MODEL, "max_tokens": 8, "messages": [  # other instructions
+                {"role": "system", "content": "Answer in French."},
+                {"role": "user", "content": QUESTIONS[0]},
+            ]},
+        ]  # fmt: skip
+        for body in never:
+            for _ in range(2):  # the second time would hit a cache if the first had written it
+                response = client.post("/v1/chat/completions", json={**body, "max_tokens": 8})
+                assert response.status_code == 200
+                assert response.headers["x-edgeqa-tier"] == "generated", body
+        # completions never use the tiers
+        plain = client.post("/v1/completions", json={"prompt": QUESTIONS[0], "max_tokens": 4})
+        assert plain.headers["x-edgeqa-tier"] == "generated"
+
+
+# -- validation and limits ------------------------------------------------------------------------
+
+
+def test_validation_errors_name_the_field_and_others_keep_working(origin: Origin) -> None:
+    hi = [{"role": "user", "content": "hi"}]
+    cases: list[tuple[Any, int, str | None]] = [
+        (b"{", 400, "body"),
+        (b"[1, 2]", 400, "body"),
+        ({"model": MODEL}, 400, "messages"),
+        ({"messages": []}, 400, "messages"),
+        ({"messages": "hi"}, 400, "messages"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
+        ({"messages": [{"role": "user"}]}, 400, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            400, "messages[0].content[0]",
+        ),
+        ({"messages": hi, "temperature": -0.5}, 400, "temperature"),
+        ({"messages": hi, "temperature": "hot"}, 400, "temperature"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400,
+         "temperature"),
+        ({"messages": hi, "top_p": 0}, 400, "top_p"),
+        ({"messages": hi, "max_tokens": 0}, 400, "max_tokens"),
+        ({"messages": hi, "max_tokens": 10**9}, 400, "max_tokens"),
+        ({"messages": hi, "max_tokens": "5"}, 400, "max_tokens"),
+        ({"messages": hi, "max_completion_tokens": 500}, 400, "max_completion_tokens"),
+        ({"messages": hi, "stop": [""]}, 400, "stop"),
+        ({"messages": hi, "n": 2}, 400, "n"),
+        ({"messages": hi, "stream": "yes"}, 400, "stream"),
+        ({"messages": hi, "logprobs": True}, 400, "logprobs"),
+        ({"messages": [{"role": "user", "content": "word " * 600}]}, 400, "messages"),
+        ({"messages": hi, "model": "gpt-4"}, 404, "model"),
+    ]  # fmt: skip
+    with origin.client() as client:
+        for body, status, param in cases:
+            raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+            response = client.post(
+                "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
+            )
+            assert response.status_code == status, (body, response.text)
+            error = response.json()["error"]
+            assert error["param"] == param and error["message"] and error["type"], body
+        bad_prompts = [
+            {"prompt": ""},
+            {"prompt": ["a", "b"]},
+            {"prompt": [-1]},
+            {"prompt": [10**7]},
+        ]
+        for body in bad_prompts:
+            response = client.post("/v1/completions", json=body)
+            assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
+        big = client.post(
+            "/v1/chat/completions", content=b" " * (2 << 20),
+            headers={"content-type": "application/json"},
+        )  # fmt: skip
+        assert big.status_code == 413 and big.json()["error"]["param"] == "body"
+        assert client.get("/v1/nothing").status_code == 404
+        assert client.get("/v1/chat/completions").status_code == 405
+        ok = client.post("/v1/chat/completions", json=_chat("Say yes.", max_tokens=4))
+        assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"]
+    assert origin.engine.alive
+
+
+# -- auth -----------------------------------------------------------------------------------------
+
+
+def test_api_keys(origin: Origin) -> None:
+    key = "k" * 24
+    saved = origin.server.config
+    origin.server.config = dataclasses.replace(saved, api_keys=("another-key-0123456789", key))
+    try:
+        with origin.client() as client:
+            assert client.get("/v1/models").status_code == 401
+            denied = client.post("/v1/chat/completions", json=_chat("hi"))
+            assert denied.status_code == 401 and denied.json()["error"]["type"]
+            wrong = client.get("/v1/models", headers={"authorization": f"Bearer {key[:-1]}x"})
+            assert wrong.status_code == 401
+            assert client.get("/v1/models", headers={"authorization": f"Bearer {key}"}).is_success
+            assert client.get("/v1/models", headers={"x-api-key": key}).is_success
+            assert client.get("/health").status_code == 200  # open
+        sdk = openai.OpenAI(base_url=f"{origin.url}/v1", api_key=key, max_retries=0)
+        assert sdk.chat.completions.create(model=MODEL, messages=_chat("hi")["messages"],
+                                           max_tokens=2).choices  # fmt: skip
+    finally:
+        origin.server.config = saved
+
+
+# -- backpressure, cancellation, timeouts ---------------------------------------------------------
+
+
+async def _stream_until_first_token(url: str, body: dict[str, Any]) -> int:
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                return response.status_code
+            async for line in response.aiter_lines():
+                if '"content": "' in line and '"content": ""' not in line:
+                    return 200  # leave mid-generation: the connection closes here
+    return 200
+
+
+def _idle(engine: Engine, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if engine.num_running == 0 and engine.num_waiting == 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"engine still busy: {engine.metrics()}")
+
+
+def test_200_cancelled_streams_free_every_slot(origin: Origin) -> None:
+    engine = origin.engine
+    _idle(engine)
+    kv_before = engine.scheduler.kv_tokens_used
+    finished_before = dict(engine.stats.requests_finished)
+
+    async def main() -> list[int]:
+        bodies = [_chat(f"Tell me a long story about number {i}.", max_tokens=200, stream=True)
+                  for i in range(200)]  # fmt: skip
+        return await asyncio.gather(*(_stream_until_first_token(origin.url, b) for b in bodies))
+
+    statuses = asyncio.run(main())
+    assert statuses == [200] * 200
+    _idle(engine)
+    assert engine.scheduler.kv_tokens_used == kv_before == 0
+    assert engine.runner.cache.used_slots == []
+    assert engine.queue_load() == (0, 0)
+    aborted = engine.stats.requests_finished.get("abort", 0) - finished_before.get("abort", 0)
+    assert aborted >= 190  # the few that finished first are not cancellations
+
+
+def test_a_non_streaming_client_that_leaves_is_cancelled(origin: Origin) -> None:
+    engine = origin.engine
+    _idle(engine)
+    before = engine.stats.requests_finished.get("abort", 0)
+    with pytest.raises(httpx.ReadTimeout), origin.client(timeout=1.0) as client:
+        client.post("/v1/chat/completions", json=_chat("Write a long essay.", max_tokens=400,
+                                                       ignore_eos=True))  # fmt: skip
+    _idle(engine, timeout=30)
+    assert engine.stats.requests_finished.get("abort", 0) == before + 1
+
+
+def test_backpressure_answers_429_and_admitted_requests_finish(origin: Origin) -> None:
+    saved = origin.server.config
+    origin.server.config = dataclasses.replace(saved, max_queued_requests=2)
+    try:
+
+        async def one(client: httpx.AsyncClient, i: int) -> tuple[int, str | None, str]:
+            body = _chat(f"Count to {i + 10}.", max_tokens=32, ignore_eos=True, stream=True)
+            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                text = "".join([line async for line in response.aiter_lines()])
+                return response.status_code, response.headers.get("retry-after"), text
+
+        async def main() -> list[tuple[int, str | None, str]]:
+            async with httpx.AsyncClient(base_url=origin.url, timeout=120) as client:
+                return await asyncio.gather(*(one(client, i) for i in range(30)))
+
+        results = asyncio.run(main())
+    finally:
+        origin.server.config = saved
+    rejected = [r for r in results if r[0] == 429]
+    admitted = [r for r in results if r[0] == 200]
+    assert rejected and admitted and len(rejected) + len(admitted) == 30
+    assert all(r[1] and int(r[1]) >= 1 for r in rejected)
+    assert all("rate_limit_exceeded" in r[2] for r in rejected)
+    assert all(r[2].endswith("data: [DONE]") for r in admitted)
+
+
+def test_request_timeout(origin: Origin) -> None:
+    saved = origin.server.config
+    origin.server.config = dataclasses.replace(saved, request_timeout_s=0.3)
+    try:
+        with origin.client() as client:
+            body = _chat("Write a long essay.", max_tokens=400, ignore_eos=True)
+            assert client.post("/v1/chat/completions", json=body).status_code == 504
+            with client.stream(
+                "POST", "/v1/chat/completions", json={**body, "stream": True}
+            ) as response:
+                events = _events(response)
+            assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "timeout"
+    finally:
+        origin.server.config = saved
+    _idle(origin.engine)
+
+
+# -- metrics, logs, health ------------------------------------------------------------------------
+
+
+def test_metrics_use_vllm_names_and_split_ttft(origin: Origin) -> None:
+    with origin.client() as client:
+        body = _chat("Name a color.", max_tokens=8, stream=True)
+        with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            _events(response)
+        # the same question again, past the caches (a stop string): the suffix proposer drafts
+        # from the first answer
+        client.post("/v1/chat/completions", json=_chat("Name a color.", max_tokens=8, stop=["#"]))
+        client.post("/v1/chat/completions", json=_chat(QUESTIONS[2]))
+        text = client.get("/metrics").text
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    label = f'{{model_name="{MODEL}"}}'
+    for name in (
+        "vllm:time_to_first_token_seconds_count", "vllm:e2e_request_latency_seconds_count",
+        "vllm:request_queue_time_seconds_count", "edgeqa_ttft_queue_seconds_count",
+        "edgeqa_ttft_compute_seconds_count", "edgeqa_ttft_network_seconds_count",
+        "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+        "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+    ):  # fmt: skip
+        assert samples[name + label] > 0, name
+    assert samples["vllm:num_requests_running" + label] >= 0
+    assert samples["vllm:num_requests_waiting" + label] >= 0
+    assert samples['edgeqa_origin_requests_total{status="200",tier="exact"}'] >= 1
+    assert samples['edgeqa_origin_requests_total{status="200",tier="generated"}'] >= 1
+    assert samples[f'edgeqa_origin_release_info{{version="{origin.server._release_version()}"}}']
+    # every series the shipped Grafana dashboard plots is exported
+    dashboard = json.loads(
+        (Path(__file__).parents[2] / "docs" / "grafana-dashboard.json").read_text()
+    )
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    names = {n for e in exprs for n in re.findall(r"(?:vllm:|edgeqa_)[a-z0-9_:]+", e)}
+    exported = {name.split("{", 1)[0] for name in samples}
+    assert len(names) > 10 and names <= exported, names - exported
+
+
+def test_every_request_is_logged_with_a_hashed_user(origin: Origin) -> None:
+    with origin.client() as client:
+        client.post(
+            "/v1/chat/completions", json=_chat(QUESTIONS[3], user="alice@example.com"),
+            headers={"x-edgeqa-tenant": "shop"},
+        )  # fmt: skip
+        client.post("/v1/chat/completions", json={"messages": []})
+    assert origin.server.logs is not None
+    origin.server.logs.flush()
+    today = datetime.now(UTC).date()
+    rows = read_logs(origin.store, today, today)
+    tiers = {r["tier"] for r in rows}
+    assert {"exact", "generated", "rejected"} <= tiers
+    alice = [r for r in rows if r["query"] == QUESTIONS[3] and r["tenant"] == "shop"]
+    assert alice and alice[-1]["user"] and "alice" not in alice[-1]["user"]
+    assert alice[-1]["profile"] == PROFILE and alice[-1]["key"]
+    assert all("alice@example.com" not in str(r["user"]) for r in rows)
+    multi = [r for r in rows if r["turns"] == 2]
+    assert multi and all(r["tier"] == "generated" for r in multi)
+
+
+def test_health_while_loading_and_after_the_engine_died(embedded_model, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    model, tokenizer = embedded_model
+    release = threading.Event()
+    engine = Engine(model, tokenizer, EngineConfig(max_num_seqs=2, max_model_len=256))
+
+    def load() -> Runtime:
+        release.wait(60)
+        return Runtime(engine.start(), 16, 0.0, None)
+
+    store = FileStore(tmp_path / "store")
+    server = OriginServer(_config(store), load, MODEL)
+    with Server(create_app(server)) as running, httpx.Client(base_url=running.url) as client:
+        assert client.get("/health").json()["status"] == "loading"
+        busy = client.post("/v1/chat/completions", json=_chat("hi"))
+        assert busy.status_code == 503 and busy.headers["retry-after"]
+        release.set()
+        wait_healthy(running.url)
+        ok = client.post("/v1/chat/completions", json=_chat("hi", max_tokens=4), timeout=60)
+        assert ok.status_code == 200  # no release anywhere: generated
+        assert ok.headers["x-edgeqa-tier"] == "generated"
+        engine.loop_error = RuntimeError("CUDA error: an illegal memory access")
+        health = client.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "engine_dead"
+        assert client.post("/v1/chat/completions", json=_chat("hi")).status_code == 503
+
+
+def test_vllm_benchmark_client_works_unchanged(origin: Origin, tmp_path: Path) -> None:
+    origin.engine.tokenizer.save_pretrained(tmp_path / "tokenizer")
+    for backend, endpoint in (
+        ("openai", "/v1/completions"),
+        ("openai-chat", "/v1/chat/completions"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "benchmark_serving.py", "--backend", backend,
+             "--base-url", origin.url, "--endpoint", endpoint, "--model", MODEL,
+             "--tokenizer", str(tmp_path / "tokenizer"), "--dataset-name", "random",
+             "--random-input-len", "32", "--random-output-len", "12", "--num-prompts", "8",
+             "--request-rate", "inf", "--save-result", "--result-dir", str(tmp_path),
+             "--result-filename", f"{backend}.json"],
+            cwd=VLLM_BENCH, capture_output=True, text=True, timeout=300, check=False,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        report = json.loads((tmp_path / f"{backend}.json").read_text())
+        assert report["completed"] == 8, backend
+        assert report["mean_ttft_ms"] > 0 and report["total_output_tokens"] > 0
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+def test_origin_serve_command_graceful_shutdown_flushes_logs(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    store = FileStore(tmp_path / "store")
+    port = free_port()
+    env = {**cli_env, "EDGEQA_STORE": store.uri, "EDGEQA_USER_SALT": "salt",
+           "EDGEQA_MAX_NUM_SEQS": "4", "EDGEQA_MAX_MODEL_LEN": "512"}  # fmt: skip
+    child = subprocess.Popen(
+        ["edgeqa", "origin", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, child)
+        assert httpx.get(f"{url}/health").json()["release"] is None  # nothing published: fine
+        # a stream in flight when SIGTERM arrives is finished, then the server exits
+        with httpx.Client(base_url=url, timeout=120) as client, client.stream(
+            "POST", "/v1/chat/completions",
+            json=_chat("Describe the sea.", max_tokens=48, ignore_eos=True, stream=True),
+        ) as response:  # fmt: skip
+            lines = response.iter_lines()
+            assert any('"content"' in line for line in lines)
+            child.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"
+        assert child.wait(60) is not None
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(30)
+    today = datetime.now(UTC).date()
+    rows = read_logs(store, today, today)
+    assert [r["query"] for r in rows] == ["Describe the sea."]
+    assert rows[0]["status"] == 200 and rows[0]["tier"] == "generated"
