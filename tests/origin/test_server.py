@@ -155,6 +155,11 @@ def test_release_tiers_online_cache_and_what_never_caches(origin: Origin) -> Non
         exact = client.post("/v1/chat/completions", json=_chat("how do I freeze my CARD?"))
         assert exact.headers["x-edgeqa-tier"] == "exact"
         assert exact.json()["choices"][0]["message"]["content"] == f"v1: answer to {QUESTIONS[0]}"
+        semantic = client.post("/v1/chat/completions", json=_chat("how can I freeze my card"))
+        assert semantic.headers["x-edgeqa-tier"] == "semantic"
+        assert (
+            semantic.json()["choices"][0]["message"]["content"] == f"v1: answer to {QUESTIONS[0]}"
+        )
         cut = client.post("/v1/chat/completions", json=_chat(QUESTIONS[0], max_tokens=2)).json()
         assert cut["choices"][0]["finish_reason"] == "length"
         assert cut["usage"]["completion_tokens"] == 2
