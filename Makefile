@@ -33,8 +33,8 @@ test: venv lint
 	$(BIN)/python -m pytest
 
 lint: venv
-	$(BIN)/ruff check edgeqa origin edge_index precompute tests benchmarks
-	$(BIN)/mypy edgeqa origin edge_index precompute
+	$(BIN)/ruff check edgeqa origin edge_index precompute dags tests benchmarks
+	$(BIN)/mypy edgeqa origin edge_index precompute dags
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

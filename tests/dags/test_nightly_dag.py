@@ -1,0 +1,225 @@
+"""The nightly DAG: it imports, its structure, one full ``airflow dags test`` run on generated logs
+with the embedded model and S3 (moto's server) as the store, then the edge service serving the
+release it published; and the stages it calls: the quality gate and re-running an interval."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from edge_index.release import read_pointer
+from edge_index.service import EdgeState, create_app
+from edge_index.store import FileStore, open_store
+from precompute.pipeline import PrecomputeConfig
+from precompute.samplelogs import generate_rows, write_logs
+from precompute.stages import (
+    GateConfig,
+    QualityGateError,
+    StageParams,
+    build_stage,
+    generate_stage,
+    mine_stage,
+    publish_stage,
+    validate_stage,
+)
+from tests.serving import Server
+
+ROOT = Path(__file__).parents[2]
+DAGS = ROOT / "dags"
+DAG_ID = "nightly_edge_release"
+UNTIL = date(2026, 11, 28)
+SMALL = {"window_days": 3, "max_tokens": 64, "partition_size": 8, "quantization": "bf16"}
+
+
+def _logs(store: Any) -> None:
+    write_logs(store, generate_rows(UNTIL, days=3, intents=6, users=60, asks=300, seed=1))
+
+
+@pytest.fixture(scope="module")
+def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """An Airflow home (SQLite) with the DAG folder and the GPU pool, migrated once."""
+    home = tmp_path_factory.mktemp("airflow")
+    bin_dir = Path(sys.executable).parent
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "EDGEQA_"))},
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+        "PYTHONPATH": str(ROOT),
+        "HF_HUB_OFFLINE": "1",
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    for command in (
+        ["airflow", "db", "migrate"],
+        ["airflow", "pools", "set", "gpu_a10", "1", "A10"],
+    ):
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+    yield env
+
+
+def _dag(airflow_env: dict[str, str]) -> dict[str, Any]:
+    """The DAG as Airflow parses it (in a child: Airflow reads its config at import)."""
+    script = f"""
+import json, time
+from airflow.dag_processing.dagbag import DagBag
+started = time.perf_counter()
+bag = DagBag(dag_folder={str(DAGS)!r})
+dag = bag.get_dag({DAG_ID!r})
+print(json.dumps({{
+    "errors": {{k: str(v) for k, v in bag.import_errors.items()}},
+    "seconds": time.perf_counter() - started,
+    "tags": sorted(dag.tags),
+    "params": sorted(dag.params.keys()),
+    "tasks": {{t.task_id: {{"pool": t.pool, "retries": t.retries,
+        "upstream": sorted(t.upstream_task_ids),
+        "mapped": bool(getattr(t, "is_mapped", False))}} for t in dag.tasks}},
+}}))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=airflow_env, capture_output=True, text=True,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_dag_imports_and_has_the_expected_shape(airflow_env: dict[str, str]) -> None:
+    dag = _dag(airflow_env)
+    assert dag["errors"] == {}
+    tasks = dag["tasks"]
+    assert set(tasks) == {"mine", "partitions", "generate", "build", "validate", "publish", "prune"}
+    assert tasks["generate"]["mapped"] and tasks["generate"]["pool"] == "gpu_a10"
+    assert tasks["generate"]["retries"] == 3 and tasks["mine"]["retries"] == 2
+    assert tasks["validate"]["retries"] == 0  # a refused release stays refused
+    assert tasks["build"]["upstream"] == ["generate", "mine"]
+    assert tasks["publish"]["upstream"] == ["mine", "validate"]
+    assert tasks["prune"]["upstream"] == ["mine", "publish"]
+    assert {"edgeqa", "precompute"} <= set(dag["tags"])
+    assert {"logs_uri", "out_uri", "profile", "window_days", "k", "top_n"} <= set(dag["params"])
+
+
+def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
+    airflow_env: dict[str, str], s3_bucket: str, model_cache_dir: Path, embedder: Any
+) -> None:
+    uri = f"s3://{s3_bucket}/store"
+    store = open_store(uri)
+    _logs(store)
+    conf = {"logs_uri": uri, "out_uri": uri, **SMALL}
+    env = {**airflow_env, "EDGEQA_CACHE_DIR": str(model_cache_dir)}
+    env.update({k: v for k, v in os.environ.items() if k.startswith("AWS_")})
+    done = subprocess.run(
+        ["airflow", "dags", "test", DAG_ID, "2026-11-29T02:00:00+00:00", "-c", json.dumps(conf)],
+        env=env, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 0 and "state=success" in output, output[-5000:]
+    profiles = sorted({p.split("/", 1)[0] for p in store.list() if p.endswith("/current.json")})
+    assert len(profiles) == 1
+    pointer, _ = read_pointer(store, profiles[0])
+    assert pointer is not None
+
+    state = EdgeState(store, None, embedder, poll_s=3600)
+    assert state.refresh()
+    assert state.index is not None and state.index.version == pointer["version"]
+    question = state.index.questions[0]
+    with Server(create_app(state)) as server:
+        hit = httpx.get(f"{server.url}/v1/lookup", params={"q": question})
+    assert hit.status_code == 200 and hit.json()["tier"] == "exact" and hit.json()["answer"]
+
+
+# -- the stages the DAG calls ---------------------------------------------------------------------
+
+
+def _params(tmp_path: Path, **gate: Any) -> StageParams:
+    uri = FileStore(tmp_path / "store").uri
+    config = PrecomputeConfig.from_env(
+        {}, max_tokens=64, partition_size=8, quantization="bf16", baseline_sample=0
+    )
+    return StageParams(uri, uri, date(2026, 11, 26), UNTIL, config, GateConfig(**gate))
+
+
+def _run(params: StageParams) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    mined = mine_stage(params)
+    profile, run = mined["profile"], mined["run"]
+    generated = [generate_stage(params, profile, run, i) for i in mined["partitions"]]
+    built = build_stage(params, profile, run)
+    return mined, generated, built
+
+
+def test_rerunning_an_interval_reuses_partitions_and_builds_the_same_release(
+    tmp_path: Path, cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EDGEQA_CACHE_DIR", cli_env["EDGEQA_CACHE_DIR"])
+    params = _params(tmp_path)
+    _logs(open_store(params.logs_uri))
+    mined, generated, built = _run(params)
+    assert mined["questions"] > 0 and all(g["generated"] > 0 for g in generated)
+    validate_stage(params, mined["profile"], mined["run"])
+    first = publish_stage(params, mined["profile"], mined["run"])
+    assert first["status"] == "published" and first["version"] == built["version"]
+
+    again, regenerated, rebuilt = _run(params)
+    assert again["run"] == mined["run"]
+    assert all(g["generated"] == 0 and g["partitions_reused"] == 1 for g in regenerated)
+    # the same content, built as of the same instant: the same version (its parent aside)
+    assert rebuilt["version"] == built["version"] and rebuilt["rows"] == built["rows"]
+    second = publish_stage(params, mined["profile"], mined["run"])
+    assert second == {"version": built["version"], "status": "already_current"}
+
+
+def test_the_quality_gate_refuses_and_keeps_the_previous_release(
+    tmp_path: Path, cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EDGEQA_CACHE_DIR", cli_env["EDGEQA_CACHE_DIR"])
+    params = _params(tmp_path)
+    store = open_store(params.out_uri)
+    _logs(open_store(params.logs_uri))
+    mined, _, _ = _run(params)
+    profile, run = mined["profile"], mined["run"]
+    publish_stage(params, profile, run)
+    live, _ = read_pointer(store, profile)
+
+    def refused(p: StageParams, match: str) -> None:
+        with pytest.raises(QualityGateError, match=match):
+            validate_stage(p, profile, run)
+
+    # a stricter precision target than the release reached
+    refused(replace(params, gate=GateConfig(min_precision=1.01)), "precision")
+    # the next night's logs hold only a third of the questions: the release would shrink
+    later = replace(params, since=date(2026, 11, 29), until=date(2026, 12, 1))
+    write_logs(store, generate_rows(date(2026, 12, 1), days=3, intents=2, users=60, asks=300))
+    shrunk, _, _ = _run(replace(later, gate=GateConfig(max_shrink=0.1)))
+    with pytest.raises(QualityGateError, match="shrinks"):
+        validate_stage(replace(later, gate=GateConfig(max_shrink=0.1)), shrunk["profile"],
+                       shrunk["run"])  # fmt: skip
+    # an empty answer in the staged rows
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    staged = f"{profile}/work/{run}/release"
+    manifest = json.loads(store.get(f"{staged}/manifest.json"))
+    rows_path = f"{staged}/{manifest['shards'][0]['rows']['path']}"
+    table = pq.read_table(io.BytesIO(store.get(rows_path)))
+    answers = table.column("answer").to_pylist()
+    answers[0] = "  "
+    table = table.set_column(table.schema.get_field_index("answer"), "answer", pa.array(answers))
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    store.put(rows_path, buffer.getvalue())
+    refused(params, "empty")
+    assert read_pointer(store, profile)[0] == live  # nothing was published
