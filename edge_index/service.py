@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -321,6 +323,15 @@ def create_app(
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
         ],
+        middleware=[
+            Middleware(
+                CORSMiddleware,
+                allow_origins=["*"],
+                allow_methods=["GET"],
+                expose_headers=["x-edgeqa-tier"],
+                max_age=600,
+            )
+        ],  # public answers: any web page may look them up
         exception_handlers={404: not_found, 405: method_not_allowed},
     )
 

@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 
 from edgeqa import __version__
 
@@ -63,7 +64,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     _quiet_libraries()
     from precompute.demo import run_demo
 
-    run_demo(max_tokens=args.max_tokens)
+    run_demo(Path(args.workdir), serve=args.serve, max_tokens=args.max_tokens)
     return 0
 
 
@@ -157,8 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--stats", action="store_true", help="print timings to stderr")
     ask.set_defaults(run=_cmd_ask)
 
-    demo = commands.add_parser("demo", help="run the local end-to-end demo")
-    demo.add_argument("--max-tokens", type=int, default=64)
+    demo = commands.add_parser(
+        "demo", help="the product end to end: sample logs, nightly release, edge, origin, client"
+    )
+    demo.add_argument("--max-tokens", type=int, default=96, help="per precomputed answer")
+    demo.add_argument("--serve", action="store_true", help="keep the services up (Ctrl-C ends)")
+    demo.add_argument("--workdir", default="var/demo", help="where the demo's store goes")
     demo.set_defaults(run=_cmd_demo)
 
     precompute = commands.add_parser("precompute", help="the nightly precompute")

@@ -117,6 +117,9 @@ class ServerConfig:
     shutdown_grace_s: float
     tiers: bool
     log_requests: bool
+    cdn_url: str  # where browsers read releases (CloudFront); "" = no CDN tier in the web client
+    edge_url: str  # the edge index service, for the web client; "" = none
+    web_dir: str  # the web client and demo page served at /
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerConfig:
@@ -146,4 +149,9 @@ class ServerConfig:
             shutdown_grace_s=env_float(env, "EDGEQA_SHUTDOWN_GRACE_S", 30.0, minimum=0.0),
             tiers=env_bool(env, "EDGEQA_ORIGIN_TIERS", True),
             log_requests=env_bool(env, "EDGEQA_LOG_REQUESTS", True),
+            cdn_url=env_str(env, "EDGEQA_CDN_URL", "").rstrip("/"),
+            edge_url=env_str(env, "EDGEQA_EDGE_URL", "").rstrip("/"),
+            web_dir=env_str(
+                env, "EDGEQA_WEB_DIR", str(Path(__file__).resolve().parents[1] / "web")
+            ),
         )

@@ -30,13 +30,17 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
 from edge_index.keys import InvalidQueryError, key_of_normalized, normalize
 from edge_index.logs import LogWriter, hash_user
@@ -533,6 +537,25 @@ def create_app(server: OriginServer) -> Starlette:
 
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    async def web_config(request: Request) -> Response:
+        """Where the web client finds the CDN, the edge and the release profile."""
+        runtime = server.runtime
+        releases = runtime.releases if runtime else None
+        return JSONResponse(
+            {
+                "cdn": config.cdn_url, "edge": config.edge_url,
+                "profile": (releases.profile if releases else None) or config.profile,
+                "model": server.model_name,
+            },
+            headers={"cache-control": "no-store"},
+        )  # fmt: skip
+
+    async def page(request: Request) -> Response:
+        index = Path(config.web_dir) / "index.html"
+        if not index.is_file():
+            return APIError(404, "the web client is not installed here", "path").response()
+        return FileResponse(index, headers={"cache-control": "no-cache"})
+
     async def not_found(request: Request, exc: Exception) -> Response:
         return APIError(404, f"no route {request.url.path}", "path").response()
 
@@ -556,9 +579,22 @@ def create_app(server: OriginServer) -> Starlette:
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
+            Route("/config.json", web_config, methods=["GET"]),
+            Route("/", page, methods=["GET"]),
+            Mount("/web", StaticFiles(directory=config.web_dir, check_dir=False), name="web"),
         ],
+        middleware=[cors_middleware()],
         exception_handlers={404: not_found, 405: method_not_allowed},
     )
+
+
+def cors_middleware() -> Middleware:
+    """Browsers on any site may call the API (keys, not origins, guard it) and read the tier."""
+    return Middleware(
+        CORSMiddleware, allow_origins=["*"], allow_methods=["GET", "POST"],
+        allow_headers=["*"], expose_headers=["x-edgeqa-tier", "x-request-id", "retry-after"],
+        max_age=600,
+    )  # fmt: skip
 
 
 def _shutdown(server: OriginServer) -> None:

@@ -1,48 +1,18 @@
-"""Running an ASGI app under a real uvicorn on loopback, in a thread, for a test."""
+"""Servers for tests: an ASGI app under a real uvicorn on loopback, and waiting for health."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import threading
 import time
-from typing import Any
 
 import httpx
-import uvicorn
+
+from edge_index.serving import BackgroundServer, free_port
+
+__all__ = ["Server", "free_port", "wait_healthy"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    def __init__(self, app: Any, **options: Any) -> None:
-        self.port = free_port()
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_level="warning", **options
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> Server:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if not self.server.started:
-            raise RuntimeError("uvicorn did not start within 30 s")
-        return self
-
-    def stop(self, timeout: float = 30) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout)
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+Server = BackgroundServer  # a test's server on a free loopback port
 
 
 def wait_healthy(

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -51,8 +52,20 @@ def test_bad_input_is_one_clear_line(cli_env: dict[str, str]) -> None:
     assert missing.returncode == 2 and "model path not found" in missing.stderr
 
 
-def test_demo_prints_answers_with_timings(cli_env: dict[str, str]) -> None:
-    out = _edgeqa(cli_env, "demo", "--max-tokens", "24")
+def test_demo_runs_the_product_end_to_end(cli_env: dict[str, str], tmp_path: Path) -> None:
+    out = _edgeqa(cli_env, "demo", "--workdir", str(tmp_path))
     assert out.returncode == 0, out.stderr
-    assert out.stdout.count("Q: ") == 4 and "Paris" in out.stdout
-    assert out.stdout.count("ttft") == 4
+    text = out.stdout
+    session = [
+        m.groups()
+        for m in (re.search(r" (\w+) +(cdn|edge|origin) +([\d.]+) ms  ", line)
+                  for line in text.splitlines())
+        if m
+    ]  # fmt: skip
+    assert len(session) == 7, text
+    tiers = {tier for tier, _, _ in session}
+    assert {"exact", "generated", "origin_cache"} <= tiers, text
+    assert ("exact", "cdn") in {(tier, source) for tier, source, _ in session}, text
+    assert "excluded from the release" in text and "pii" in text and "multi_turn" in text
+    assert "validate  passed" in text and "publish   published" in text
+    assert (tmp_path / "store" / "logs").is_dir()

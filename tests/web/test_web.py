@@ -1,0 +1,115 @@
+"""The web client: the key spec under Node against the shared vectors, and the demo page in
+headless Chromium asking a published question (an edge tier) and a novel one (the origin)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edge_index.service import EdgeState
+from edge_index.service import create_app as edge_app
+from edge_index.store import FileStore
+from origin.config import ServerConfig
+from origin.engine import Engine, EngineConfig
+from origin.server import OriginServer, Runtime, create_app
+from precompute.demo import cdn_app
+from precompute.publish import publish
+from tests.releases import PROFILE, QUESTIONS, build
+from tests.serving import Server, wait_healthy
+
+WEB = Path(__file__).parents[2] / "web"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+NODE = shutil.which("node")
+
+
+def test_key_spec_vectors_under_node() -> None:
+    if NODE is None:
+        pytest.skip("Node.js is missing: apt-get install -y nodejs")
+    done = subprocess.run(
+        [NODE, "--test", "test/keys.test.mjs"], cwd=WEB, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "# pass 2" in done.stdout and "# fail 0" in done.stdout
+
+
+@pytest.fixture(scope="module")
+def stack(embedded_model, embedder, tmp_path_factory) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    """A published release behind the CDN, the edge service and the origin serving the page."""
+    tmp = tmp_path_factory.mktemp("web")
+    store = FileStore(tmp / "store")
+    build(embedder, tmp / "v1", store, tag="v1", now=datetime(2026, 11, 20, tzinfo=UTC))
+    publish(store, tmp / "v1")
+    model, tokenizer = embedded_model
+    engine = Engine(model, tokenizer, EngineConfig(max_num_seqs=4, max_model_len=512))
+    with Server(cdn_app(store.root)) as cdn:
+        edge_state = EdgeState(store, PROFILE, embedder, poll_s=3600)
+        edge_state.refresh()
+        with Server(edge_app(edge_state)) as edge:
+            config = ServerConfig.from_env(
+                {"EDGEQA_STORE": store.uri, "EDGEQA_PROFILE": PROFILE,
+                 "EDGEQA_CDN_URL": cdn.url, "EDGEQA_EDGE_URL": edge.url}
+            )  # fmt: skip
+            releases = EdgeState(store, PROFILE, embedder, poll_s=3600)
+            server = OriginServer(
+                config, lambda: Runtime(engine.start(), 32, 0.0, releases), "SmolLM2-135M-Instruct"
+            )
+            with Server(create_app(server)) as origin:
+                wait_healthy(origin.url)
+                yield {"origin": origin.url, "cdn": cdn.url, "edge": edge.url}
+
+
+def test_the_page_and_its_config(stack: dict[str, Any]) -> None:
+    import httpx
+
+    page = httpx.get(f"{stack['origin']}/")
+    assert page.status_code == 200 and '<script type="module" src="/web/app.js">' in page.text
+    assert httpx.get(f"{stack['origin']}/web/edgeqa.js").status_code == 200
+    config = httpx.get(f"{stack['origin']}/config.json").json()
+    assert config == {
+        "cdn": stack["cdn"], "edge": stack["edge"], "profile": PROFILE,
+        "model": "SmolLM2-135M-Instruct",
+    }  # fmt: skip
+    # browsers on the page's origin may read the edge's and the origin's answers and tiers
+    preflight = httpx.options(
+        f"{stack['edge']}/v1/lookup",
+        headers={"origin": stack["origin"], "access-control-request-method": "GET"},
+    )
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] in ("*", stack["origin"])
+
+
+def test_browser_asks_a_published_and_a_novel_question(stack: dict[str, Any]) -> None:
+    missing = []
+    if NODE is None:
+        missing.append("Node.js")
+    if not (WEB / "node_modules" / "playwright-core").is_dir():
+        missing.append("playwright-core (cd web && npm ci)")
+    if not Path(CHROMIUM).exists():
+        missing.append("Chromium (apt-get install -y chromium)")
+    if missing:
+        pytest.skip("missing " + ", ".join(missing) + ": `make test` installs them as root")
+    published, novel = QUESTIONS[0], "Name one planet of the solar system."
+    done = subprocess.run(
+        [str(NODE), "test/browser.mjs", stack["origin"], published, novel],
+        cwd=WEB, capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "CHROMIUM": CHROMIUM},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["errors"] == []
+    first, second = report["results"]
+    assert first["tier"] == "exact" and "cdn" in first["label"], first
+    assert first["answer"] == f"v1: answer to {published}"
+    assert "first byte" in first["latency"] and not first["error"]
+    assert second["tier"] == "generated" and "origin" in second["label"], second
+    assert second["answer"].strip() and not second["error"]
+    assert report["recent"] == ["generated", "exact"]
