@@ -15,7 +15,12 @@ PIP_QUIET := grep -v -e 'is ignored: it is neither a file nor a directory' || tr
 # Chromium, installed with apt-get when missing and we are root; otherwise the browser test skips
 WEB_STAMP := web/node_modules/.installed-$(shell sha256sum web/package-lock.json | cut -c1-16)
 
-.PHONY: venv demo test lint clean web-deps chromium
+# checkov and python-hcl2 for the Terraform checks, in a venv of their own (checkov's pins
+# conflict with Airflow's)
+INFRA_VENV := .tools/infra
+INFRA_STAMP := $(INFRA_VENV)/.installed-$(shell sha256sum infra/requirements-checks.txt | cut -c1-16)
+
+.PHONY: venv demo test lint clean web-deps chromium infra-tools
 
 venv: $(STAMP)
 
@@ -33,8 +38,17 @@ $(STAMP): pyproject.toml
 demo: venv
 	$(BIN)/edgeqa demo $(ARGS)
 
-test: venv web-deps lint
+test: venv web-deps infra-tools lint
 	$(BIN)/python -m pytest
+
+infra-tools: $(INFRA_STAMP)
+
+$(INFRA_STAMP): infra/requirements-checks.txt
+	@echo "installing the Terraform checks (checkov, python-hcl2) into $(INFRA_VENV)"
+	@test -x $(INFRA_VENV)/bin/python || $(PYTHON) -m venv $(INFRA_VENV)
+	@$(INFRA_VENV)/bin/python -m pip install -q -r infra/requirements-checks.txt 2>&1 | $(PIP_QUIET)
+	@rm -f $(INFRA_VENV)/.installed-*
+	@touch $@
 
 web-deps: $(WEB_STAMP) chromium
 
@@ -57,4 +71,4 @@ lint: venv
 	$(BIN)/mypy edgeqa origin edge_index precompute dags
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache web/node_modules
+	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache web/node_modules

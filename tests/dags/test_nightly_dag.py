@@ -159,58 +159,59 @@ def _run(params: StageParams) -> tuple[dict[str, Any], list[dict[str, Any]], dic
     return mined, generated, built
 
 
-def test_rerunning_an_interval_reuses_partitions_and_builds_the_same_release(
-    tmp_path: Path, cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("EDGEQA_CACHE_DIR", cli_env["EDGEQA_CACHE_DIR"])
-    params = _params(tmp_path)
+@pytest.fixture(scope="module")
+def first_night(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path) -> Iterator[Any]:
+    """One interval through every stage, published; (params, mined, built)."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("EDGEQA_CACHE_DIR", str(model_cache_dir))
+    params = _params(tmp_path_factory.mktemp("stages"))
     _logs(open_store(params.logs_uri))
     mined, generated, built = _run(params)
     assert mined["questions"] > 0 and all(g["generated"] > 0 for g in generated)
     validate_stage(params, mined["profile"], mined["run"])
-    first = publish_stage(params, mined["profile"], mined["run"])
-    assert first["status"] == "published" and first["version"] == built["version"]
+    published = publish_stage(params, mined["profile"], mined["run"])
+    assert published["status"] == "published" and published["version"] == built["version"]
+    yield params, mined, built
+    patch.undo()
 
+
+def test_rerunning_an_interval_reuses_partitions_and_builds_the_same_release(
+    first_night: Any,
+) -> None:
+    params, mined, built = first_night
     again, regenerated, rebuilt = _run(params)
     assert again["run"] == mined["run"]
     assert all(g["generated"] == 0 and g["partitions_reused"] == 1 for g in regenerated)
-    # the same content, built as of the same instant: the same version (its parent aside)
+    # the same content, built as of the same instant: the same version
     assert rebuilt["version"] == built["version"] and rebuilt["rows"] == built["rows"]
     second = publish_stage(params, mined["profile"], mined["run"])
     assert second == {"version": built["version"], "status": "already_current"}
 
 
-def test_the_quality_gate_refuses_and_keeps_the_previous_release(
-    tmp_path: Path, cli_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("EDGEQA_CACHE_DIR", cli_env["EDGEQA_CACHE_DIR"])
-    params = _params(tmp_path)
-    store = open_store(params.out_uri)
-    _logs(open_store(params.logs_uri))
-    mined, _, _ = _run(params)
-    profile, run = mined["profile"], mined["run"]
-    publish_stage(params, profile, run)
-    live, _ = read_pointer(store, profile)
-
-    def refused(p: StageParams, match: str) -> None:
-        with pytest.raises(QualityGateError, match=match):
-            validate_stage(p, profile, run)
-
-    # a stricter precision target than the release reached
-    refused(replace(params, gate=GateConfig(min_precision=1.01)), "precision")
-    # the next night's logs hold only a third of the questions: the release would shrink
-    later = replace(params, since=date(2026, 11, 29), until=date(2026, 12, 1))
-    write_logs(store, generate_rows(date(2026, 12, 1), days=3, intents=2, users=60, asks=300))
-    shrunk, _, _ = _run(replace(later, gate=GateConfig(max_shrink=0.1)))
-    with pytest.raises(QualityGateError, match="shrinks"):
-        validate_stage(replace(later, gate=GateConfig(max_shrink=0.1)), shrunk["profile"],
-                       shrunk["run"])  # fmt: skip
-    # an empty answer in the staged rows
+def test_the_quality_gate_refuses_and_keeps_the_previous_release(first_night: Any) -> None:
     import io
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    params, mined, _ = first_night
+    store = open_store(params.out_uri)
+    profile, run = mined["profile"], mined["run"]
+    live, _ = read_pointer(store, profile)
+
+    def refused(p: StageParams, run: str, match: str) -> None:
+        with pytest.raises(QualityGateError, match=match):
+            validate_stage(p, profile, run)
+
+    # a stricter precision target than the release reached
+    refused(replace(params, gate=GateConfig(min_precision=1.01)), run, "precision")
+    # the next nights' logs hold a third of the questions: the release would shrink
+    later = replace(params, since=date(2026, 11, 29), until=date(2026, 12, 1),
+                    gate=GateConfig(max_shrink=0.1))  # fmt: skip
+    write_logs(store, generate_rows(date(2026, 12, 1), days=3, intents=2, users=60, asks=300))
+    shrunk, _, _ = _run(later)
+    refused(later, shrunk["run"], "shrinks")
+    # an empty answer in the staged rows
     staged = f"{profile}/work/{run}/release"
     manifest = json.loads(store.get(f"{staged}/manifest.json"))
     rows_path = f"{staged}/{manifest['shards'][0]['rows']['path']}"
@@ -221,5 +222,5 @@ def test_the_quality_gate_refuses_and_keeps_the_previous_release(
     buffer = io.BytesIO()
     pq.write_table(table, buffer)
     store.put(rows_path, buffer.getvalue())
-    refused(params, "empty")
+    refused(params, run, "empty")
     assert read_pointer(store, profile)[0] == live  # nothing was published

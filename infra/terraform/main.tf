@@ -1,0 +1,82 @@
+# edgeqa on AWS: the store (S3), the CDN (CloudFront), the origin (GPU Auto Scaling group behind an
+# ALB), the edge index service (ECS Fargate, one module instance per region) and the nightly DAG
+# (MWAA). Every module takes only what it needs; IAM is least privilege per deployable.
+
+locals {
+  name = "edgeqa-${var.environment}"
+}
+
+data "aws_caller_identity" "current" {}
+
+module "storage" {
+  source     = "./modules/storage"
+  name       = local.name
+  account_id = data.aws_caller_identity.current.account_id
+}
+
+module "origin" {
+  source               = "./modules/origin"
+  name                 = "${local.name}-origin"
+  vpc_id               = var.vpc_id
+  public_subnet_ids    = var.public_subnet_ids
+  private_subnet_ids   = var.private_subnet_ids
+  certificate_arn      = var.certificate_arn
+  ami_id               = var.origin_ami_id
+  instance_type        = var.origin_instance_type
+  min_size             = var.origin_min_size
+  max_size             = var.origin_max_size
+  target_waiting       = var.origin_target_waiting
+  bucket_arn           = module.storage.bucket_arn
+  kms_key_arn          = module.storage.kms_key_arn
+  access_logs_bucket   = module.storage.access_logs_bucket
+  profile              = var.profile
+  user_salt_secret_arn = var.user_salt_secret_arn
+}
+
+module "edge" {
+  source               = "./modules/edge"
+  name                 = "${local.name}-edge"
+  region               = var.region
+  vpc_id               = var.vpc_id
+  public_subnet_ids    = var.public_subnet_ids
+  private_subnet_ids   = var.private_subnet_ids
+  certificate_arn      = var.certificate_arn
+  image                = var.edge_image
+  desired_count        = var.edge_desired_count
+  bucket_arn           = module.storage.bucket_arn
+  bucket_name          = module.storage.bucket_name
+  kms_key_arn          = module.storage.kms_key_arn
+  access_logs_bucket   = module.storage.access_logs_bucket
+  profile              = var.profile
+  user_salt_secret_arn = var.user_salt_secret_arn
+  log_retention_days   = var.log_retention_days
+}
+
+module "cdn" {
+  source = "./modules/cdn"
+  providers = {
+    aws           = aws
+    aws.us_east_1 = aws.us_east_1
+  }
+  name                  = local.name
+  bucket_name           = module.storage.bucket_name
+  bucket_arn            = module.storage.bucket_arn
+  bucket_domain_name    = module.storage.bucket_regional_domain_name
+  kms_key_arn           = module.storage.kms_key_arn
+  access_logs_bucket    = module.storage.access_logs_bucket_domain_name
+  origin_domain_name    = module.origin.alb_dns_name
+  edge_domain_name      = module.edge.alb_dns_name
+  aliases               = var.aliases
+  certificate_arn       = var.cloudfront_certificate_arn
+}
+
+module "airflow" {
+  source             = "./modules/airflow"
+  name               = "${local.name}-airflow"
+  account_id         = data.aws_caller_identity.current.account_id
+  region             = var.region
+  vpc_id             = var.vpc_id
+  private_subnet_ids = slice(var.private_subnet_ids, 0, 2)
+  bucket_arn         = module.storage.bucket_arn
+  kms_key_arn        = module.storage.kms_key_arn
+}

@@ -1,0 +1,191 @@
+# MWAA (managed Airflow) running dags/nightly_edge_release.py. Its own bucket holds the DAG and
+# requirements.txt (MWAA needs a versioned bucket of its own); the execution role may read and
+# write the store (logs in, releases out) and nothing else. Generation runs on the workers in the
+# pool gpu_a10 (create the pool with as many slots as GPU workers; see dags/README.md).
+
+resource "aws_s3_bucket" "dags" {
+  bucket = "${var.name}-dags-${var.account_id}"
+  #checkov:skip=CKV_AWS_144:The DAG source is in git; the bucket is a deployment copy
+  #checkov:skip=CKV2_AWS_62:MWAA polls the bucket; nothing reacts to events
+  #checkov:skip=CKV_AWS_18:Access to DAG code is audited by CloudTrail data events
+}
+
+resource "aws_s3_bucket_versioning" "dags" {
+  bucket = aws_s3_bucket.dags.id
+  versioning_configuration {
+    status = "Enabled"
+  }
+}
+
+resource "aws_s3_bucket_server_side_encryption_configuration" "dags" {
+  bucket = aws_s3_bucket.dags.id
+  rule {
+    apply_server_side_encryption_by_default {
+      sse_algorithm     = "aws:kms"
+      kms_master_key_id = var.kms_key_arn
+    }
+  }
+}
+
+resource "aws_s3_bucket_public_access_block" "dags" {
+  bucket                  = aws_s3_bucket.dags.id
+  block_public_acls       = true
+  block_public_policy     = true
+  ignore_public_acls      = true
+  restrict_public_buckets = true
+}
+
+resource "aws_s3_bucket_lifecycle_configuration" "dags" {
+  bucket = aws_s3_bucket.dags.id
+  rule {
+    id     = "old-versions"
+    status = "Enabled"
+    filter {}
+    noncurrent_version_expiration {
+      noncurrent_days = 90
+    }
+    abort_incomplete_multipart_upload {
+      days_after_initiation = 2
+    }
+  }
+}
+
+resource "aws_security_group" "mwaa" {
+  name        = "${var.name}-mwaa"
+  description = "${var.name}: MWAA components talk to each other"
+  vpc_id      = var.vpc_id
+
+  ingress {
+    description = "MWAA components"
+    from_port   = 0
+    to_port     = 0
+    protocol    = "-1"
+    self        = true
+  }
+  egress {
+    description = "HTTPS to S3, CloudWatch, SQS and the Airflow metadata database"
+    from_port   = 443
+    to_port     = 443
+    protocol    = "tcp"
+    cidr_blocks = ["0.0.0.0/0"]
+    #checkov:skip=CKV_AWS_382:AWS APIs have no fixed CIDR; egress is HTTPS only
+  }
+  egress {
+    description = "MWAA components among themselves (metadata database, workers)"
+    from_port   = 0
+    to_port     = 0
+    protocol    = "-1"
+    self        = true
+  }
+}
+
+resource "aws_mwaa_environment" "this" {
+  name                  = var.name
+  airflow_version       = var.airflow_version
+  environment_class     = var.environment_class
+  max_workers           = var.max_workers
+  source_bucket_arn     = aws_s3_bucket.dags.arn
+  dag_s3_path           = "dags/"
+  requirements_s3_path  = "requirements.txt"
+  execution_role_arn    = aws_iam_role.mwaa.arn
+  kms_key               = var.kms_key_arn
+  webserver_access_mode = "PRIVATE_ONLY"
+
+  airflow_configuration_options = {
+    "core.load_examples" = "false"
+  }
+
+  network_configuration {
+    security_group_ids = [aws_security_group.mwaa.id]
+    subnet_ids         = var.private_subnet_ids
+  }
+
+  logging_configuration {
+    dag_processing_logs {
+      enabled   = true
+      log_level = "WARNING"
+    }
+    scheduler_logs {
+      enabled   = true
+      log_level = "WARNING"
+    }
+    task_logs {
+      enabled   = true
+      log_level = "INFO"
+    }
+    webserver_logs {
+      enabled   = true
+      log_level = "WARNING"
+    }
+    worker_logs {
+      enabled   = true
+      log_level = "WARNING"
+    }
+  }
+}
+
+# -- IAM: MWAA's own needs, plus the store ----------------------------------------------------------
+
+data "aws_iam_policy_document" "assume" {
+  statement {
+    actions = ["sts:AssumeRole"]
+    principals {
+      type        = "Service"
+      identifiers = ["airflow.amazonaws.com", "airflow-env.amazonaws.com"]
+    }
+  }
+}
+
+resource "aws_iam_role" "mwaa" {
+  name               = var.name
+  assume_role_policy = data.aws_iam_policy_document.assume.json
+}
+
+data "aws_iam_policy_document" "mwaa" {
+  statement {
+    sid       = "ReadDags"
+    actions   = ["s3:GetObject*", "s3:GetBucket*", "s3:List*"]
+    resources = [aws_s3_bucket.dags.arn, "${aws_s3_bucket.dags.arn}/*"]
+  }
+  statement {
+    sid       = "ReadLogsWriteReleases"
+    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
+    resources = ["${var.bucket_arn}/*"]
+  }
+  statement {
+    sid       = "ListStore"
+    actions   = ["s3:ListBucket"]
+    resources = [var.bucket_arn]
+  }
+  statement {
+    sid       = "UseKey"
+    actions   = ["kms:Decrypt", "kms:DescribeKey", "kms:GenerateDataKey*", "kms:Encrypt"]
+    resources = [var.kms_key_arn]
+  }
+  statement {
+    sid       = "AirflowLogs"
+    actions   = ["logs:CreateLogStream", "logs:CreateLogGroup", "logs:PutLogEvents", "logs:GetLogEvents", "logs:GetLogRecord", "logs:GetLogGroupFields", "logs:GetQueryResults", "logs:DescribeLogGroups"]
+    resources = ["arn:aws:logs:${var.region}:${var.account_id}:log-group:airflow-${var.name}-*"]
+  }
+  statement {
+    sid       = "AirflowMetrics"
+    actions   = ["cloudwatch:PutMetricData"]
+    resources = ["*"] # PutMetricData has no resource-level permissions; the namespace is pinned
+    condition {
+      test     = "StringEquals"
+      variable = "cloudwatch:namespace"
+      values   = ["AmazonMWAA"]
+    }
+  }
+  statement {
+    sid       = "CeleryQueues"
+    actions   = ["sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl", "sqs:ReceiveMessage", "sqs:SendMessage"]
+    resources = ["arn:aws:sqs:${var.region}:*:airflow-celery-*"]
+  }
+}
+
+resource "aws_iam_role_policy" "mwaa" {
+  name   = var.name
+  role   = aws_iam_role.mwaa.id
+  policy = data.aws_iam_policy_document.mwaa.json
+}

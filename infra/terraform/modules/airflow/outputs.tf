@@ -1,0 +1,9 @@
+output "webserver_url" {
+  description = "The Airflow UI (private)."
+  value       = aws_mwaa_environment.this.webserver_url
+}
+
+output "dags_bucket" {
+  description = "Upload dags/ and requirements.txt here."
+  value       = aws_s3_bucket.dags.bucket
+}

@@ -1,0 +1,191 @@
+# An internet-facing ALB that only CloudFront can reach (its managed prefix list), HTTPS only
+# (HTTP redirects), access logs, invalid headers dropped, a regional WAF with AWS managed rules.
+# Used by the origin and by each region's edge service.
+
+data "aws_ec2_managed_prefix_list" "cloudfront" {
+  name = "com.amazonaws.global.cloudfront.origin-facing"
+}
+
+resource "aws_security_group" "alb" {
+  name        = "${var.name}-alb"
+  description = "${var.name}: HTTPS from CloudFront only"
+  vpc_id      = var.vpc_id
+
+  ingress {
+    description     = "HTTPS from CloudFront"
+    from_port       = 443
+    to_port         = 443
+    protocol        = "tcp"
+    prefix_list_ids = [data.aws_ec2_managed_prefix_list.cloudfront.id]
+  }
+  ingress {
+    description     = "HTTP from CloudFront (redirected to HTTPS)"
+    from_port       = 80
+    to_port         = 80
+    protocol        = "tcp"
+    prefix_list_ids = [data.aws_ec2_managed_prefix_list.cloudfront.id]
+  }
+  egress {
+    description = "To the targets in the VPC"
+    from_port   = var.target_port
+    to_port     = var.target_port
+    protocol    = "tcp"
+    cidr_blocks = [data.aws_vpc.this.cidr_block]
+  }
+}
+
+data "aws_vpc" "this" {
+  id = var.vpc_id
+}
+
+resource "aws_lb" "this" {
+  name                       = var.name
+  load_balancer_type         = "application"
+  internal                   = false
+  security_groups            = [aws_security_group.alb.id]
+  subnets                    = var.public_subnet_ids
+  drop_invalid_header_fields = true
+  enable_deletion_protection = true
+  idle_timeout               = var.idle_timeout
+
+  access_logs {
+    bucket  = var.access_logs_bucket
+    prefix  = "alb/${var.name}"
+    enabled = true
+  }
+}
+
+resource "aws_lb_target_group" "this" {
+  name        = var.name
+  port        = var.target_port
+  protocol    = "HTTP"
+  target_type = var.target_type
+  vpc_id      = var.vpc_id
+  # streams are long: let them finish when a target is drained (EDGEQA_SHUTDOWN_GRACE_S)
+  deregistration_delay = var.deregistration_delay
+
+  health_check {
+    path                = "/health"
+    matcher             = "200"
+    interval            = 10
+    healthy_threshold   = 2
+    unhealthy_threshold = 3
+  }
+}
+
+resource "aws_lb_listener" "https" {
+  load_balancer_arn = aws_lb.this.arn
+  port              = 443
+  protocol          = "HTTPS"
+  ssl_policy        = "ELBSecurityPolicy-TLS13-1-2-2021-06"
+  certificate_arn   = var.certificate_arn
+
+  default_action {
+    type             = "forward"
+    target_group_arn = aws_lb_target_group.this.arn
+  }
+}
+
+resource "aws_lb_listener" "http" {
+  load_balancer_arn = aws_lb.this.arn
+  port              = 80
+  protocol          = "HTTP"
+
+  default_action {
+    type = "redirect"
+    redirect {
+      port        = "443"
+      protocol    = "HTTPS"
+      status_code = "HTTP_301"
+    }
+  }
+}
+
+resource "aws_wafv2_web_acl" "this" {
+  name  = var.name
+  scope = "REGIONAL"
+
+  default_action {
+    allow {}
+  }
+
+  rule {
+    name     = "known-bad-inputs"
+    priority = 1
+    override_action {
+      none {}
+    }
+    statement {
+      managed_rule_group_statement {
+        vendor_name = "AWS"
+        name        = "AWSManagedRulesKnownBadInputsRuleSet"
+      }
+    }
+    visibility_config {
+      cloudwatch_metrics_enabled = true
+      metric_name                = "${var.name}-known-bad-inputs"
+      sampled_requests_enabled   = true
+    }
+  }
+
+  rule {
+    name     = "common"
+    priority = 2
+    override_action {
+      none {}
+    }
+    statement {
+      managed_rule_group_statement {
+        vendor_name = "AWS"
+        name        = "AWSManagedRulesCommonRuleSet"
+      }
+    }
+    visibility_config {
+      cloudwatch_metrics_enabled = true
+      metric_name                = "${var.name}-common"
+      sampled_requests_enabled   = true
+    }
+  }
+
+  rule {
+    # counted, not blocked: VPN and privacy-relay users are customers too; alarms watch the count
+    name     = "anonymous-ip"
+    priority = 3
+    override_action {
+      count {}
+    }
+    statement {
+      managed_rule_group_statement {
+        vendor_name = "AWS"
+        name        = "AWSManagedRulesAnonymousIpList"
+      }
+    }
+    visibility_config {
+      cloudwatch_metrics_enabled = true
+      metric_name                = "${var.name}-anonymous-ip"
+      sampled_requests_enabled   = true
+    }
+  }
+  visibility_config {
+    cloudwatch_metrics_enabled = true
+    metric_name                = var.name
+    sampled_requests_enabled   = true
+  }
+}
+
+resource "aws_wafv2_web_acl_association" "this" {
+  resource_arn = aws_lb.this.arn
+  web_acl_arn  = aws_wafv2_web_acl.this.arn
+}
+
+resource "aws_cloudwatch_log_group" "waf" {
+  # WAF requires the aws-waf-logs- prefix
+  name              = "aws-waf-logs-${var.name}"
+  retention_in_days = 400
+  kms_key_id        = var.kms_key_arn
+}
+
+resource "aws_wafv2_web_acl_logging_configuration" "this" {
+  resource_arn            = aws_wafv2_web_acl.this.arn
+  log_destination_configs = [aws_cloudwatch_log_group.waf.arn]
+}

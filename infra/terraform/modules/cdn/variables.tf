@@ -1,0 +1,55 @@
+variable "name" {
+  description = "Prefix of the CloudFront resources."
+  type        = string
+}
+
+variable "bucket_name" {
+  description = "The store bucket."
+  type        = string
+}
+
+variable "bucket_arn" {
+  description = "ARN of the store bucket."
+  type        = string
+}
+
+variable "bucket_domain_name" {
+  description = "Regional domain of the store bucket."
+  type        = string
+}
+
+variable "kms_key_arn" {
+  description = "The store's KMS key (its policy lets CloudFront decrypt)."
+  type        = string
+}
+
+variable "access_logs_bucket" {
+  description = "Domain of the access-log bucket."
+  type        = string
+}
+
+variable "origin_domain_name" {
+  description = "The origin's load balancer."
+  type        = string
+}
+
+variable "edge_domain_name" {
+  description = "The edge service's load balancer."
+  type        = string
+}
+
+variable "aliases" {
+  description = "Domain names of the distribution."
+  type        = list(string)
+}
+
+variable "certificate_arn" {
+  description = "ACM certificate in us-east-1 covering the aliases."
+  type        = string
+}
+
+variable "rate_limit_per_5min" {
+  description = "Requests per client IP per 5 minutes before WAF blocks it."
+  type        = number
+  default     = 6000
+}

@@ -1,0 +1,86 @@
+variable "name" {
+  description = "Name of this region's edge service resources."
+  type        = string
+}
+
+variable "region" {
+  description = "Region of this edge service (log configuration)."
+  type        = string
+}
+
+variable "vpc_id" {
+  description = "VPC of the service."
+  type        = string
+}
+
+variable "public_subnet_ids" {
+  description = "Subnets of the ALB."
+  type        = list(string)
+}
+
+variable "private_subnet_ids" {
+  description = "Subnets of the tasks."
+  type        = list(string)
+}
+
+variable "certificate_arn" {
+  description = "ACM certificate of the ALB."
+  type        = string
+}
+
+variable "image" {
+  description = "Container image running `edgeqa edge serve`."
+  type        = string
+}
+
+variable "desired_count" {
+  description = "Tasks."
+  type        = number
+}
+
+variable "cpu" {
+  description = "Task CPU units (one semantic lookup: ~7 ms of one core)."
+  type        = number
+  default     = 1024
+}
+
+variable "memory" {
+  description = "Task memory in MiB (1M entries with 384-d vectors: ~2 GB of shards)."
+  type        = number
+  default     = 4096
+}
+
+variable "bucket_arn" {
+  description = "The store bucket."
+  type        = string
+}
+
+variable "bucket_name" {
+  description = "The store bucket's name (EDGEQA_STORE)."
+  type        = string
+}
+
+variable "kms_key_arn" {
+  description = "The store's KMS key."
+  type        = string
+}
+
+variable "access_logs_bucket" {
+  description = "Bucket for the ALB's access logs."
+  type        = string
+}
+
+variable "profile" {
+  description = "The release profile served (EDGEQA_PROFILE)."
+  type        = string
+}
+
+variable "user_salt_secret_arn" {
+  description = "Secret holding EDGEQA_USER_SALT."
+  type        = string
+}
+
+variable "log_retention_days" {
+  description = "Days the service's logs are kept."
+  type        = number
+}

@@ -1,0 +1,14 @@
+#!/bin/bash
+# Start the origin on boot (the AMI carries edgeqa, the NVIDIA driver and the CloudWatch agent).
+set -euo pipefail
+EDGEQA_USER_SALT="$(aws secretsmanager get-secret-value --secret-id '${user_salt_secret_arn}' \
+  --query SecretString --output text)"
+cat > /etc/edgeqa.env <<ENV
+EDGEQA_STORE=${store}
+EDGEQA_PROFILE=${profile}
+EDGEQA_QUANTIZATION=int8
+EDGEQA_USER_SALT=$EDGEQA_USER_SALT
+ENV
+chmod 600 /etc/edgeqa.env
+systemctl enable --now edgeqa-origin.service   # ExecStart=edgeqa origin serve --host 0.0.0.0 --port 8000
+systemctl enable --now amazon-cloudwatch-agent # scrapes :8000/metrics -> EdgeQA/Origin

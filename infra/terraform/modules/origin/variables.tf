@@ -1,0 +1,74 @@
+variable "name" {
+  description = "Name of the origin's resources."
+  type        = string
+}
+
+variable "vpc_id" {
+  description = "VPC of the origin."
+  type        = string
+}
+
+variable "public_subnet_ids" {
+  description = "Subnets of the ALB."
+  type        = list(string)
+}
+
+variable "private_subnet_ids" {
+  description = "Subnets of the instances."
+  type        = list(string)
+}
+
+variable "certificate_arn" {
+  description = "ACM certificate of the ALB."
+  type        = string
+}
+
+variable "ami_id" {
+  description = "GPU AMI with edgeqa installed and the edgeqa-origin systemd unit."
+  type        = string
+}
+
+variable "instance_type" {
+  description = "Instance type (g5.xlarge: one A10)."
+  type        = string
+}
+
+variable "min_size" {
+  description = "Fewest instances."
+  type        = number
+}
+
+variable "max_size" {
+  description = "Most instances."
+  type        = number
+}
+
+variable "target_waiting" {
+  description = "Requests waiting per instance that the scaling policy holds."
+  type        = number
+}
+
+variable "bucket_arn" {
+  description = "The store bucket."
+  type        = string
+}
+
+variable "kms_key_arn" {
+  description = "The store's KMS key (also encrypts the EBS volumes)."
+  type        = string
+}
+
+variable "access_logs_bucket" {
+  description = "Bucket for the ALB's access logs."
+  type        = string
+}
+
+variable "profile" {
+  description = "The release profile served (EDGEQA_PROFILE)."
+  type        = string
+}
+
+variable "user_salt_secret_arn" {
+  description = "Secret holding EDGEQA_USER_SALT."
+  type        = string
+}

@@ -1,0 +1,29 @@
+output "store_uri" {
+  description = "EDGEQA_STORE for the origin, the edge service and the DAG."
+  value       = "s3://${module.storage.bucket_name}"
+}
+
+output "cdn_domain_name" {
+  description = "CloudFront domain: releases under /<profile>/releases/, the API under /v1/."
+  value       = module.cdn.domain_name
+}
+
+output "origin_alb_dns_name" {
+  description = "The origin load balancer (reached through CloudFront)."
+  value       = module.origin.alb_dns_name
+}
+
+output "edge_alb_dns_name" {
+  description = "The edge service load balancer of this region."
+  value       = module.edge.alb_dns_name
+}
+
+output "mwaa_webserver_url" {
+  description = "The Airflow UI (private: reach it from the VPC)."
+  value       = module.airflow.webserver_url
+}
+
+output "mwaa_dags_bucket" {
+  description = "Upload dags/ (and requirements.txt) here for MWAA."
+  value       = module.airflow.dags_bucket
+}

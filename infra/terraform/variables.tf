@@ -1,0 +1,97 @@
+variable "region" {
+  description = "AWS region of the store, the origins, the edge service and MWAA."
+  type        = string
+  default     = "eu-west-1"
+}
+
+variable "environment" {
+  description = "Name of this deployment (prod, staging...); part of every resource name."
+  type        = string
+  default     = "prod"
+}
+
+variable "vpc_id" {
+  description = "VPC for the origin, the edge service and MWAA."
+  type        = string
+}
+
+variable "public_subnet_ids" {
+  description = "Subnets of the internet-facing load balancers (two or more AZs)."
+  type        = list(string)
+}
+
+variable "private_subnet_ids" {
+  description = "Subnets of the origin instances, the edge tasks and MWAA (two or more AZs)."
+  type        = list(string)
+}
+
+variable "certificate_arn" {
+  description = "ACM certificate (in var.region) of the load balancers' HTTPS listeners."
+  type        = string
+}
+
+variable "cloudfront_certificate_arn" {
+  description = "ACM certificate in us-east-1 for the CloudFront aliases."
+  type        = string
+}
+
+variable "aliases" {
+  description = "Domain names CloudFront answers for (the certificate must cover them)."
+  type        = list(string)
+}
+
+variable "origin_ami_id" {
+  description = "AMI of the origin instances: a GPU (NVIDIA driver) image with edgeqa installed, starting `edgeqa origin serve`."
+  type        = string
+}
+
+variable "origin_instance_type" {
+  description = "Origin instance type: g5.xlarge has one A10 (24 GB)."
+  type        = string
+  default     = "g5.xlarge"
+}
+
+variable "origin_min_size" {
+  description = "Fewest origin instances."
+  type        = number
+  default     = 1
+}
+
+variable "origin_max_size" {
+  description = "Most origin instances."
+  type        = number
+  default     = 8
+}
+
+variable "origin_target_waiting" {
+  description = "Target of the scaling policy: requests waiting for a slot per instance (vllm:num_requests_waiting)."
+  type        = number
+  default     = 8
+}
+
+variable "edge_image" {
+  description = "Container image of the edge service (`edgeqa edge serve`)."
+  type        = string
+}
+
+variable "edge_desired_count" {
+  description = "Edge service tasks per region."
+  type        = number
+  default     = 2
+}
+
+variable "profile" {
+  description = "Release profile the edge and the origin serve (EDGEQA_PROFILE)."
+  type        = string
+}
+
+variable "user_salt_secret_arn" {
+  description = "Secrets Manager secret holding EDGEQA_USER_SALT (the same on every origin and edge)."
+  type        = string
+}
+
+variable "log_retention_days" {
+  description = "Days CloudWatch keeps the services' logs."
+  type        = number
+  default     = 400
+}
