@@ -206,6 +206,10 @@ def run_demo(
     max_tokens: int = 96,
     out: TextIO = sys.stdout,
 ) -> dict[str, Any]:
+    import os
+
+    # the demo's users are synthetic: a fixed salt (a deployment sets its own secret)
+    os.environ.setdefault("EDGEQA_USER_SALT", "edgeqa-demo-salt")
     started = time.perf_counter()
     root = workdir.resolve() / "store"
     shutil.rmtree(root, ignore_errors=True)

@@ -1,5 +1,5 @@
 # An internet-facing ALB that only CloudFront can reach (its managed prefix list), HTTPS only
-# (HTTP redirects), access logs, invalid headers dropped, a regional WAF with AWS managed rules.
+# (HTTP redirects), access logs, invalid headers dropped, a regional WAF (modules/waf).
 # Used by the origin and by each region's edge service.
 
 data "aws_ec2_managed_prefix_list" "cloudfront" {
@@ -101,91 +101,14 @@ resource "aws_lb_listener" "http" {
   }
 }
 
-resource "aws_wafv2_web_acl" "this" {
-  name  = var.name
-  scope = "REGIONAL"
-
-  default_action {
-    allow {}
-  }
-
-  rule {
-    name     = "known-bad-inputs"
-    priority = 1
-    override_action {
-      none {}
-    }
-    statement {
-      managed_rule_group_statement {
-        vendor_name = "AWS"
-        name        = "AWSManagedRulesKnownBadInputsRuleSet"
-      }
-    }
-    visibility_config {
-      cloudwatch_metrics_enabled = true
-      metric_name                = "${var.name}-known-bad-inputs"
-      sampled_requests_enabled   = true
-    }
-  }
-
-  rule {
-    name     = "common"
-    priority = 2
-    override_action {
-      none {}
-    }
-    statement {
-      managed_rule_group_statement {
-        vendor_name = "AWS"
-        name        = "AWSManagedRulesCommonRuleSet"
-      }
-    }
-    visibility_config {
-      cloudwatch_metrics_enabled = true
-      metric_name                = "${var.name}-common"
-      sampled_requests_enabled   = true
-    }
-  }
-
-  rule {
-    # counted, not blocked: VPN and privacy-relay users are customers too; alarms watch the count
-    name     = "anonymous-ip"
-    priority = 3
-    override_action {
-      count {}
-    }
-    statement {
-      managed_rule_group_statement {
-        vendor_name = "AWS"
-        name        = "AWSManagedRulesAnonymousIpList"
-      }
-    }
-    visibility_config {
-      cloudwatch_metrics_enabled = true
-      metric_name                = "${var.name}-anonymous-ip"
-      sampled_requests_enabled   = true
-    }
-  }
-  visibility_config {
-    cloudwatch_metrics_enabled = true
-    metric_name                = var.name
-    sampled_requests_enabled   = true
-  }
+module "waf" {
+  source      = "../waf"
+  name        = var.name
+  scope       = "REGIONAL"
+  kms_key_arn = var.kms_key_arn
 }
 
 resource "aws_wafv2_web_acl_association" "this" {
   resource_arn = aws_lb.this.arn
-  web_acl_arn  = aws_wafv2_web_acl.this.arn
-}
-
-resource "aws_cloudwatch_log_group" "waf" {
-  # WAF requires the aws-waf-logs- prefix
-  name              = "aws-waf-logs-${var.name}"
-  retention_in_days = 400
-  kms_key_id        = var.kms_key_arn
-}
-
-resource "aws_wafv2_web_acl_logging_configuration" "this" {
-  resource_arn            = aws_wafv2_web_acl.this.arn
-  log_destination_configs = [aws_cloudwatch_log_group.waf.arn]
+  web_acl_arn  = module.waf.arn
 }

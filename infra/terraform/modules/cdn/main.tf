@@ -119,7 +119,7 @@ resource "aws_cloudfront_distribution" "this" {
   comment         = "${var.name}: releases, edge lookups, origin API"
   aliases         = var.aliases
   price_class     = "PriceClass_All"
-  web_acl_id      = aws_wafv2_web_acl.cdn.arn
+  web_acl_id      = module.waf.arn
   http_version    = "http2and3"
   #checkov:skip=CKV_AWS_310:Each path has one origin by design; the client falls through tiers itself (CDN -> edge -> origin)
   #checkov:skip=CKV_AWS_374:Answers are served worldwide; restricting geography is a business decision, not a default
@@ -256,88 +256,11 @@ data "aws_iam_policy_document" "store" {
   }
 }
 
-resource "aws_wafv2_web_acl" "cdn" {
-  provider = aws.us_east_1
-  name     = "${var.name}-cdn"
-  scope    = "CLOUDFRONT"
-
-  default_action {
-    allow {}
-  }
-
-  rule {
-    name     = "known-bad-inputs"
-    priority = 1
-    override_action {
-      none {}
-    }
-    statement {
-      managed_rule_group_statement {
-        vendor_name = "AWS"
-        name        = "AWSManagedRulesKnownBadInputsRuleSet"
-      }
-    }
-    visibility_config {
-      cloudwatch_metrics_enabled = true
-      metric_name                = "${var.name}-cdn-known-bad-inputs"
-      sampled_requests_enabled   = true
-    }
-  }
-
-  rule {
-    name     = "rate-limit"
-    priority = 2
-    action {
-      block {}
-    }
-    statement {
-      rate_based_statement {
-        limit              = var.rate_limit_per_5min
-        aggregate_key_type = "IP"
-      }
-    }
-    visibility_config {
-      cloudwatch_metrics_enabled = true
-      metric_name                = "${var.name}-cdn-rate-limit"
-      sampled_requests_enabled   = true
-    }
-  }
-
-  rule {
-    # counted, not blocked: VPN and privacy-relay users are customers too; alarms watch the count
-    name     = "anonymous-ip"
-    priority = 3
-    override_action {
-      count {}
-    }
-    statement {
-      managed_rule_group_statement {
-        vendor_name = "AWS"
-        name        = "AWSManagedRulesAnonymousIpList"
-      }
-    }
-    visibility_config {
-      cloudwatch_metrics_enabled = true
-      metric_name                = "${var.name}-cdn-anonymous-ip"
-      sampled_requests_enabled   = true
-    }
-  }
-  visibility_config {
-    cloudwatch_metrics_enabled = true
-    metric_name                = "${var.name}-cdn"
-    sampled_requests_enabled   = true
-  }
-}
-
-resource "aws_cloudwatch_log_group" "waf" {
-  provider          = aws.us_east_1
-  name              = "aws-waf-logs-${var.name}-cdn"
-  retention_in_days = 400
-  #checkov:skip=CKV_AWS_158:The store's KMS key lives in the deployment region; WAF logs for CloudFront must be in us-east-1 and use the AWS-owned key
-}
-
-resource "aws_wafv2_web_acl_logging_configuration" "cdn" {
-  provider                = aws.us_east_1
-  resource_arn            = aws_wafv2_web_acl.cdn.arn
-  log_destination_configs = [aws_cloudwatch_log_group.waf.arn]
+module "waf" {
+  source              = "../waf"
+  providers           = { aws = aws.us_east_1 }
+  name                = "${var.name}-cdn"
+  scope               = "CLOUDFRONT"
+  common_rules        = false # the release objects are static JSON; the API behind has its own
+  rate_limit_per_5min = var.rate_limit_per_5min
 }

@@ -1,0 +1,91 @@
+# A WAFv2 web ACL with AWS managed rules: known bad inputs (Log4j and friends) blocked, the common
+# rule set blocked where asked, anonymous IPs counted (VPN and privacy-relay users are customers
+# too; alarms watch the count), a per-IP rate limit where asked; logs to CloudWatch.
+# scope = "REGIONAL" for a load balancer, "CLOUDFRONT" (provider in us-east-1) for a distribution.
+
+locals {
+  managed = concat(
+    [{ name = "AWSManagedRulesKnownBadInputsRuleSet", metric = "known-bad-inputs", count = false }],
+    var.common_rules ? [{ name = "AWSManagedRulesCommonRuleSet", metric = "common", count = false }] : [],
+    [{ name = "AWSManagedRulesAnonymousIpList", metric = "anonymous-ip", count = true }],
+  )
+}
+
+resource "aws_wafv2_web_acl" "this" {
+  name  = var.name
+  scope = var.scope
+
+  default_action {
+    allow {}
+  }
+
+  dynamic "rule" {
+    for_each = local.managed
+    content {
+      name     = rule.value.metric
+      priority = rule.key + 1
+      override_action {
+        dynamic "none" {
+          for_each = rule.value.count ? [] : [1]
+          content {}
+        }
+        dynamic "count" {
+          for_each = rule.value.count ? [1] : []
+          content {}
+        }
+      }
+      statement {
+        managed_rule_group_statement {
+          vendor_name = "AWS"
+          name        = rule.value.name
+        }
+      }
+      visibility_config {
+        cloudwatch_metrics_enabled = true
+        metric_name                = "${var.name}-${rule.value.metric}"
+        sampled_requests_enabled   = true
+      }
+    }
+  }
+
+  dynamic "rule" {
+    for_each = var.rate_limit_per_5min > 0 ? [var.rate_limit_per_5min] : []
+    content {
+      name     = "rate-limit"
+      priority = 10
+      action {
+        block {}
+      }
+      statement {
+        rate_based_statement {
+          limit              = rule.value
+          aggregate_key_type = "IP"
+        }
+      }
+      visibility_config {
+        cloudwatch_metrics_enabled = true
+        metric_name                = "${var.name}-rate-limit"
+        sampled_requests_enabled   = true
+      }
+    }
+  }
+
+  visibility_config {
+    cloudwatch_metrics_enabled = true
+    metric_name                = var.name
+    sampled_requests_enabled   = true
+  }
+}
+
+resource "aws_cloudwatch_log_group" "this" {
+  # WAF requires the aws-waf-logs- prefix
+  name              = "aws-waf-logs-${var.name}"
+  retention_in_days = 400
+  kms_key_id        = var.kms_key_arn
+  #checkov:skip=CKV_AWS_158:For CloudFront (us-east-1) the store's regional key cannot be used and kms_key_arn is null: the AWS-owned key encrypts; regional ACLs pass the store's key
+}
+
+resource "aws_wafv2_web_acl_logging_configuration" "this" {
+  resource_arn            = aws_wafv2_web_acl.this.arn
+  log_destination_configs = [aws_cloudwatch_log_group.this.arn]
+}
