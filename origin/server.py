@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -352,14 +352,8 @@ class OriginServer:
                     400, f"prompt ({len(ids)} tokens) + {parsed.params.max_tokens} exceeds the "
                     f"context of {limit} tokens", name, code="context_length_exceeded",
                 )  # fmt: skip
-            parsed.params = _with_max_tokens(parsed.params, room)
+            parsed.params = replace(parsed.params, max_tokens=room)
         return ids
-
-
-def _with_max_tokens(params: Any, max_tokens: int) -> Any:
-    from dataclasses import replace
-
-    return replace(params, max_tokens=max_tokens)
 
 
 # -- response bodies ------------------------------------------------------------------------------
@@ -487,7 +481,11 @@ def create_app(server: OriginServer) -> Starlette:
         if cacheable is not None:
             normalized, key = cacheable
             context.row.update(normalized=normalized, key=key)
-            answer = await server.lookup(runtime, parsed, normalized, key)
+            try:
+                answer = await server.lookup(runtime, parsed, normalized, key)
+            except Exception:  # a broken release or cache must not fail the request: generate
+                log.exception("origin tier lookup failed; generating")
+                answer = None
             if answer is not None:
                 return context.send_answer(answer, len(prompt_ids))
             context.cache_key = key
