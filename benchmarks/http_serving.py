@@ -29,7 +29,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,17 +44,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, nq_questions, summary_ms
 
 sys.path.insert(0, str(ROOT))
+from edge_index.serving import free_port
 from edge_index.store import FileStore
 from precompute.pipeline import PrecomputeConfig, run_precompute
 from precompute.samplelogs import INTENTS, generate_rows, write_logs
 
 MODEL = "SmolLM2-135M-Instruct"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def publish_release(store: FileStore, top_n: int, max_tokens: int) -> dict[str, Any]:
@@ -140,23 +134,29 @@ async def replay(url: str, requests: list[Any], max_tokens: int) -> tuple[list[A
 
 
 def histogram(text: str, name: str) -> dict[str, float | None]:
-    """mean / p50 / p99 in ms of a Prometheus histogram in exposition text."""
-    buckets: list[tuple[float, float]] = []
+    """mean / p50 / p99 in ms of a Prometheus histogram in exposition text (summed over labels);
+    quantiles interpolated within buckets, as Prometheus' ``histogram_quantile`` does."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    buckets: dict[float, float] = {}
     total = count = 0.0
-    for line in text.splitlines():
-        if line.startswith(f"{name}_bucket"):
-            le = line.split('le="', 1)[1].split('"', 1)[0]
-            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.split()[-1])))
-        elif line.startswith(f"{name}_sum"):
-            total = float(line.split()[-1])
-        elif line.startswith(f"{name}_count"):
-            count = float(line.split()[-1])
+    for family in text_string_to_metric_families(text):
+        if family.name != name:
+            continue
+        for sample in family.samples:
+            if sample.name == f"{name}_bucket":
+                le = float(sample.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + sample.value
+            elif sample.name == f"{name}_sum":
+                total += sample.value
+            elif sample.name == f"{name}_count":
+                count += sample.value
     if not count:
         return {"mean": None, "p50": None, "p99": None}
 
     def quantile(q: float) -> float:
         rank, low, below = q * count, 0.0, 0.0
-        for upper, cumulative in sorted(buckets):
+        for upper, cumulative in sorted(buckets.items()):
             if cumulative >= rank:
                 if upper == float("inf"):
                     return low
@@ -210,7 +210,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="edgeqa-http-") as tmp:
         store = FileStore(Path(tmp) / "store")
         release = publish_release(store, top_n=34, max_tokens=96)
-        port = _free_port()
+        port = free_port()
         server_env = {
             "EDGEQA_MAX_QUEUED_REQUESTS": str(args.max_queued),
             "EDGEQA_LOG_REQUESTS": "1",

@@ -302,7 +302,9 @@ class OriginServer:
         hit: Hit | None = index.lookup_exact(key) if index is not None else None
         cached = self.cache.get(key) if hit is None else None
         if cached is not None:
-            return self._fit(runtime, parsed, "origin_cache", cached.answer)
+            return self._fit(
+                runtime, parsed, "origin_cache", cached.answer, cached.completion_tokens
+            )
         if hit is None and index is not None:
             found = await run_in_threadpool(index.lookup_semantic, parsed.question, normalized)
             hit = found if isinstance(found, Hit) else None
@@ -310,10 +312,16 @@ class OriginServer:
             return None
         return self._fit(runtime, parsed, hit.tier, hit.answer)
 
-    def _fit(self, runtime: Runtime, parsed: ParsedRequest, tier: str, text: str) -> Answer:
-        """The stored answer as this request would have been answered: cut at max_tokens."""
-        ids = runtime.tokenizer.encode(text, add_special_tokens=False)
+    def _fit(
+        self, runtime: Runtime, parsed: ParsedRequest, tier: str, text: str,
+        tokens: int | None = None,
+    ) -> Answer:  # fmt: skip
+        """The stored answer as this request would have been answered: cut at max_tokens.
+        ``tokens``: its length when known (the online cache's), which spares tokenizing it."""
         limit = parsed.params.max_tokens
+        if tokens is not None and tokens <= limit:
+            return Answer(tier, text, tokens, "stop")
+        ids = runtime.tokenizer.encode(text, add_special_tokens=False)
         if len(ids) <= limit:
             return Answer(tier, text, len(ids), "stop")
         cut = str(runtime.tokenizer.decode(ids[:limit], skip_special_tokens=True))

@@ -84,7 +84,9 @@ def _phrasing(d: dict[str, Any]) -> Phrasing:
     )  # fmt: skip
 
 
-def _save_hot(store: Store, profile: str, run: str, hot: list[HotQuestion]) -> None:
+def _save_hot(
+    store: Store, profile: str, run: str, hot: list[HotQuestion], inputs: dict[str, Any]
+) -> None:
     items = [
         {
             "phrasings": [_phrasing_dict(p) for p in h.phrasings],  # canonical first
@@ -95,6 +97,7 @@ def _save_hot(store: Store, profile: str, run: str, hot: list[HotQuestion]) -> N
         for h in hot
     ]
     store.put(f"{_work(profile, run)}/hot.json", json.dumps(items).encode())
+    store.put(f"{_work(profile, run)}/profile.json", json.dumps(inputs, sort_keys=True).encode())
 
 
 def _load_hot(store: Store, profile: str, run: str) -> list[HotQuestion]:
@@ -122,7 +125,7 @@ def mine_stage(params: StageParams) -> dict[str, Any]:
     profile = make_profile(config.generation, _tokenizer(config))
     run = run_id(profile, [h.question for h in hot])
     out = open_store(params.out_uri)
-    _save_hot(out, profile.name, run, hot)
+    _save_hot(out, profile.name, run, hot, profile.inputs)
     count = len(partitions(hot, config.generation.partition_size))
     excluded = dict(mining.excluded_rows)
     if stats.malformed_rows:
@@ -175,7 +178,7 @@ def build_stage(params: StageParams, profile: str, run: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="edgeqa-build-") as tmp:
         manifest, report = build_release(
             Path(tmp), hot, {r["key"]: r for r in rows}, load_embedder(config.embedder),
-            config.embedder, profile, make_profile(config.generation, _tokenizer(config)).inputs,
+            config.embedder, profile, json.loads(out.get(f"{_work(profile, run)}/profile.json")),
             config.build, extra={
                 "parent": parent, "run_id": run,
                 "log_range": {"since": params.since.isoformat(), "until": params.until.isoformat()},
