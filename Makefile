@@ -68,7 +68,9 @@ chromium:
 
 lint: venv
 	$(BIN)/ruff check edgeqa origin edge_index precompute dags tests benchmarks
+	$(BIN)/ruff format --check edgeqa origin edge_index precompute dags tests benchmarks
 	$(BIN)/mypy edgeqa origin edge_index precompute dags
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache web/node_modules

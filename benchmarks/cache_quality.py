@@ -52,7 +52,8 @@ from edge_index.lookup import Hit, ReleaseIndex
 from edge_index.matcher import Decision, calibrate
 from edge_index.release import load_release
 from edge_index.store import FileStore
-from precompute.build import BuildConfig, build_release
+from precompute.build import build_release
+from precompute.config import BuildConfig
 from precompute.mining import HotQuestion, Phrasing
 from precompute.publish import publish
 
@@ -115,10 +116,19 @@ def cache_release(
         answers[group[0].key] = {"answer": f"answer for {label}", "flag": "", "generated_at": now}
     store = FileStore(tmp / "store")
     manifest, _ = build_release(
-        tmp / "release", hot, answers, embedder, name, "cache-quality", {"bench": True},
-        BuildConfig(target_precision=target), extra={"parent": None}, now=now,
-        embedder_dir=embedder_dir, embedder_info=embedder_info,
-    )  # fmt: skip
+        tmp / "release",
+        hot,
+        answers,
+        embedder,
+        name,
+        "cache-quality",
+        {"bench": True},
+        BuildConfig(target_precision=target),
+        extra={"parent": None},
+        now=now,
+        embedder_dir=embedder_dir,
+        embedder_info=embedder_info,
+    )
     publish(store, tmp / "release")
     release = load_release(store, "cache-quality")
     rows_out = [r for shard in release.shards for r in shard.rows.to_pylist()]
@@ -140,7 +150,8 @@ def evaluate(
             normalized = normalize(text)
         except InvalidQueryError:
             continue
-        result = index.lookup_exact(key_of_normalized(normalized)) or index.decide(text, s, i)
+        # the tier cascade (edge_index/tiers.py) with the semantic search batched up front
+        result = tiers.exact(index, key_of_normalized(normalized)) or index.decide(text, s, i)
         is_oos = label == OOS
         oos += is_oos
         in_scope += not is_oos
@@ -167,8 +178,10 @@ def evaluate(
 def pairs_report(path: Path, embedder: Any, decision: Decision, guard: Guard) -> dict[str, Any]:
     """Precision and recall of the threshold + guard decision on labelled duplicate pairs."""
     with path.open(encoding="utf-8") as f:
-        pairs = [(r["question1"], r["question2"], r["is_duplicate"] in ("1", "true", "True"))
-                 for r in csv.DictReader(f)]  # fmt: skip
+        pairs = [
+            (r["question1"], r["question2"], r["is_duplicate"] in ("1", "true", "True"))
+            for r in csv.DictReader(f)
+        ]
     a = embedder.encode([p[0] for p in pairs], normalize_embeddings=True, batch_size=256)
     b = embedder.encode([p[1] for p in pairs], normalize_embeddings=True, batch_size=256)
     cosine = (a * b).sum(axis=1)
@@ -233,8 +246,15 @@ def main() -> None:
                 ("+margin", True, False),
                 ("+agreement", True, True),
             ):
-                cal = calibrate(vectors, labels, texts, None, args.target_precision,
-                                use_margin=use_margin, use_agreement=use_agreement)  # fmt: skip
+                cal = calibrate(
+                    vectors,
+                    labels,
+                    texts,
+                    None,
+                    args.target_precision,
+                    use_margin=use_margin,
+                    use_agreement=use_agreement,
+                )
                 variant = ReleaseIndex(index.release, model, cal.decision, off)
                 systems[system] = evaluate(variant, queries, query_vectors, label_of_answer)
                 systems[system]["calibrated"] = cal.calibrated
@@ -261,11 +281,23 @@ def main() -> None:
             tune_s = time.perf_counter() - t0
             folder = Path(tmp) / "tuned-model"
             tuned.save(str(folder))
-            info = {"finetuned": {"base": args.embedder, "steps": args.finetune_steps,
-                                  "examples": len(texts), "seconds": round(tune_s, 1),
-                                  "sha256": model_digest(folder)}}  # fmt: skip
-            run(tuned, "edgeqa", Path(tmp) / "tuned", ablations=False,
-                embedder_dir=folder, embedder_info=info)  # fmt: skip
+            info = {
+                "finetuned": {
+                    "base": args.embedder,
+                    "steps": args.finetune_steps,
+                    "examples": len(texts),
+                    "seconds": round(tune_s, 1),
+                    "sha256": model_digest(folder),
+                }
+            }
+            run(
+                tuned,
+                "edgeqa",
+                Path(tmp) / "tuned",
+                ablations=False,
+                embedder_dir=folder,
+                embedder_info=info,
+            )
         else:
             systems["edgeqa"] = systems["+guard"]
 
@@ -273,9 +305,12 @@ def main() -> None:
         json.dumps(
             {
                 "config": {
-                    "cache": str(args.cache), "cache_where": args.cache_where,
-                    "queries": str(args.queries), "queries_where": args.queries_where,
-                    "cache_rows": len(cache), "queries_rows": len(queries),
+                    "cache": str(args.cache),
+                    "cache_where": args.cache_where,
+                    "queries": str(args.queries),
+                    "queries_where": args.queries_where,
+                    "cache_rows": len(cache),
+                    "queries_rows": len(queries),
                     "oos_queries": sum(1 for _, label in queries if label == OOS),
                     "target_precision": args.target_precision,
                     "seconds": round(time.perf_counter() - started, 1),
@@ -283,7 +318,7 @@ def main() -> None:
                 "systems": systems,
             }
         )
-    )  # fmt: skip
+    )
 
 
 if __name__ == "__main__":

@@ -131,7 +131,7 @@ def main() -> None:
         "weight_mb": round(sum(p.numel() * 4 for p in model.parameters()) / 1e6, 1),
     }
     weight_bytes = {}
-    for name, quantization in (("fp32", None), ("bf16", "bf16"), ("int8", "int8")):
+    for name, quantization in (("fp32", "none"), ("bf16", "bf16"), ("int8", "int8")):
         config = EngineConfig(max_num_seqs=1, max_model_len=1024, quantization=quantization)
         engine = Engine(model, tokenizer, config)
         weight_bytes[name] = engine.runner.weight_bytes

@@ -23,7 +23,6 @@ import json
 import random
 import sys
 import tempfile
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,7 +32,6 @@ import faiss
 import httpx
 import numpy as np
 import pyarrow as pa
-import uvicorn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -43,9 +41,12 @@ from edge_index.embedder import load_embedder
 from edge_index.keys import key, normalize
 from edge_index.lookup import Hit, ReleaseIndex
 from edge_index.release import LoadedRelease, Shard, load_release, row_schema
-from edge_index.service import EdgeState, create_app
+from edge_index.service import create_app
 from edge_index.store import FileStore
-from precompute.build import BuildConfig, build_index, build_release, factory_for
+from edge_index.watcher import ReleaseWatcher
+from edgeqa.local import LocalServer
+from precompute.build import build_index, build_release, factory_for
+from precompute.config import BuildConfig
 from precompute.mining import HotQuestion, Phrasing
 from precompute.publish import publish
 
@@ -76,8 +77,18 @@ def build_real(texts: list[str], embedder: Any, tmp: Path) -> ReleaseIndex:
         hot.append(HotQuestion(phrasing, [phrasing], 1, 1, 0.0))
         answers[k] = {"answer": f"answer {len(answers)}", "flag": "", "generated_at": now}
     store = FileStore(tmp / "store")
-    build_release(tmp / "r", hot, answers, embedder, "embedded", "bench", {}, BuildConfig(),
-                  extra={"parent": None}, now=now)  # fmt: skip
+    build_release(
+        tmp / "r",
+        hot,
+        answers,
+        embedder,
+        "embedded",
+        "bench",
+        {},
+        BuildConfig(),
+        extra={"parent": None},
+        now=now,
+    )
     publish(store, tmp / "r")
     return ReleaseIndex(load_release(store, "bench"), embedder)
 
@@ -113,9 +124,15 @@ def build_synthetic(base: ReleaseIndex, entries: int, seed: int = 0) -> ReleaseI
 
     columns = {name: base_rows[name] + filler(name) for name in row_schema().names}
     rows = pa.table(columns, schema=row_schema())
-    manifest = {**base.manifest, "version": f"synthetic-{entries}",
-                "index": {**base.manifest["index"], "factory": factory_for(config, entries),
-                          "nprobe": config.nprobe}}  # fmt: skip
+    manifest = {
+        **base.manifest,
+        "version": f"synthetic-{entries}",
+        "index": {
+            **base.manifest["index"],
+            "factory": factory_for(config, entries),
+            "nprobe": config.nprobe,
+        },
+    }
     release = LoadedRelease(manifest, "synthetic", [Shard(index, rows)])
     return ReleaseIndex(release, base.embedder, base.decision, base.guard)
 
@@ -155,38 +172,21 @@ def _p99(values: list[float]) -> float:
 
 
 def measure_http(index: ReleaseIndex, queries: list[str]) -> dict[str, Any]:
-    state = EdgeState(FileStore(tempfile.mkdtemp()), "bench", index.embedder, poll_s=3600)
-    state.index = index
-    port = free_port()
-    config = uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
+    watcher = ReleaseWatcher(FileStore(tempfile.mkdtemp()), "bench", index.embedder, poll_s=3600)
+    watcher.index = index
     times, hits = [], 0
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+    with LocalServer(create_app(watcher)) as server, httpx.Client(base_url=server.url) as client:
         client.get("/health")
         for q in queries:
             started = time.perf_counter()
             response = client.get("/v1/lookup", params={"q": q})
             times.append(time.perf_counter() - started)
             hits += response.status_code == 200
-    server.should_exit = True
-    thread.join(10)
     return {
         "p50_ms": _p50(times),
         "p99_ms": _p99(times),
         "hit_rate": hits / len(queries),
     }
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def measure_all(
@@ -212,9 +212,10 @@ def measure_all(
     for tier, queries in (("exact", exact), ("semantic", semantic)):
         for mode in ("inprocess", "http"):
             measured = (
-                measure_inprocess(index, queries, tier) if mode == "inprocess"
+                measure_inprocess(index, queries, tier)
+                if mode == "inprocess"
                 else measure_http(index, queries)
-            )  # fmt: skip
+            )
             row = {"entries": len(index), "tier": tier, "mode": mode, **measured}
             rows.append(row)
             print(row, file=sys.stderr, flush=True)
@@ -244,13 +245,24 @@ def main() -> None:
         large = build_synthetic(small, args.scale)
         build_s[str(args.scale)] = round(time.perf_counter() - started, 1)
         results += measure_all(large, held_out, args.lookups, rng, index_bytes)
-    print(json.dumps({
-        "config": {"lookups": args.lookups, "threads": _threads(),
-                   "factories": {str(len(small)): small.manifest["index"]["factory"],
-                                 str(len(large)): large.manifest["index"]["factory"]},
-                   "semantic_includes_embedding": True},
-        "results": results, "index_bytes": index_bytes, "build_s": build_s,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "config": {
+                    "lookups": args.lookups,
+                    "threads": _threads(),
+                    "factories": {
+                        str(len(small)): small.manifest["index"]["factory"],
+                        str(len(large)): large.manifest["index"]["factory"],
+                    },
+                    "semantic_includes_embedding": True,
+                },
+                "results": results,
+                "index_bytes": index_bytes,
+                "build_s": build_s,
+            }
+        )
+    )
 
 
 def _threads() -> int:

@@ -44,9 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, nq_questions, summary_ms
 
 sys.path.insert(0, str(ROOT))
-from edge_index.serving import free_port
 from edge_index.store import FileStore
-from precompute.pipeline import PrecomputeConfig, run_precompute
+from edgeqa.local import free_port
+from precompute.config import PipelineConfig
+from precompute.pipeline import RunParams, run_pipeline
 from precompute.samplelogs import INTENTS, generate_rows, write_logs
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -55,10 +56,9 @@ MODEL = "SmolLM2-135M-Instruct"
 def publish_release(store: FileStore, top_n: int, max_tokens: int) -> dict[str, Any]:
     until = datetime.now(UTC).date()
     write_logs(store, generate_rows(until, days=3, asks=1500, seed=7))
-    config = PrecomputeConfig.from_env(
-        {}, top_n=top_n, max_tokens=max_tokens, baseline_sample=0, quantization="bf16"
-    )
-    report = run_precompute(store, store, until - timedelta(days=2), until, config, progress=False)
+    config = PipelineConfig.from_env({}, top_n=top_n, max_tokens=max_tokens, quantization="bf16")
+    params = RunParams(store.uri, store.uri, until - timedelta(days=2), until, config, "benchmark")
+    report = run_pipeline(params)
     if report.get("status") != "published":
         raise RuntimeError(f"no release was published: {report}")
     return {"version": report["version"], "clusters": report["mining"]["clusters"]}
@@ -177,8 +177,12 @@ def start_origin(store: FileStore, port: int, env_extra: dict[str, str]) -> subp
     env.update({"EDGEQA_STORE": store.uri, "EDGEQA_USER_SALT": "bench", **env_extra})
     child = subprocess.Popen(
         [sys.executable, "-m", "edgeqa", "origin", "serve", "--port", str(port)],
-        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -234,9 +238,13 @@ def main() -> None:
             by_tier.setdefault(r["tier"], []).append(r["ttft"])
     report = {
         "config": {
-            "requests": n, "rate_per_s": args.rate, "max_tokens": args.max_tokens,
-            "hot_share": args.hot_share, "repeat_share": args.repeat_share,
-            "max_queued_requests": args.max_queued, "release": release,
+            "requests": n,
+            "rate_per_s": args.rate,
+            "max_tokens": args.max_tokens,
+            "hot_share": args.hot_share,
+            "repeat_share": args.repeat_share,
+            "max_queued_requests": args.max_queued,
+            "release": release,
             "duration_s": round(wall, 1),
         },
         "client": {
@@ -254,7 +262,7 @@ def main() -> None:
             "ttft_network_ms": histogram(metrics, "edgeqa_ttft_network_seconds"),
         },
         "tiers": dict(Counter(r["tier"] or "error" for r in results).most_common()),
-    }  # fmt: skip
+    }
     if errors:
         report["error_samples"] = [str(r["status"]) for r in errors[:5]]
     print(json.dumps(report, indent=2))

@@ -44,8 +44,7 @@ from transformers import GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 from transformers.utils import logging as hf_logging
 
-from origin.engine import Engine, EngineConfig, RequestOutput
-from origin.engine.engine import default_quantization
+from origin.engine import Engine, EngineConfig, RequestOutput, default_quantization
 from origin.generate import encode_chat
 from origin.model import load_model
 from origin.sampling import SamplingParams
@@ -217,7 +216,7 @@ class EdgeqaSystem(System):
         model,
         tokenizer,
         max_tokens: int,
-        quantization: str | None,
+        quantization: str,
         speculative: str | None = None,
     ) -> None:
         self.name = name
@@ -323,7 +322,9 @@ def main() -> None:
         "edgeqa": lambda: EdgeqaSystem(
             "edgeqa", model, tokenizer, args.max_tokens, default_quantization(model.device)
         ),
-        "edgeqa_fp32": lambda: EdgeqaSystem("edgeqa_fp32", model, tokenizer, args.max_tokens, None),
+        "edgeqa_fp32": lambda: EdgeqaSystem(
+            "edgeqa_fp32", model, tokenizer, args.max_tokens, "none"
+        ),
         "edgeqa+spec": lambda: EdgeqaSystem(
             "edgeqa+spec",
             model,

@@ -37,8 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DATA_DIR
 from transformers.utils import logging as hf_logging
 
-from origin.engine import Engine, EngineConfig
-from origin.engine.engine import default_quantization
+from origin.engine import Engine, EngineConfig, default_quantization
 from origin.model import load_model
 from origin.sampling import SamplingParams
 

@@ -1,15 +1,17 @@
 """Nightly edge release: mine the request logs, answer the hot questions, publish to the edge.
 
 mine -> generate (one mapped task per partition, pool ``gpu_a10``) -> build -> validate -> publish
--> prune. Wiring only: each task is one call into ``precompute.stages``, which keeps the state
-between tasks in the output store, so tasks may run on different workers. The validate task is a
-quality gate: an empty release, empty answers, a calibrated precision below target, or a release
-shrinking by more than ``max_shrink`` against its parent fails the run and the previous release
-stays live. Re-running a data interval reuses the finished generation partitions and builds the
-same release (built as of the interval's end); publishing it again is a no-op.
+-> prune: the stages of ``precompute.pipeline`` (``STAGES``), in its order, each task one call.
+The stages keep their state in the output store, so tasks may run on different workers. The
+validate task is the quality gate: empty answers, a calibrated precision below target, or a
+release shrinking by more than ``max_shrink`` against its parent fails the run and the previous
+release stays live. Re-running a data interval reuses the finished generation partitions and
+builds the same release (built as of the interval's end); publishing it again is a no-op.
 
-The logs window ends with the last full day of the data interval and spans ``window_days``.
-Heavy imports stay inside the task bodies: parsing this file imports Airflow only.
+The params are ``precompute.config.RUN_OPTIONS`` (the same as ``edgeqa precompute run``'s
+options, with the same defaults) plus the stores, the expected profile and the window. The logs
+window ends with the last full day of the data interval and spans ``window_days``. Heavy imports
+stay inside the task bodies: parsing this file imports Airflow and the settings only.
 """
 
 from __future__ import annotations
@@ -19,27 +21,32 @@ from typing import Any
 
 from airflow.sdk import Param, dag, get_current_context, task
 
+from precompute.config import RUN_OPTIONS
+
 GPU_POOL = "gpu_a10"
+_JSON_TYPES = {int: "integer", float: "number", str: "string"}
 
 
-def _stage_params() -> Any:
-    """The run's params and data interval as ``precompute.stages.StageParams``."""
-    from precompute.pipeline import PrecomputeConfig
-    from precompute.stages import GateConfig, StageParams
+def _param(option: Any) -> Param:
+    bounds = {"minimum": option.minimum, "maximum": option.maximum}
+    schema: dict[str, Any] = {k: v for k, v in bounds.items() if v is not None}
+    if option.choices:
+        schema["enum"] = list(option.choices)
+    return Param(option.default, type=_JSON_TYPES[option.kind], description=option.help, **schema)
+
+
+def _run_params() -> Any:
+    """The run's params and data interval as ``precompute.pipeline.RunParams``."""
+    from precompute.config import PipelineConfig
+    from precompute.pipeline import RunParams
 
     context = get_current_context()
     p = context["params"]
     end = context["data_interval_end"] or context["logical_date"]
     until = (end - timedelta(seconds=1)).date()  # the last full day of the interval
-    config = PrecomputeConfig.from_env(
-        k=p["k"], top_n=p["top_n"], max_tokens=p["max_tokens"],
-        partition_size=p["partition_size"], keep=p["keep"], quantization=p["quantization"],
-    )  # fmt: skip
-    return StageParams(
-        logs_uri=p["logs_uri"], out_uri=p["out_uri"],
-        since=until - timedelta(days=p["window_days"] - 1), until=until, config=config,
-        gate=GateConfig(min_precision=p["min_precision"], max_shrink=p["max_shrink"]),
-    )  # fmt: skip
+    config = PipelineConfig.from_env(**{o.name: p[o.name] for o in RUN_OPTIONS})
+    since = until - timedelta(days=p["window_days"] - 1)
+    return RunParams(p["logs_uri"], p["out_uri"], since, until, config, runner="airflow")
 
 
 @dag(
@@ -54,15 +61,8 @@ def _stage_params() -> Any:
         "logs_uri": Param("s3://edgeqa-prod/store", type="string", description="request logs"),
         "out_uri": Param("s3://edgeqa-prod/store", type="string", description="releases"),
         "profile": Param("", type="string", description="expected profile ('' = any)"),
-        "window_days": Param(7, type="integer", minimum=1),
-        "k": Param(5, type="integer", minimum=1, description="distinct users per phrasing"),
-        "top_n": Param(10000, type="integer", minimum=1),
-        "max_tokens": Param(256, type="integer", minimum=1),
-        "quantization": Param("int8", enum=["int8", "bf16", "none"], description="weights"),
-        "partition_size": Param(64, type="integer", minimum=1),
-        "keep": Param(5, type="integer", minimum=2, description="releases kept for rollback"),
-        "min_precision": Param(0.95, type="number", minimum=0, maximum=1),
-        "max_shrink": Param(0.5, type="number", minimum=0, maximum=1),
+        "window_days": Param(7, type="integer", minimum=1, description="days of logs mined"),
+        **{option.name: _param(option) for option in RUN_OPTIONS},
     },
     doc_md=__doc__,
 )
@@ -70,9 +70,9 @@ def nightly_edge_release() -> None:
     # task arguments are XComArgs when wired below and plain values when the task runs: Any
     @task
     def mine() -> dict[str, Any]:
-        from precompute.stages import mine_stage
+        from precompute.pipeline import mine_stage
 
-        mined: dict[str, Any] = mine_stage(_stage_params())
+        mined: dict[str, Any] = mine_stage(_run_params())
         expected = get_current_context()["params"]["profile"]
         if expected and expected != mined["profile"]:
             raise ValueError(f"profile {mined['profile']} is not the expected {expected}")
@@ -84,33 +84,33 @@ def nightly_edge_release() -> None:
 
     @task(pool=GPU_POOL, retries=3, retry_exponential_backoff=True, max_active_tis_per_dag=8)
     def generate(partition: Any, mined: Any) -> dict[str, Any]:
-        from precompute.stages import generate_stage
+        from precompute.pipeline import generate_stage
 
-        return generate_stage(_stage_params(), mined["profile"], mined["run"], partition)
+        return generate_stage(_run_params(), mined, partition)
 
     @task
     def build(mined: Any, generated: Any) -> dict[str, Any]:
-        from precompute.stages import build_stage
+        from precompute.pipeline import build_stage
 
-        return build_stage(_stage_params(), mined["profile"], mined["run"])
+        return build_stage(_run_params(), mined)
 
     @task(retries=0)  # a refused release stays refused
     def validate(mined: Any, built: Any) -> dict[str, Any]:
-        from precompute.stages import validate_stage
+        from precompute.pipeline import validate_stage
 
-        return validate_stage(_stage_params(), mined["profile"], mined["run"])
+        return validate_stage(_run_params(), mined)
 
     @task
     def publish(mined: Any, validated: Any) -> dict[str, Any]:
-        from precompute.stages import publish_stage
+        from precompute.pipeline import publish_stage
 
-        return publish_stage(_stage_params(), mined["profile"], mined["run"])
+        return publish_stage(_run_params(), mined)
 
     @task
     def prune(mined: Any, published: Any) -> dict[str, Any]:
-        from precompute.stages import prune_stage
+        from precompute.pipeline import prune_stage
 
-        return prune_stage(_stage_params(), mined["profile"])
+        return prune_stage(_run_params(), mined)
 
     mined = mine()
     generated = generate.partial(mined=mined).expand(partition=partitions(mined))

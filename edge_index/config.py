@@ -1,108 +1,170 @@
-"""Configuration of the edge index service, read once from ``EDGEQA_*`` environment variables.
+"""Settings: every ``EDGEQA_*`` environment variable, declared once, read once at start.
 
-The typed readers here (``env_str``, ``env_int``, ...) are shared by every deployable's config so
-that a bad value fails the same loud way everywhere: ``ConfigError`` naming the variable.
-Every variable is listed in ``docs/configuration.md``.
+Each variable is one field of one settings class (pydantic-settings): the field's name is the
+variable's name without ``EDGEQA_``, its type and bounds are the checks, its default is the
+default. The classes build on each other, so a variable two deployables share is still declared
+in one place:
+
+    SharedSettings (here)      the store, the profile, the embedder, the device, the cache folder,
+      |                        the user-hash salt
+      +- EdgeSettings (here)   + the edge index service's own
+      +- ModelSettings         + the LLM and its prompt        (origin/config.py)
+           +- EngineSettings   + the engine's sizes             (origin/config.py)
+           |    +- OriginSettings  + the HTTP server's          (origin/config.py)
+           +- PrecomputeSettings   + the nightly job's          (precompute/config.py)
+
+An entry point reads its class once (``OriginSettings.from_env()``) and passes the values down as
+plain arguments. An unset or blank variable takes the default; a bad value raises ``ConfigError``
+naming the variable. ``docs/configuration.md`` documents every field (a test checks both ways).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any, ClassVar, Literal, Self
 
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from edge_index.errors import EdgeQAError
 from edge_index.keys import MAX_QUERY_CHARS
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+PREFIX = "EDGEQA_"
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "edgeqa"
+DEFAULT_STORE = "file://./var/store"
+
+Device = Literal["auto", "cpu", "cuda"]
 
 
-class ConfigError(ValueError):
-    """An ``EDGEQA_*`` variable is missing or has a value of the wrong type."""
+class ConfigError(EdgeQAError, ValueError):
+    """An ``EDGEQA_*`` variable (or the option standing for it) has a value of the wrong type."""
 
 
-def env_str(environ: Mapping[str, str], name: str, default: str) -> str:
-    value = environ.get(name)
-    if value is None or value.strip() == "":
-        return default
-    return value.strip()
+class _EnvironSource(EnvSettingsSource):
+    """The variables of one mapping (``os.environ`` unless a test passes its own); a value that is
+    blank after stripping counts as unset."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._environ = {
+            name: value.strip()
+            for name, value in environ.items()
+            if name.startswith(PREFIX) and value.strip()
+        }
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return {name.lower(): value for name, value in self._environ.items()}
 
 
-def env_int(environ: Mapping[str, str], name: str, default: int, minimum: int | None = None) -> int:
-    raw = environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
-    return value
+class Settings(BaseSettings):
+    """The base of every settings class: ``EDGEQA_`` names, frozen values, loud errors."""
 
-
-def env_float(
-    environ: Mapping[str, str], name: str, default: float, minimum: float | None = None
-) -> float:
-    raw = environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
-    return value
-
-
-def env_bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    lowered = raw.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise ConfigError(f"{name} must be one of 1/0, true/false, yes/no, on/off; got {raw!r}")
-
-
-def env_choice(
-    environ: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]
-) -> str:
-    value = env_str(environ, name, default).lower()
-    if value not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
-    return value
-
-
-def env_path(environ: Mapping[str, str], name: str, default: Path) -> Path:
-    return Path(env_str(environ, name, str(default))).expanduser()
-
-
-def default_cache_dir(environ: Mapping[str, str]) -> Path:
-    return env_path(environ, "EDGEQA_CACHE_DIR", Path.home() / ".cache" / "edgeqa")
-
-
-@dataclass(frozen=True)
-class EdgeConfig:
-    embedder: str
-    device: str
-    max_query_chars: int
-    store_uri: str
-    profile: str  # "" = the store's only profile
-    poll_s: float
+    model_config = SettingsConfigDict(
+        env_prefix=PREFIX, extra="ignore", frozen=True, validate_default=True
+    )
+    # fields whose value is a secret: never printed (``describe``)
+    secrets: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> EdgeConfig:
-        env = os.environ if environ is None else environ
-        return cls(
-            embedder=env_str(env, "EDGEQA_EMBEDDER", "embedded"),
-            device=env_choice(env, "EDGEQA_DEVICE", "auto", ("auto", "cpu", "cuda")),
-            max_query_chars=env_int(env, "EDGEQA_MAX_QUERY_CHARS", MAX_QUERY_CHARS, minimum=1),
-            store_uri=env_str(env, "EDGEQA_STORE", "file://./var/store"),
-            profile=env_str(env, "EDGEQA_PROFILE", ""),
-            poll_s=env_float(env, "EDGEQA_POLL_S", 30.0, minimum=0.1),
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Self:
+        """The settings from ``environ`` (default: ``os.environ``); ``overrides`` (an option
+        given on the command line, say) win over the environment. Raises ``ConfigError``."""
+        sources: tuple[PydanticBaseSettingsSource, ...] = (
+            InitSettingsSource(cls, {k: v for k, v in overrides.items() if v is not None}),
+            _EnvironSource(cls, os.environ if environ is None else environ),
         )
+        try:
+            return cls(_build_sources=(sources, {}))  # type: ignore[call-arg]
+        except ValidationError as error:
+            raise ConfigError(_explain(error)) from None
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with ``changes`` applied and checked like values from the environment."""
+        try:
+            values = InitSettingsSource(type(self), {**self.model_dump(), **changes})
+            return type(self)(_build_sources=((values,), {}))  # type: ignore[call-arg]
+        except ValidationError as error:
+            raise ConfigError(_explain(error)) from None
+
+    @classmethod
+    def variables(cls) -> Iterator[str]:
+        """The names of the environment variables this class reads."""
+        for name in cls.model_fields:
+            yield env_name(name)
+
+
+def env_name(field: str) -> str:
+    return PREFIX + field.upper()
+
+
+def _explain(error: ValidationError) -> str:
+    """pydantic's errors in one line per variable, in the words the docs use."""
+    lines = []
+    for item in error.errors():
+        name = env_name(str(item["loc"][0])) if item["loc"] else "settings"
+        got = item.get("input")
+        ctx = item.get("ctx") or {}
+        kind = item["type"]
+        if kind == "int_parsing":
+            lines.append(f"{name} must be an integer, got {got!r}")
+        elif kind == "float_parsing":
+            lines.append(f"{name} must be a number, got {got!r}")
+        elif kind == "bool_parsing":
+            lines.append(f"{name} must be one of 1/0, true/false, yes/no, on/off; got {got!r}")
+        elif kind == "literal_error":
+            expected = str(ctx.get("expected", "")).replace("'", "").replace(" or ", ", ")
+            lines.append(f"{name} must be one of {expected}; got {got!r}")
+        elif kind in ("greater_than_equal", "greater_than"):
+            bound = ctx.get("ge", ctx.get("gt"))
+            word = "at least" if kind == "greater_than_equal" else "above"
+            lines.append(f"{name} must be {word} {bound:g}, got {got}")
+        elif kind in ("less_than", "less_than_equal"):
+            bound = ctx.get("lt", ctx.get("le"))
+            word = "below" if kind == "less_than" else "at most"
+            lines.append(f"{name} must be {word} {bound:g}, got {got}")
+        else:
+            lines.append(f"{name}: {item['msg'].removeprefix('Value error, ')}")
+    return "; ".join(lines)
+
+
+def _lower(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
+
+
+class SharedSettings(Settings):
+    """What the edge service, the origin and the nightly job all read."""
+
+    store: str = Field(DEFAULT_STORE, description="root of releases and logs")
+    profile: str = Field("", description="'' = the store's only profile, once one is published")
+    poll_s: float = Field(30.0, ge=0.1)
+    embedder: str = "embedded"
+    device: Device = "auto"
+    cache_dir: Path = DEFAULT_CACHE_DIR
+    # the secret of the user hashes in request logs; "" = a random one per process
+    user_salt: str = ""
+
+    secrets: ClassVar[frozenset[str]] = frozenset({"user_salt"})
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _lower_device(cls, value: Any) -> Any:
+        return _lower(value)
+
+    @field_validator("cache_dir", mode="after")
+    @classmethod
+    def _expand(cls, value: Path) -> Path:
+        return value.expanduser()
+
+
+class EdgeSettings(SharedSettings):
+    """The edge index service."""
+
+    max_query_chars: int = Field(MAX_QUERY_CHARS, ge=1)

@@ -6,6 +6,8 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edge_index.errors import EdgeQAError
+
 if TYPE_CHECKING:
     import numpy as np
     from sentence_transformers import SentenceTransformer
@@ -16,7 +18,7 @@ EMBEDDED_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 EMBEDDED_DIM = 384
 
 
-class EmbedderNotFoundError(FileNotFoundError):
+class EmbedderNotFoundError(EdgeQAError, FileNotFoundError):
     """The embedder named by a spec is not installed or not on disk."""
 
 
@@ -116,10 +118,13 @@ class QueryEncoder:
 
         with torch.inference_mode():
             features = self._tokenizer(
-                texts, padding=True, truncation=True, max_length=self._max_length,
+                texts,
+                padding=True,
+                truncation=True,
+                max_length=self._max_length,
                 pad_to_multiple_of=16,
                 return_tensors="pt",
-            ).to(self._device)  # fmt: skip
+            ).to(self._device)
             hidden = self._model(**features).last_hidden_state.float()
             mask = features["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)

@@ -14,6 +14,8 @@ import hashlib
 import re
 import unicodedata
 
+from edge_index.errors import EdgeQAError
+
 MAX_QUERY_CHARS = 2048
 
 # The Unicode White_Space property, spelled out so that Python and JavaScript agree exactly
@@ -32,7 +34,7 @@ _WHITESPACE_RUN = re.compile(f"[{re.escape(WHITESPACE)}]+")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class InvalidQueryError(ValueError):
+class InvalidQueryError(EdgeQAError, ValueError):
     """A query that has no key. ``field`` names the offending input for HTTP error bodies."""
 
     reason = "invalid"

@@ -1,9 +1,10 @@
 """Request logs: Parquet files under ``<store>/logs/dt=YYYY-MM-DD/``, written in batches.
 
 Both the origin and the edge service write them (so they live here, in the package both may
-import); the nightly precompute reads them. Columns (DESIGN.md): ``ts, request_id, user, tenant,
-query, normalized, key, turns, tier, status, latency_ms, ttft_ms, profile``. ``user`` is a salted
-hash (``hash_user``), never a raw identity.
+import); the nightly precompute reads them. Columns (``docs/release-format.md``): ``ts,
+request_id, user, tenant, query, normalized, key, turns, tier, status, latency_ms, ttft_ms,
+profile``. ``user`` is a salted
+hash (``edge_index/users.py``), never a raw identity.
 
 ``LogWriter`` buffers rows and writes one Parquet file per date partition when ``max_rows`` rows
 are buffered, every ``flush_interval_s`` seconds, and on ``close()``. It closes itself at exit and
@@ -17,17 +18,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import hmac
 import io
 import logging
-import os
-import secrets
 import signal
 import threading
 import uuid
 import weakref
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -79,31 +77,6 @@ def schema() -> pa.Schema:
             ("profile", pa.string()),
         ]
     )
-
-
-_PROCESS_SALT = secrets.token_bytes(32)
-_warned = threading.Event()
-
-
-def user_salt(environ: Mapping[str, str] | None = None) -> bytes:
-    """``EDGEQA_USER_SALT``; without it a random per-process salt (users then do not join
-    across processes, so distinct-user counts over several origins need the variable)."""
-    env = os.environ if environ is None else environ
-    value = env.get("EDGEQA_USER_SALT", "").strip()
-    if value:
-        return value.encode("utf-8")
-    if not _warned.is_set():
-        _warned.set()
-        log.warning("EDGEQA_USER_SALT is not set: hashing users with a random per-process salt")
-    return _PROCESS_SALT
-
-
-def hash_user(user: str, salt: bytes | None = None) -> str:
-    """The salted hash stored instead of a user identity (HMAC-SHA256, 32 hex chars)."""
-    if not user:
-        return ""
-    mac = hmac.new(salt if salt is not None else user_salt(), user.encode("utf-8"), "sha256")
-    return mac.hexdigest()[:32]
 
 
 def partition_path(day: date) -> str:

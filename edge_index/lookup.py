@@ -1,5 +1,7 @@
 """Lookups against one loaded release: the exact tier (key map) and the semantic tier (FAISS).
 
+The order the tiers are tried in is ``tiers.py``'s.
+
 ``ReleaseIndex`` holds everything a lookup needs in memory: a dict from key to row for the exact
 tier, and the release's FAISS shards (searched together, ids offset per shard) with each row's
 answer id for the semantic tier. It is immutable once built, so the service swaps whole indexes
@@ -16,7 +18,7 @@ import numpy as np
 
 from edge_index.embedder import QueryEncoder
 from edge_index.guard import Guard
-from edge_index.keys import key_of_normalized, normalize
+from edge_index.keys import normalize
 from edge_index.matcher import DEFAULT_K, Decision, decision_from_manifest, features
 
 if TYPE_CHECKING:
@@ -32,12 +34,14 @@ class Hit:
     question: str
     answer: str
     score: float
-    version: str
+    version: str | None  # None: not from a release (the origin's online cache)
+    tokens: int | None = None  # the answer's length in tokens, when the tier knows it
 
 
 @dataclass(frozen=True)
 class Miss:
-    reason: str  # "no_match", "below_threshold", "margin", "agreement", "guard:<check>"
+    # "no_release", "no_match", "below_threshold", "margin", "agreement", "guard:<check>"
+    reason: str
     version: str | None
     score: float | None = None
 
@@ -74,9 +78,12 @@ class ReleaseIndex:
             offset = len(self.keys)
             columns = shard.rows.select(["key", "question", "answer", "cluster"]).to_pydict()
             for k_, q, a, c in zip(
-                columns["key"], columns["question"], columns["answer"], columns["cluster"],
+                columns["key"],
+                columns["question"],
+                columns["answer"],
+                columns["cluster"],
                 strict=True,
-            ):  # fmt: skip
+            ):
                 self.exact.setdefault(k_, len(self.keys))
                 self.keys.append(k_)
                 self.questions.append(q)
@@ -100,9 +107,12 @@ class ReleaseIndex:
             if len(texts) == 1:
                 return self.encoder(texts)
             vectors = self.embedder.encode(
-                texts, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False,
+                texts,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
                 batch_size=256,
-            )  # fmt: skip
+            )
         return np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1)
 
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -147,14 +157,10 @@ class ReleaseIndex:
         if refused:
             return Miss(f"guard:{refused}", self.version, f.score)
         return Hit(
-            "semantic", self.keys[row], self.questions[row], self.answers[row], f.score,
+            "semantic",
+            self.keys[row],
+            self.questions[row],
+            self.answers[row],
+            f.score,
             self.version,
-        )  # fmt: skip
-
-    def lookup(self, query: str) -> Hit | Miss:
-        """Exact tier first, then semantic. Raises ``InvalidQueryError`` for a bad query."""
-        normalized = normalize(query)
-        hit = self.lookup_exact(key_of_normalized(normalized))
-        if hit is not None:
-            return hit
-        return self.lookup_semantic(query, normalized)
+        )

@@ -218,8 +218,9 @@ def calibrate(
     """
     n = len(labels)
     if n < 2:
-        return Calibration(fallback or Decision(), target_precision, 0.0, 0.0, 0.0, 0.0, n, z,
-                           calibrated=False)  # fmt: skip
+        return Calibration(
+            fallback or Decision(), target_precision, 0.0, 0.0, 0.0, 0.0, n, z, calibrated=False
+        )
     check_oos = max_out_of_scope_hit_rate is not None and len(set(labels)) >= 2
     counts: dict[Any, int] = {}
     for label in labels:
@@ -257,9 +258,14 @@ def calibrate(
                         limit = max_out_of_scope_hit_rate
                         if wilson_upper(oos_hits, n, z) > limit:  # type: ignore[operator]
                             continue
-                    best = (hits / n, Decision(float(t), float(m), float(a), vote_k),
-                            right / hits, bound, right / max(int(answerable.sum()), 1),
-                            oos_rate)  # fmt: skip
+                    best = (
+                        hits / n,
+                        Decision(float(t), float(m), float(a), vote_k),
+                        right / hits,
+                        bound,
+                        right / max(int(answerable.sum()), 1),
+                        oos_rate,
+                    )
     if best is None:
         decision = fallback or Decision()
         score, margin, _, correct = leave_one_out(vectors, labels, texts, guard)
@@ -267,15 +273,29 @@ def calibrate(
         hits = int(hit.sum())
         right = int((hit & correct).sum())
         return Calibration(
-            decision, target_precision, right / hits if hits else 0.0,
-            wilson_lower(right, hits, z), hits / n if n else 0.0,
-            right / max(int(answerable.sum()), 1), n, z, calibrated=False,
-        )  # fmt: skip
+            decision,
+            target_precision,
+            right / hits if hits else 0.0,
+            wilson_lower(right, hits, z),
+            hits / n if n else 0.0,
+            right / max(int(answerable.sum()), 1),
+            n,
+            z,
+            calibrated=False,
+        )
     hit_rate, decision, precision, bound, recall, oos_rate = best
     return Calibration(
-        decision, target_precision, precision, bound, hit_rate, recall, n, z, True,
+        decision,
+        target_precision,
+        precision,
+        bound,
+        hit_rate,
+        recall,
+        n,
+        z,
+        True,
         out_of_scope_hit_rate=oos_rate if check_oos else None,
-    )  # fmt: skip
+    )
 
 
 def as_dict(decision: Decision) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edge_index.errors import EdgeQAError
 from edge_index.store import ObjectNotFoundError, Store, sha256_hex
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ FORMAT = 1
 POINTER = "current.json"
 
 
-class ReleaseError(RuntimeError):
+class ReleaseError(EdgeQAError, RuntimeError):
     """A release is missing, incomplete or corrupt."""
 
 

@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlparse
 
+from edge_index.errors import EdgeQAError
+
 T = TypeVar("T")
 
 DEFAULT_RETRIES = 4
 
 
-class StoreError(RuntimeError):
+class StoreError(EdgeQAError, RuntimeError):
     """A store operation failed for good (after retries, or for a reason retrying cannot fix)."""
 
 

@@ -1,14 +1,24 @@
-"""The ``edgeqa`` command: wiring only, each subcommand is one call into a package."""
+"""The ``edgeqa`` command: wiring only, each subcommand is one call into a package.
+
+Settings come from ``EDGEQA_*`` variables (read once, here, through the settings classes); an
+option given on the command line wins over its variable. A user-facing error (``EdgeQAError``:
+a bad setting, a missing model, a refused release) is printed on one line, exit status 2; any
+other exception is a bug and is printed with its traceback, exit status 1.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+from edge_index.errors import EdgeQAError
 from edgeqa import __version__
 
 
@@ -32,29 +42,39 @@ def _cmd_version(args: argparse.Namespace) -> int:
 def _cmd_ask(args: argparse.Namespace) -> int:
     _quiet_libraries()
     from edge_index.keys import normalize
-    from origin.config import OriginConfig
-    from origin.generate import GenerationStats, chat_messages, stream_chat
-    from origin.model import load_model
+    from origin.config import EngineSettings
+    from origin.generate import chat_messages
+    from origin.runtime import build_engine
     from origin.sampling import SamplingParams
 
     normalize(args.question, field="question")  # rejects empty and over-long questions
-    config = OriginConfig.from_env()
+    # one request: one slot
+    settings = EngineSettings.from_env(model=args.model, max_num_seqs=1)
     params = SamplingParams(
-        max_tokens=args.max_tokens if args.max_tokens is not None else config.max_tokens,
-        temperature=args.temperature if args.temperature is not None else config.temperature,
+        max_tokens=args.max_tokens if args.max_tokens is not None else settings.max_tokens,
+        temperature=args.temperature if args.temperature is not None else settings.temperature,
         top_p=args.top_p,
         seed=args.seed,
     )
-    model, tokenizer = load_model(args.model or config.model, config.device, config.dtype)
-    stats = GenerationStats()
-    for delta in stream_chat(model, tokenizer, chat_messages(args.question), params, stats):
-        sys.stdout.write(delta)
+    engine = build_engine(settings)
+
+    def write(output: Any) -> None:
+        sys.stdout.write(output.delta_text)
         sys.stdout.flush()
+
+    messages = chat_messages(args.question, settings.system_prompt)
+    request = engine.add_request(messages, params, write)
+    while not request.finished:
+        engine.step()
     sys.stdout.write("\n")
     if args.stats:
+        times, tokens = request.times, len(request.output_ids)
+        ttft_ms = (times.ttft_s or 0.0) * 1000
+        decode_s = (times.tokens[-1] - times.tokens[0]) if len(times.tokens) > 1 else 0.0
+        rate = (len(times.tokens) - 1) / decode_s if decode_s > 0 else 0.0
         print(
-            f"[ttft {stats.ttft_ms:.0f} ms, {stats.completion_tokens} tokens, "
-            f"{stats.decode_tokens_per_s:.1f} tok/s, finish {stats.finish_reason}]",
+            f"[ttft {ttft_ms:.0f} ms, {tokens} tokens, {rate:.1f} tok/s, "
+            f"finish {request.finish_reason}]",
             file=sys.stderr,
         )
     return 0
@@ -62,7 +82,7 @@ def _cmd_ask(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     _quiet_libraries()
-    from precompute.demo import run_demo
+    from edgeqa.demo import run_demo
 
     run_demo(Path(args.workdir), serve=args.serve, max_tokens=args.max_tokens)
     return 0
@@ -77,72 +97,68 @@ def _date(text: str) -> date:
 
 def _cmd_precompute_run(args: argparse.Namespace) -> int:
     _quiet_libraries()
-    import json
-
-    from edge_index.store import open_store
-    from precompute.pipeline import PrecomputeConfig, run_precompute
+    from precompute.config import RUN_OPTIONS, PipelineConfig
+    from precompute.pipeline import QualityGateError, RunParams, run_pipeline
 
     until = args.until or datetime.now(UTC).date()
     since = args.since or until - timedelta(days=6)
     if since > until:
-        raise ValueError(f"--since {since} is after --until {until}")
-    config = PrecomputeConfig.from_env(
-        k=args.k,
-        top_n=args.top_n,
-        max_tokens=args.max_tokens,
-        partition_size=args.partition_size,
-        quantization=args.quantization,
-        keep=args.keep,
-        baseline_sample=args.baseline_sample,
-        finetune_steps=args.finetune_steps,
-    )
-    report = run_precompute(
-        open_store(args.logs), open_store(args.out), since, until, config, progress=True
-    )
+        raise EdgeQAError(f"--since {since} is after --until {until}")
+    config = PipelineConfig.from_env(**{o.name: getattr(args, o.name) for o in RUN_OPTIONS})
+    params = RunParams(args.logs, args.out, since, until, config, runner="cli")
+    try:
+        report = run_pipeline(params, progress=True)
+    except QualityGateError as error:
+        print(json.dumps(error.report, indent=2, default=str))
+        raise
     print(json.dumps(report, indent=2, default=str))
     return 0
 
 
 def _cmd_edge_serve(args: argparse.Namespace) -> int:
     _quiet_libraries()
-    from edge_index.config import EdgeConfig
+    from edge_index.config import EdgeSettings
     from edge_index.service import serve
-    from edge_index.store import open_store
 
-    config = EdgeConfig.from_env()
-    serve(
-        open_store(args.store or config.store_uri),
-        args.profile or config.profile or None,
-        config.embedder,
-        args.host,
-        args.port,
-        config.poll_s,
-        config.max_query_chars,
-        log_requests=not args.no_logs,
-    )
+    settings = EdgeSettings.from_env(store=args.store, profile=args.profile)
+    serve(settings, args.host, args.port, log_requests=not args.no_logs)
     return 0
 
 
 def _cmd_origin_serve(args: argparse.Namespace) -> int:
     _quiet_libraries()
-    import dataclasses
-
-    from origin.config import ServerConfig
+    from origin.config import OriginSettings
     from origin.server import serve
 
-    config = ServerConfig.from_env()
-    if args.profile:
-        config = dataclasses.replace(config, profile=args.profile)
-    if args.no_logs:
-        config = dataclasses.replace(config, log_requests=False)
-    if args.no_tiers:
-        config = dataclasses.replace(config, tiers=False)
-    serve(config, args.host, args.port, args.store)
+    settings = OriginSettings.from_env(
+        store=args.store,
+        profile=args.profile,
+        log_requests=False if args.no_logs else None,
+        origin_tiers=False if args.no_tiers else None,
+    )
+    serve(settings, args.host, args.port)
     return 0
 
 
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The per-run options (the DAG's params), each with its default and variable, if any."""
+    from precompute.config import RUN_OPTIONS, PrecomputeSettings
+
+    variables = set(PrecomputeSettings.variables())
+    for option in RUN_OPTIONS:
+        variable = f"EDGEQA_{option.field.upper()}"
+        source = f"{variable}, " if variable in variables and option.section == "settings" else ""
+        parser.add_argument(
+            f"--{option.name.replace('_', '-')}",
+            type=option.kind,
+            choices=option.choices or None,
+            default=None,
+            help=f"{option.help} ({source}default {option.default})",
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="edgeqa", description=__doc__)
+    parser = argparse.ArgumentParser(prog="edgeqa", description=__doc__.split("\n", 1)[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
     version = commands.add_parser("version", help="print versions")
@@ -169,30 +185,15 @@ def build_parser() -> argparse.ArgumentParser:
     precompute = commands.add_parser("precompute", help="the nightly precompute")
     pre_commands = precompute.add_subparsers(dest="precompute_command", required=True)
     run = pre_commands.add_parser(
-        "run", help="mine the logs, generate, build and publish a release; print the run report"
+        "run",
+        help="mine the logs, generate, build, validate (the quality gate) and publish a release; "
+        "print the run report",
     )
     run.add_argument("--logs", required=True, help="store root holding logs/ (file:// or s3://)")
     run.add_argument("--out", required=True, help="store root to publish releases to")
     run.add_argument("--since", type=_date, default=None, help="first log day (default: until-6)")
     run.add_argument("--until", type=_date, default=None, help="last log day (default: today UTC)")
-    run.add_argument("--k", type=int, default=None, help="distinct users (EDGEQA_MIN_USERS, 5)")
-    run.add_argument("--top-n", type=int, default=None, help="clusters kept (EDGEQA_TOP_N)")
-    run.add_argument("--max-tokens", type=int, default=None, help="per answer (EDGEQA_MAX_TOKENS)")
-    run.add_argument("--partition-size", type=int, default=None, help="questions per partition")
-    run.add_argument("--quantization", choices=("int8", "bf16", "none"), default=None)
-    run.add_argument("--keep", type=int, default=None, help="releases kept (EDGEQA_KEEP_RELEASES)")
-    run.add_argument(
-        "--baseline-sample",
-        type=int,
-        default=None,
-        help="questions answered one at a time for the throughput comparison (default 8, 0: off)",
-    )
-    run.add_argument(
-        "--finetune-steps",
-        type=int,
-        default=None,
-        help="tune the embedder on the release's phrasings first and ship it in the release",
-    )
+    _add_run_options(run)
     run.set_defaults(run=_cmd_precompute_run)
 
     edge = commands.add_parser("edge", help="the edge index service")
@@ -233,12 +234,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
-        # bad input or a missing model/package: one clear line, no traceback
+    except EdgeQAError as error:
+        # something the user can fix or must know: one clear line
         print(f"edgeqa: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception:
+        # a bug, or a library failing unexpectedly: the whole story
+        traceback.print_exc()
+        print("edgeqa: internal error (the traceback above); please report it", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

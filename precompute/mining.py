@@ -1,6 +1,7 @@
 """Hot-question mining: which logged questions may be published, and which matter most.
 
-Rules (DESIGN.md, "Mining rules"), applied in this order, every exclusion counted by reason:
+Rules (``docs/precompute.md``, "Mining rules"), applied in this order, every exclusion counted
+by reason:
 1. ``failed_request``: rows whose request was rejected or failed (status >= 400, tier
    ``rejected``/``error``) do not count as asks.
    ``edge_miss``: an edge lookup that missed is not counted, the origin logs the same ask.
@@ -29,28 +30,10 @@ from typing import TYPE_CHECKING, Any
 from edge_index.guard import numbers
 from edge_index.keys import InvalidQueryError, key, normalize
 from edge_index.pii import find_pii
+from precompute.config import MiningConfig
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
-
-
-@dataclass(frozen=True)
-class MiningConfig:
-    k: int = 5
-    top_n: int = 10_000
-    half_life_days: float = 7.0
-    cluster_threshold: float = 0.9
-    embed_batch: int = 256
-
-    def __post_init__(self) -> None:
-        if self.k < 1:
-            raise ValueError("k must be at least 1")
-        if self.top_n < 1:
-            raise ValueError("top_n must be at least 1")
-        if self.half_life_days <= 0:
-            raise ValueError("half_life_days must be positive")
-        if not 0 < self.cluster_threshold <= 1:
-            raise ValueError("cluster_threshold must be in (0, 1]")
 
 
 @dataclass
@@ -61,6 +44,21 @@ class Phrasing:
     users: set[str]
     hits: int
     latest_by_user: dict[str, datetime]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "normalized": self.normalized,
+            "question": self.question,
+            "users": sorted(self.users),
+            "hits": self.hits,
+            "latest_by_user": {u: t.isoformat() for u, t in self.latest_by_user.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Phrasing:
+        latest = {u: datetime.fromisoformat(t) for u, t in d["latest_by_user"].items()}
+        return cls(d["key"], d["normalized"], d["question"], set(d["users"]), d["hits"], latest)
 
 
 @dataclass
@@ -80,6 +78,19 @@ class HotQuestion:
     @property
     def question(self) -> str:
         return self.canonical.question
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "phrasings": [p.as_dict() for p in self.phrasings],  # canonical first
+            "users": self.users,
+            "hits": self.hits,
+            "score": self.score,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HotQuestion:
+        phrasings = [Phrasing.from_dict(p) for p in d["phrasings"]]
+        return cls(phrasings[0], phrasings, d["users"], d["hits"], d["score"])
 
 
 @dataclass

@@ -1,208 +1,193 @@
-"""The nightly precompute, end to end: logs -> mining -> generation -> release -> publish.
+"""The nightly pipeline, defined once:
 
-``run_precompute`` is what ``edgeqa precompute run`` calls; the Airflow DAG calls the same stage
-functions one task each. It returns the run report (a JSON-ready dict): counts by stage and by
-exclusion reason, generation throughput next to one-at-a-time ``generate`` on a sample of the same
-questions, the release version, and timings.
+    mine -> generate (per partition) -> build -> validate -> publish -> prune
+
+``run_pipeline`` runs the stages in this order in one process: it is what ``edgeqa precompute run``
+and the demo call. The Airflow DAG (``dags/nightly_edge_release.py``) runs each stage as one task,
+maybe on different workers; a test checks that its tasks are these stages in this order. A stage
+reads what the previous ones left in the run's work area (``workarea.py``) and returns a small
+JSON-able dict (the DAG passes it on as XCom), so every path runs the same code, the quality gate
+included.
+
+- ``mine_stage``: read the logs of the window, mine the hot questions, decide the profile and the
+  run id (a digest of the profile and the questions), save both; the partitions to generate.
+- ``generate_stage``: answer one partition (or all), checkpointed in the store.
+- ``build_stage``: the release (FAISS shards, answer objects, manifest; the embedder fine-tuned
+  first when asked) from the generated partitions, staged in the work area.
+- ``validate_stage``: the quality gate; ``QualityGateError`` keeps the previous release live.
+- ``publish_stage``: the atomic publish of the staged release (a no-op when it is already current).
+- ``prune_stage``: drop releases beyond the newest ``keep``.
+
+A run is built "as of" the end of its last log day (or now, if that is later than now), so
+re-running the same window yields the same version and content.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from edge_index.config import env_int, env_str
+from edge_index.errors import EdgeQAError
 from edge_index.logs import LogReadStats, read_logs
-from edge_index.release import read_pointer
-from edge_index.store import Store
-from origin.config import DEFAULT_SYSTEM_PROMPT
-from precompute.build import BuildConfig, build_release
+from edge_index.release import read_pointer, release_prefix
+from edge_index.store import ObjectNotFoundError, open_store
+from precompute.config import PipelineConfig
 from precompute.generate import (
-    GenerationConfig,
-    GenerationReport,
     generate_all,
-    make_engine,
     make_profile,
+    nightly_engine,
+    partitions,
+    read_partitions,
     run_id,
-    sequential_baseline,
 )
-from precompute.mining import MiningConfig, mine
-from precompute.publish import publish
+from precompute.mining import HotQuestion, MiningReport, mine
+from precompute.publish import prune, publish
+from precompute.workarea import WorkArea
+
+if TYPE_CHECKING:
+    from origin.runtime import LoadedModel
+
+STAGES = ("mine", "generate", "build", "validate", "publish", "prune")
+Mined = Mapping[str, Any]  # what mine_stage returned: profile, run, partitions, ...
+
+
+class QualityGateError(EdgeQAError, RuntimeError):
+    """The built release must not be published; the previous one stays live. ``report``: the
+    run report up to the refusal (``run_pipeline``)."""
+
+    report: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
-class PrecomputeConfig:
-    mining: MiningConfig = field(default_factory=MiningConfig)
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
-    build: BuildConfig = field(default_factory=BuildConfig)
-    embedder: str = "embedded"
-    keep: int = 5
-    baseline_sample: int = 8  # questions answered one at a time for the throughput comparison
-    finetune_steps: int = 0  # > 0: tune the embedder on the release's phrasings and ship it
+class RunParams:
+    """One run of the pipeline: where the logs are, where releases go, the log window, the
+    configuration, and who runs it (recorded in the manifest: ``cli``, ``airflow``, ``demo``)."""
 
-    @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, **overrides: Any
-    ) -> PrecomputeConfig:
-        env = os.environ if environ is None else environ
-        mining = MiningConfig(
-            k=env_int(env, "EDGEQA_MIN_USERS", 5, minimum=1),
-            top_n=env_int(env, "EDGEQA_TOP_N", 10_000, minimum=1),
-        )
-        generation = GenerationConfig(
-            model=env_str(env, "EDGEQA_MODEL", "embedded"),
-            max_tokens=env_int(env, "EDGEQA_MAX_TOKENS", 256, minimum=1),
-            system_prompt=env_str(env, "EDGEQA_SYSTEM_PROMPT", DEFAULT_SYSTEM_PROMPT),
-        )
-        config = cls(
-            mining=mining,
-            generation=generation,
-            embedder=env_str(env, "EDGEQA_EMBEDDER", "embedded"),
-            keep=env_int(env, "EDGEQA_KEEP_RELEASES", 5, minimum=2),
-        )
-        return config.replace(**overrides) if overrides else config
+    logs_uri: str
+    out_uri: str
+    since: date
+    until: date
+    config: PipelineConfig
+    runner: str = "cli"
 
-    def replace(self, **changes: Any) -> PrecomputeConfig:
-        """Override fields; ``k``, ``top_n``, ``max_tokens``... reach the nested configs."""
-        from dataclasses import fields, replace
+    def __post_init__(self) -> None:
+        if self.since > self.until:
+            raise EdgeQAError(f"the log window starts ({self.since}) after it ends ({self.until})")
 
-        nested: dict[str, dict[str, Any]] = {"mining": {}, "generation": {}, "build": {}}
-        top: dict[str, Any] = {}
-        for name, value in changes.items():
-            if value is None:
-                continue
-            for part in nested:
-                if name in {f.name for f in fields(getattr(self, part))}:
-                    nested[part][name] = value
-                    break
-            else:
-                top[name] = value
-        parts = {p: replace(getattr(self, p), **c) for p, c in nested.items() if c}
-        return replace(self, **parts, **top)
+    @property
+    def now(self) -> datetime:
+        """What the release is built as of: the end of the last log day, or now if earlier."""
+        end = datetime(self.until.year, self.until.month, self.until.day, 23, 59, 59, tzinfo=UTC)
+        return min(end, datetime.now(UTC).replace(microsecond=0))
 
 
-def _finetuned(
-    embedder: Any, hot: list[Any], config: PrecomputeConfig, folder: Path
-) -> tuple[Any, Path | None, dict[str, Any] | None]:
-    """The embedder tuned on the clusters' phrasings (label = cluster), saved to ``folder``;
-    the base embedder when too few clusters have two phrasings or more."""
-    import copy
-
-    from edge_index.finetune import finetune, model_digest
-
-    texts = [p.normalized for h in hot for p in h.phrasings]
-    labels = [h.key for h in hot for p in h.phrasings]
-    if sum(1 for h in hot if len(h.phrasings) >= 2) < 2:
-        return embedder, None, None
-    tuned = finetune(copy.deepcopy(embedder), texts, labels, steps=config.finetune_steps)
-    tuned.save(str(folder))
-    info = {"finetuned": {"base": config.embedder, "steps": config.finetune_steps,
-                          "examples": len(texts), "sha256": model_digest(folder)}}  # fmt: skip
-    return tuned, folder, info
+def _work(params: RunParams, mined: Mined) -> WorkArea:
+    return WorkArea(open_store(params.out_uri), mined["profile"], mined["run"])
 
 
-def _timed(timings: dict[str, float], name: str, started: float) -> None:
-    timings[name] = round(time.perf_counter() - started, 2)
+def _hot(work: WorkArea) -> list[HotQuestion]:
+    return [HotQuestion.from_dict(item) for item in work.get_json("hot.json")]
 
 
-def run_precompute(
-    logs: Store,
-    out: Store,
-    since: date,
-    until: date,
-    config: PrecomputeConfig | None = None,
-    progress: bool = True,
-    now: datetime | None = None,
-    on_publish_stage: Callable[[str], None] | None = None,
-    model: Any = None,
-) -> dict[str, Any]:
-    """Run every stage; ``model``: an already loaded (model, tokenizer) to reuse."""
+def excluded_rows(stats: LogReadStats, mining: MiningReport) -> dict[str, int]:
+    """Log rows left out of the release, by reason: malformed ones, then mining's reasons."""
+    excluded = {"malformed": stats.malformed_rows} if stats.malformed_rows else {}
+    excluded.update(mining.excluded_rows)
+    return excluded
+
+
+def mine_stage(params: RunParams, model: LoadedModel | None = None) -> dict[str, Any]:
     from edge_index.embedder import load_embedder
-    from origin.model import load_model
+    from origin.model import load_tokenizer
 
-    config = config or PrecomputeConfig()
-    now = now or datetime.now(UTC)
-    timings: dict[str, float] = {}
-    report: dict[str, Any] = {"log_range": {"since": since.isoformat(), "until": until.isoformat()}}
-
-    started = time.perf_counter()
-    read_stats = LogReadStats()
-    rows = read_logs(logs, since, until, read_stats)
-    report["logs"] = dict(read_stats.__dict__)
-    _timed(timings, "read_logs", started)
-
-    started = time.perf_counter()
-    embedder = load_embedder(config.embedder)
-    hot, mining = mine(rows, embedder, config.mining, now)
-    report["mining"] = mining.as_dict()
-    _timed(timings, "mine", started)
-
-    started = time.perf_counter()
-    model, tokenizer = model or load_model(config.generation.model, device="auto", dtype="float32")
-    profile = make_profile(config.generation, tokenizer)
+    config, settings = params.config, params.config.settings
+    stats = LogReadStats()
+    rows = read_logs(open_store(params.logs_uri), params.since, params.until, stats)
+    hot, mining = mine(rows, load_embedder(settings.embedder), config.mining, params.now)
+    tokenizer = model[1] if model else load_tokenizer(settings.model, settings.cache_dir)
+    profile = make_profile(settings, config.generation.quantization, tokenizer)
     run = run_id(profile, [h.question for h in hot])
-    report["profile"] = profile.name
-    report["run_id"] = run
-    _timed(timings, "load_model", started)
+    work = WorkArea(open_store(params.out_uri), profile.name, run)
+    work.put_json("hot.json", [h.as_dict() for h in hot])
+    work.put_json("profile.json", profile.inputs)
+    count = len(partitions(hot, config.generation.partition_size))
+    return {
+        "profile": profile.name,
+        "run": run,
+        "questions": len(hot),
+        "partitions": list(range(count)),
+        "logs": {**stats.__dict__, "rows": len(rows)},
+        "excluded_rows": excluded_rows(stats, mining),
+        "mining": mining.as_dict(),
+    }
 
-    started = time.perf_counter()
-    generated, generation = generate_all(
-        lambda: make_engine(model, tokenizer, config.generation),
-        out,
-        profile.name,
-        run,
+
+def generate_stage(
+    params: RunParams,
+    mined: Mined,
+    partition: int | None = None,
+    model: LoadedModel | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Answer ``partition`` (an Airflow mapped task does one), or every partition (one engine
+    for all of them in one process)."""
+    config, settings = params.config, params.config.settings
+    work = _work(params, mined)
+    hot = _hot(work)
+    _, report = generate_all(
+        lambda: nightly_engine(settings, config.generation.quantization, model),
+        work,
         [h.key for h in hot],
         [h.question for h in hot],
-        config.generation,
-        GenerationReport(),
+        settings,
+        config.generation.partition_size,
+        generated_at=params.now,
+        only=None if partition is None else [partition],
         progress=progress,
     )
-    if config.baseline_sample and generation.generated:
-        sample = [h.question for h in hot[: config.baseline_sample]]
-        generation.sequential_sample = sequential_baseline(
-            model, tokenizer, sample, config.generation
-        )
-    report["generation"] = generation.as_dict()
-    if generation.sequential_sample and generation.seconds:
-        seq = generation.sequential_sample
-        report["generation"]["speedup_vs_sequential_tokens_per_s"] = (
-            round(generation.tokens / generation.seconds / seq["tokens_per_s"], 2)
-            if seq.get("tokens_per_s")
-            else None
-        )
-    _timed(timings, "generate", started)
+    return {"partition": partition, **report.as_dict()}
 
-    answers = {row["key"]: row for row in generated}
-    pointer, _ = read_pointer(out, profile.name)
+
+def build_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
+    from edge_index.embedder import load_embedder
+    from precompute.build import build_release, finetuned_embedder
+
+    config, settings = params.config, params.config.settings
+    work = _work(params, mined)
+    hot = _hot(work)
+    try:
+        rows = read_partitions(work, len(mined["partitions"]))
+    except ObjectNotFoundError as error:
+        raise EdgeQAError(f"a partition is not generated: run generate first ({error})") from None
+    pointer, _ = read_pointer(work.store, work.profile)
     parent = pointer["version"] if pointer else None
-    with tempfile.TemporaryDirectory(prefix="edgeqa-release-") as tmp:
-        started = time.perf_counter()
-        release_embedder, embedder_dir, embedder_info = embedder, None, None
+    embedder = load_embedder(settings.embedder)
+    with tempfile.TemporaryDirectory(prefix="edgeqa-build-") as tmp:
+        embedder_dir, embedder_info = None, None
         if config.finetune_steps:
-            release_embedder, embedder_dir, embedder_info = _finetuned(
-                embedder, hot, config, Path(tmp) / "embedder"
+            embedder, embedder_dir, embedder_info = finetuned_embedder(
+                embedder, settings.embedder, hot, config.finetune_steps, Path(tmp) / "embedder"
             )
-            timings["finetune"] = round(time.perf_counter() - started, 2)
-            started = time.perf_counter()
-        _manifest, build = build_release(
+        manifest, report = build_release(
             Path(tmp) / "release",
             hot,
-            answers,
-            release_embedder,
-            config.embedder,
-            profile.name,
-            profile.inputs,
+            {r["key"]: r for r in rows},
+            embedder,
+            settings.embedder,
+            work.profile,
+            work.get_json("profile.json"),
             config.build,
             extra={
                 "parent": parent,
-                "run_id": run,
-                "log_range": report["log_range"],
+                "run_id": work.run,
+                "runner": params.runner,
+                "log_range": {"since": params.since.isoformat(), "until": params.until.isoformat()},
                 "mining": {
                     "k": config.mining.k,
                     "top_n": config.mining.top_n,
@@ -210,26 +195,131 @@ def run_precompute(
                     "cluster_threshold": config.mining.cluster_threshold,
                 },
             },
-            now=now,
+            now=params.now,
             embedder_dir=embedder_dir,
             embedder_info=embedder_info,
         )
-        report["build"] = build.as_dict()
-        _timed(timings, "build", started)
-        if build.rows == 0:
-            report["status"] = "nothing_to_publish"
-            report["version"] = None
-        else:
-            started = time.perf_counter()
-            published = publish(
-                out, Path(tmp) / "release", keep=config.keep, on_stage=on_publish_stage
-            )
-            report["publish"] = published.as_dict()
-            report["version"] = published.version
-            report["status"] = "published"
-            _timed(timings, "publish", started)
-    excluded = dict(read_stats.malformed_by_field and {"malformed": read_stats.malformed_rows})
-    excluded.update(mining.excluded_rows)
-    report["excluded_rows"] = excluded
-    report["timings_s"] = timings
+        work.stage_release(Path(tmp) / "release")
+    return {"version": manifest["version"], "parent": parent, **report.as_dict()}
+
+
+def validate_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
+    """The quality gate: raise ``QualityGateError`` naming every failed check. A release with no
+    rows is not refused: there is nothing to publish, and the previous release stays."""
+    gate, work = params.config.gate, _work(params, mined)
+    manifest = work.staged_manifest()
+    rows = int(manifest["counts"]["rows"])
+    threshold = manifest.get("threshold", {})
+    result: dict[str, Any] = {
+        "version": manifest["version"],
+        "rows": rows,
+        "precision": threshold.get("precision"),
+    }
+    if rows == 0:
+        return {**result, "status": "nothing_to_publish"}
+    failures = []
+    if rows < gate.min_rows:
+        failures.append(f"the release has {rows} rows (at least {gate.min_rows} required)")
+    empty = _empty_answers(work, manifest)
+    if empty:
+        failures.append(f"{empty} answers are empty")
+    # leave-one-out precision of the semantic tier at the decision the release ships (measured
+    # whenever some phrasings hit; an uncalibrated release measures its fallback decision)
+    if threshold.get("hit_rate") and float(threshold["precision"]) < gate.min_precision:
+        failures.append(
+            f"calibrated precision {threshold['precision']} is below {gate.min_precision}"
+        )
+    parent_rows = _parent_rows(work, manifest.get("parent"))
+    if parent_rows and rows < (1 - gate.max_shrink) * parent_rows:
+        failures.append(
+            f"the release shrinks from {parent_rows} to {rows} rows "
+            f"(more than {gate.max_shrink:.0%})"
+        )
+    if failures:
+        raise QualityGateError(f"release {manifest['version']} refused: " + "; ".join(failures))
+    return {**result, "status": "passed", "parent_rows": parent_rows, "empty_answers": empty}
+
+
+def _parent_rows(work: WorkArea, parent: str | None) -> int | None:
+    if not parent:
+        return None
+    try:
+        data = work.store.get(f"{release_prefix(work.profile, parent)}/manifest.json")
+    except ObjectNotFoundError:
+        return None
+    return int(json.loads(data)["counts"]["rows"])
+
+
+def _empty_answers(work: WorkArea, manifest: dict[str, Any]) -> int:
+    empty = 0
+    for shard in manifest.get("shards", []):
+        table = work.get_table(f"{work.release}/{shard['rows']['path']}")
+        empty += sum(1 for a in table.column("answer").to_pylist() if not (a or "").strip())
+    return empty
+
+
+def publish_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
+    work = _work(params, mined)
+    manifest = work.staged_manifest()
+    if int(manifest["counts"]["rows"]) == 0:
+        return {"version": None, "status": "nothing_to_publish"}
+    pointer, _ = read_pointer(work.store, work.profile)
+    if pointer and pointer.get("version") == manifest["version"]:
+        return {"version": manifest["version"], "status": "already_current"}
+    with work.staged_release_folder() as folder:
+        report = publish(work.store, folder, keep=params.config.keep)
+    return {"status": "published", **report.as_dict()}
+
+
+def prune_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
+    removed = prune(open_store(params.out_uri), mined["profile"], params.config.keep)
+    return {"removed": removed}
+
+
+def run_pipeline(
+    params: RunParams,
+    model: LoadedModel | None = None,
+    progress: bool = False,
+    on_stage: Callable[[str, dict[str, Any], float], None] | None = None,
+) -> dict[str, Any]:
+    """Every stage, in order, in this process; the run report. ``model``: an already loaded
+    (model, tokenizer) to reuse; ``on_stage(name, result, seconds)`` after each stage.
+    Raises ``QualityGateError`` (its ``report`` says how far the run got) when the gate refuses."""
+    report: dict[str, Any] = {
+        "runner": params.runner,
+        "log_range": {"since": params.since.isoformat(), "until": params.until.isoformat()},
+        "timings_s": {},
+    }
+
+    def stage(name: str, call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        started = time.perf_counter()
+        result = call()
+        seconds = time.perf_counter() - started
+        report["timings_s"][name] = round(seconds, 2)
+        if on_stage is not None:
+            on_stage(name, result, seconds)
+        return result
+
+    mined = stage("mine", lambda: mine_stage(params, model))
+    report.update(
+        profile=mined["profile"],
+        run_id=mined["run"],
+        logs=mined["logs"],
+        mining=mined["mining"],
+        excluded_rows=mined["excluded_rows"],
+    )
+    report["generation"] = stage(
+        "generate", lambda: generate_stage(params, mined, None, model, progress)
+    )
+    report["build"] = stage("build", lambda: build_stage(params, mined))
+    try:
+        report["validate"] = stage("validate", lambda: validate_stage(params, mined))
+    except QualityGateError as error:
+        error.report = {**report, "status": "refused", "version": None, "refused": str(error)}
+        raise
+    report["publish"] = stage("publish", lambda: publish_stage(params, mined))
+    report["prune"] = stage("prune", lambda: prune_stage(params, mined))
+    report["status"] = report["publish"]["status"]
+    report["version"] = report["publish"]["version"]
+    assert list(report["timings_s"]) == list(STAGES), "run_pipeline must run STAGES in order"
     return report

@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from edge_index.errors import EdgeQAError
 from edge_index.release import (
     ReleaseError,
     list_versions,
@@ -34,7 +35,7 @@ from edge_index.release import (
     sha256_hex,
 )
 from edge_index.store import PreconditionFailedError, Store
-from precompute.generate import work_prefix
+from precompute.workarea import work_prefix
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ STAGES = ("objects", "shards", "manifest", "verify", "flip", "prune")
 ORPHAN_AGE = timedelta(days=1)  # incomplete uploads older than this are removed by prune
 
 
-class PublishConflictError(RuntimeError):
+class PublishConflictError(EdgeQAError, RuntimeError):
     """Another publisher changed ``current.json`` first; this release was not published."""
 
 

@@ -14,8 +14,9 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from edge_index.keys import key, normalize
-from edge_index.logs import LogWriter, hash_user
+from edge_index.logs import LogWriter
 from edge_index.store import Store
+from edge_index.users import hash_user
 
 INTENTS: tuple[tuple[str, ...], ...] = (
     (

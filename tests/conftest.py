@@ -14,6 +14,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def fast_weights() -> str:
+    """The quickest weights on this CPU for tests that only need some answers: bf16 where the
+    CPU has native bf16, else the model as loaded (emulated bf16 is many times slower)."""
+    from origin.engine import default_quantization
+
+    return default_quantization("cpu")
+
+
 VENV_BIN = Path(sys.executable).parent
 
 

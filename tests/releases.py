@@ -8,8 +8,9 @@ from typing import Any
 
 from edge_index.release import read_pointer
 from edge_index.store import Store
-from precompute.build import BuildConfig, build_release
-from precompute.mining import MiningConfig, mine
+from precompute.build import build_release
+from precompute.config import BuildConfig, MiningConfig
+from precompute.mining import mine
 
 PROFILE = "test-profile"
 QUESTIONS = (

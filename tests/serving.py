@@ -7,12 +7,12 @@ import time
 
 import httpx
 
-from edge_index.serving import BackgroundServer, free_port
+from edgeqa.local import LocalServer, free_port
 
 __all__ = ["Server", "free_port", "wait_healthy"]
 
 
-Server = BackgroundServer  # a test's server on a free loopback port
+Server = LocalServer  # a test's server on a free loopback port
 
 
 def wait_healthy(

@@ -52,16 +52,28 @@ def test_bad_input_is_one_clear_line(cli_env: dict[str, str]) -> None:
     assert missing.returncode == 2 and "model path not found" in missing.stderr
 
 
+def test_an_unexpected_failure_shows_its_traceback(cli_env: dict[str, str], tmp_path: Path) -> None:
+    """Not a user-facing error (``EdgeQAError``): a library failing on a damaged model folder is
+    reported whole, with exit status 1, so that nothing about it is lost."""
+    (tmp_path / "config.json").write_text("{this is not json")
+    out = _edgeqa(cli_env, "ask", "hi", "--model", str(tmp_path))
+    assert out.returncode == 1, out.stderr
+    assert "Traceback (most recent call last)" in out.stderr
+    assert "edgeqa: internal error" in out.stderr.splitlines()[-1]
+
+
 def test_demo_runs_the_product_end_to_end(cli_env: dict[str, str], tmp_path: Path) -> None:
     out = _edgeqa(cli_env, "demo", "--workdir", str(tmp_path))
     assert out.returncode == 0, out.stderr
     text = out.stdout
     session = [
         m.groups()
-        for m in (re.search(r" (\w+) +(cdn|edge|origin) +([\d.]+) ms  ", line)
-                  for line in text.splitlines())
+        for m in (
+            re.search(r" (\w+) +(cdn|edge|origin) +([\d.]+) ms  ", line)
+            for line in text.splitlines()
+        )
         if m
-    ]  # fmt: skip
+    ]
     assert len(session) == 7, text
     tiers = {tier for tier, _, _ in session}
     assert {"exact", "generated", "origin_cache"} <= tiers, text

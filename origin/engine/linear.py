@@ -16,7 +16,7 @@ from typing import Protocol
 
 import torch
 
-QUANTIZATIONS = ("int8", "bf16")
+from origin.precision import ENGINE_QUANTIZATIONS
 
 # clip ratios tried per output channel; the one with the least squared error wins
 _CLIP_RATIOS = (1.0, 0.97, 0.94, 0.91, 0.88, 0.85)
@@ -242,17 +242,17 @@ class BnbInt8Linear:
 def make_linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    quantization: str | None,
+    quantization: str,
     device: torch.device,
     calibration: torch.Tensor | None = None,
 ) -> Linear:
     """The linear layer for ``quantization``; ``calibration`` (sample inputs) tunes CPU INT8."""
-    if quantization is None:
-        return DenseLinear(weight, bias)
-    if quantization not in QUANTIZATIONS:
+    if quantization not in ENGINE_QUANTIZATIONS:
         raise ValueError(
-            f"quantization must be None or one of {QUANTIZATIONS}, got {quantization!r}"
+            f"quantization must be one of {', '.join(ENGINE_QUANTIZATIONS)}, got {quantization!r}"
         )
+    if quantization == "none":
+        return DenseLinear(weight, bias)
     if quantization == "bf16":
         if device.type == "cuda":
             return DenseLinear(weight.to(torch.bfloat16), None if bias is None else bias.bfloat16())

@@ -1,4 +1,10 @@
-"""A request inside the engine: its tokens, its slot, its timings and what it has sent."""
+"""A request inside the engine, the one object the scheduler moves between its queues.
+
+``Request`` holds what the scheduler reads: identity, prompt and tokens, status, slot and how many
+of its tokens the slot holds, timings. The rest is in named parts: ``spec`` (speculative back-off,
+read and written by ``speculative.py``), ``output`` (detokenized text, stop strings and what has
+been sent) and ``generator`` (its own RNG when seeded, from ``origin.sampling``).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
-
 from origin.detokenizer import IncrementalDetokenizer
-from origin.sampling import SamplingParams, find_stop
+from origin.sampling import SamplingParams, find_stop, make_generator
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -66,6 +70,56 @@ class RequestOutput:
 OutputCallback = Callable[[RequestOutput], None]
 
 
+@dataclass
+class SpecState:
+    """A request's speculative back-off (``Speculator.observe``) and suffix-lookup neighbours."""
+
+    ema: float = 2.0  # recent mean of accepted tokens per draft
+    cooldown: int = 0  # steps left without speculation
+    neighbors: list[int] | None = None  # similar earlier answers; None until looked up
+
+
+class OutputState:
+    """The output's text and what of it has been sent.
+
+    Text is cut at the first stop string; until the request finishes, its last ``hold``
+    characters are held back because they may be the beginning of a stop string.
+    """
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], stop: tuple[str, ...]
+    ) -> None:
+        self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids)
+        self.stop = stop
+        self.text = ""
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self._sent_chars = 0
+        self._unsent_tokens: list[int] = []
+
+    def push(self, token_id: int) -> bool:
+        """Add an output token (not EOS); True when its text completes a stop string."""
+        self._unsent_tokens.append(token_id)
+        delta = self.detokenizer.push(token_id)
+        if not delta:
+            return False
+        previous = len(self.text)
+        self.text += delta
+        if self.stop:
+            at = find_stop(self.text, self.stop, max(0, previous - self.hold))
+            if at >= 0:
+                self.text = self.text[:at]
+                return True
+        return False
+
+    def take(self, finished: bool) -> tuple[str, list[int]]:
+        """The text and token ids not yet sent; all the text once ``finished``."""
+        end = len(self.text) if finished else max(self._sent_chars, len(self.text) - self.hold)
+        delta = self.text[self._sent_chars : end]
+        self._sent_chars = end
+        tokens, self._unsent_tokens = self._unsent_tokens, []
+        return delta, tokens
+
+
 class Request:
     def __init__(
         self,
@@ -86,21 +140,13 @@ class Request:
         self.slot: int | None = None
         self.num_computed = 0  # tokens of token_ids whose K/V are in the slot
         self.num_preemptions = 0
-        self.spec_ema = 2.0  # recent mean of accepted tokens per draft (speculative back-off)
-        self.spec_cooldown = 0  # steps left without speculation
-        self.spec_neighbors: list[int] | None = None  # similar earlier answers (suffix proposer)
         self.cancelled = False
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.times = RequestTimes(arrival=time.monotonic())
-        self.generator: torch.Generator | None = None
-        if params.seed is not None:
-            self.generator = torch.Generator().manual_seed(params.seed)
-        self.detokenizer = IncrementalDetokenizer(tokenizer, self.prompt_ids)
-        self.text = ""
-        self._sent_chars = 0
-        self._unsent_tokens: list[int] = []
-        self._hold = max((len(s) for s in params.stop), default=1) - 1
+        self.generator = make_generator(params)
+        self.spec = SpecState()
+        self.output = OutputState(tokenizer, self.prompt_ids, params.stop)
 
     @property
     def output_ids(self) -> list[int]:
@@ -127,27 +173,16 @@ class Request:
         if token_id in self.eos_ids:
             self.finish_reason = "stop"
             return
-        self._unsent_tokens.append(token_id)
-        delta = self.detokenizer.push(token_id)
-        if delta:
-            previous = len(self.text)
-            self.text += delta
-            if self.params.stop:
-                at = find_stop(self.text, self.params.stop, max(0, previous - self._hold))
-                if at >= 0:
-                    self.text = self.text[:at]
-                    self.finish_reason = "stop"
-                    return
+        if self.output.push(token_id):
+            self.finish_reason = "stop"
+            return
         if len(self.output_ids) >= self.params.max_tokens:
             self.finish_reason = "length"
 
     def take_output(self) -> RequestOutput:
-        """The text and tokens not yet sent; text that may begin a stop string is held back."""
+        """What is new since the last output, as one ``RequestOutput``."""
         done = self.finish_reason is not None
-        end = len(self.text) if done else max(self._sent_chars, len(self.text) - self._hold)
-        delta = self.text[self._sent_chars : end]
-        self._sent_chars = end
-        tokens, self._unsent_tokens = self._unsent_tokens, []
+        delta, tokens = self.output.take(done)
         return RequestOutput(
             request_id=self.request_id,
             delta_text=delta,

@@ -48,7 +48,9 @@ class Runner(Protocol):
         """Logits ([n, vocab], float32) per segment, n = 1 or ``num_tokens``."""
         ...
 
-    def release(self, slot: int) -> None: ...
+    def release(self, slot: int) -> None:
+        """Drop what is held for ``slot``: its request has left it (the scheduler says so)."""
+        ...
 
     @property
     def weight_bytes(self) -> int: ...
@@ -73,7 +75,7 @@ class _Layer:
     def __init__(
         self,
         layer: Any,
-        quantization: str | None,
+        quantization: str,
         device: torch.device,
         calibration: dict[str, torch.Tensor] | None = None,
     ) -> None:
@@ -100,10 +102,6 @@ class _Layer:
         self.post_norm = layer.post_attention_layernorm.weight.detach()
 
 
-def _detach(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.detach()
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # as transformers' LlamaRMSNorm: statistics in fp32, scale in the model dtype
     h = x.float()
@@ -124,7 +122,7 @@ class LlamaRunner:
         model: PreTrainedModel,
         num_slots: int,
         max_len: int,
-        quantization: str | None = None,
+        quantization: str = "none",
         tokenizer: PreTrainedTokenizerBase | None = None,
     ) -> None:
         reason = unsupported_reason(model, max_len)
@@ -157,7 +155,7 @@ class LlamaRunner:
             self.embed = base.embed_tokens.weight.detach()
             self.final_norm = base.norm.weight.detach()
             # the LM head stays in full precision except in bf16 mode, where every GEMM is bf16
-            head_quantization = "bf16" if quantization == "bf16" else None
+            head_quantization = "bf16" if quantization == "bf16" else "none"
             self.lm_head = make_linear(
                 model.lm_head.weight.detach(), None, head_quantization, self.device
             )
@@ -381,7 +379,7 @@ def make_runner(
     model: PreTrainedModel,
     num_slots: int,
     max_len: int,
-    quantization: str | None = None,
+    quantization: str = "none",
     tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> Runner:
     """The lean runner when the architecture allows, else the generic one (no INT8 there).
@@ -389,7 +387,7 @@ def make_runner(
     With a tokenizer, CPU INT8 is calibrated on a few prompts (activation-aware scaling)."""
     if unsupported_reason(model, max_len) is None:
         return LlamaRunner(model, num_slots, max_len, quantization, tokenizer)
-    if quantization is not None:
+    if quantization != "none":
         raise ValueError(
             f"quantization={quantization!r} needs a Llama-family model: "
             f"{unsupported_reason(model, max_len)}"

@@ -4,44 +4,25 @@ A step reads top to bottom (vLLM's shape): set the token budget; serve running r
 order (a decode token each, or the next prefill chunk), preempting the newest running request when
 the KV cache has no room; admit waiting requests while budget, slots and cache room remain; check
 the invariants; return one ``SchedulerOutput``. ``update`` then commits what the step computed.
+
+Every request that leaves its slot (finished, cancelled, aborted or preempted) leaves through
+``_free_slot``, which also tells the runner (``release``) so it can drop what it holds for the slot.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from origin.engine.config import SchedulerConfig
 from origin.engine.kv_cache import SlotKVCache
 from origin.engine.request import Request, Status
 
 if TYPE_CHECKING:
     from origin.engine.speculative import Speculator
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    max_num_seqs: int = 32  # requests running at once (one KV slot each)
-    token_budget: int = 512  # tokens computed per step, prefill and decode together
-    prefill_chunk: int = 256  # most prompt tokens one request prefills in one step
-    max_model_len: int = 2048  # prompt + output tokens of one request (a slot's length)
-    kv_cache_tokens: int | None = None  # KV positions held at once; None: every slot full
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "token_budget", "prefill_chunk", "max_model_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.token_budget < self.max_num_seqs:
-            raise ValueError("token_budget must be at least max_num_seqs (one token each)")
-        if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.max_model_len:
-            raise ValueError("kv_cache_tokens must hold at least one max_model_len request")
-
-    @property
-    def kv_capacity(self) -> int:
-        if self.kv_cache_tokens is None:
-            return self.max_num_seqs * self.max_model_len
-        return self.kv_cache_tokens
 
 
 @dataclass
@@ -71,8 +52,13 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(
-        self, config: SchedulerConfig, cache: SlotKVCache, speculator: Speculator | None = None
+        self,
+        config: SchedulerConfig,
+        cache: SlotKVCache,
+        speculator: Speculator | None = None,
+        release: Callable[[int], None] | None = None,
     ) -> None:
+        """``release(slot)`` is called whenever a request leaves ``slot`` (``Runner.release``)."""
         if cache.num_slots < config.max_num_seqs or cache.max_len < config.max_model_len:
             raise ValueError("the KV cache is smaller than the scheduler's config")
         self.config = config
@@ -81,13 +67,13 @@ class Scheduler:
         self.running: list[Request] = []  # in arrival order: the newest is preempted first
         self.num_preemptions = 0
         self.speculator = speculator
+        self.release = release
 
     # -- intake ---------------------------------------------------------------------------------
 
     def check_fits(self, request: Request) -> None:
         """Refuse a request that could not fit in one slot, with a message naming the limit."""
-        total = len(request.prompt_ids) + request.params.max_tokens
-        if total > self.config.max_model_len:
+        if request.params.max_tokens > self.config.room(len(request.prompt_ids)):
             raise ValueError(
                 f"prompt ({len(request.prompt_ids)} tokens) + max_tokens "
                 f"({request.params.max_tokens}) exceeds max_model_len {self.config.max_model_len}"
@@ -248,10 +234,8 @@ class Scheduler:
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         """Recompute preemption: free the slot, keep the tokens, queue it first."""
-        assert request.slot is not None
-        self.cache.free(request.slot)
+        self._free_slot(request)
         self.running.remove(request)
-        request.slot = None
         request.num_computed = 0
         request.status = Status.WAITING
         request.num_preemptions += 1
@@ -270,9 +254,16 @@ class Scheduler:
 
     def _finish(self, request: Request, now: float) -> None:
         if request.status is Status.RUNNING:
-            assert request.slot is not None
-            self.cache.free(request.slot)
+            self._free_slot(request)
             self.running.remove(request)
         request.slot = None
         request.status = Status.FINISHED
         request.times.finished = now
+
+    def _free_slot(self, request: Request) -> None:
+        slot = request.slot
+        assert slot is not None
+        self.cache.free(slot)
+        request.slot = None
+        if self.release is not None:
+            self.release(slot)

@@ -18,27 +18,31 @@ import httpx
 import pytest
 
 from edge_index.release import read_pointer
-from edge_index.service import EdgeState, create_app
+from edge_index.service import create_app
 from edge_index.store import FileStore, open_store
-from precompute.pipeline import PrecomputeConfig
-from precompute.samplelogs import generate_rows, write_logs
-from precompute.stages import (
-    GateConfig,
+from edge_index.watcher import ReleaseWatcher
+from precompute.config import PipelineConfig
+from precompute.pipeline import (
+    STAGES,
     QualityGateError,
-    StageParams,
+    RunParams,
     build_stage,
     generate_stage,
     mine_stage,
     publish_stage,
     validate_stage,
 )
+from precompute.samplelogs import generate_rows, write_logs
+from tests.conftest import fast_weights
 from tests.serving import Server
 
 ROOT = Path(__file__).parents[2]
 DAGS = ROOT / "dags"
 DAG_ID = "nightly_edge_release"
 UNTIL = date(2026, 11, 28)
-SMALL = {"window_days": 3, "max_tokens": 64, "partition_size": 8, "quantization": "bf16"}
+SMALL = {"window_days": 3, "max_tokens": 64, "partition_size": 8, "quantization": fast_weights()}
+# the manifest fields that name who ran the pipeline: everything else is the same on every path
+RUNNER_FIELDS = {"runner"}
 
 
 def _logs(store: Any) -> None:
@@ -88,9 +92,12 @@ print(json.dumps({{
 }}))
 """
     done = subprocess.run(
-        [sys.executable, "-c", script], env=airflow_env, capture_output=True, text=True,
+        [sys.executable, "-c", script],
+        env=airflow_env,
+        capture_output=True,
+        text=True,
         check=False,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
@@ -109,6 +116,13 @@ def test_dag_imports_and_has_the_expected_shape(airflow_env: dict[str, str]) -> 
     assert tasks["prune"]["upstream"] == ["mine", "publish"]
     assert {"edgeqa", "precompute"} <= set(dag["tags"])
     assert {"logs_uri", "out_uri", "profile", "window_days", "k", "top_n"} <= set(dag["params"])
+    assert {"min_precision", "max_shrink", "finetune_steps"} <= set(dag["params"])
+    # the DAG runs the pipeline's stages, in the pipeline's order
+    order: list[str] = []
+    while len(order) < len(tasks):
+        ready = [t for t, v in tasks.items() if t not in order and set(v["upstream"]) <= set(order)]
+        order += sorted(ready)
+    assert [t for t in order if t != "partitions"] == list(STAGES)
 
 
 def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
@@ -119,11 +133,16 @@ def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
     _logs(store)
     conf = {"logs_uri": uri, "out_uri": uri, **SMALL}
     env = {**airflow_env, "EDGEQA_CACHE_DIR": str(model_cache_dir)}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     env.update({k: v for k, v in os.environ.items() if k.startswith("AWS_")})
     done = subprocess.run(
         ["airflow", "dags", "test", DAG_ID, "2026-11-29T02:00:00+00:00", "-c", json.dumps(conf)],
-        env=env, capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     output = done.stdout + done.stderr
     assert done.returncode == 0 and "state=success" in output, output[-5000:]
     profiles = sorted({p.split("/", 1)[0] for p in store.list() if p.endswith("/current.json")})
@@ -131,7 +150,7 @@ def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
     pointer, _ = read_pointer(store, profiles[0])
     assert pointer is not None
 
-    state = EdgeState(store, None, embedder, poll_s=3600)
+    state = ReleaseWatcher(store, None, embedder, poll_s=3600)
     assert state.refresh()
     assert state.index is not None and state.index.version == pointer["version"]
     question = state.index.questions[0]
@@ -139,23 +158,81 @@ def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
         hit = httpx.get(f"{server.url}/v1/lookup", params={"q": question})
     assert hit.status_code == 200 and hit.json()["tier"] == "exact" and hit.json()["answer"]
 
+    # the command line runs the same pipeline: the same logs and window, the same release
+    from_dag = json.loads(store.get(f"{profiles[0]}/releases/{pointer['version']}/manifest.json"))
+    window = from_dag["log_range"]  # the DAG's: the data interval's last days
+    cli = f"s3://{s3_bucket}/cli"
+    done = subprocess.run(
+        [
+            "edgeqa",
+            "precompute",
+            "run",
+            "--logs",
+            uri,
+            "--out",
+            cli,
+            "--since",
+            window["since"],
+            "--until",
+            window["until"],
+            "--max-tokens",
+            str(SMALL["max_tokens"]),
+            "--partition-size",
+            str(SMALL["partition_size"]),
+            "--quantization",
+            SMALL["quantization"],
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    cli_pointer, _ = read_pointer(open_store(cli), profiles[0])
+    assert cli_pointer is not None
+    from_cli = json.loads(
+        open_store(cli).get(f"{profiles[0]}/releases/{cli_pointer['version']}/manifest.json")
+    )
+    assert (from_dag["runner"], from_cli["runner"]) == ("airflow", "cli")
+    assert {k: v for k, v in from_dag.items() if k not in RUNNER_FIELDS} == {
+        k: v for k, v in from_cli.items() if k not in RUNNER_FIELDS
+    }
+
+    # and the same quality gate: refused, it says why, exits non-zero and publishes nothing (the
+    # same night again: its partitions are reused, only mine and build run). A target above any
+    # release's precision: this small release may calibrate to a precision of 1.0
+    assert from_cli["threshold"]["precision"] <= 1.0
+    refused = subprocess.run(
+        [*done.args, "--min-precision", "1.01"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "refused: calibrated precision" in refused.stderr and "Traceback" not in refused.stderr
+    report = json.loads(refused.stdout)
+    assert report["status"] == "refused" and "below 1.01" in report["refused"]
+    assert read_pointer(open_store(cli), profiles[0])[0] == cli_pointer  # untouched
+
 
 # -- the stages the DAG calls ---------------------------------------------------------------------
 
 
-def _params(tmp_path: Path, **gate: Any) -> StageParams:
+def _params(tmp_path: Path) -> RunParams:
     uri = FileStore(tmp_path / "store").uri
-    config = PrecomputeConfig.from_env(
-        {}, max_tokens=64, partition_size=8, quantization="bf16", baseline_sample=0
+    config = PipelineConfig.from_env(
+        {}, max_tokens=64, partition_size=8, quantization=SMALL["quantization"]
     )
-    return StageParams(uri, uri, date(2026, 11, 26), UNTIL, config, GateConfig(**gate))
+    return RunParams(uri, uri, date(2026, 11, 26), UNTIL, config, runner="test")
 
 
-def _run(params: StageParams) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+def _run(params: RunParams) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
     mined = mine_stage(params)
-    profile, run = mined["profile"], mined["run"]
-    generated = [generate_stage(params, profile, run, i) for i in mined["partitions"]]
-    built = build_stage(params, profile, run)
+    generated = [generate_stage(params, mined, i) for i in mined["partitions"]]
+    built = build_stage(params, mined)
     return mined, generated, built
 
 
@@ -168,8 +245,8 @@ def first_night(tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path)
     _logs(open_store(params.logs_uri))
     mined, generated, built = _run(params)
     assert mined["questions"] > 0 and all(g["generated"] > 0 for g in generated)
-    validate_stage(params, mined["profile"], mined["run"])
-    published = publish_stage(params, mined["profile"], mined["run"])
+    validate_stage(params, mined)
+    published = publish_stage(params, mined)
     assert published["status"] == "published" and published["version"] == built["version"]
     yield params, mined, built
     patch.undo()
@@ -184,7 +261,7 @@ def test_rerunning_an_interval_reuses_partitions_and_builds_the_same_release(
     assert all(g["generated"] == 0 and g["partitions_reused"] == 1 for g in regenerated)
     # the same content, built as of the same instant: the same version
     assert rebuilt["version"] == built["version"] and rebuilt["rows"] == built["rows"]
-    second = publish_stage(params, mined["profile"], mined["run"])
+    second = publish_stage(params, mined)
     assert second == {"version": built["version"], "status": "already_current"}
 
 
@@ -199,18 +276,20 @@ def test_the_quality_gate_refuses_and_keeps_the_previous_release(first_night: An
     profile, run = mined["profile"], mined["run"]
     live, _ = read_pointer(store, profile)
 
-    def refused(p: StageParams, run: str, match: str) -> None:
+    def refused(p: RunParams, night: dict[str, Any], match: str) -> None:
         with pytest.raises(QualityGateError, match=match):
-            validate_stage(p, profile, run)
+            validate_stage(p, night)
+
+    def gate(p: RunParams, **values: Any) -> RunParams:
+        return replace(p, config=p.config.replace(gate=values))
 
     # a stricter precision target than the release reached
-    refused(replace(params, gate=GateConfig(min_precision=1.01)), run, "precision")
+    refused(gate(params, min_precision=1.01), mined, "precision")
     # the next nights' logs hold a third of the questions: the release would shrink
-    later = replace(params, since=date(2026, 11, 29), until=date(2026, 12, 1),
-                    gate=GateConfig(max_shrink=0.1))  # fmt: skip
+    later = gate(replace(params, since=date(2026, 11, 29), until=date(2026, 12, 1)), max_shrink=0.1)
     write_logs(store, generate_rows(date(2026, 12, 1), days=3, intents=2, users=60, asks=300))
     shrunk, _, _ = _run(later)
-    refused(later, shrunk["run"], "shrinks")
+    refused(later, shrunk, "shrinks")
     # an empty answer in the staged rows
     staged = f"{profile}/work/{run}/release"
     manifest = json.loads(store.get(f"{staged}/manifest.json"))
@@ -222,5 +301,5 @@ def test_the_quality_gate_refuses_and_keeps_the_previous_release(first_night: An
     buffer = io.BytesIO()
     pq.write_table(table, buffer)
     store.put(rows_path, buffer.getvalue())
-    refused(params, run, "empty")
+    refused(params, mined, "empty")
     assert read_pointer(store, profile)[0] == live  # nothing was published

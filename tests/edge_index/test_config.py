@@ -1,66 +1,105 @@
+"""Settings: one declaration per variable, typed, read once, loud on a bad value, documented."""
+
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from edge_index.config import (
-    ConfigError,
-    EdgeConfig,
-    env_bool,
-    env_choice,
-    env_float,
-    env_int,
+from edge_index.config import ConfigError, EdgeSettings, SharedSettings
+from origin.config import EngineSettings, ModelSettings, OriginSettings
+from precompute.config import PrecomputeSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+EVERY_CLASS = (
+    SharedSettings,
+    EdgeSettings,
+    ModelSettings,
+    EngineSettings,
+    OriginSettings,
+    PrecomputeSettings,
 )
 
 
 def test_defaults_when_unset_or_blank() -> None:
-    config = EdgeConfig.from_env({"EDGEQA_MAX_QUERY_CHARS": "  "})
+    config = EdgeSettings.from_env({"EDGEQA_MAX_QUERY_CHARS": "  "})
     assert config.embedder == "embedded"
     assert config.max_query_chars == 2048
     assert config.device == "auto"
 
 
 def test_typed_values_are_cast() -> None:
-    config = EdgeConfig.from_env({"EDGEQA_MAX_QUERY_CHARS": "512", "EDGEQA_DEVICE": "CPU"})
+    config = EdgeSettings.from_env({"EDGEQA_MAX_QUERY_CHARS": "512", "EDGEQA_DEVICE": "CPU"})
     assert config.max_query_chars == 512
     assert config.device == "cpu"
 
 
+def test_the_environment_is_read_only_through_the_mapping_given() -> None:
+    assert EdgeSettings.from_env({}).poll_s == 30.0
+    assert EdgeSettings.from_env({"EDGEQA_POLL_S": "2.5", "OTHER": "x"}).poll_s == 2.5
+    # an override (a command-line option) wins; None means "not given"
+    assert EdgeSettings.from_env({"EDGEQA_POLL_S": "2.5"}, poll_s=1.0).poll_s == 1.0
+    assert EdgeSettings.from_env({"EDGEQA_POLL_S": "2.5"}, poll_s=None).poll_s == 2.5
+
+
 @pytest.mark.parametrize(
-    ("call", "message"),
+    ("environ", "message"),
     [
-        (lambda: env_int({"X": "abc"}, "X", 1), "X must be an integer, got 'abc'"),
-        (lambda: env_int({"X": "0"}, "X", 1, minimum=1), "X must be at least 1"),
-        (lambda: env_float({"X": "fast"}, "X", 1.0), "X must be a number"),
-        (lambda: env_bool({"X": "maybe"}, "X", True), "X must be one of 1/0"),
-        (lambda: env_choice({"X": "tpu"}, "X", "cpu", ("cpu", "cuda")), "X must be one of cpu"),
-        (lambda: EdgeConfig.from_env({"EDGEQA_DEVICE": "tpu"}), "EDGEQA_DEVICE must be one of"),
+        ({"EDGEQA_MAX_QUERY_CHARS": "abc"}, "EDGEQA_MAX_QUERY_CHARS must be an integer, got 'abc'"),
+        ({"EDGEQA_MAX_QUERY_CHARS": "0"}, "EDGEQA_MAX_QUERY_CHARS must be at least 1"),
+        ({"EDGEQA_POLL_S": "fast"}, "EDGEQA_POLL_S must be a number"),
+        ({"EDGEQA_DEVICE": "tpu"}, "EDGEQA_DEVICE must be one of auto, cpu, cuda; got 'tpu'"),
     ],
 )
-def test_bad_values_fail_loudly_naming_the_variable(call, message: str) -> None:  # type: ignore[no-untyped-def]
+def test_bad_values_fail_loudly_naming_the_variable(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        call()
+        EdgeSettings.from_env(environ)
 
 
 def test_bool_spellings() -> None:
-    assert env_bool({"X": "Yes"}, "X", False) is True
-    assert env_bool({"X": "off"}, "X", True) is False
-    assert env_bool({}, "X", True) is True
+    assert OriginSettings.from_env({"EDGEQA_LOG_REQUESTS": "Yes"}).log_requests is True
+    assert OriginSettings.from_env({"EDGEQA_LOG_REQUESTS": "off"}).log_requests is False
+    assert OriginSettings.from_env({}).log_requests is True
+    with pytest.raises(ConfigError, match="EDGEQA_ORIGIN_TIERS must be one of 1/0"):
+        OriginSettings.from_env({"EDGEQA_ORIGIN_TIERS": "maybe"})
 
 
-def test_every_variable_is_documented() -> None:
-    root = Path(__file__).resolve().parents[2]
-    import re
+def test_replace_checks_like_the_environment() -> None:
+    settings = EdgeSettings.from_env({})
+    assert settings.replace(poll_s=5).poll_s == 5.0
+    with pytest.raises(ConfigError, match=r"EDGEQA_POLL_S must be at least 0\.1"):
+        settings.replace(poll_s=0)
 
-    used: set[str] = set()
+
+def _read_in_code() -> set[str]:
+    """Every EDGEQA_ variable the code can read: the settings classes' fields."""
+    return {name for cls in EVERY_CLASS for name in cls.variables()}
+
+
+def test_each_variable_is_declared_in_one_place() -> None:
+    owners: dict[str, list[str]] = {}
+    for cls in EVERY_CLASS:
+        for name in cls.__annotations__:
+            if name in cls.model_fields:
+                owners.setdefault(name, []).append(cls.__name__)
+    assert {n: o for n, o in owners.items() if len(o) > 1} == {}
+    # and no module reads the environment for one by name
     for package in ("edge_index", "origin", "precompute", "edgeqa", "dags"):
-        for path in (root / package).rglob("*.py"):
-            used.update(re.findall(r"\bEDGEQA_[A-Z0-9_]+\b", path.read_text("utf-8")))
+        for path in (ROOT / package).rglob("*.py"):
+            text = path.read_text("utf-8")
+            assert not re.search(r"environ(\.get)?\[?\(?[\"']EDGEQA_", text), path
+
+
+def test_every_variable_is_documented_and_every_documented_one_is_read() -> None:
     documented = set(
         re.findall(
-            r"`(EDGEQA_[A-Z0-9_]+)`", (root / "docs" / "configuration.md").read_text("utf-8")
+            r"^\| `(EDGEQA_[A-Z0-9_]+)`",
+            (ROOT / "docs" / "configuration.md").read_text("utf-8"),
+            re.MULTILINE,
         )
     )
-    assert used, "no EDGEQA_ variables found"
-    assert used - documented == set(), "undocumented variables"
+    read = _read_in_code()
+    assert read, "no EDGEQA_ variables found"
+    assert read - documented == set(), "read but not documented"
+    assert documented - read == set(), "documented but never read"

@@ -15,8 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from edge_index.logs import LogReadStats, LogWriter, hash_user, read_logs, user_salt
+from edge_index.logs import LogReadStats, LogWriter, read_logs
 from edge_index.store import FileStore, Store, open_store
+from edge_index.users import UserHasher, hash_user
 
 DAY = date(2026, 11, 20)
 
@@ -124,8 +125,9 @@ def test_user_hash_is_salted_and_stable() -> None:
     assert hash_user("alice", b"s1") != hash_user("alice", b"s2")
     assert "alice" not in hash_user("alice", b"s1")
     assert len(hash_user("alice", b"s1")) == 32
-    assert user_salt({"EDGEQA_USER_SALT": "pepper"}) == b"pepper"
-    assert user_salt({}) == user_salt({})  # one random salt per process
+    assert UserHasher("pepper").salt == b"pepper"
+    assert UserHasher("").salt == UserHasher().salt  # one random salt per process
+    assert UserHasher("pepper")("alice") == hash_user("alice", b"pepper")
 
 
 _CHILD = """

@@ -16,8 +16,9 @@ import pytest
 
 from edge_index.logs import read_logs
 from edge_index.release import release_prefix
-from edge_index.service import EdgeState, create_app, resolve_profile
+from edge_index.service import create_app
 from edge_index.store import FileStore, Store, open_store
+from edge_index.watcher import NoProfileError, ReleaseWatcher, resolve_profile
 from precompute.publish import publish
 from tests.releases import PROFILE, QUESTIONS, build
 from tests.serving import Server, free_port, wait_healthy
@@ -39,13 +40,15 @@ def _publish(embedder: Any, store: Store, tmp: Path, tag: str, day: int, **kw: A
 
 
 def test_tiers_errors_health_and_metrics(embedder, s3_store: Store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    state = EdgeState(s3_store, PROFILE, embedder, poll_s=3600)
+    state = ReleaseWatcher(s3_store, PROFILE, embedder, poll_s=3600)
     with Server(create_app(state)) as server, httpx.Client(base_url=server.url) as client:
         assert client.get("/health").status_code == 503  # nothing published yet
         miss = client.get("/v1/lookup", params={"q": "How do I freeze my card?"})
         assert miss.status_code == 404 and miss.json() == {
-            "miss": True, "version": None, "reason": "no_release"
-        }  # fmt: skip
+            "miss": True,
+            "version": None,
+            "reason": "no_release",
+        }
         version = _publish(embedder, s3_store, tmp_path, "v1", 20, questions=QUESTIONS + MORE)
         assert state.refresh()
         health = client.get("/health").json()
@@ -94,7 +97,7 @@ def test_tiers_errors_health_and_metrics(embedder, s3_store: Store, tmp_path: Pa
 
 def test_hot_swap_under_load_fails_no_lookup(embedder, s3_store: Store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     old = _publish(embedder, s3_store, tmp_path, "old", 20)
-    state = EdgeState(s3_store, PROFILE, embedder, poll_s=0.1)
+    state = ReleaseWatcher(s3_store, PROFILE, embedder, poll_s=0.1)
     state.start()
     stop = threading.Event()
     outcomes: Counter[str] = Counter()
@@ -145,7 +148,7 @@ def test_corrupt_release_is_refused_and_the_old_one_keeps_serving(
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     old = _publish(embedder, s3_store, tmp_path, "old", 20)
-    state = EdgeState(s3_store, PROFILE, embedder, poll_s=3600)
+    state = ReleaseWatcher(s3_store, PROFILE, embedder, poll_s=3600)
     state.refresh()
     new = _publish(embedder, s3_store, tmp_path, "new", 21)
     shard = f"{release_prefix(PROFILE, new)}/shards/00000.faiss"
@@ -167,7 +170,7 @@ def test_lookups_are_logged_with_hashed_users(embedder, tmp_path: Path) -> None:
 
     store = FileStore(tmp_path / "store")
     _publish(embedder, store, tmp_path, "v1", 20)
-    state = EdgeState(store, PROFILE, embedder, poll_s=3600)
+    state = ReleaseWatcher(store, PROFILE, embedder, poll_s=3600)
     state.refresh()
     logs = LogWriter(store, source="edge", flush_interval_s=0)
     with Server(create_app(state, logs)) as server, httpx.Client(base_url=server.url) as client:
@@ -184,7 +187,7 @@ def test_lookups_are_logged_with_hashed_users(embedder, tmp_path: Path) -> None:
 
 def test_profile_resolution(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     store = FileStore(tmp_path / "store")
-    with pytest.raises(ValueError, match="no release"):
+    with pytest.raises(NoProfileError, match="no release"):
         resolve_profile(store, None)
     _publish(embedder, store, tmp_path, "v1", 20)
     assert resolve_profile(store, None) == PROFILE
@@ -203,8 +206,11 @@ def test_edge_serve_command(served_store: FileStore, cli_env: dict[str, str]) ->
     env = {**cli_env, "EDGEQA_STORE": served_store.uri, "EDGEQA_USER_SALT": "test-salt"}
     child = subprocess.Popen(
         ["edgeqa", "edge", "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, child)
@@ -238,15 +244,22 @@ def test_a_release_ships_its_finetuned_embedder(embedder, tmp_path: Path) -> Non
     publish(store, tmp_path / "r1")
     assert manifest["embedder"]["finetuned"]["sha256"] == model_digest(folder)
     assert any(f["path"].endswith(".safetensors") for f in manifest["embedder"]["files"])
-    state = EdgeState(store, PROFILE, embedder, poll_s=3600)
+    state = ReleaseWatcher(store, PROFILE, embedder, poll_s=3600)
     assert state.refresh()
     assert state.index is not None and state.index.embedder is not embedder
     query = "how can I freeze my card"
     expected = state.index.embedder.encode([query], normalize_embeddings=True)
     assert float((state.index.embed([query]) * expected).sum()) > 0.999  # the tuned model
     # a release whose embedder file was tampered with is refused
-    build(tuned, tmp_path / "r2", store, tag="v2", now=datetime(2026, 12, 1, tzinfo=UTC),
-          embedder_dir=folder, embedder_info=info)  # fmt: skip
+    build(
+        tuned,
+        tmp_path / "r2",
+        store,
+        tag="v2",
+        now=datetime(2026, 12, 1, tzinfo=UTC),
+        embedder_dir=folder,
+        embedder_info=info,
+    )
     version = publish(store, tmp_path / "r2").version
     files = [f["path"] for f in manifest["embedder"]["files"]]
     weights = next(path for path in files if path.endswith(".safetensors"))

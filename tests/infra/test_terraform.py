@@ -37,9 +37,12 @@ def _tools() -> Path:
 @pytest.fixture(scope="module")
 def parsed() -> dict[str, Any]:
     done = subprocess.run(
-        [str(_tools() / "python"), "-c", PARSE, str(TERRAFORM)], capture_output=True, text=True,
-        timeout=300, check=False,
-    )  # fmt: skip
+        [str(_tools() / "python"), "-c", PARSE, str(TERRAFORM)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout)
     return result
@@ -88,10 +91,22 @@ def test_the_modules_are_wired_and_the_bucket_is_private(parsed: dict[str, Any])
 def test_checkov_reports_no_failed_checks() -> None:
     tools = _tools()
     done = subprocess.run(
-        [str(tools / "checkov"), "-d", str(TERRAFORM), "--framework", "terraform",
-         "--compact", "--skip-download", "--output", "json"],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        [
+            str(tools / "checkov"),
+            "-d",
+            str(TERRAFORM),
+            "--framework",
+            "terraform",
+            "--compact",
+            "--skip-download",
+            "--output",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     start = done.stdout.find("{")
     assert start >= 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = json.loads(done.stdout[start:])

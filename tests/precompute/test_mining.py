@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from edge_index.keys import key
-from precompute.mining import MiningConfig, mine
+from precompute.config import MiningConfig
+from precompute.mining import mine
 
 NOW = datetime(2026, 11, 29, tzinfo=UTC)
 

@@ -16,8 +16,12 @@ from edge_index.keys import InvalidQueryError, key
 from edge_index.pii import find_pii
 from edge_index.release import load_release, read_pointer
 from edge_index.store import FileStore, open_store
-from precompute.generate import GenerationConfig, generate_all, make_engine
+from precompute.config import PrecomputeSettings
+from precompute.generate import generate_all, nightly_engine
+from precompute.pipeline import STAGES
 from precompute.samplelogs import generate_rows, write_logs
+from precompute.workarea import WorkArea
+from tests.conftest import fast_weights
 
 UNTIL = date(2026, 11, 28)
 
@@ -44,14 +48,28 @@ def test_precompute_run_publishes_exactly_what_the_rules_allow(
     env = {**cli_env, **{k: v for k, v in os.environ.items() if k.startswith("AWS_")}}
     result = subprocess.run(
         [
-            "edgeqa", "precompute", "run",
-            "--logs", f"s3://{s3_bucket}/logs-root",
-            "--out", f"s3://{s3_bucket}/edge",
-            "--since", "2026-11-22", "--until", "2026-11-28",
-            "--max-tokens", "96", "--partition-size", "4", "--baseline-sample", "2",
+            "edgeqa",
+            "precompute",
+            "run",
+            "--logs",
+            f"s3://{s3_bucket}/logs-root",
+            "--out",
+            f"s3://{s3_bucket}/edge",
+            "--since",
+            "2026-11-22",
+            "--until",
+            "2026-11-28",
+            "--max-tokens",
+            "96",
+            "--partition-size",
+            "4",
         ],
-        env=env, capture_output=True, text=True, check=False, timeout=900,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     assert report["status"] == "published"
@@ -77,8 +95,8 @@ def test_precompute_run_publishes_exactly_what_the_rules_allow(
     assert set(report["mining"]["pii_by_kind"]) >= {"email", "card", "phone", "url_secret"}
     gen = report["generation"]
     assert gen["answers_per_s"] > 0 and gen["tokens_per_s"] > 0
-    assert gen["sequential_sample"]["tokens_per_s"] > 0
-    assert set(report["timings_s"]) >= {"read_logs", "mine", "generate", "build", "publish"}
+    assert list(report["timings_s"]) == list(STAGES)  # every stage ran, in order
+    assert report["validate"]["status"] == "passed" and report["runner"] == "cli"
     # nothing personal reached the edge
     for shard in release.shards:
         for r in shard.rows.to_pylist():
@@ -88,16 +106,15 @@ def test_precompute_run_publishes_exactly_what_the_rules_allow(
 def test_generation_resumes_after_a_crash_without_redoing_finished_partitions(
     embedded_model: Any, tmp_path: Path
 ) -> None:
-    model, tokenizer = embedded_model
-    store = FileStore(tmp_path)
-    config = GenerationConfig(max_tokens=8, partition_size=2, quantization="bf16")
+    work = WorkArea(FileStore(tmp_path), "p", "run")
+    settings = PrecomputeSettings.from_env({"EDGEQA_MAX_TOKENS": "8"})
     questions = [f"What is {n} plus {n}?" for n in range(5)]
     keys = [key(q) for q in questions]
     generated: list[str] = []
 
     class CrashingEngine:
         def __init__(self, crash_after: int | None) -> None:
-            self.engine = make_engine(model, tokenizer, config)
+            self.engine = nightly_engine(settings, fast_weights(), embedded_model)
             self.crash_after = crash_after
 
         def generate_many(self, prompts: Any, params: Any, progress: bool = False) -> Any:
@@ -107,18 +124,24 @@ def test_generation_resumes_after_a_crash_without_redoing_finished_partitions(
             return self.engine.generate_many(prompts, params, progress=progress)
 
     with pytest.raises(RuntimeError, match="worker died"):
-        generate_all(lambda: CrashingEngine(2), store, "p", "run", keys, questions, config,
-                     progress=False)  # type: ignore[arg-type,return-value]  # fmt: skip
+        generate_all(
+            lambda: CrashingEngine(2),
+            work,
+            keys,
+            questions,
+            settings,
+            2,  # type: ignore[arg-type,return-value]
+            progress=False,
+        )
     assert generated == questions[:2]  # the first partition finished and was saved
     rows, report = generate_all(
-        lambda: CrashingEngine(None),
-        store,
-        "p",
-        "run",
+        lambda: CrashingEngine(None),  # type: ignore[arg-type,return-value]
+        work,
         keys,
         questions,
-        config,
-        progress=False,  # type: ignore[arg-type,return-value]
+        settings,
+        2,
+        progress=False,
     )
     assert generated == questions  # only partitions 2 and 3 were generated on the rerun
     assert report.partitions == 3 and report.partitions_reused == 1 and report.generated == 3
@@ -127,41 +150,67 @@ def test_generation_resumes_after_a_crash_without_redoing_finished_partitions(
         assert r["flag"] == ("truncated" if r["finish_reason"] == "length" else "")
     # a third run reuses everything
     rows_again, again = generate_all(
-        lambda: CrashingEngine(0),
-        store,
-        "p",
-        "run",
+        lambda: CrashingEngine(0),  # type: ignore[arg-type,return-value]
+        work,
         keys,
         questions,
-        config,
-        progress=False,  # type: ignore[arg-type,return-value]
+        settings,
+        2,
+        progress=False,
     )
     assert again.partitions_reused == 3 and rows_again == rows
 
 
 def test_cli_refuses_bad_dates(cli_env: dict[str, str], tmp_path: Path) -> None:
     result = subprocess.run(
-        ["edgeqa", "precompute", "run", "--logs", str(tmp_path), "--out", str(tmp_path),
-         "--since", "2026-11-30", "--until", "2026-11-01"],
-        env=cli_env, capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
+        [
+            "edgeqa",
+            "precompute",
+            "run",
+            "--logs",
+            str(tmp_path),
+            "--out",
+            str(tmp_path),
+            "--since",
+            "2026-11-30",
+            "--until",
+            "2026-11-01",
+        ],
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert result.returncode == 2 and "after --until" in result.stderr
     result = subprocess.run(
-        ["edgeqa", "precompute", "run", "--logs", str(tmp_path), "--out", str(tmp_path),
-         "--since", "yesterday"],
-        env=cli_env, capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
+        [
+            "edgeqa",
+            "precompute",
+            "run",
+            "--logs",
+            str(tmp_path),
+            "--out",
+            str(tmp_path),
+            "--since",
+            "yesterday",
+        ],
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert result.returncode == 2 and "YYYY-MM-DD" in result.stderr
 
 
 def test_nothing_to_publish_leaves_the_store_untouched(embedded_model: Any, tmp_path: Path) -> None:
-    from precompute.pipeline import PrecomputeConfig, run_precompute
+    from precompute.config import PipelineConfig
+    from precompute.pipeline import RunParams, run_pipeline
 
     logs, out = FileStore(tmp_path / "logs"), FileStore(tmp_path / "out")
     write_logs(logs, generate_rows(UNTIL, intents=2, users=3, asks=20, tail_questions=0))
-    report = run_precompute(
-        logs, out, UNTIL, UNTIL, PrecomputeConfig(baseline_sample=0), progress=False,
-        model=embedded_model,
-    )  # fmt: skip
+    params = RunParams(logs.uri, out.uri, UNTIL, UNTIL, PipelineConfig.from_env({}))
+    report = run_pipeline(params, model=embedded_model)
     assert report["status"] == "nothing_to_publish" and report["version"] is None
     assert read_pointer(out, report["profile"]) == (None, None)

@@ -14,13 +14,15 @@ from typing import Any
 
 import pytest
 
-from edge_index.service import EdgeState
 from edge_index.service import create_app as edge_app
 from edge_index.store import FileStore
-from origin.config import ServerConfig
+from edge_index.watcher import ReleaseWatcher
+from edgeqa.client import EdgeQAClient
+from edgeqa.demo import cdn_app
+from origin.config import OriginSettings
 from origin.engine import Engine, EngineConfig
-from origin.server import OriginServer, Runtime, create_app
-from precompute.demo import cdn_app
+from origin.runtime import Runtime
+from origin.server import OriginServer, create_app
 from precompute.publish import publish
 from tests.releases import PROFILE, QUESTIONS, build
 from tests.serving import Server, wait_healthy
@@ -34,9 +36,13 @@ def test_key_spec_vectors_under_node() -> None:
     if NODE is None:
         pytest.skip("Node.js is missing: apt-get install -y nodejs")
     done = subprocess.run(
-        [NODE, "--test", "test/keys.test.mjs"], cwd=WEB, capture_output=True, text=True,
-        timeout=120, check=False,
-    )  # fmt: skip
+        [NODE, "--test", "test/keys.test.mjs"],
+        cwd=WEB,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "# pass 2" in done.stdout and "# fail 0" in done.stdout
 
@@ -51,17 +57,19 @@ def stack(embedded_model, embedder, tmp_path_factory) -> Iterator[dict[str, Any]
     model, tokenizer = embedded_model
     engine = Engine(model, tokenizer, EngineConfig(max_num_seqs=4, max_model_len=512))
     with Server(cdn_app(store.root)) as cdn:
-        edge_state = EdgeState(store, PROFILE, embedder, poll_s=3600)
+        edge_state = ReleaseWatcher(store, PROFILE, embedder, poll_s=3600)
         edge_state.refresh()
         with Server(edge_app(edge_state)) as edge:
-            config = ServerConfig.from_env(
-                {"EDGEQA_STORE": store.uri, "EDGEQA_PROFILE": PROFILE,
-                 "EDGEQA_CDN_URL": cdn.url, "EDGEQA_EDGE_URL": edge.url}
-            )  # fmt: skip
-            releases = EdgeState(store, PROFILE, embedder, poll_s=3600)
-            server = OriginServer(
-                config, lambda: Runtime(engine.start(), 32, 0.0, releases), "SmolLM2-135M-Instruct"
+            config = OriginSettings.from_env(
+                {
+                    "EDGEQA_STORE": store.uri,
+                    "EDGEQA_PROFILE": PROFILE,
+                    "EDGEQA_CDN_URL": cdn.url,
+                    "EDGEQA_EDGE_URL": edge.url,
+                }
             )
+            releases = ReleaseWatcher(store, PROFILE, embedder, poll_s=3600)
+            server = OriginServer(config, lambda: Runtime(engine.start(), 32, 0.0, releases))
             with Server(create_app(server)) as origin:
                 wait_healthy(origin.url)
                 yield {"origin": origin.url, "cdn": cdn.url, "edge": edge.url}
@@ -75,9 +83,11 @@ def test_the_page_and_its_config(stack: dict[str, Any]) -> None:
     assert httpx.get(f"{stack['origin']}/web/edgeqa.js").status_code == 200
     config = httpx.get(f"{stack['origin']}/config.json").json()
     assert config == {
-        "cdn": stack["cdn"], "edge": stack["edge"], "profile": PROFILE,
+        "cdn": stack["cdn"],
+        "edge": stack["edge"],
+        "profile": PROFILE,
         "model": "SmolLM2-135M-Instruct",
-    }  # fmt: skip
+    }
     # browsers on the page's origin may read the edge's and the origin's answers and tiers
     preflight = httpx.options(
         f"{stack['edge']}/v1/lookup",
@@ -100,9 +110,13 @@ def test_browser_asks_a_published_and_a_novel_question(stack: dict[str, Any]) ->
     published, novel = QUESTIONS[0], "Name one planet of the solar system."
     done = subprocess.run(
         [str(NODE), "test/browser.mjs", stack["origin"], published, novel],
-        cwd=WEB, capture_output=True, text=True, timeout=300, check=False,
+        cwd=WEB,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
         env={**os.environ, "CHROMIUM": CHROMIUM},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["errors"] == []
@@ -113,3 +127,17 @@ def test_browser_asks_a_published_and_a_novel_question(stack: dict[str, Any]) ->
     assert second["tier"] == "generated" and "origin" in second["label"], second
     assert second["answer"].strip() and not second["error"]
     assert report["recent"] == ["generated", "exact"]
+
+
+def test_the_python_client_takes_the_browser_s_path(stack: dict[str, Any]) -> None:
+    """``edgeqa.client`` and ``web/edgeqa.js`` land on the same tier for the same question."""
+    client = EdgeQAClient(stack["origin"], stack["cdn"], stack["edge"], PROFILE)
+    published = client.ask(QUESTIONS[0])
+    assert (published.tier, published.source) == ("exact", "cdn")
+    assert published.answer == f"v1: answer to {QUESTIONS[0]}"
+    received: list[str] = []
+    novel = client.ask("Name one planet of the solar system.", on_text=received.append)
+    assert (novel.tier, novel.source) == ("generated", "origin")
+    assert novel.answer.strip() and "".join(received) == novel.answer
+    edge_only = EdgeQAClient(stack["origin"], "", stack["edge"], PROFILE).ask(QUESTIONS[0])
+    assert (edge_only.tier, edge_only.source) == ("exact", "edge")

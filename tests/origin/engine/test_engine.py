@@ -4,7 +4,8 @@ import asyncio
 
 import pytest
 
-from origin.engine import Engine, EngineConfig
+from origin.engine import Engine, EngineConfig, RequestOutput
+from origin.engine.runner import HFRunner
 from origin.generate import answer
 from origin.sampling import SamplingParams
 from tests.origin.engine.conftest import checked
@@ -33,9 +34,10 @@ def test_batched_greedy_equals_one_at_a_time(engine_fp32: Engine, embedded_model
 def test_stream_yields_the_same_text_and_timings(engine_fp32: Engine) -> None:
     async def run() -> tuple[str, list]:
         parts, outputs = [], []
-        async for output in engine_fp32.stream(QUESTIONS[0], GREEDY):
-            parts.append(output.delta_text)
-            outputs.append(output)
+        async with engine_fp32.open_stream(QUESTIONS[0], GREEDY) as stream:
+            async for output in stream:
+                parts.append(output.delta_text)
+                outputs.append(output)
         return "".join(parts), outputs
 
     engine_fp32.start()
@@ -55,12 +57,12 @@ def test_stream_yields_the_same_text_and_timings(engine_fp32: Engine) -> None:
 def test_leaving_a_stream_early_cancels_and_frees_the_slot(engine_fp32: Engine) -> None:
     async def run() -> int:
         seen = 0
-        async for output in engine_fp32.stream(
-            "Write a long essay about rivers.", SamplingParams(max_tokens=200)
-        ):
-            seen += len(output.delta_token_ids)
-            if seen >= 3:
-                break
+        long = SamplingParams(max_tokens=200)
+        async with engine_fp32.open_stream("Write a long essay about rivers.", long) as stream:
+            async for output in stream:
+                seen += len(output.delta_token_ids)
+                if seen >= 3:
+                    break
         return seen
 
     engine_fp32.start()
@@ -89,6 +91,31 @@ def test_cancel_by_id_takes_effect_at_the_next_step(engine_fp32: Engine) -> None
     assert out.aborted == [request] and engine_fp32.num_running == 0
     assert outputs[-1].finished and outputs[-1].finish_reason == "abort"
     assert not engine_fp32.cancel(request.request_id)  # already gone
+
+
+def test_requests_leaving_their_slots_release_the_runners_caches(embedded_model) -> None:  # type: ignore[no-untyped-def]
+    model, tokenizer = embedded_model
+    runner = HFRunner(model, num_slots=4, max_len=256)  # a transformers cache per slot
+    engine = checked(
+        Engine(model, tokenizer, EngineConfig(max_num_seqs=4, max_model_len=256), runner=runner)
+    )
+    outputs: list[RequestOutput] = []
+    finishing = [
+        engine.add_request(q, SamplingParams(max_tokens=6), outputs.append) for q in QUESTIONS[:2]
+    ]
+    cancelled = engine.add_request(
+        "Write a long essay about rivers.", SamplingParams(max_tokens=100), outputs.append
+    )
+    engine.step()
+    assert sorted(runner._caches) == [0, 1, 2]  # one per running request
+    assert engine.cancel(cancelled.request_id)
+    engine.step()
+    assert cancelled.finish_reason == "abort" and sorted(runner._caches) == [0, 1]
+    while engine.scheduler.has_work:
+        engine.step()
+    assert all(r.finish_reason in ("stop", "length") for r in finishing)
+    assert runner._caches == {}
+    assert sum(o.finished for o in outputs) == 3
 
 
 def test_stop_strings_and_max_tokens(engine_fp32: Engine) -> None:
@@ -150,7 +177,10 @@ def test_int8_engine_answers_and_mostly_agrees(embedded_model) -> None:  # type:
 
 
 def test_engine_from_environment(model_cache_dir) -> None:  # type: ignore[no-untyped-def]
-    engine = Engine.from_env(
+    from origin.config import EngineSettings
+    from origin.runtime import build_engine
+
+    settings = EngineSettings.from_env(
         {
             "EDGEQA_CACHE_DIR": str(model_cache_dir),
             "EDGEQA_MAX_NUM_SEQS": "2",
@@ -158,15 +188,16 @@ def test_engine_from_environment(model_cache_dir) -> None:  # type: ignore[no-un
             "EDGEQA_QUANTIZATION": "none",
         }
     )
-    assert engine.config.max_num_seqs == 2 and engine.config.quantization is None
+    engine = build_engine(settings)
+    assert engine.config.max_num_seqs == 2 and engine.config.quantization == "none"
     assert engine.runner.cache.num_slots == 2 and engine.runner.cache.max_len == 256
     result = engine.generate_many([QUESTIONS[0]], GREEDY, progress=False)[0]
     assert "Paris" in result.text
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("quantization", [None, "int8"])
-def test_cuda_engine_fp16_and_llm_int8(model_cache_dir, quantization: str | None) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("quantization", ["none", "int8"])
+def test_cuda_engine_fp16_and_llm_int8(model_cache_dir, quantization: str) -> None:  # type: ignore[no-untyped-def]
     from origin.model import load_model
 
     model, tokenizer = load_model("embedded", device="cuda", cache_dir=model_cache_dir)

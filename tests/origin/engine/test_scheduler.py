@@ -7,9 +7,10 @@ import random
 import pytest
 import torch
 
+from origin.engine.config import SchedulerConfig
 from origin.engine.kv_cache import SlotKVCache
 from origin.engine.request import Request, Status
-from origin.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from origin.engine.scheduler import Scheduler, SchedulerOutput
 from origin.sampling import SamplingParams
 
 TOKEN = 42  # what the fake model always samples; never EOS
@@ -137,6 +138,36 @@ def test_preemption_requeues_the_newest_first_and_recomputes(tokenizer) -> None:
     assert old.finish_reason == new.finish_reason == "length"
     assert new.output_ids[: len(kept)] == kept and len(new.output_ids) == 20
     assert new.num_preemptions >= 1
+
+
+def test_every_slot_a_request_leaves_is_released(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    cfg = SchedulerConfig(
+        max_num_seqs=2, token_budget=64, prefill_chunk=64, max_model_len=40, kv_cache_tokens=48
+    )
+    cache = SlotKVCache(1, cfg.max_num_seqs, 1, cfg.max_model_len, 1, torch.float32, "cpu")
+    released: list[int] = []
+
+    def release(slot: int) -> None:
+        assert slot not in cache.used_slots  # told after the slot is free, once per leave
+        released.append(slot)
+
+    scheduler = Scheduler(cfg, cache, release=release)
+    old, new = _request(tokenizer, "old", 10, 20), _request(tokenizer, "new", 2, 20)
+    cancelled = _request(tokenizer, "cancelled", 2, 20)
+    scheduler.add(old)
+    _step(scheduler)
+    scheduler.add(new)
+    scheduler.add(cancelled)
+    for _ in range(60):
+        if len(cancelled.output_ids) == 2:
+            cancelled.cancelled = True
+        _step(scheduler)
+        if not scheduler.has_work:
+            break
+    assert new.num_preemptions >= 1 and cancelled.finish_reason == "abort"
+    # one release per finish of a request that held a slot, and one per preemption
+    leaves = 3 + new.num_preemptions + old.num_preemptions + cancelled.num_preemptions
+    assert len(released) == leaves and cache.num_free == 2
 
 
 def test_request_longer_than_max_model_len_is_refused(tokenizer) -> None:  # type: ignore[no-untyped-def]

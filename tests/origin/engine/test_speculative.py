@@ -3,13 +3,9 @@ from __future__ import annotations
 import pytest
 
 from origin.engine import Engine, EngineConfig
+from origin.engine.proposers import SuffixIndex, find_continuation
 from origin.engine.request import Request
-from origin.engine.speculative import (
-    SpecConfig,
-    Speculator,
-    SuffixIndex,
-    find_continuation,
-)
+from origin.engine.speculative import SpecConfig, Speculator
 from origin.sampling import SamplingParams
 from tests.origin.engine.conftest import checked, tiny_model
 
@@ -147,14 +143,14 @@ def test_back_off_when_acceptance_is_low(embedded_model) -> None:  # type: ignor
     speculator = Speculator(SpecConfig(method="ngram", min_accepted=0.4, cooldown_steps=5), [])
     request = Request("r", [1, 2, 3], SamplingParams(), tokenizer, {2})
     speculator.observe(request, "ngram", proposed=5, accepted=3)
-    assert request.spec_cooldown == 0  # good drafts keep it going
+    assert request.spec.cooldown == 0  # good drafts keep it going
     rejected = 0
-    while request.spec_cooldown == 0:
+    while request.spec.cooldown == 0:
         speculator.observe(request, "ngram", proposed=5, accepted=0)
         rejected += 1
-    assert 2 <= rejected <= 8 and request.spec_cooldown == 5
+    assert 2 <= rejected <= 8 and request.spec.cooldown == 5
     assert speculator.propose([request], [5], num_decoding=1) == [("", [])]
-    assert request.spec_cooldown == 4
+    assert request.spec.cooldown == 4
 
 
 def test_sampled_requests_never_speculate(embedded_model) -> None:  # type: ignore[no-untyped-def]

@@ -1,5 +1,8 @@
-"""An ASGI app under uvicorn in a background thread: the demo runs its services this way, and the
-tests run theirs."""
+"""Services in this process, on loopback: an ASGI app under uvicorn in a background thread.
+
+``make demo`` runs the CDN, the edge service and the origin this way (``demo.py``); the tests and
+benchmarks start theirs with it too, so there is one way to run a service in-process.
+"""
 
 from __future__ import annotations
 
@@ -24,8 +27,8 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 
-class BackgroundServer:
-    """``with BackgroundServer(app) as server: httpx.get(server.url)``."""
+class LocalServer:
+    """``with LocalServer(app) as server: httpx.get(server.url)``."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int | None = None, **options: Any):
         import uvicorn
@@ -37,7 +40,7 @@ class BackgroundServer:
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://{host}:{self.port}"
 
-    def start(self, timeout: float = 30) -> BackgroundServer:
+    def start(self, timeout: float = 30) -> LocalServer:
         self.thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started and time.monotonic() < deadline:
@@ -52,7 +55,7 @@ class BackgroundServer:
         self.server.should_exit = True
         self.thread.join(timeout)
 
-    def __enter__(self) -> BackgroundServer:
+    def __enter__(self) -> LocalServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -1,13 +1,12 @@
 """The origin server over real HTTP on loopback, with the embedded model and a real release.
 
 One server (module scope) serves most tests; a test that needs other settings swaps
-``origin.server.config`` and puts it back.
+``origin.server.settings`` and puts it back.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import re
@@ -27,17 +26,18 @@ import openai
 import pytest
 
 from edge_index.logs import LogWriter, read_logs
-from edge_index.service import EdgeState
 from edge_index.store import FileStore
-from origin.config import ServerConfig
+from edge_index.watcher import ReleaseWatcher
+from origin.config import OriginSettings
 from origin.engine import Engine, EngineConfig
-from origin.server import OriginServer, Runtime, create_app
+from origin.runtime import Runtime
+from origin.server import OriginServer, create_app
 from precompute.publish import publish
 from tests.releases import PROFILE, QUESTIONS, build
 from tests.serving import Server, free_port, wait_healthy
 
 MODEL = "SmolLM2-135M-Instruct"
-VLLM_BENCH = Path(__file__).parents[1] / "third_party" / "vllm_benchmarks"
+VLLM_BENCH = Path(__file__).parents[2] / "third_party" / "vllm_benchmarks"
 NOVEL = "Why do leaves change colour in autumn?"
 
 
@@ -52,11 +52,15 @@ class Origin:
         return httpx.Client(base_url=self.url, **{"timeout": 120, **kw})
 
 
-def _config(store: FileStore, **env: str) -> ServerConfig:
-    return ServerConfig.from_env(
-        {"EDGEQA_STORE": store.uri, "EDGEQA_MAX_QUEUED_REQUESTS": "256",
-         "EDGEQA_MAX_QUEUED_TOKENS": "100000", **env}
-    )  # fmt: skip
+def _config(store: FileStore, **env: str) -> OriginSettings:
+    return OriginSettings.from_env(
+        {
+            "EDGEQA_STORE": store.uri,
+            "EDGEQA_MAX_QUEUED_REQUESTS": "256",
+            "EDGEQA_MAX_QUEUED_TOKENS": "100000",
+            **env,
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +73,9 @@ def origin(embedded_model, embedder, tmp_path_factory) -> Iterator[Origin]:  # t
     engine = Engine(
         model, tokenizer, EngineConfig(max_num_seqs=8, max_model_len=512, speculative="suffix")
     ).start()
-    releases = EdgeState(store, PROFILE, embedder, poll_s=3600)
+    releases = ReleaseWatcher(store, PROFILE, embedder, poll_s=3600)
     logs = LogWriter(store, source="origin", flush_interval_s=3600)
-    server = OriginServer(_config(store), lambda: Runtime(engine, 48, 0.0, releases), MODEL, logs)
+    server = OriginServer(_config(store), lambda: Runtime(engine, 48, 0.0, releases), logs)
     with Server(create_app(server)) as running:
         wait_healthy(running.url)
         yield Origin(running.url, server, engine, store)
@@ -104,9 +108,15 @@ def test_openai_client_chat_and_completions(origin: Origin) -> None:
     assert whole.usage is not None and whole.usage.completion_tokens > 0
     parts, usage = [], None
     for chunk in client.chat.completions.create(
-        model=MODEL, messages=messages, max_completion_tokens=24, stream=True,
-        stream_options={"include_usage": True}, temperature=0.0, top_p=1.0, seed=3,
-    ):  # fmt: skip
+        model=MODEL,
+        messages=messages,
+        max_completion_tokens=24,
+        stream=True,
+        stream_options={"include_usage": True},
+        temperature=0.0,
+        top_p=1.0,
+        seed=3,
+    ):
         if chunk.choices:
             parts.append(chunk.choices[0].delta.content or "")
         if chunk.usage is not None:
@@ -126,17 +136,27 @@ def test_openai_client_chat_and_completions(origin: Origin) -> None:
     # token ids as the prompt, a stop string, and tolerated extras
     ids = origin.engine.tokenizer.encode("The capital of France is")
     stopped = client.completions.create(
-        model=MODEL, prompt=ids, max_tokens=8, stop=["."], best_of=1,
+        model=MODEL,
+        prompt=ids,
+        max_tokens=8,
+        stop=["."],
+        best_of=1,
         extra_body={"ignore_eos": False, "logprobs": None},
-    )  # fmt: skip
+    )
     assert "." not in stopped.choices[0].text
 
 
 def test_sse_format(origin: Origin) -> None:
-    with origin.client() as client, client.stream(
-        "POST", "/v1/chat/completions",
-        json=_chat("Say hello.", max_tokens=8, stream=True, stream_options={"include_usage": True}),
-    ) as response:  # fmt: skip
+    with (
+        origin.client() as client,
+        client.stream(
+            "POST",
+            "/v1/chat/completions",
+            json=_chat(
+                "Say hello.", max_tokens=8, stream=True, stream_options={"include_usage": True}
+            ),
+        ) as response,
+    ):
         assert response.headers["content-type"].startswith("text/event-stream")
         events = _events(response)
     assert events[-1] == "[DONE]"
@@ -186,17 +206,25 @@ def test_release_tiers_online_cache_and_what_never_caches(origin: Origin) -> Non
         never = [
             _chat(QUESTIONS[0], temperature=0.8, seed=1),  # non-default sampling
             _chat(QUESTIONS[0], stop=["x"]),
-            {"model": MODEL, "messages": [  # multi-turn
-                {"role": "user", "content": "Hi"},
-                {"role": "assistant", "content": "Hello!"},
-                {"role": "user", "content": QUESTIONS[0]},
-            ], "max_tokens": 8},
+            {
+                "model": MODEL,
+                "messages": [  # multi-turn
+                    {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "Hello!"},
+                    {"role": "user", "content": QUESTIONS[0]},
+                ],
+                "max_tokens": 8,
+            },
             _chat(f"{QUESTIONS[0]} My email is jo@example.com", max_tokens=8),  # personal data
-            {"model": MODEL, "max_tokens": 8, "messages": [  # other instructions
-                {"role": "system", "content": "Answer in French."},
-                {"role": "user", "content": QUESTIONS[0]},
-            ]},
-        ]  # fmt: skip
+            {
+                "model": MODEL,
+                "max_tokens": 8,
+                "messages": [  # other instructions
+                    {"role": "system", "content": "Answer in French."},
+                    {"role": "user", "content": QUESTIONS[0]},
+                ],
+            },
+        ]
         for body in never:
             for _ in range(2):  # the second time would hit a cache if the first had written it
                 response = client.post("/v1/chat/completions", json={**body, "max_tokens": 8})
@@ -223,12 +251,16 @@ def test_validation_errors_name_the_field_and_others_keep_working(origin: Origin
         ({"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-            400, "messages[0].content[0]",
+            400,
+            "messages[0].content[0]",
         ),
         ({"messages": hi, "temperature": -0.5}, 400, "temperature"),
         ({"messages": hi, "temperature": "hot"}, 400, "temperature"),
-        (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400,
-         "temperature"),
+        (
+            b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+            400,
+            "temperature",
+        ),
         ({"messages": hi, "top_p": 0}, 400, "top_p"),
         ({"messages": hi, "max_tokens": 0}, 400, "max_tokens"),
         ({"messages": hi, "max_tokens": 10**9}, 400, "max_tokens"),
@@ -240,7 +272,7 @@ def test_validation_errors_name_the_field_and_others_keep_working(origin: Origin
         ({"messages": hi, "logprobs": True}, 400, "logprobs"),
         ({"messages": [{"role": "user", "content": "word " * 600}]}, 400, "messages"),
         ({"messages": hi, "model": "gpt-4"}, 404, "model"),
-    ]  # fmt: skip
+    ]
     with origin.client() as client:
         for body, status, param in cases:
             raw = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -260,9 +292,10 @@ def test_validation_errors_name_the_field_and_others_keep_working(origin: Origin
             response = client.post("/v1/completions", json=body)
             assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
         big = client.post(
-            "/v1/chat/completions", content=b" " * (2 << 20),
+            "/v1/chat/completions",
+            content=b" " * (2 << 20),
             headers={"content-type": "application/json"},
-        )  # fmt: skip
+        )
         assert big.status_code == 413 and big.json()["error"]["param"] == "body"
         assert client.get("/v1/nothing").status_code == 404
         assert client.get("/v1/chat/completions").status_code == 405
@@ -276,8 +309,8 @@ def test_validation_errors_name_the_field_and_others_keep_working(origin: Origin
 
 def test_api_keys(origin: Origin) -> None:
     key = "k" * 24
-    saved = origin.server.config
-    origin.server.config = dataclasses.replace(saved, api_keys=("another-key-0123456789", key))
+    saved = origin.server.settings
+    origin.server.settings = saved.replace(api_keys=("another-key-0123456789", key))
     try:
         with origin.client() as client:
             assert client.get("/v1/models").status_code == 401
@@ -289,10 +322,11 @@ def test_api_keys(origin: Origin) -> None:
             assert client.get("/v1/models", headers={"x-api-key": key}).is_success
             assert client.get("/health").status_code == 200  # open
         sdk = openai.OpenAI(base_url=f"{origin.url}/v1", api_key=key, max_retries=0)
-        assert sdk.chat.completions.create(model=MODEL, messages=_chat("hi")["messages"],
-                                           max_tokens=2).choices  # fmt: skip
+        assert sdk.chat.completions.create(
+            model=MODEL, messages=_chat("hi")["messages"], max_tokens=2
+        ).choices
     finally:
-        origin.server.config = saved
+        origin.server.settings = saved
 
 
 # -- backpressure, cancellation, timeouts ---------------------------------------------------------
@@ -325,8 +359,10 @@ def test_200_cancelled_streams_free_every_slot(origin: Origin) -> None:
     finished_before = dict(engine.stats.requests_finished)
 
     async def main() -> list[int]:
-        bodies = [_chat(f"Tell me a long story about number {i}.", max_tokens=200, stream=True)
-                  for i in range(200)]  # fmt: skip
+        bodies = [
+            _chat(f"Tell me a long story about number {i}.", max_tokens=200, stream=True)
+            for i in range(200)
+        ]
         return await asyncio.gather(*(_stream_until_first_token(origin.url, b) for b in bodies))
 
     statuses = asyncio.run(main())
@@ -344,15 +380,17 @@ def test_a_non_streaming_client_that_leaves_is_cancelled(origin: Origin) -> None
     _idle(engine)
     before = engine.stats.requests_finished.get("abort", 0)
     with pytest.raises(httpx.ReadTimeout), origin.client(timeout=1.0) as client:
-        client.post("/v1/chat/completions", json=_chat("Write a long essay.", max_tokens=400,
-                                                       ignore_eos=True))  # fmt: skip
+        client.post(
+            "/v1/chat/completions",
+            json=_chat("Write a long essay.", max_tokens=400, ignore_eos=True),
+        )
     _idle(engine, timeout=30)
     assert engine.stats.requests_finished.get("abort", 0) == before + 1
 
 
 def test_backpressure_answers_429_and_admitted_requests_finish(origin: Origin) -> None:
-    saved = origin.server.config
-    origin.server.config = dataclasses.replace(saved, max_queued_requests=2)
+    saved = origin.server.settings
+    origin.server.settings = saved.replace(max_queued_requests=2)
     try:
 
         async def one(client: httpx.AsyncClient, i: int) -> tuple[int, str | None, str]:
@@ -367,7 +405,7 @@ def test_backpressure_answers_429_and_admitted_requests_finish(origin: Origin) -
 
         results = asyncio.run(main())
     finally:
-        origin.server.config = saved
+        origin.server.settings = saved
     rejected = [r for r in results if r[0] == 429]
     admitted = [r for r in results if r[0] == 200]
     assert rejected and admitted and len(rejected) + len(admitted) == 30
@@ -377,8 +415,8 @@ def test_backpressure_answers_429_and_admitted_requests_finish(origin: Origin) -
 
 
 def test_request_timeout(origin: Origin) -> None:
-    saved = origin.server.config
-    origin.server.config = dataclasses.replace(saved, request_timeout_s=0.3)
+    saved = origin.server.settings
+    origin.server.settings = saved.replace(request_timeout_s=0.3)
     try:
         with origin.client() as client:
             body = _chat("Write a long essay.", max_tokens=400, ignore_eos=True)
@@ -389,7 +427,7 @@ def test_request_timeout(origin: Origin) -> None:
                 events = _events(response)
             assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "timeout"
     finally:
-        origin.server.config = saved
+        origin.server.settings = saved
     _idle(origin.engine)
 
 
@@ -413,22 +451,30 @@ def test_metrics_use_vllm_names_and_split_ttft(origin: Origin) -> None:
             samples[name] = float(value)
     label = f'{{model_name="{MODEL}"}}'
     for name in (
-        "vllm:time_to_first_token_seconds_count", "vllm:e2e_request_latency_seconds_count",
-        "vllm:request_queue_time_seconds_count", "edgeqa_ttft_queue_seconds_count",
-        "edgeqa_ttft_compute_seconds_count", "edgeqa_ttft_network_seconds_count",
-        "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-        "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:e2e_request_latency_seconds_count",
+        "vllm:request_queue_time_seconds_count",
+        "edgeqa_ttft_queue_seconds_count",
+        "edgeqa_ttft_compute_seconds_count",
+        "edgeqa_ttft_network_seconds_count",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:spec_decode_num_drafts_total",
+        "vllm:spec_decode_num_draft_tokens_total",
         "vllm:spec_decode_num_accepted_tokens_total",
-    ):  # fmt: skip
+    ):
         assert samples[name + label] > 0, name
     assert samples["vllm:num_requests_running" + label] >= 0
     assert samples["vllm:num_requests_waiting" + label] >= 0
     assert samples['edgeqa_origin_requests_total{status="200",tier="exact"}'] >= 1
     assert samples['edgeqa_origin_requests_total{status="200",tier="generated"}'] >= 1
-    assert samples[f'edgeqa_origin_release_info{{version="{origin.server._release_version()}"}}']
+    assert samples[f'edgeqa_origin_release_info{{version="{origin.server.release_version()}"}}']
+    # the origin's release watcher reports its loads (a refused release is visible here too)
+    assert samples['edgeqa_origin_release_loads_total{result="ok"}'] >= 1
+    assert 'edgeqa_origin_release_loads_total{result="refused"}' in samples
     # every series the shipped Grafana dashboard plots is exported
     dashboard = json.loads(
-        (Path(__file__).parents[2] / "docs" / "grafana-dashboard.json").read_text()
+        (Path(__file__).parents[3] / "docs" / "grafana-dashboard.json").read_text()
     )
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     names = {n for e in exprs for n in re.findall(r"(?:vllm:|edgeqa_)[a-z0-9_:]+", e)}
@@ -439,9 +485,10 @@ def test_metrics_use_vllm_names_and_split_ttft(origin: Origin) -> None:
 def test_every_request_is_logged_with_a_hashed_user(origin: Origin) -> None:
     with origin.client() as client:
         client.post(
-            "/v1/chat/completions", json=_chat(QUESTIONS[3], user="alice@example.com"),
+            "/v1/chat/completions",
+            json=_chat(QUESTIONS[3], user="alice@example.com"),
             headers={"x-edgeqa-tenant": "shop"},
-        )  # fmt: skip
+        )
         client.post("/v1/chat/completions", json={"messages": []})
     assert origin.server.logs is not None
     origin.server.logs.flush()
@@ -467,7 +514,7 @@ def test_health_while_loading_and_after_the_engine_died(embedded_model, tmp_path
         return Runtime(engine.start(), 16, 0.0, None)
 
     store = FileStore(tmp_path / "store")
-    server = OriginServer(_config(store), load, MODEL)
+    server = OriginServer(_config(store), load)
     with Server(create_app(server)) as running, httpx.Client(base_url=running.url) as client:
         assert client.get("/health").json()["status"] == "loading"
         busy = client.post("/v1/chat/completions", json=_chat("hi"))
@@ -490,15 +537,42 @@ def test_vllm_benchmark_client_works_unchanged(origin: Origin, tmp_path: Path) -
         ("openai-chat", "/v1/chat/completions"),
     ):
         result = subprocess.run(
-            [sys.executable, "benchmark_serving.py", "--backend", backend,
-             "--base-url", origin.url, "--endpoint", endpoint, "--model", MODEL,
-             "--tokenizer", str(tmp_path / "tokenizer"), "--dataset-name", "random",
-             "--random-input-len", "32", "--random-output-len", "12", "--num-prompts", "8",
-             "--request-rate", "inf", "--save-result", "--result-dir", str(tmp_path),
-             "--result-filename", f"{backend}.json"],
-            cwd=VLLM_BENCH, capture_output=True, text=True, timeout=300, check=False,
+            [
+                sys.executable,
+                "benchmark_serving.py",
+                "--backend",
+                backend,
+                "--base-url",
+                origin.url,
+                "--endpoint",
+                endpoint,
+                "--model",
+                MODEL,
+                "--tokenizer",
+                str(tmp_path / "tokenizer"),
+                "--dataset-name",
+                "random",
+                "--random-input-len",
+                "32",
+                "--random-output-len",
+                "12",
+                "--num-prompts",
+                "8",
+                "--request-rate",
+                "inf",
+                "--save-result",
+                "--result-dir",
+                str(tmp_path),
+                "--result-filename",
+                f"{backend}.json",
+            ],
+            cwd=VLLM_BENCH,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
             env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        )  # fmt: skip
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         report = json.loads((tmp_path / f"{backend}.json").read_text())
         assert report["completed"] == 8, backend
@@ -513,21 +587,33 @@ def test_origin_serve_command_graceful_shutdown_flushes_logs(
 ) -> None:
     store = FileStore(tmp_path / "store")
     port = free_port()
-    env = {**cli_env, "EDGEQA_STORE": store.uri, "EDGEQA_USER_SALT": "salt",
-           "EDGEQA_MAX_NUM_SEQS": "4", "EDGEQA_MAX_MODEL_LEN": "512"}  # fmt: skip
+    env = {
+        **cli_env,
+        "EDGEQA_STORE": store.uri,
+        "EDGEQA_USER_SALT": "salt",
+        "EDGEQA_MAX_NUM_SEQS": "4",
+        "EDGEQA_MAX_MODEL_LEN": "512",
+    }
     child = subprocess.Popen(
         ["edgeqa", "origin", "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, child)
         assert httpx.get(f"{url}/health").json()["release"] is None  # nothing published: fine
         # a stream in flight when SIGTERM arrives is finished, then the server exits
-        with httpx.Client(base_url=url, timeout=120) as client, client.stream(
-            "POST", "/v1/chat/completions",
-            json=_chat("Describe the sea.", max_tokens=48, ignore_eos=True, stream=True),
-        ) as response:  # fmt: skip
+        with (
+            httpx.Client(base_url=url, timeout=120) as client,
+            client.stream(
+                "POST",
+                "/v1/chat/completions",
+                json=_chat("Describe the sea.", max_tokens=48, ignore_eos=True, stream=True),
+            ) as response,
+        ):
             lines = response.iter_lines()
             assert any('"content"' in line for line in lines)
             child.send_signal(signal.SIGTERM)

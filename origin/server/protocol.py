@@ -294,6 +294,12 @@ def _request(
     params, given = _sampling(body, max_model_len, default_max_tokens, default_temperature)
     model, user = _model_and_user(body)
     return ParsedRequest(
-        kind=kind, model=model, stream=stream, include_usage=include_usage, params=params,
-        max_tokens_given=given, user=user, **what,
-    )  # fmt: skip
+        kind=kind,
+        model=model,
+        stream=stream,
+        include_usage=include_usage,
+        params=params,
+        max_tokens_given=given,
+        user=user,
+        **what,
+    )

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from origin.cache import OnlineCache
+from origin.server.cache import OnlineCache
 
 
 class Clock:

@@ -1,0 +1,63 @@
+"""The tier cascade, defined once, for every service that answers from a release.
+
+    exact     the release's key map: the normalized question was published as is
+    (caller)  an exact tier of the caller's own, by key: the origin's online cache
+    semantic  the release's FAISS shards, the calibrated decision and the guard
+
+The edge service calls it without a tier of its own; the origin with its online cache. The
+semantic tier embeds the question (milliseconds of CPU), so the async form runs it in a worker
+thread and keeps the event loop free; the exact tiers are dict lookups and run inline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from anyio import to_thread
+
+from edge_index.keys import key_of_normalized, normalize
+from edge_index.lookup import Hit, Miss, ReleaseIndex
+
+ExactTier = Callable[[str], Hit | None]  # a key -> a hit, or None
+
+
+def exact(index: ReleaseIndex | None, key: str, own: ExactTier | None = None) -> Hit | None:
+    """The exact tiers: the release's, then the caller's own."""
+    hit = index.lookup_exact(key) if index is not None else None
+    if hit is None and own is not None:
+        hit = own(key)
+    return hit
+
+
+def lookup(
+    index: ReleaseIndex | None,
+    query: str,
+    normalized: str | None = None,
+    key: str | None = None,
+    own: ExactTier | None = None,
+) -> Hit | Miss:
+    """Every tier in order; ``normalized``/``key`` when the caller has them already. Raises
+    ``InvalidQueryError`` for a question the key spec refuses."""
+    normalized = normalize(query) if normalized is None else normalized
+    hit = exact(index, key_of_normalized(normalized) if key is None else key, own)
+    if hit is not None:
+        return hit
+    if index is None:
+        return Miss("no_release", None)
+    return index.lookup_semantic(query, normalized)
+
+
+async def lookup_async(
+    index: ReleaseIndex | None,
+    query: str,
+    normalized: str,
+    key: str,
+    own: ExactTier | None = None,
+) -> Hit | Miss:
+    """``lookup`` from an event loop: the semantic tier in a worker thread."""
+    hit = exact(index, key, own)
+    if hit is not None:
+        return hit
+    if index is None:
+        return Miss("no_release", None)
+    return await to_thread.run_sync(index.lookup_semantic, query, normalized)

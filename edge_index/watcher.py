@@ -1,0 +1,203 @@
+"""The served release and the poller that replaces it: what the edge service and the origin's
+tiers both answer from.
+
+A background thread polls ``<profile>/current.json`` every ``poll_s`` seconds. A new release is
+loaded and verified (every sha256) beside the serving one, warmed up, and swapped in by one
+reference assignment, so no lookup fails or waits during a swap; a corrupt release is refused,
+counted (``ReleaseMetrics``, exported by whichever service owns the watcher) and logged, and the
+previous one keeps serving.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import tempfile
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from edge_index.errors import EdgeQAError
+from edge_index.lookup import ReleaseIndex
+from edge_index.release import LoadedRelease, ReleaseError, load_release, read_pointer
+from edge_index.store import Store, StoreError
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+log = logging.getLogger(__name__)
+
+
+class NoProfileError(EdgeQAError, ValueError):
+    """The store holds no profile yet, or several and none was named."""
+
+
+class ReleaseMetrics:
+    """The served release, and loads by result (``ok``, ``refused``), under ``<prefix>_*``, in a
+    registry of their own that the owning service registers in its ``/metrics`` registry."""
+
+    def __init__(self, prefix: str) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.registry = registry = CollectorRegistry()
+        self.info = Gauge(
+            f"{prefix}_info", "The release being served (value 1)", ["version"], registry=registry
+        )
+        self.age = Gauge(
+            f"{prefix}_age_seconds", "Seconds since the served release was built", registry=registry
+        )
+        self.entries = Gauge(
+            f"{prefix}_entries", "Phrasings in the served release", registry=registry
+        )
+        self.loads = Counter(
+            f"{prefix}_loads",
+            "Release loads by result (ok, refused)",
+            ["result"],
+            registry=registry,
+        )
+        for result in ("ok", "refused"):
+            self.loads.labels(result)
+
+
+class ReleaseWatcher:
+    def __init__(
+        self,
+        store: Store,
+        profile: str | None,
+        embedder: SentenceTransformer,
+        poll_s: float = 30.0,
+        metrics_prefix: str = "edgeqa_edge_release",
+        warm_up: int = 64,
+    ) -> None:
+        self.store = store
+        self.profile = profile or None  # None: the store's only profile, once one is published
+        self.embedder = embedder
+        self.poll_s = poll_s
+        self.warm_up = warm_up  # semantic lookups run on a new release before it serves
+        self.metrics = ReleaseMetrics(metrics_prefix)
+        self.index: ReleaseIndex | None = None
+        self.manifest_sha256: str | None = None
+        self._refused: str | None = None  # manifest sha of a refused release: not retried
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._refresh_lock = threading.Lock()
+
+    @property
+    def version(self) -> str | None:
+        index = self.index
+        return index.version if index is not None else None
+
+    def refresh(self) -> bool:
+        """Load the pointer's release if it is new; True when a new one is now served."""
+        with self._refresh_lock:
+            if self.profile is None:
+                try:
+                    self.profile = resolve_profile(self.store, None)
+                except NoProfileError as error:
+                    log.info("%s", error)
+                    return False
+            pointer, _ = read_pointer(self.store, self.profile)
+            if pointer is None:
+                return False
+            wanted = pointer.get("manifest_sha256")
+            if wanted == self.manifest_sha256 or (wanted is not None and wanted == self._refused):
+                return False
+            try:
+                release = load_release(self.store, self.profile)
+                index = ReleaseIndex(release, self._embedder_for(release))
+            except (ReleaseError, StoreError, ValueError, KeyError) as error:
+                self._refused = wanted
+                self.metrics.loads.labels("refused").inc()
+                log.error(
+                    "refusing release %s of %s: %s; still serving %s",
+                    pointer.get("version"),
+                    self.profile,
+                    error,
+                    self.version or "nothing",
+                )
+                return False
+            self._serve(index, release.manifest_sha256)
+            return True
+
+    def _serve(self, index: ReleaseIndex, manifest_sha256: str) -> None:
+        # warm it before it serves: oneDNN kernels, allocator, the index's pages
+        for question in index.questions[: self.warm_up]:
+            index.lookup_semantic(question)
+        old = self.index
+        self.index = index  # one reference assignment: lookups in flight keep the old one
+        self.manifest_sha256 = manifest_sha256
+        self.metrics.loads.labels("ok").inc()
+        if old is not None:
+            self.metrics.info.remove(old.version)
+        self.metrics.info.labels(index.version).set(1)
+        self.metrics.entries.set(len(index))
+        # the release's millions of objects are long-lived: keep them out of GC passes, which
+        # would otherwise scan them in the middle of lookups
+        del old
+        gc.collect()
+        gc.freeze()
+        log.info("serving release %s of %s (%d entries)", index.version, self.profile, len(index))
+
+    def _embedder_for(self, release: LoadedRelease) -> SentenceTransformer:
+        """The release's own embedder when it ships one (fine-tuned), else the configured one,
+        which must produce vectors of the release's dimension."""
+        from edge_index.embedder import load_embedder
+
+        folder = release.write_embedder(Path(tempfile.mkdtemp(prefix="edgeqa-embedder-")))
+        embedder = load_embedder(str(folder)) if folder else self.embedder
+        dim = embedder.get_embedding_dimension()
+        if dim != release.manifest["embedder"]["dim"]:
+            raise ValueError(
+                f"the release was embedded with {release.manifest['embedder']['name']!r} "
+                f"({release.manifest['embedder']['dim']}-d), the edge's embedder is {dim}-d"
+            )
+        return embedder
+
+    def age_s(self) -> float | None:
+        index = self.index
+        if index is None:
+            return None
+        created = datetime.fromisoformat(index.manifest["created_at"])
+        return (datetime.now(UTC) - created).total_seconds()
+
+    def observe_age(self) -> None:
+        """Set the age gauge (called at scrape time)."""
+        age = self.age_s()
+        if age is not None:
+            self.metrics.age.set(age)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.refresh()
+            except Exception:  # a store outage must not kill the poller
+                log.exception("polling %s failed; will retry", self.profile)
+
+    def start(self) -> None:
+        try:
+            self.refresh()
+        except Exception:
+            log.exception("initial release load failed; polling")
+        self._thread = threading.Thread(target=self._run, name="edgeqa-release-poll", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+def resolve_profile(store: Store, profile: str | None) -> str:
+    """The configured profile, or the store's only one."""
+    if profile:
+        return profile
+    profiles = sorted({p.split("/", 1)[0] for p in store.list() if p.endswith("/current.json")})
+    if len(profiles) == 1:
+        return profiles[0]
+    if not profiles:
+        raise NoProfileError(
+            f"no release published in {store.uri} yet: set EDGEQA_PROFILE (or --profile) to wait "
+            "for one"
+        )
+    raise NoProfileError(f"{store.uri} holds several profiles {profiles}: set EDGEQA_PROFILE")

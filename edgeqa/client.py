@@ -1,0 +1,125 @@
+"""The edgeqa client for Python callers: the web client (``web/edgeqa.js``) in Python.
+
+A question goes to the cheapest layer that can answer it: the CDN's exact-tier object (by the key
+spec's key, under the version ``current.json`` names), then the edge index service (exact and
+semantic tiers), then the origin, whose answer is streamed. The two clients take the same path
+for the same question: the key vectors test both key functions, and the demo and the browser test
+check the tiers each one lands on.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from edge_index.keys import key
+
+
+@dataclass(frozen=True)
+class Answered:
+    question: str
+    tier: str  # exact, semantic, origin_cache or generated
+    source: str  # cdn, edge or origin
+    answer: str
+    first_byte_ms: float
+    key: str
+
+
+class EdgeQAClient:
+    """``cdn``: where releases are read (CloudFront); ``edge``: the edge index service;
+    ``origin``: the origin server. ``cdn`` and ``edge`` may be empty (those layers skipped)."""
+
+    def __init__(
+        self,
+        origin: str,
+        cdn: str = "",
+        edge: str = "",
+        profile: str = "",
+        api_key: str = "",
+        pointer_ttl_s: float = 30.0,
+        client: httpx.Client | None = None,
+    ) -> None:
+        self.origin, self.cdn, self.edge, self.profile = origin, cdn, edge, profile
+        self.api_key = api_key
+        self.pointer_ttl_s = pointer_ttl_s
+        self.http = client or httpx.Client(timeout=120)
+        self._pointer: tuple[str | None, float] | None = None  # (version, read at)
+
+    def current_version(self) -> str | None:
+        if not self.cdn or not self.profile:
+            return None
+        if self._pointer and time.monotonic() - self._pointer[1] < self.pointer_ttl_s:
+            return self._pointer[0]
+        try:
+            response = self.http.get(f"{self.cdn}/{self.profile}/current.json")
+            version = response.json()["version"] if response.status_code == 200 else None
+        except httpx.HTTPError:
+            return None  # the CDN is down: the other layers still answer
+        self._pointer = (version, time.monotonic())
+        return version
+
+    def ask(self, question: str, on_text: Callable[[str], None] | None = None) -> Answered:
+        """The answer from the first layer that has one; ``on_text`` gets it as it arrives."""
+        started = time.perf_counter()
+        k = key(question)
+        on_text = on_text or (lambda text: None)
+
+        def done(tier: str, source: str, answer: str, first_byte: float) -> Answered:
+            return Answered(question, tier, source, answer, (first_byte - started) * 1000, k)
+
+        version = self.current_version()
+        if version:
+            found = self._get(f"{self.cdn}/{self.profile}/releases/{version}/a/{k}.json")
+            if found is not None:
+                on_text(found["answer"])
+                return done("exact", "cdn", found["answer"], time.perf_counter())
+        if self.edge:
+            hit = self._get(f"{self.edge}/v1/lookup", {"q": question})
+            if hit is not None:
+                on_text(hit["answer"])
+                return done(hit["tier"], "edge", hit["answer"], time.perf_counter())
+        return self._generate(question, on_text, done)
+
+    def _get(self, url: str, params: dict[str, str] | None = None) -> dict[str, str] | None:
+        try:
+            response = self.http.get(url, params=params)
+        except httpx.HTTPError:
+            return None
+        return response.json() if response.status_code == 200 else None  # type: ignore[no-any-return]
+
+    def _generate(
+        self,
+        question: str,
+        on_text: Callable[[str], None],
+        done: Callable[[str, str, str, float], Answered],
+    ) -> Answered:
+        headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        body = {"messages": [{"role": "user", "content": question}], "stream": True}
+        text, first = "", None
+        url = f"{self.origin}/v1/chat/completions"
+        with self.http.stream("POST", url, json=body, headers=headers) as response:
+            if response.status_code != 200:
+                response.read()
+                raise httpx.HTTPStatusError(
+                    f"origin: {response.status_code} {response.text[:200]}",
+                    request=response.request,
+                    response=response,
+                )
+            tier = response.headers.get("x-edgeqa-tier", "generated")
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    raise RuntimeError(f"origin: {chunk['error']['message']}")
+                choices = chunk.get("choices")
+                delta = choices[0]["delta"].get("content") if choices else None
+                if delta:
+                    first = first or time.perf_counter()
+                    text += delta
+                    on_text(delta)
+        return done(tier, "origin", text, first or time.perf_counter())

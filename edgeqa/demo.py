@@ -1,0 +1,194 @@
+"""The local demo that ``make demo`` runs: the whole product on the embedded defaults.
+
+1. Sample request logs (``precompute/samplelogs.py``): support questions with paraphrases, Zipf
+   popularity over hundreds of users, plus rows the mining rules must exclude (personal data,
+   multi-turn, failed requests, one-user questions).
+2. The nightly pipeline (``precompute/pipeline.py``, the stages the Airflow DAG runs, quality gate
+   included) into a local store.
+3. The three serving layers on loopback (``local.py``): a static "CDN" over the store (exact answer
+   objects), the edge index service, and the origin (which also serves the web page at ``/``).
+4. A client session (``client.py``, the web client's path: CDN exact object -> edge lookup ->
+   origin stream), printed as a table: question, tier, latency, answer start; then the
+   excluded-question report and where the page is. ``--serve`` keeps the services up.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+
+from edge_index.store import FileStore
+from edgeqa.client import Answered, EdgeQAClient
+from edgeqa.local import LocalServer, port_is_free
+
+# what the scripted session asks: hot questions and paraphrases (edge tiers), then novel ones
+SESSION = (
+    "How do I freeze my card?",  # hot, published: exact at the CDN
+    "What are your opening hours?",
+    "how can I freeze my debit card",  # a published paraphrase
+    "Could you tell me how to freeze my card",  # unseen wording: semantic or generated
+    "What is the capital of France?",  # novel: generated at the origin
+    "What is the capital of France?",  # asked again: the origin's online cache
+    "My card 4111 1111 1111 1111 was declined, why?",  # personal data: never cached
+)
+# the demo's users are synthetic: a fixed salt (a deployment sets its own secret)
+DEMO_ENV = {"EDGEQA_USER_SALT": "edgeqa-demo-salt"}
+
+
+def _say(out: TextIO, text: str) -> None:
+    print(text, file=out, flush=True)
+
+
+def build_release(store: FileStore, out: TextIO, max_tokens: int) -> dict[str, Any]:
+    """Sample logs, then the nightly pipeline; its run report."""
+    import os
+
+    from precompute.config import PipelineConfig
+    from precompute.pipeline import RunParams, run_pipeline
+    from precompute.samplelogs import generate_rows, write_logs
+
+    until = datetime.now(UTC).date() - timedelta(days=1)
+    rows = generate_rows(until, days=7)
+    write_logs(store, rows)
+    _say(out, f"1. sample request logs: {len(rows)} rows over 7 days -> {store.uri}/logs/")
+    config = PipelineConfig.from_env({**DEMO_ENV, **os.environ}, max_tokens=max_tokens)
+    params = RunParams(store.uri, store.uri, until - timedelta(days=6), until, config, "demo")
+    _say(out, "2. nightly pipeline (the DAG's stages):")
+
+    def said(stage: str, result: dict[str, Any], seconds: float) -> None:
+        lines = {
+            "mine": lambda r: f"{r['questions']} questions to answer, profile {r['profile']}",
+            "generate": lambda r: f"{r['answers']} answers, {r.get('tokens_per_s') or 0} tok/s",
+            "build": lambda r: (
+                f"{r['rows']} phrasings in {r['shards']} shard(s), version {r['version']}"
+            ),
+            "validate": lambda r: (
+                f"{r['status']} (precision {r['precision']}, "
+                f"{r.get('empty_answers', 0)} empty answers)"
+            ),
+            "publish": lambda r: f"{r['status']}: current.json -> {r['version']}",
+            "prune": lambda r: f"{len(r['removed'])} old releases removed",
+        }
+        _say(out, f"   {stage:<9} {lines[stage](result)} ({seconds:.1f} s)")
+
+    return run_pipeline(params, on_stage=said)
+
+
+def cdn_app(root: Path) -> Any:
+    """The store folder over HTTP, as CloudFront serves the bucket (CORS, cache headers)."""
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.middleware.cors import CORSMiddleware
+    from starlette.routing import Mount
+    from starlette.staticfiles import StaticFiles
+
+    return Starlette(
+        routes=[Mount("/", StaticFiles(directory=root))],
+        middleware=[Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["GET"])],
+    )
+
+
+@contextmanager
+def services(
+    store: FileStore, profile: str, ports: tuple[int, int, int] | None = None
+) -> Iterator[dict[str, str]]:
+    """The CDN, the edge service and the origin on loopback; their URLs."""
+    import os
+
+    from edge_index.embedder import load_embedder
+    from edge_index.logs import LogWriter
+    from edge_index.service import create_app as edge_app
+    from edge_index.users import UserHasher
+    from edge_index.watcher import ReleaseWatcher
+    from origin.config import OriginSettings
+    from origin.runtime import load_runtime
+    from origin.server import OriginServer, create_app
+
+    settings = OriginSettings.from_env({**DEMO_ENV, **os.environ}).replace(
+        store=store.uri, profile=profile, poll_s=5.0
+    )
+    wanted = ports or (0, 0, 0)
+    cdn_port, edge_port, origin_port = (p if p and port_is_free(p) else None for p in wanted)
+    embedder = load_embedder(settings.embedder, settings.device)
+    with ExitStack() as stack:
+        cdn = stack.enter_context(LocalServer(cdn_app(store.root), port=cdn_port))
+        watcher = ReleaseWatcher(store, profile, embedder, settings.poll_s)
+        watcher.start()
+        stack.callback(watcher.stop)
+        edge_logs = LogWriter(store, source="edge")
+        users = UserHasher(settings.user_salt)
+        edge = stack.enter_context(
+            LocalServer(edge_app(watcher, edge_logs, users=users), port=edge_port)
+        )
+        settings = settings.replace(cdn_url=cdn.url, edge_url=edge.url)
+        server = OriginServer(
+            settings,
+            lambda: load_runtime(settings, embedder=embedder),
+            LogWriter(store, source="origin"),
+            users=users,
+        )
+        origin = stack.enter_context(LocalServer(create_app(server), port=origin_port))
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{origin.url}/health").status_code != 200:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the origin did not become ready")
+            time.sleep(0.1)
+        yield {"cdn": cdn.url, "edge": edge.url, "origin": origin.url}
+
+
+def _table(rows: list[Answered], out: TextIO) -> None:
+    _say(out, f"   {'question':<48} {'tier':<13} {'source':<7} {'first byte':>11}  answer")
+    for r in rows:
+        answer = " ".join(r.answer.split())
+        answer = answer[:56] + ("…" if len(answer) > 56 else "")
+        ms = r.first_byte_ms
+        _say(out, f"   {r.question[:48]:<48} {r.tier:<13} {r.source:<7} {ms:>8.1f} ms  {answer}")
+
+
+def run_demo(
+    workdir: Path = Path("var/demo"),
+    serve: bool = False,
+    max_tokens: int = 96,
+    out: TextIO = sys.stdout,
+) -> dict[str, Any]:
+    import shutil
+
+    started = time.perf_counter()
+    root = workdir.resolve() / "store"
+    shutil.rmtree(root, ignore_errors=True)
+    store = FileStore(root)
+    result = build_release(store, out, max_tokens)
+    profile = result["profile"]
+    ports = (8002, 8001, 8000) if serve else None
+    with services(store, profile, ports) as urls:
+        _say(out, f"3. serving: CDN {urls['cdn']}  edge {urls['edge']}  origin {urls['origin']}")
+        _say(out, "4. a client session (CDN exact object -> edge lookup -> origin stream):")
+        client = EdgeQAClient(urls["origin"], urls["cdn"], urls["edge"], profile)
+        answered = [client.ask(q) for q in SESSION]
+        _table(answered, out)
+        excluded = ", ".join(f"{k} {n}" for k, n in sorted(result["excluded_rows"].items()))
+        _say(out, f"5. excluded from the release (rows): {excluded}")
+        _say(
+            out,
+            "   personal data and multi-turn rows are never published; below_k: fewer than k "
+            "distinct users asked",
+        )
+        seconds = time.perf_counter() - started
+        _say(out, f"6. the web page: {urls['origin']}/  (demo finished in {seconds:.0f} s)")
+        result["session"] = [r.__dict__ for r in answered]
+        result["urls"] = urls
+        if serve:
+            _say(out, "   serving until Ctrl-C")
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
+    return result

@@ -1,0 +1,88 @@
+"""The offline front end: generate for a list of prompts, keeping the batch full.
+
+Used by the nightly batch job and the benchmarks. With the engine's loop running, the requests
+join it; otherwise this thread steps the engine itself until every request has finished.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from origin.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from origin.engine.core import Engine, Prompt
+    from origin.engine.request import RequestOutput
+
+
+@dataclass
+class Completion:
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    prompt_tokens: int
+    ttft_s: float | None
+    e2e_s: float | None
+    error: str | None = None
+
+
+def generate_many(
+    engine: Engine,
+    prompts: Sequence[Prompt],
+    params: SamplingParams | Sequence[SamplingParams] | None = None,
+    progress: bool = True,
+    desc: str = "generating",
+) -> list[Completion]:
+    """Generate for every prompt, keeping the batch full; results in the prompts' order."""
+    from tqdm import tqdm
+
+    per_prompt = (
+        list(params)
+        if isinstance(params, Sequence)
+        else [params or SamplingParams()] * len(prompts)
+    )
+    if len(per_prompt) != len(prompts):
+        raise ValueError("params must be one SamplingParams or one per prompt")
+    results: dict[str, Completion] = {}
+    texts: dict[str, list[str]] = {}
+    tokens: dict[str, list[int]] = {}
+    done = threading.Event()
+    bar = tqdm(total=len(prompts), desc=desc, unit="req", disable=not progress)
+
+    def collect(output: RequestOutput) -> None:
+        texts[output.request_id].append(output.delta_text)
+        tokens[output.request_id].extend(output.delta_token_ids)
+        if output.finished:
+            times = output.times
+            results[output.request_id] = Completion(
+                request_id=output.request_id,
+                text="".join(texts[output.request_id]),
+                token_ids=tokens[output.request_id],
+                finish_reason=output.finish_reason,
+                prompt_tokens=output.prompt_tokens,
+                ttft_s=times.ttft_s,
+                e2e_s=None if times.finished is None else times.finished - times.arrival,
+                error=output.error,
+            )
+            bar.update(1)
+            if len(results) == len(prompts):
+                done.set()
+
+    ids = []
+    for prompt, p in zip(prompts, per_prompt, strict=True):
+        request_id = engine.new_request_id("batch")
+        texts[request_id], tokens[request_id] = [], []
+        ids.append(engine.add_request(prompt, p, collect, request_id).request_id)
+    if not prompts:
+        done.set()
+    if engine.loop_running:
+        done.wait()
+    else:
+        while not done.is_set():
+            engine.step()
+    bar.close()
+    return [results[i] for i in ids]

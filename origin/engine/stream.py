@@ -1,0 +1,91 @@
+"""The async front end: one request's outputs as an async iterator, for the HTTP server.
+
+``open_stream`` queues the request at once (so the server admits and queues in one step) and
+returns an ``OutputStream``: outputs reach it from the engine thread through an asyncio queue.
+``close()`` cancels the request, and past its deadline the iterator cancels it and raises
+``TimeoutError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from origin.engine.core import Engine, Prompt
+    from origin.engine.request import RequestOutput
+    from origin.sampling import SamplingParams
+
+
+def open_stream(
+    engine: Engine,
+    prompt: Prompt,
+    params: SamplingParams | None = None,
+    request_id: str | None = None,
+    arrival: float | None = None,
+    timeout_s: float | None = None,
+) -> OutputStream:
+    """Queue a request on ``engine`` (starting its loop) and return its outputs as an async
+    iterator; call from a running event loop. ``close()`` it, or use it as ``async with``, to
+    cancel the request when leaving early. ``timeout_s`` bounds the whole request, from now:
+    past it the request is cancelled and the iterator raises ``TimeoutError``."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+
+    def deliver(output: RequestOutput) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, output)
+        except RuntimeError:
+            pass  # the consumer's event loop is gone; the request is being cancelled
+
+    request = engine.add_request(prompt, params, deliver, request_id, arrival)
+    engine.start()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    return OutputStream(engine, request.request_id, queue, deadline)
+
+
+class OutputStream:
+    """The outputs of one request, as an async iterator (``Engine.open_stream``)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        request_id: str,
+        queue: asyncio.Queue[RequestOutput],
+        deadline: float | None,
+    ) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self.queue = queue
+        self.deadline = deadline
+        self.finished = False
+
+    def __aiter__(self) -> OutputStream:
+        return self
+
+    async def __aenter__(self) -> OutputStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()  # leaving the block early cancels the request
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        if self.deadline is None:
+            output = await self.queue.get()
+        else:
+            remaining = self.deadline - asyncio.get_running_loop().time()
+            try:
+                output = await asyncio.wait_for(self.queue.get(), max(0.0, remaining))
+            except TimeoutError:
+                self.close()
+                raise
+        self.finished = output.finished
+        return output
+
+    def close(self) -> None:
+        """Cancel the request unless it has finished (its slot is free at the next step)."""
+        if not self.finished:
+            self.finished = True
+            self.engine.cancel(self.request_id)

@@ -1,0 +1,104 @@
+"""The one place the origin's runtime is assembled from settings: the model, the engine, and (for
+the server) the release watcher.
+
+``build_engine(settings)`` is what the origin server, ``edgeqa ask``, the nightly generation and
+the demo all call, so an engine is configured the same way wherever it runs; ``load_runtime``
+adds what the server needs around it. ``engine_config``
+turns settings into the engine's own config; ``"auto"`` quantization is decided here, for the
+device the model landed on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from origin.config import EngineSettings, OriginSettings
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from edge_index.watcher import ReleaseWatcher
+    from origin.engine import Engine, EngineConfig
+
+LoadedModel = tuple["PreTrainedModel", "PreTrainedTokenizerBase"]
+
+
+def load(settings: EngineSettings) -> LoadedModel:
+    """The model and tokenizer the settings name, on their device and dtype."""
+    from origin.model import load_model
+
+    return load_model(settings.model, settings.device, settings.dtype, settings.cache_dir)
+
+
+def engine_config(settings: EngineSettings, device: str) -> EngineConfig:
+    """The engine's config for a model on ``device``."""
+    from origin.engine import EngineConfig, default_quantization
+
+    quantization = settings.quantization
+    return EngineConfig(
+        max_num_seqs=settings.max_num_seqs,
+        token_budget=max(settings.token_budget, settings.max_num_seqs),
+        prefill_chunk=settings.prefill_chunk,
+        max_model_len=settings.max_model_len,
+        kv_cache_tokens=settings.kv_cache_tokens or None,
+        quantization=default_quantization(device) if quantization == "auto" else quantization,
+        speculative=None if settings.speculative == "none" else settings.speculative,
+        num_speculative_tokens=settings.num_speculative_tokens,
+    )
+
+
+def build_engine(
+    settings: EngineSettings, model: LoadedModel | None = None, **engine_options: Any
+) -> Engine:
+    """An engine (not started) for ``settings``; ``model``: an already loaded (model, tokenizer)
+    to reuse; ``engine_options``: passed to ``Engine`` (a custom ``runner``, a ``draft``)."""
+    from origin.engine import Engine
+
+    weights, tokenizer = model or load(settings)
+    config = engine_config(settings, str(weights.device))
+    return Engine(weights, tokenizer, config, **engine_options)
+
+
+@dataclass
+class Runtime:
+    """What the origin serves with: a started engine, its request defaults, and the release
+    watcher when the tiers are on."""
+
+    engine: Engine
+    default_max_tokens: int
+    default_temperature: float
+    releases: ReleaseWatcher | None = None
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.config.max_model_len
+
+
+def load_runtime(
+    settings: OriginSettings,
+    model: LoadedModel | None = None,
+    embedder: SentenceTransformer | None = None,
+) -> Runtime:
+    """The origin's runtime: the engine (started), and the release watcher (not started: the
+    server starts it once its metrics are registered) when ``origin_tiers`` is on."""
+    engine = build_engine(settings, model).start()
+    releases = None
+    if settings.origin_tiers:
+        from edge_index.embedder import load_embedder
+        from edge_index.store import open_store
+        from edge_index.watcher import ReleaseWatcher
+
+        releases = ReleaseWatcher(
+            open_store(settings.store),
+            settings.profile,
+            embedder or load_embedder(settings.embedder, settings.device),
+            settings.poll_s,
+            metrics_prefix="edgeqa_origin_release",
+        )
+    return Runtime(engine, settings.max_tokens, settings.temperature, releases)

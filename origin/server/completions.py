@@ -1,0 +1,147 @@
+"""``POST /v1/chat/completions`` and ``POST /v1/completions``: the request flow, top to bottom.
+
+check the key -> the runtime must be ready -> read and parse the body -> the model must be ours
+-> the prompt -> (a single question) look it up in the tiers and send a hit -> admit it to the
+engine or refuse it (429) -> stream it or answer it whole. Every request is counted and logged,
+refused ones included.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from origin.server import tiers
+from origin.server.auth import check_api_key
+from origin.server.generation import Generation
+from origin.server.prompts import build_prompt
+from origin.server.protocol import (
+    APIError,
+    ParsedRequest,
+    parse_chat,
+    parse_completion,
+    parse_json,
+)
+from origin.server.responses import Answer, Shaper, answer_response
+from origin.server.state import OriginServer
+
+log = logging.getLogger(__name__)
+
+# a refused request's reason in the rejected-requests metric, by HTTP status
+REFUSAL_REASONS = {401: "unauthorized", 413: "too_large", 503: "not_ready"}
+
+
+async def create_completion(server: OriginServer, request: Request, kind: str) -> Response:
+    arrival = time.monotonic()
+    request_id = uuid.uuid4().hex[:24]
+    settings = server.settings
+    row: dict[str, Any] = {
+        "request_id": request_id,
+        "turns": 1,
+        "query": "",
+        "tenant": request.headers.get("x-edgeqa-tenant", "")[:128],
+    }
+    parsed: ParsedRequest | None = None
+    try:
+        check_api_key(request, settings.api_keys)
+        runtime = server.ready_runtime()
+        body = await read_body(request, settings.max_body_bytes)
+        parse = parse_chat if kind == "chat" else parse_completion
+        parsed = parse(
+            body,
+            runtime.max_model_len,
+            runtime.default_max_tokens,
+            runtime.default_temperature,
+        )
+        row.update(turns=parsed.turns, query=parsed.question[:4096])
+        check_model(parsed, server.model_name)
+        prompt = build_prompt(runtime.engine, parsed, settings.system_prompt)
+    except ClientDisconnect:
+        return Response(status_code=499)
+    except APIError as error:
+        row["user"] = server.users.of_request(request, parsed.user if parsed else None)
+        return refuse(server, error, REFUSAL_REASONS.get(error.status, "invalid"), row, arrival)
+
+    row["user"] = user = server.users.of_request(request, parsed.user)
+    shaper = Shaper(kind, request_id, server.model_name, int(time.time()))
+    cacheable = tiers.cache_key(parsed, settings.system_prompt) if settings.origin_tiers else None
+    if cacheable is not None:
+        normalized, key = cacheable
+        row.update(normalized=normalized, key=key)
+        answer = await look_up(server, parsed, normalized, key)
+        if answer is not None:
+            server.metrics.observe_hit(answer.tier, time.monotonic() - arrival)
+            elapsed_ms = (time.monotonic() - arrival) * 1000
+            server.write_log(
+                **row, tier=answer.tier, status=200, latency_ms=elapsed_ms, ttft_ms=elapsed_ms
+            )
+            headers = {"x-edgeqa-tier": answer.tier, "x-request-id": request_id}
+            return answer_response(
+                answer, shaper, parsed.stream, parsed.include_usage, len(prompt.ids), headers
+            )
+
+    cache_key = cacheable[1] if cacheable is not None else None
+    generation = Generation(server, runtime, parsed, prompt, shaper, user, arrival, row, cache_key)
+    try:
+        outputs = server.admission.admit(
+            settings, runtime.engine, user, len(prompt.ids), generation.open
+        )
+    except APIError as error:
+        return refuse(server, error, error.code or "queue_full", row, arrival)
+    if parsed.stream:
+        return generation.streaming_response(outputs)
+    return await generation.whole_response(request, outputs)
+
+
+async def read_body(request: Request, limit: int) -> dict[str, Any]:
+    """The JSON body; 413 past ``limit`` bytes, declared or not."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"the body exceeds {limit} bytes", "body", code="body_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"the body exceeds {limit} bytes", "body", code="body_too_large")
+        chunks.append(chunk)
+    return parse_json(b"".join(chunks))
+
+
+def check_model(parsed: ParsedRequest, served: str) -> None:
+    if parsed.model is not None and parsed.model != served:
+        raise APIError(
+            404,
+            f"the model {parsed.model!r} does not exist; this origin serves {served!r}",
+            "model",
+            "invalid_request_error",
+            "model_not_found",
+        )
+
+
+async def look_up(
+    server: OriginServer, parsed: ParsedRequest, normalized: str, key: str
+) -> Answer | None:
+    """The tiers' answer, or None: a broken release or cache must not fail the request."""
+    runtime = server.runtime
+    if runtime is None:
+        return None
+    index = runtime.releases.index if runtime.releases is not None else None
+    try:
+        return await tiers.lookup(index, server.cache, runtime.tokenizer, parsed, normalized, key)
+    except Exception:
+        log.exception("origin tier lookup failed; generating")
+        return None
+
+
+def refuse(
+    server: OriginServer, error: APIError, reason: str, row: dict[str, Any], arrival: float
+) -> Response:
+    server.metrics.observe_rejected(error.status, reason)
+    latency_ms = (time.monotonic() - arrival) * 1000
+    server.write_log(**row, tier="rejected", status=error.status, latency_ms=latency_ms)
+    return error.response()

@@ -1,0 +1,240 @@
+"""One admitted request on the engine: sent as it is generated (SSE) or whole, then accounted for
+once — metrics, the online cache, the request-log row, the user's admission slot — however it
+ended (finished, failed, timed out, or its client gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from origin.server.protocol import APIError, ParsedRequest
+from origin.server.responses import (
+    DONE,
+    SSE_HEADERS,
+    ClosingStream,
+    Shaper,
+    error_event,
+    finish_reason,
+)
+
+if TYPE_CHECKING:
+    from origin.engine import OutputStream, RequestOutput
+    from origin.engine.request import RequestTimes
+    from origin.runtime import Runtime
+    from origin.server.prompts import Prompt
+    from origin.server.state import OriginServer
+
+
+class Outcome:
+    """What the engine said about one request so far, and how the response went."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.finish_reason: str | None = None
+        self.completion_tokens = 0
+        self.error: str | None = None
+        self.times: RequestTimes | None = None
+        self.first_sent: float | None = None  # the first bytes handed to the socket
+        self.chunks = 0
+        self.cancelled = False
+        self.timed_out = False
+
+    def take(self, output: RequestOutput) -> None:
+        self.parts.append(output.delta_text)
+        self.times = output.times
+        self.completion_tokens = output.completion_tokens
+        if output.finished:
+            self.finish_reason = output.finish_reason
+            self.error = output.error
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    @property
+    def status(self) -> int:
+        if self.cancelled:
+            return 499
+        if self.timed_out:
+            return 504
+        return 500 if self.error is not None else 200
+
+
+def _ms(since: float) -> float:
+    return (time.monotonic() - since) * 1000
+
+
+class Generation:
+    def __init__(
+        self,
+        server: OriginServer,
+        runtime: Runtime,
+        parsed: ParsedRequest,
+        prompt: Prompt,
+        shaper: Shaper,
+        user: str,
+        arrival: float,
+        row: dict[str, Any],
+        cache_key: str | None,
+    ) -> None:
+        self.server = server
+        self.runtime = runtime
+        self.parsed = parsed
+        self.prompt = prompt
+        self.shaper = shaper
+        self.user = user
+        self.arrival = arrival
+        self.row = row
+        self.cache_key = cache_key  # where a complete answer goes in the online cache
+        self.outcome = Outcome()
+        self._finished = False
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"x-edgeqa-tier": "generated", "x-request-id": self.row["request_id"]}
+
+    def open(self) -> OutputStream:
+        """Queue the request in the engine, within the request timeout (counted from arrival)."""
+        timeout = self.server.settings.request_timeout_s - (time.monotonic() - self.arrival)
+        return self.runtime.engine.open_stream(
+            self.prompt.ids,
+            self.prompt.params,
+            self.row["request_id"],
+            self.arrival,
+            max(0.0, timeout),
+        )
+
+    # -- streaming --------------------------------------------------------------------------------
+
+    def streaming_response(self, outputs: OutputStream) -> Response:
+        def abandon() -> None:
+            # the response is over (sent, failed, or never started): cancel what is left
+            if not self._finished:
+                outputs.close()
+                self.outcome.cancelled = self.outcome.finish_reason is None
+                self.finish(streamed=True)
+
+        return ClosingStream(
+            self._events(outputs),
+            abandon,
+            media_type="text/event-stream",
+            headers={**SSE_HEADERS, **self.headers},
+        )
+
+    async def _events(self, outputs: OutputStream) -> AsyncIterator[bytes]:
+        shaper, chat, state = self.shaper, self.parsed.kind == "chat", self.outcome
+        try:
+            async for output in outputs:
+                state.take(output)
+                if output.error is not None:
+                    yield error_event("generation failed", "server_error")
+                    break
+                if output.delta_text or (state.first_sent is None and output.finished):
+                    yield shaper.chunk(output.delta_text, None, role=chat and not state.chunks)
+                    state.chunks += 1
+                    if state.first_sent is None:
+                        state.first_sent = time.monotonic()  # resumed: the bytes were sent
+                if output.finished:
+                    yield shaper.chunk("", finish_reason(output.finish_reason))
+                    if self.parsed.include_usage:
+                        yield shaper.usage_chunk(len(self.prompt.ids), output.completion_tokens)
+                    yield DONE
+        except TimeoutError:
+            state.timed_out = True
+            yield error_event("the request timed out", "timeout", "timeout")
+            yield DONE
+        except asyncio.CancelledError:
+            state.cancelled = True
+            raise
+        finally:
+            outputs.close()
+            self.finish(streamed=True)
+
+    # -- whole ------------------------------------------------------------------------------------
+
+    async def whole_response(self, request: Request, outputs: OutputStream) -> Response:
+        """Collect the answer, watching for the client to go away (which cancels it)."""
+        state = self.outcome
+
+        async def collect() -> None:
+            try:
+                async for output in outputs:
+                    state.take(output)
+            finally:
+                outputs.close()
+
+        async def disconnected() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        work = asyncio.ensure_future(collect())
+        watch = asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not work.done():
+                state.cancelled = True
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                    await work
+        try:
+            if state.cancelled:
+                return Response(status_code=499)
+            error = work.exception()
+            if isinstance(error, TimeoutError):
+                state.timed_out = True
+                return APIError(504, "the request timed out", None, "timeout", "timeout").response()
+            if error is not None:
+                raise error
+            if state.error is not None:
+                return APIError(500, "generation failed", None, "server_error").response()
+            body = self.shaper.whole(
+                state.text,
+                finish_reason(state.finish_reason),
+                len(self.prompt.ids),
+                state.completion_tokens,
+            )
+            return JSONResponse(body, headers=self.headers)
+        finally:
+            self.finish(streamed=False)
+
+    # -- accounting -------------------------------------------------------------------------------
+
+    def finish(self, streamed: bool) -> None:
+        """Metrics, the online cache and the log row, once per admitted request."""
+        if self._finished:
+            return
+        self._finished = True
+        server, state = self.server, self.outcome
+        server.admission.release(self.user)
+        status, times = state.status, state.times
+        server.metrics.observe_generated(
+            status,
+            times,
+            state.finish_reason,
+            len(self.prompt.ids),
+            state.completion_tokens,
+            state.first_sent if streamed else None,
+        )
+        if status == 200 and times is not None and times.finished is not None:
+            server.admission.observe_service(times.finished - times.arrival)
+            if self.cache_key is not None and state.finish_reason == "stop":
+                server.cache.put(self.cache_key, state.text, state.completion_tokens)
+        ttft_ms = None
+        if times is not None and times.first_token is not None:
+            ttft_ms = (times.first_token - times.arrival) * 1000
+        server.write_log(
+            **self.row,
+            tier="generated" if status != 500 else "error",
+            status=status,
+            latency_ms=_ms(self.arrival),
+            ttft_ms=ttft_ms,
+        )

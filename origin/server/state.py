@@ -1,0 +1,136 @@
+"""What the origin server holds between requests: its settings, the runtime once loaded, the
+online cache, admission, metrics and the request log.
+
+The runtime (engine and release watcher) loads in a background thread so that the server answers
+``/health`` ("loading") at once; requests that need it get 503 until it is ready.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from edge_index.logs import LogWriter
+from edge_index.users import UserHasher
+from origin.config import OriginSettings
+from origin.runtime import Runtime
+from origin.server.admission import Admission
+from origin.server.cache import OnlineCache
+from origin.server.metrics import OriginMetrics
+from origin.server.protocol import APIError
+
+log = logging.getLogger(__name__)
+
+
+class OriginServer:
+    def __init__(
+        self,
+        settings: OriginSettings,
+        load: Callable[[], Runtime],
+        logs: LogWriter | None = None,
+        cache: OnlineCache | None = None,
+        users: UserHasher | None = None,
+    ) -> None:
+        # read on every request, so a test may swap them (``server.settings = ...``)
+        self.settings = settings
+        self.load = load
+        self.model_name = settings.api_model_name
+        self.logs = logs
+        self.cache = cache or OnlineCache(
+            settings.cache_ttl_s, settings.cache_jitter, settings.cache_max_bytes
+        )
+        self.users = users or UserHasher(settings.user_salt)
+        self.admission = Admission()
+        self.metrics = OriginMetrics(self.model_name)
+        self.metrics.watch(lambda: self.runtime.engine if self.runtime else None, self.cache)
+        self.runtime: Runtime | None = None
+        self.load_error: BaseException | None = None
+        self.draining = False
+        self.created = int(time.time())
+
+    # -- loading and state ------------------------------------------------------------------------
+
+    def start_loading(self) -> threading.Thread:
+        def run() -> None:
+            try:
+                runtime = self.load()
+                if runtime.releases is not None:
+                    self.metrics.registry.register(runtime.releases.metrics.registry)
+                    runtime.releases.start()
+                self.runtime = runtime
+                log.info("origin ready: serving %s", self.model_name)
+            except BaseException as error:
+                self.load_error = error
+                log.exception("loading the origin failed")
+
+        thread = threading.Thread(target=run, name="edgeqa-origin-load", daemon=True)
+        thread.start()
+        return thread
+
+    def release_version(self) -> str | None:
+        runtime = self.runtime
+        if runtime is None or runtime.releases is None:
+            return None
+        return runtime.releases.version
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        if self.load_error is not None:
+            return 503, {"status": "failed", "error": repr(self.load_error)}
+        runtime = self.runtime
+        if runtime is None:
+            return 503, {"status": "loading"}
+        if not runtime.engine.alive:
+            error = runtime.engine.loop_error
+            return 503, {"status": "engine_dead", "error": repr(error) if error else None}
+        if self.draining:
+            return 503, {"status": "draining"}
+        waiting, tokens = runtime.engine.queue_load()
+        return 200, {
+            "status": "ok",
+            "model": self.model_name,
+            "release": self.release_version(),
+            "running": runtime.engine.num_running,
+            "waiting": waiting,
+            "queued_prompt_tokens": tokens,
+        }
+
+    def ready_runtime(self) -> Runtime:
+        status, body = self.health()
+        if status != 200 or self.runtime is None:
+            raise APIError(
+                503,
+                f"the origin is not ready: {body['status']}",
+                None,
+                "service_unavailable",
+                headers={"retry-after": "5"},
+            )
+        return self.runtime
+
+    def served_profile(self) -> str | None:
+        """The profile of the releases the tiers read (None before one is known)."""
+        runtime = self.runtime
+        releases = runtime.releases if runtime else None
+        return releases.profile if releases else None
+
+    def write_log(self, **row: Any) -> None:
+        """One request-log row; never fails the request."""
+        if self.logs is None:
+            return
+        try:
+            row.setdefault("profile", self.served_profile() or "")
+            self.logs.write(**row)
+        except Exception:
+            log.exception("could not log a request")
+
+    def shutdown(self) -> None:
+        """Stop the engine and the release watcher, flush the logs."""
+        runtime = self.runtime
+        if runtime is not None:
+            if runtime.releases is not None:
+                runtime.releases.stop()
+            runtime.engine.stop()
+        if self.logs is not None:
+            self.logs.close()

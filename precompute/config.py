@@ -1,0 +1,230 @@
+"""The nightly job's settings and the parameters of one run.
+
+A leaf module (dataclasses and settings only), light enough for the DAG file to import while
+Airflow parses it.
+
+- ``PrecomputeSettings``: the ``EDGEQA_*`` variables the nightly job reads (the model, the engine's
+  sizes, the embedder — shared with the origin — plus mining's k and top-N and releases kept).
+- ``MiningConfig``, ``GenerationConfig``, ``BuildConfig``, ``GateConfig``: each stage's knobs.
+- ``PipelineConfig``: all of them for one run. ``RUN_OPTIONS`` is the one list of what an operator
+  sets per run — the ``edgeqa precompute run`` options and the DAG's params are both made from it,
+  with the defaults of the field each one sets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import Field
+
+from edge_index.config import ConfigError
+from origin.config import EngineSettings
+from origin.precision import ENGINE_QUANTIZATIONS, EngineQuantization
+
+
+class PrecomputeSettings(EngineSettings):
+    """The nightly job: the origin's model and engine settings, and its own."""
+
+    min_users: int = Field(5, ge=1)  # k: distinct users who must have asked
+    top_n: int = Field(10_000, ge=1)
+    keep_releases: int = Field(5, ge=2)
+
+
+@dataclass(frozen=True)
+class MiningConfig:
+    k: int = 5
+    top_n: int = 10_000
+    half_life_days: float = 7.0
+    cluster_threshold: float = 0.9
+    embed_batch: int = 256
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ConfigError("k must be at least 1")
+        if self.top_n < 1:
+            raise ConfigError("top_n must be at least 1")
+        if self.half_life_days <= 0:
+            raise ConfigError("half_life_days must be positive")
+        if not 0 < self.cluster_threshold <= 1:
+            raise ConfigError("cluster_threshold must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    # INT8 unless told otherwise: the nightly job answers in bulk, where INT8 pays. Not "auto":
+    # the release's profile names the weights its answers came from
+    quantization: EngineQuantization = "int8"
+    partition_size: int = 64  # questions per checkpointed partition (one DAG task each)
+
+    def __post_init__(self) -> None:
+        if self.quantization not in ENGINE_QUANTIZATIONS:
+            raise ConfigError(f"quantization must be one of {', '.join(ENGINE_QUANTIZATIONS)}")
+        if self.partition_size < 1:
+            raise ConfigError("partition_size must be at least 1")
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    factory: str = "auto"
+    ef_construction: int = 200
+    ef_search: int = 128
+    ivf_rows: int = 200_000  # HNSW below, IVF from here (HNSW builds slowly at millions of rows)
+    nprobe: int = 16  # IVF lists searched per query
+    shard_rows: int = 2_000_000
+    ttl_days: float = 7.0
+    ttl_jitter: float = 0.2
+    threshold: float = 0.9  # the semantic tier's cosine threshold when calibration cannot reach
+    margin: float = 0.05  # ... the target (too few phrasings), with this margin
+    target_precision: float = 0.99
+    calibration_rows: int = 20_000  # leave-one-out calibration on at most this many phrasings
+    embed_batch: int = 256
+
+    def __post_init__(self) -> None:
+        if self.ef_construction < 1 or self.shard_rows < 1 or self.ttl_days <= 0:
+            raise ConfigError("ef_construction, shard_rows and ttl_days must be positive")
+        if not 0 <= self.ttl_jitter < 1:
+            raise ConfigError("ttl_jitter must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """The quality gate between build and publish."""
+
+    min_rows: int = 1
+    # the calibrated leave-one-out precision of the semantic tier must reach this
+    min_precision: float = 0.95
+    # refuse a release with fewer than (1 - max_shrink) x the parent's rows
+    max_shrink: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_shrink <= 1:
+            raise ConfigError("max_shrink must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    settings: PrecomputeSettings
+    mining: MiningConfig = field(default_factory=MiningConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    build: BuildConfig = field(default_factory=BuildConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
+    # > 0: tune the embedder on the release's phrasings and ship it in the release
+    finetune_steps: int = 0
+
+    @classmethod
+    def from_settings(cls, settings: PrecomputeSettings) -> PipelineConfig:
+        return cls(settings, MiningConfig(k=settings.min_users, top_n=settings.top_n))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **options: Any) -> PipelineConfig:
+        """The ``EDGEQA_*`` settings, then the run's ``options`` (``RUN_OPTIONS`` names; ``None``:
+        not given) on top."""
+        by_name = {o.name: o for o in RUN_OPTIONS}
+        unknown = set(options) - set(by_name)
+        if unknown:
+            raise ConfigError(f"unknown run options: {', '.join(sorted(unknown))}")
+        given = {n: v for n, v in options.items() if v is not None}
+        settings = PrecomputeSettings.from_env(
+            environ,
+            **{by_name[n].field: v for n, v in given.items() if by_name[n].section == "settings"},
+        )
+        sections: dict[str, dict[str, Any]] = {}
+        for name, value in given.items():
+            option = by_name[name]
+            if option.section != "settings":
+                sections.setdefault(option.section, {})[option.field] = value
+        return cls.from_settings(settings).replace(**sections)
+
+    def replace(
+        self,
+        *,
+        mining: Mapping[str, Any] | None = None,
+        generation: Mapping[str, Any] | None = None,
+        build: Mapping[str, Any] | None = None,
+        gate: Mapping[str, Any] | None = None,
+        run: Mapping[str, Any] | None = None,
+    ) -> PipelineConfig:
+        """A copy with fields of the named parts changed: ``replace(mining={"k": 3})``; ``run``
+        holds this class's own fields (``finetune_steps``)."""
+        return dataclasses.replace(
+            self,
+            mining=dataclasses.replace(self.mining, **(mining or {})),
+            generation=dataclasses.replace(self.generation, **(generation or {})),
+            build=dataclasses.replace(self.build, **(build or {})),
+            gate=dataclasses.replace(self.gate, **(gate or {})),
+            **(run or {}),
+        )
+
+    @property
+    def keep(self) -> int:
+        return self.settings.keep_releases
+
+
+@dataclass(frozen=True)
+class RunOption:
+    """One parameter an operator sets per run: a CLI option and a DAG param."""
+
+    name: str
+    section: str  # "settings", "generation", "gate" or "run": where its value goes
+    field: str
+    kind: type
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+
+    @property
+    def default(self) -> Any:
+        if self.section == "settings":
+            return PrecomputeSettings.model_fields[self.field].default
+        owner = {"generation": GenerationConfig, "gate": GateConfig, "run": PipelineConfig}
+        for f in dataclasses.fields(owner[self.section]):
+            if f.name == self.field:
+                return f.default
+        raise AssertionError(f"{self.section} has no field {self.field}")
+
+
+RUN_OPTIONS = (
+    RunOption("k", "settings", "min_users", int, "distinct users who must have asked", 1),
+    RunOption("top_n", "settings", "top_n", int, "question clusters kept", 1),
+    RunOption("max_tokens", "settings", "max_tokens", int, "tokens per answer", 1),
+    RunOption(
+        "quantization",
+        "generation",
+        "quantization",
+        str,
+        "the weights answers are generated with",
+        choices=ENGINE_QUANTIZATIONS,
+    ),
+    RunOption("partition_size", "generation", "partition_size", int, "questions per partition", 1),
+    RunOption("keep", "settings", "keep_releases", int, "releases kept for rollback", 2),
+    RunOption(
+        "min_precision",
+        "gate",
+        "min_precision",
+        float,
+        "quality gate: the semantic tier's calibrated precision must reach this",
+        0,
+        1,
+    ),
+    RunOption(
+        "max_shrink",
+        "gate",
+        "max_shrink",
+        float,
+        "quality gate: refuse a release this much smaller than its parent",
+        0,
+        1,
+    ),
+    RunOption(
+        "finetune_steps",
+        "run",
+        "finetune_steps",
+        int,
+        "tune the embedder on the release's phrasings first and ship it in the release",
+        0,
+    ),
+)

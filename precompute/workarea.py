@@ -1,0 +1,91 @@
+"""A run's work area in the output store: what one stage leaves for the next.
+
+    <profile>/work/<run>/hot.json              the mined questions (mine)
+    <profile>/work/<run>/profile.json          what the answers depend on (mine)
+    <profile>/work/<run>/gen/<nnnnn>.parquet   one generated partition each (generate)
+    <profile>/work/<run>/release/...           the built release, staged (build)
+
+``run`` is a digest of the profile and the mined questions, so the same input always maps to the
+same work area: a rerun (an Airflow retry, the same night again) finds what is done and reuses it.
+Stages may run on different machines; the store is all they share.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edge_index.store import Store
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class WorkArea:
+    store: Store
+    profile: str
+    run: str
+
+    @property
+    def prefix(self) -> str:
+        return work_prefix(self.profile, self.run)
+
+    @property
+    def release(self) -> str:
+        """Where the built release is staged before it is published."""
+        return f"{self.prefix}/release"
+
+    def partition(self, index: int) -> str:
+        return f"{self.prefix}/gen/{index:05d}.parquet"
+
+    def put_json(self, name: str, value: Any) -> None:
+        self.store.put(f"{self.prefix}/{name}", json.dumps(value, sort_keys=True).encode())
+
+    def get_json(self, name: str) -> Any:
+        return json.loads(self.store.get(f"{self.prefix}/{name}"))
+
+    def put_table(self, path: str, table: pa.Table) -> None:
+        import pyarrow.parquet as pq
+
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer)
+        self.store.put(path, buffer.getvalue())
+
+    def get_table(self, path: str) -> pa.Table:
+        """Raises ``ObjectNotFoundError`` when ``path`` is not there."""
+        import pyarrow.parquet as pq
+
+        return pq.read_table(io.BytesIO(self.store.get(path)))
+
+    def stage_release(self, folder: Path) -> None:
+        """Upload a built release folder to ``release/`` (replacing what was there)."""
+        self.store.delete_prefix(self.release)
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                self.store.put_file(f"{self.release}/{path.relative_to(folder).as_posix()}", path)
+
+    def staged_manifest(self) -> dict[str, Any]:
+        manifest: dict[str, Any] = json.loads(self.store.get(f"{self.release}/manifest.json"))
+        return manifest
+
+    @contextmanager
+    def staged_release_folder(self) -> Iterator[Path]:
+        """The staged release downloaded into a temporary folder (for ``publish``)."""
+        prefix = f"{self.release}/"
+        with tempfile.TemporaryDirectory(prefix="edgeqa-publish-") as tmp:
+            for path in self.store.list(prefix):
+                target = Path(tmp) / path[len(prefix) :]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(self.store.get(path))
+            yield Path(tmp)
+
+
+def work_prefix(profile: str, run: str) -> str:
+    return f"{profile}/work/{run}"
