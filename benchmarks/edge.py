@@ -43,7 +43,7 @@ from edge_index.lookup import Hit, ReleaseIndex
 from edge_index.release import LoadedRelease, Shard, load_release, row_schema
 from edge_index.service import create_app
 from edge_index.store import FileStore
-from edge_index.watcher import ReleaseWatcher
+from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from edgeqa.local import LocalServer
 from precompute.build import build_index, build_release, factory_for
 from precompute.config import BuildConfig
@@ -172,7 +172,9 @@ def _p99(values: list[float]) -> float:
 
 
 def measure_http(index: ReleaseIndex, queries: list[str]) -> dict[str, Any]:
-    watcher = ReleaseWatcher(FileStore(tempfile.mkdtemp()), "bench", index.embedder, poll_s=3600)
+    watcher = ReleaseWatcher(
+        FileStore(tempfile.mkdtemp()), "bench", index.embedder, 3600, metrics_prefix=EDGE_METRICS
+    )
     watcher.index = index
     times, hits = [], 0
     with LocalServer(create_app(watcher)) as server, httpx.Client(base_url=server.url) as client:

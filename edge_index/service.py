@@ -38,7 +38,7 @@ from edge_index.keys import MAX_QUERY_CHARS, InvalidQueryError, key_of_normalize
 from edge_index.logs import LogWriter
 from edge_index.lookup import Hit, Miss
 from edge_index.users import UserHasher
-from edge_index.watcher import ReleaseWatcher
+from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 
 log = logging.getLogger(__name__)
 
@@ -210,8 +210,9 @@ def serve(settings: EdgeSettings, host: str, port: int, log_requests: bool = Tru
     # one query per search: FAISS's OpenMP pool would only fight torch's for the cores
     faiss.omp_set_num_threads(1)
     store = open_store(settings.store)
+    embedder = load_embedder(settings.embedder, settings.device)
     watcher = ReleaseWatcher(
-        store, settings.profile, load_embedder(settings.embedder, settings.device), settings.poll_s
+        store, settings.profile, embedder, settings.poll_s, metrics_prefix=EDGE_METRICS
     )
     logs = LogWriter(store, source="edge") if log_requests else None
     watcher.start()

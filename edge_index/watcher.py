@@ -33,6 +33,10 @@ class NoProfileError(EdgeQAError, ValueError):
     """The store holds no profile yet, or several and none was named."""
 
 
+EDGE_METRICS = "edgeqa_edge_release"  # the edge service's names
+ORIGIN_METRICS = "edgeqa_origin_release"  # the origin's
+
+
 class ReleaseMetrics:
     """The served release, and loads by result (``ok``, ``refused``), under ``<prefix>_*``, in a
     registry of their own that the owning service registers in its ``/metrics`` registry."""
@@ -67,9 +71,12 @@ class ReleaseWatcher:
         profile: str | None,
         embedder: SentenceTransformer,
         poll_s: float = 30.0,
-        metrics_prefix: str = "edgeqa_edge_release",
+        *,
+        metrics_prefix: str,
         warm_up: int = 64,
     ) -> None:
+        """``metrics_prefix``: the names the owning service exports the release metrics under
+        (``EDGE_METRICS``, ``ORIGIN_METRICS``)."""
         self.store = store
         self.profile = profile or None  # None: the store's only profile, once one is published
         self.embedder = embedder

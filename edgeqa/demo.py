@@ -106,7 +106,7 @@ def services(
     from edge_index.logs import LogWriter
     from edge_index.service import create_app as edge_app
     from edge_index.users import UserHasher
-    from edge_index.watcher import ReleaseWatcher
+    from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
     from origin.config import OriginSettings
     from origin.runtime import load_runtime
     from origin.server import OriginServer, create_app
@@ -119,7 +119,9 @@ def services(
     embedder = load_embedder(settings.embedder, settings.device)
     with ExitStack() as stack:
         cdn = stack.enter_context(LocalServer(cdn_app(store.root), port=cdn_port))
-        watcher = ReleaseWatcher(store, profile, embedder, settings.poll_s)
+        watcher = ReleaseWatcher(
+            store, profile, embedder, settings.poll_s, metrics_prefix=EDGE_METRICS
+        )
         watcher.start()
         stack.callback(watcher.stop)
         edge_logs = LogWriter(store, source="edge")

@@ -92,13 +92,13 @@ def load_runtime(
     if settings.origin_tiers:
         from edge_index.embedder import load_embedder
         from edge_index.store import open_store
-        from edge_index.watcher import ReleaseWatcher
+        from edge_index.watcher import ORIGIN_METRICS, ReleaseWatcher
 
         releases = ReleaseWatcher(
             open_store(settings.store),
             settings.profile,
             embedder or load_embedder(settings.embedder, settings.device),
             settings.poll_s,
-            metrics_prefix="edgeqa_origin_release",
+            metrics_prefix=ORIGIN_METRICS,
         )
     return Runtime(engine, settings.max_tokens, settings.temperature, releases)

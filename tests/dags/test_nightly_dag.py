@@ -20,7 +20,7 @@ import pytest
 from edge_index.release import read_pointer
 from edge_index.service import create_app
 from edge_index.store import FileStore, open_store
-from edge_index.watcher import ReleaseWatcher
+from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from precompute.config import PipelineConfig
 from precompute.pipeline import (
     STAGES,
@@ -150,7 +150,7 @@ def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
     pointer, _ = read_pointer(store, profiles[0])
     assert pointer is not None
 
-    state = ReleaseWatcher(store, None, embedder, poll_s=3600)
+    state = ReleaseWatcher(store, None, embedder, poll_s=3600, metrics_prefix=EDGE_METRICS)
     assert state.refresh()
     assert state.index is not None and state.index.version == pointer["version"]
     question = state.index.questions[0]

@@ -18,7 +18,7 @@ from edge_index.logs import read_logs
 from edge_index.release import release_prefix
 from edge_index.service import create_app
 from edge_index.store import FileStore, Store, open_store
-from edge_index.watcher import NoProfileError, ReleaseWatcher, resolve_profile
+from edge_index.watcher import EDGE_METRICS, NoProfileError, ReleaseWatcher, resolve_profile
 from precompute.publish import publish
 from tests.releases import PROFILE, QUESTIONS, build
 from tests.serving import Server, free_port, wait_healthy
@@ -40,7 +40,7 @@ def _publish(embedder: Any, store: Store, tmp: Path, tag: str, day: int, **kw: A
 
 
 def test_tiers_errors_health_and_metrics(embedder, s3_store: Store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    state = ReleaseWatcher(s3_store, PROFILE, embedder, poll_s=3600)
+    state = ReleaseWatcher(s3_store, PROFILE, embedder, poll_s=3600, metrics_prefix=EDGE_METRICS)
     with Server(create_app(state)) as server, httpx.Client(base_url=server.url) as client:
         assert client.get("/health").status_code == 503  # nothing published yet
         miss = client.get("/v1/lookup", params={"q": "How do I freeze my card?"})
@@ -97,7 +97,7 @@ def test_tiers_errors_health_and_metrics(embedder, s3_store: Store, tmp_path: Pa
 
 def test_hot_swap_under_load_fails_no_lookup(embedder, s3_store: Store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     old = _publish(embedder, s3_store, tmp_path, "old", 20)
-    state = ReleaseWatcher(s3_store, PROFILE, embedder, poll_s=0.1)
+    state = ReleaseWatcher(s3_store, PROFILE, embedder, poll_s=0.1, metrics_prefix=EDGE_METRICS)
     state.start()
     stop = threading.Event()
     outcomes: Counter[str] = Counter()
@@ -148,7 +148,7 @@ def test_corrupt_release_is_refused_and_the_old_one_keeps_serving(
     tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     old = _publish(embedder, s3_store, tmp_path, "old", 20)
-    state = ReleaseWatcher(s3_store, PROFILE, embedder, poll_s=3600)
+    state = ReleaseWatcher(s3_store, PROFILE, embedder, poll_s=3600, metrics_prefix=EDGE_METRICS)
     state.refresh()
     new = _publish(embedder, s3_store, tmp_path, "new", 21)
     shard = f"{release_prefix(PROFILE, new)}/shards/00000.faiss"
@@ -170,7 +170,7 @@ def test_lookups_are_logged_with_hashed_users(embedder, tmp_path: Path) -> None:
 
     store = FileStore(tmp_path / "store")
     _publish(embedder, store, tmp_path, "v1", 20)
-    state = ReleaseWatcher(store, PROFILE, embedder, poll_s=3600)
+    state = ReleaseWatcher(store, PROFILE, embedder, poll_s=3600, metrics_prefix=EDGE_METRICS)
     state.refresh()
     logs = LogWriter(store, source="edge", flush_interval_s=0)
     with Server(create_app(state, logs)) as server, httpx.Client(base_url=server.url) as client:
@@ -244,7 +244,7 @@ def test_a_release_ships_its_finetuned_embedder(embedder, tmp_path: Path) -> Non
     publish(store, tmp_path / "r1")
     assert manifest["embedder"]["finetuned"]["sha256"] == model_digest(folder)
     assert any(f["path"].endswith(".safetensors") for f in manifest["embedder"]["files"])
-    state = ReleaseWatcher(store, PROFILE, embedder, poll_s=3600)
+    state = ReleaseWatcher(store, PROFILE, embedder, poll_s=3600, metrics_prefix=EDGE_METRICS)
     assert state.refresh()
     assert state.index is not None and state.index.embedder is not embedder
     query = "how can I freeze my card"

@@ -16,7 +16,7 @@ import pytest
 
 from edge_index.service import create_app as edge_app
 from edge_index.store import FileStore
-from edge_index.watcher import ReleaseWatcher
+from edge_index.watcher import EDGE_METRICS, ORIGIN_METRICS, ReleaseWatcher
 from edgeqa.client import EdgeQAClient
 from edgeqa.demo import cdn_app
 from origin.config import OriginSettings
@@ -57,7 +57,7 @@ def stack(embedded_model, embedder, tmp_path_factory) -> Iterator[dict[str, Any]
     model, tokenizer = embedded_model
     engine = Engine(model, tokenizer, EngineConfig(max_num_seqs=4, max_model_len=512))
     with Server(cdn_app(store.root)) as cdn:
-        edge_state = ReleaseWatcher(store, PROFILE, embedder, poll_s=3600)
+        edge_state = ReleaseWatcher(store, PROFILE, embedder, 3600, metrics_prefix=EDGE_METRICS)
         edge_state.refresh()
         with Server(edge_app(edge_state)) as edge:
             config = OriginSettings.from_env(
@@ -68,7 +68,7 @@ def stack(embedded_model, embedder, tmp_path_factory) -> Iterator[dict[str, Any]
                     "EDGEQA_EDGE_URL": edge.url,
                 }
             )
-            releases = ReleaseWatcher(store, PROFILE, embedder, poll_s=3600)
+            releases = ReleaseWatcher(store, PROFILE, embedder, 3600, metrics_prefix=ORIGIN_METRICS)
             server = OriginServer(config, lambda: Runtime(engine.start(), 32, 0.0, releases))
             with Server(create_app(server)) as origin:
                 wait_healthy(origin.url)
@@ -136,7 +136,7 @@ def test_the_python_client_takes_the_browser_s_path(stack: dict[str, Any]) -> No
     assert (published.tier, published.source) == ("exact", "cdn")
     assert published.answer == f"v1: answer to {QUESTIONS[0]}"
     received: list[str] = []
-    novel = client.ask("Name one planet of the solar system.", on_text=received.append)
+    novel = client.ask("Name one river in Europe.", on_text=received.append)
     assert (novel.tier, novel.source) == ("generated", "origin")
     assert novel.answer.strip() and "".join(received) == novel.answer
     edge_only = EdgeQAClient(stack["origin"], "", stack["edge"], PROFILE).ask(QUESTIONS[0])

@@ -27,7 +27,7 @@ import pytest
 
 from edge_index.logs import LogWriter, read_logs
 from edge_index.store import FileStore
-from edge_index.watcher import ReleaseWatcher
+from edge_index.watcher import ORIGIN_METRICS, ReleaseWatcher
 from origin.config import OriginSettings
 from origin.engine import Engine, EngineConfig
 from origin.runtime import Runtime
@@ -73,7 +73,8 @@ def origin(embedded_model, embedder, tmp_path_factory) -> Iterator[Origin]:  # t
     engine = Engine(
         model, tokenizer, EngineConfig(max_num_seqs=8, max_model_len=512, speculative="suffix")
     ).start()
-    releases = ReleaseWatcher(store, PROFILE, embedder, poll_s=3600)
+    # as origin.runtime.load_runtime builds it
+    releases = ReleaseWatcher(store, PROFILE, embedder, poll_s=3600, metrics_prefix=ORIGIN_METRICS)
     logs = LogWriter(store, source="origin", flush_interval_s=3600)
     server = OriginServer(_config(store), lambda: Runtime(engine, 48, 0.0, releases), logs)
     with Server(create_app(server)) as running:
