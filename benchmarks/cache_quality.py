@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from edge_index import tiers
 from edge_index.embedder import load_embedder
 from edge_index.guard import Guard
 from edge_index.keys import InvalidQueryError, key_of_normalized, normalize
@@ -144,7 +145,7 @@ def evaluate(
 ) -> dict[str, Any]:
     scores, ids = index.search(query_vectors, index.k)
     hits = correct = in_scope = in_scope_hits = oos = oos_hits = 0
-    tiers: Counter[str] = Counter()
+    by_tier: Counter[str] = Counter()
     for (text, label), s, i in zip(queries, scores, ids, strict=True):
         try:
             normalized = normalize(text)
@@ -157,7 +158,7 @@ def evaluate(
         in_scope += not is_oos
         if isinstance(result, Hit):
             hits += 1
-            tiers[result.tier] += 1
+            by_tier[result.tier] += 1
             if is_oos:
                 oos_hits += 1
             else:
@@ -171,7 +172,7 @@ def evaluate(
         "hit_rate": round(in_scope_hits / in_scope, 4) if in_scope else None,
         "precision": round(correct / hits, 4) if hits else None,
         "oos_false_hit_rate": round(oos_hits / oos, 4) if oos else None,
-        "hits_by_tier": dict(tiers),
+        "hits_by_tier": dict(by_tier),
     }
 
 

@@ -6,12 +6,13 @@ The stages keep their state in the output store, so tasks may run on different w
 validate task is the quality gate: empty answers, a calibrated precision below target, or a
 release shrinking by more than ``max_shrink`` against its parent fails the run and the previous
 release stays live. Re-running a data interval reuses the finished generation partitions and
-builds the same release (built as of the interval's end); publishing it again is a no-op.
+builds the same release (built as of the end of its last log day); publishing it again is a no-op.
 
 The params are ``precompute.config.RUN_OPTIONS`` (the same as ``edgeqa precompute run``'s
-options, with the same defaults) plus the stores, the expected profile and the window. The logs
-window ends with the last full day of the data interval and spans ``window_days``. Heavy imports
-stay inside the task bodies: parsing this file imports Airflow and the settings only.
+options; those with an ``EDGEQA_*`` setting default to the worker's) plus the stores, the expected
+profile and the window. The logs window ends with the last full UTC day before the data interval's
+end (the 02:00 run of Dec 2 mines up to Dec 1) and spans ``window_days``. Heavy imports stay
+inside the task bodies: parsing this file imports Airflow and the settings only.
 """
 
 from __future__ import annotations
@@ -28,10 +29,15 @@ _JSON_TYPES = {int: "integer", float: "number", str: "string"}
 
 
 def _param(option: Any) -> Param:
+    """The option as a DAG param. One that has an ``EDGEQA_*`` setting defaults to null: the
+    worker's setting (else its default) applies unless the run sets it."""
     bounds = {"minimum": option.minimum, "maximum": option.maximum}
     schema: dict[str, Any] = {k: v for k, v in bounds.items() if v is not None}
     if option.choices:
-        schema["enum"] = list(option.choices)
+        schema["enum"] = [*option.choices] + ([None] if option.section == "settings" else [])
+    if option.section == "settings":
+        text = f"{option.help} (null: EDGEQA_{option.field.upper()}, else {option.default})"
+        return Param(None, type=[_JSON_TYPES[option.kind], "null"], description=text, **schema)
     return Param(option.default, type=_JSON_TYPES[option.kind], description=option.help, **schema)
 
 
@@ -43,10 +49,11 @@ def _run_params() -> Any:
     context = get_current_context()
     p = context["params"]
     end = context["data_interval_end"] or context["logical_date"]
-    until = (end - timedelta(seconds=1)).date()  # the last full day of the interval
+    until = (end - timedelta(days=1)).date()  # the last full (UTC) day before the interval's end
     config = PipelineConfig.from_env(**{o.name: p[o.name] for o in RUN_OPTIONS})
     since = until - timedelta(days=p["window_days"] - 1)
-    return RunParams(p["logs_uri"], p["out_uri"], since, until, config, runner="airflow")
+    # every task of the run builds as of the same instant: a rerun builds the same release
+    return RunParams(p["logs_uri"], p["out_uri"], since, until, config, "airflow", started=end)
 
 
 @dag(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import (
@@ -70,8 +70,6 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=PREFIX, extra="ignore", frozen=True, validate_default=True
     )
-    # fields whose value is a secret: never printed (``describe``)
-    secrets: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Self:
@@ -135,7 +133,8 @@ def _explain(error: ValidationError) -> str:
     return "; ".join(lines)
 
 
-def _lower(value: Any) -> Any:
+def lowercase(value: Any) -> Any:
+    """A ``mode="before"`` validator: settings words are case-insensitive."""
     return value.lower() if isinstance(value, str) else value
 
 
@@ -151,12 +150,10 @@ class SharedSettings(Settings):
     # the secret of the user hashes in request logs; "" = a random one per process
     user_salt: str = ""
 
-    secrets: ClassVar[frozenset[str]] = frozenset({"user_salt"})
-
     @field_validator("device", mode="before")
     @classmethod
     def _lower_device(cls, value: Any) -> Any:
-        return _lower(value)
+        return lowercase(value)
 
     @field_validator("cache_dir", mode="after")
     @classmethod

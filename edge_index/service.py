@@ -84,7 +84,13 @@ def create_app(
     users = users or UserHasher()
 
     def record(
-        request: Request, query: str, normalized: str, tier: str, status: int, started: float
+        request: Request,
+        query: str,
+        normalized: str,
+        key: str,
+        tier: str,
+        status: int,
+        started: float,
     ) -> None:
         if logs is None:
             return
@@ -94,7 +100,7 @@ def create_app(
                 tenant=request.headers.get("x-edgeqa-tenant", ""),
                 query=query,
                 normalized=normalized,
-                key=key_of_normalized(normalized) if normalized else "",
+                key=key,
                 turns=1,
                 tier=tier,
                 status=status,
@@ -114,17 +120,18 @@ def create_app(
             normalized = normalize(query, max_query_chars)
         except InvalidQueryError as error:
             metrics.lookups.labels("none", "rejected").inc()
-            record(request, query[:max_query_chars], "", "rejected", 400, started)
+            record(request, query[:max_query_chars], "", "", "rejected", 400, started)
             return _error(400, error.field, error.reason, str(error))
         index = watcher.index  # one release for the whole lookup, even if a swap happens now
-        result = await tiers.lookup_async(index, query, normalized, key_of_normalized(normalized))
+        key = key_of_normalized(normalized)
+        result = await tiers.lookup(index, query, normalized, key)
         # the tier that decided: a hit's, else the last one tried
         tier = result.tier if isinstance(result, Hit) else "semantic" if index else "none"
         if index is not None:
             metrics.latency.labels(tier).observe(time.perf_counter() - started)
         if isinstance(result, Miss):
             metrics.lookups.labels(tier, "miss").inc()
-            record(request, query, normalized, "miss", 404, started)
+            record(request, query, normalized, key, "miss", 404, started)
             body: dict[str, Any] = {
                 "miss": True,
                 "version": result.version,
@@ -133,7 +140,7 @@ def create_app(
             headers = {"x-edgeqa-tier": "miss", "cache-control": "no-store"}
             return JSONResponse(body, 404, headers=headers if index else None)
         metrics.lookups.labels(tier, "hit").inc()
-        record(request, query, normalized, result.tier, 200, started)
+        record(request, query, normalized, key, result.tier, 200, started)
         return JSONResponse(
             {
                 "answer": result.answer,

@@ -5,8 +5,8 @@
     semantic  the release's FAISS shards, the calibrated decision and the guard
 
 The edge service calls it without a tier of its own; the origin with its online cache. The
-semantic tier embeds the question (milliseconds of CPU), so the async form runs it in a worker
-thread and keeps the event loop free; the exact tiers are dict lookups and run inline.
+semantic tier embeds the question (milliseconds of CPU), so ``lookup`` runs it in a worker thread
+and keeps the event loop free; the exact tiers are dict lookups and run inline.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import Callable
 
 from anyio import to_thread
 
-from edge_index.keys import key_of_normalized, normalize
 from edge_index.lookup import Hit, Miss, ReleaseIndex
 
 ExactTier = Callable[[str], Hit | None]  # a key -> a hit, or None
@@ -29,32 +28,15 @@ def exact(index: ReleaseIndex | None, key: str, own: ExactTier | None = None) ->
     return hit
 
 
-def lookup(
-    index: ReleaseIndex | None,
-    query: str,
-    normalized: str | None = None,
-    key: str | None = None,
-    own: ExactTier | None = None,
-) -> Hit | Miss:
-    """Every tier in order; ``normalized``/``key`` when the caller has them already. Raises
-    ``InvalidQueryError`` for a question the key spec refuses."""
-    normalized = normalize(query) if normalized is None else normalized
-    hit = exact(index, key_of_normalized(normalized) if key is None else key, own)
-    if hit is not None:
-        return hit
-    if index is None:
-        return Miss("no_release", None)
-    return index.lookup_semantic(query, normalized)
-
-
-async def lookup_async(
+async def lookup(
     index: ReleaseIndex | None,
     query: str,
     normalized: str,
     key: str,
     own: ExactTier | None = None,
 ) -> Hit | Miss:
-    """``lookup`` from an event loop: the semantic tier in a worker thread."""
+    """Every tier in order (``key`` is ``normalized``'s), from an event loop: the semantic tier
+    runs in a worker thread."""
     hit = exact(index, key, own)
     if hit is not None:
         return hit

@@ -8,12 +8,12 @@ declared in ``edge_index/config.py``; see there for how the classes build on eac
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
-from edge_index.config import SharedSettings
+from edge_index.config import SharedSettings, lowercase
 from origin.precision import Quantization
 
 # the instruction both the nightly job and the origin put before a question (EDGEQA_SYSTEM_PROMPT),
@@ -23,10 +23,6 @@ EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 WEB_DIR = Path(__file__).resolve().parents[1] / "web"
 
 Speculative = Literal["none", "ngram", "suffix", "ngram+suffix", "suffix+ngram"]
-
-
-def _lower(value: Any) -> Any:
-    return value.lower() if isinstance(value, str) else value
 
 
 class ModelSettings(SharedSettings):
@@ -41,7 +37,7 @@ class ModelSettings(SharedSettings):
     @field_validator("dtype", mode="before")
     @classmethod
     def _lower_dtype(cls, value: Any) -> Any:
-        return _lower(value)
+        return lowercase(value)
 
     @property
     def model_name(self) -> str:
@@ -67,7 +63,7 @@ class EngineSettings(ModelSettings):
     @field_validator("quantization", "speculative", mode="before")
     @classmethod
     def _lower_words(cls, value: Any) -> Any:
-        return _lower(value)
+        return lowercase(value)
 
 
 class OriginSettings(EngineSettings):
@@ -89,8 +85,6 @@ class OriginSettings(EngineSettings):
     cdn_url: str = ""  # where browsers read releases (CloudFront); "" = no CDN tier
     edge_url: str = ""  # the edge index service, for the web client; "" = none
     web_dir: Path = WEB_DIR
-
-    secrets: ClassVar[frozenset[str]] = frozenset({"user_salt", "api_keys"})
 
     @field_validator("api_keys", mode="before")
     @classmethod

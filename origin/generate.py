@@ -1,7 +1,9 @@
 """Engine-free generation: one request, one KV cache, tokens streamed as text deltas.
 
-This is the simplest correct path from a question to a streamed answer. The CLI's ``ask`` and the
-first demo use it; the engine (continuous batching) serves everything at scale.
+The prompt helpers every path uses (``chat_messages``, ``encode_chat``, ``eos_token_ids``), and the
+simplest correct path from a question to a streamed answer (``stream_chat``, ``answer``): the
+reference the engine is tested against (``tests/``, ``benchmarks/model_load.py``). The engine
+(continuous batching, ``origin/engine/``) serves every request.
 """
 
 from __future__ import annotations

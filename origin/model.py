@@ -253,26 +253,8 @@ def load_model(
     """
     resolved_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, resolved_device)
-    cache = Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE_DIR
-    target = resolve_model_path(spec, cache)
-    try:
-        model, tokenizer = _load_pretrained(target, torch_dtype)
-    except Exception as error:
-        if isinstance(target, Path) and target.is_relative_to(cache):
-            # a converted folder damaged after the fact (truncated, edited): convert again
-            log.warning("cached conversion %s is unreadable (%s); converting again", target, error)
-            _discard(target)
-            target = resolve_model_path(spec, cache)
-            model, tokenizer = _load_pretrained(target, torch_dtype)
-        elif isinstance(target, str) and isinstance(error, OSError):
-            raise ModelNotFoundError(
-                f"model {spec!r} is not 'embedded', a local folder, or in the local Hugging Face "
-                f"cache (nothing is downloaded at run time): {error}"
-            ) from error
-        else:
-            raise
-    if tokenizer.chat_template is None:
-        raise ModelNotFoundError(f"model {spec!r} has no chat template in its tokenizer")
+    model, tokenizer = _load(spec, cache_dir, torch_dtype)
+    assert model is not None
     model.to(resolved_device)  # type: ignore[arg-type]
     model.eval()
     return model, tokenizer
@@ -282,22 +264,47 @@ def load_tokenizer(
     spec: str = "embedded", cache_dir: Path | str | None = None
 ) -> PreTrainedTokenizerBase:
     """Only the tokenizer of ``spec`` (see ``load_model``): what a profile needs, no weights."""
-    from transformers import AutoTokenizer
+    return _load(spec, cache_dir, None)[1]
 
+
+def _load(
+    spec: str, cache_dir: Path | str | None, dtype: torch.dtype | None
+) -> tuple[PreTrainedModel | None, PreTrainedTokenizerBase]:
+    """The tokenizer of ``spec`` and, with a ``dtype``, its weights; a damaged conversion in the
+    cache is converted again, and a name that is nowhere local is a ``ModelNotFoundError``."""
     cache = Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE_DIR
-    tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
-        resolve_model_path(spec, cache), local_files_only=True
-    )
-    return tokenizer
+    target = resolve_model_path(spec, cache)
+    try:
+        model, tokenizer = _load_pretrained(target, dtype)
+    except Exception as error:
+        if isinstance(target, Path) and target.is_relative_to(cache):
+            # a converted folder damaged after the fact (truncated, edited): convert again
+            log.warning("cached conversion %s is unreadable (%s); converting again", target, error)
+            _discard(target)
+            target = resolve_model_path(spec, cache)
+            model, tokenizer = _load_pretrained(target, dtype)
+        elif isinstance(target, str) and isinstance(error, OSError):
+            raise ModelNotFoundError(
+                f"model {spec!r} is not 'embedded', a local folder, or in the local Hugging Face "
+                f"cache (nothing is downloaded at run time): {error}"
+            ) from error
+        else:
+            raise
+    if tokenizer.chat_template is None:
+        raise ModelNotFoundError(f"model {spec!r} has no chat template in its tokenizer")
+    return model, tokenizer
 
 
 def _load_pretrained(
-    target: Path | str, dtype: torch.dtype
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    target: Path | str, dtype: torch.dtype | None
+) -> tuple[PreTrainedModel | None, PreTrainedTokenizerBase]:
+    """The tokenizer at ``target`` and, with a ``dtype``, the model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     options: dict[str, Any] = {"local_files_only": True}
     tokenizer = AutoTokenizer.from_pretrained(target, **options)
+    if dtype is None:
+        return None, tokenizer
     model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype, **options)
     return model, tokenizer
 

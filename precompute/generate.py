@@ -57,6 +57,8 @@ def make_profile(
         "temperature": 0.0,
         "quantization": quantization,
     }
+    if settings.dtype not in ("auto", "float32"):  # the weights quantized from (float32 if auto)
+        inputs["dtype"] = settings.dtype
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:10]
     slug = "smollm2-135m" if settings.model == "embedded" else settings.model
     slug = re.sub(r"[^a-z0-9]+", "-", slug.lower().rsplit("/", 1)[-1]).strip("-")[:40] or "model"
@@ -78,10 +80,12 @@ def nightly_engine(
     settings: EngineSettings, quantization: EngineQuantization, model: LoadedModel | None = None
 ) -> Engine:
     """The engine the nightly job answers with: the origin's, sized for short questions, greedy,
-    without speculation (it pays only at batch 1-2), in the run's precision."""
+    without speculation (it pays only at batch 1-2), in the run's precision — quantized from
+    float32 weights on every device unless ``EDGEQA_DTYPE`` says otherwise."""
     from origin.runtime import build_engine
 
     nightly = settings.replace(
+        dtype="float32" if settings.dtype == "auto" else settings.dtype,
         quantization=quantization,
         speculative="none",
         max_model_len=min(settings.max_model_len, PROMPT_TOKENS + settings.max_tokens),

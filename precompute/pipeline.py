@@ -18,8 +18,10 @@ included.
 - ``publish_stage``: the atomic publish of the staged release (a no-op when it is already current).
 - ``prune_stage``: drop releases beyond the newest ``keep``.
 
-A run is built "as of" the end of its last log day (or now, if that is later than now), so
-re-running the same window yields the same version and content.
+A run is built "as of" the end of its last log day, or of the moment the run started when that is
+earlier (a window that ends today): ``RunParams.as_of``, fixed once per run (the DAG passes its data
+interval's end), so every stage dates the release alike and re-running a window that has ended
+yields the same version and content.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,6 +77,8 @@ class RunParams:
     until: date
     config: PipelineConfig
     runner: str = "cli"
+    # when the run started (the DAG: its data interval's end); fixed for every stage of the run
+    started: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def __post_init__(self) -> None:
         if self.since > self.until:
@@ -82,9 +86,10 @@ class RunParams:
 
     @property
     def now(self) -> datetime:
-        """What the release is built as of: the end of the last log day, or now if earlier."""
+        """What the release is built as of: the end of the last log day, or the run's start if
+        that is earlier."""
         end = datetime(self.until.year, self.until.month, self.until.day, 23, 59, 59, tzinfo=UTC)
-        return min(end, datetime.now(UTC).replace(microsecond=0))
+        return min(end, self.started.astimezone(UTC).replace(microsecond=0))
 
 
 def _work(params: RunParams, mined: Mined) -> WorkArea:

@@ -3,6 +3,7 @@ in pyproject.toml, run by ``make lint``), and no copy of a block of code across 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,3 +33,30 @@ def test_the_import_contracts_hold() -> None:
         check=False,
     )
     assert done.returncode == 0 and " 0 broken" in done.stdout, done.stdout[-4000:]
+
+
+def test_no_block_of_six_lines_is_written_twice() -> None:
+    """Six consecutive identical code lines (stripped; blank lines, comments, imports, lone
+    brackets and one-name argument lines aside) in two places of the packages: one of them
+    should call the other."""
+    window = 6
+    argument = re.compile(r"[\w.*]+(: [^=]+)?( ?= ?[^=].*)?,")
+    seen: dict[tuple[str, ...], str] = {}
+    copies = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            lines = [
+                (n, text)
+                for n, raw in enumerate(path.read_text("utf-8").splitlines(), 1)
+                if (text := raw.strip())
+                and not text.startswith(("#", "import ", "from "))
+                and text not in (")", "]", "}", "),", "],", "},", '"""')
+                and not argument.fullmatch(text)
+            ]
+            for i in range(len(lines) - window + 1):
+                block = tuple(text for _, text in lines[i : i + window])
+                where = f"{path.relative_to(ROOT)}:{lines[i][0]}"
+                if block in seen and not seen[block].startswith(f"{where.split(':')[0]}:"):
+                    copies.append(f"{seen[block]} and {where}")
+                seen.setdefault(block, where)
+    assert copies == [], "the same block in two places:\n" + "\n".join(copies)

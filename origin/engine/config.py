@@ -9,10 +9,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from edge_index.errors import EdgeQAError
 from origin.precision import ENGINE_QUANTIZATIONS, EngineQuantization
 
 if TYPE_CHECKING:
     import torch
+
+
+class EngineConfigError(EdgeQAError, ValueError):
+    """An engine setting out of range, or settings that contradict each other."""
+
+
+class RequestTooLongError(EdgeQAError, ValueError):
+    """A prompt and its ``max_tokens`` that cannot fit in one slot (``max_model_len``)."""
 
 
 @dataclass(frozen=True)
@@ -26,11 +35,11 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "token_budget", "prefill_chunk", "max_model_len"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+                raise EngineConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.token_budget < self.max_num_seqs:
-            raise ValueError("token_budget must be at least max_num_seqs (one token each)")
+            raise EngineConfigError("token_budget must be at least max_num_seqs (one token each)")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.max_model_len:
-            raise ValueError("kv_cache_tokens must hold at least one max_model_len request")
+            raise EngineConfigError("kv_cache_tokens must hold at least one max_model_len request")
 
     def room(self, prompt_tokens: int) -> int:
         """Tokens an answer may have after a prompt of ``prompt_tokens`` (one slot's length)."""
@@ -53,7 +62,7 @@ class EngineConfig(SchedulerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.quantization not in ENGINE_QUANTIZATIONS:
-            raise ValueError(
+            raise EngineConfigError(
                 f"quantization must be one of {', '.join(ENGINE_QUANTIZATIONS)}, "
                 f"got {self.quantization!r}"
             )

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from origin.engine.config import SchedulerConfig
+from origin.engine.config import RequestTooLongError, SchedulerConfig
 from origin.engine.kv_cache import SlotKVCache
 from origin.engine.request import Request, Status
 
@@ -74,7 +74,7 @@ class Scheduler:
     def check_fits(self, request: Request) -> None:
         """Refuse a request that could not fit in one slot, with a message naming the limit."""
         if request.params.max_tokens > self.config.room(len(request.prompt_ids)):
-            raise ValueError(
+            raise RequestTooLongError(
                 f"prompt ({len(request.prompt_ids)} tokens) + max_tokens "
                 f"({request.params.max_tokens}) exceeds max_model_len {self.config.max_model_len}"
             )

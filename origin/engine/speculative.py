@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from origin.engine.config import EngineConfigError
 from origin.engine.proposers import (
     DraftProposer,
     NgramProposer,
@@ -57,9 +58,11 @@ class SpecConfig:
     def __post_init__(self) -> None:
         methods = self.method.split("+")
         if not methods or any(m not in METHODS for m in methods):
-            raise ValueError(f"speculative method must be one of {METHODS} or a '+' join of them")
+            raise EngineConfigError(
+                f"speculative method must be one of {METHODS} or a '+' join of them"
+            )
         if self.num_speculative_tokens < 1:
-            raise ValueError("num_speculative_tokens must be at least 1")
+            raise EngineConfigError("num_speculative_tokens must be at least 1")
 
     @property
     def methods(self) -> list[str]:

@@ -3,7 +3,7 @@
 ``open_stream`` queues the request at once (so the server admits and queues in one step) and
 returns an ``OutputStream``: outputs reach it from the engine thread through an asyncio queue.
 ``close()`` cancels the request, and past its deadline the iterator cancels it and raises
-``TimeoutError``.
+``TimeoutError``; ``interrupt(error)`` ends it early with ``error`` (a server shutting down).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def open_stream(
     cancel the request when leaving early. ``timeout_s`` bounds the whole request, from now:
     past it the request is cancelled and the iterator raises ``TimeoutError``."""
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+    queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
 
     def deliver(output: RequestOutput) -> None:
         try:
@@ -51,7 +51,7 @@ class OutputStream:
         self,
         engine: Engine,
         request_id: str,
-        queue: asyncio.Queue[RequestOutput],
+        queue: asyncio.Queue[RequestOutput | BaseException],
         deadline: float | None,
     ) -> None:
         self.engine = engine
@@ -81,8 +81,17 @@ class OutputStream:
             except TimeoutError:
                 self.close()
                 raise
+        if isinstance(output, BaseException):  # put there by ``interrupt``
+            self.close()
+            raise output
         self.finished = output.finished
         return output
+
+    def interrupt(self, error: BaseException) -> None:
+        """End the iteration with ``error`` (raised by the next ``__anext__``) and cancel the
+        request; from the stream's own event loop (a server draining at shutdown)."""
+        if not self.finished:
+            self.queue.put_nowait(error)
 
     def close(self) -> None:
         """Cancel the request unless it has finished (its slot is free at the next step)."""

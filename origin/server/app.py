@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import math
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+from types import FrameType
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -47,8 +50,8 @@ def create_app(server: OriginServer) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         server.start_loading()  # /health says "loading" until the engine is up
         yield
-        # uvicorn has waited (timeout_graceful_shutdown) for requests in flight; what is left
-        # is cancelled with the engine, and the logs are flushed
+        # ``DrainingServer`` has drained the requests in flight before uvicorn got here; what is
+        # left (an app run by another server) is cancelled with the engine; the logs are flushed
         server.draining = True
         await run_in_threadpool(server.shutdown)
 
@@ -85,10 +88,45 @@ def cors_middleware() -> Middleware:
     )
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn that drains before it stops.
+
+    The first SIGTERM (or SIGINT) stops admission while the socket stays open — new requests get
+    503 and ``/health`` says "draining", so a load balancer moves on — and gives the requests in
+    flight ``EDGEQA_SHUTDOWN_GRACE_S`` to finish; streams still open then end with a final SSE
+    error event (``code: shutting_down``) and ``[DONE]``, never a cut chunked body. Then uvicorn
+    stops as usual (and the app flushes the logs). A second signal stops at once."""
+
+    def __init__(self, config: uvicorn.Config, origin: OriginServer) -> None:
+        super().__init__(config)
+        self.origin = origin
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining: asyncio.Future[None] | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._loop is None or self.origin.draining:
+            super().handle_exit(sig, frame)  # before serving, or a second signal: stop now
+            return
+        self.origin.draining = True  # refuse from now on, even before the drain task runs
+        self._loop.call_soon_threadsafe(self._start_drain, sig)
+
+    def _start_drain(self, sig: int) -> None:
+        async def drain() -> None:
+            try:
+                await self.origin.drain(self.origin.settings.shutdown_grace_s)
+            finally:
+                super(DrainingServer, self).handle_exit(sig, None)
+
+        self._draining = asyncio.ensure_future(drain())
+
+
 def serve(settings: OriginSettings, host: str, port: int) -> None:
     """Run the origin: the engine and release watcher from ``settings``, under uvicorn."""
     import faiss
-    import uvicorn
 
     from edge_index.logs import LogWriter
     from edge_index.store import open_store
@@ -97,10 +135,8 @@ def serve(settings: OriginSettings, host: str, port: int) -> None:
     faiss.omp_set_num_threads(1)
     logs = LogWriter(open_store(settings.store), source="origin") if settings.log_requests else None
     server = OriginServer(settings, lambda: load_runtime(settings), logs)
-    uvicorn.run(
-        create_app(server),
-        host=host,
-        port=port,
-        log_level="warning",
-        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s) or None,
+    # the drain has ended every response; uvicorn's own wait only closes idle connections
+    config = uvicorn.Config(
+        create_app(server), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5
     )
+    DrainingServer(config, server).run()

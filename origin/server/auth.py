@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 from collections.abc import Sequence
@@ -9,6 +10,12 @@ from collections.abc import Sequence
 from starlette.requests import Request
 
 from origin.server.protocol import APIError
+
+
+@functools.lru_cache(maxsize=4)
+def _digests(keys: tuple[str, ...]) -> tuple[bytes, ...]:
+    """The keys' digests, computed once per set of keys (not per request)."""
+    return tuple(hashlib.sha256(key.encode()).digest() for key in keys)
 
 
 def check_api_key(request: Request, keys: Sequence[str]) -> None:
@@ -23,8 +30,8 @@ def check_api_key(request: Request, keys: Sequence[str]) -> None:
     token = token or request.headers.get("x-api-key", "")
     digest = hashlib.sha256(token.encode()).digest()
     ok = False
-    for key in keys:
-        ok |= hmac.compare_digest(digest, hashlib.sha256(key.encode()).digest())
+    for key in _digests(tuple(keys)):
+        ok |= hmac.compare_digest(digest, key)
     if not ok:
         raise APIError(
             401,

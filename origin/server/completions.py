@@ -73,7 +73,7 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
     if cacheable is not None:
         normalized, key = cacheable
         row.update(normalized=normalized, key=key)
-        answer = await look_up(server, parsed, normalized, key)
+        answer = await look_up(server, parsed, normalized, key, prompt.params.max_tokens)
         if answer is not None:
             server.metrics.observe_hit(answer.tier, time.monotonic() - arrival)
             elapsed_ms = (time.monotonic() - arrival) * 1000
@@ -124,7 +124,7 @@ def check_model(parsed: ParsedRequest, served: str) -> None:
 
 
 async def look_up(
-    server: OriginServer, parsed: ParsedRequest, normalized: str, key: str
+    server: OriginServer, parsed: ParsedRequest, normalized: str, key: str, max_tokens: int
 ) -> Answer | None:
     """The tiers' answer, or None: a broken release or cache must not fail the request."""
     runtime = server.runtime
@@ -132,7 +132,9 @@ async def look_up(
         return None
     index = runtime.releases.index if runtime.releases is not None else None
     try:
-        return await tiers.lookup(index, server.cache, runtime.tokenizer, parsed, normalized, key)
+        return await tiers.lookup(
+            index, server.cache, runtime.tokenizer, parsed, normalized, key, max_tokens
+        )
     except Exception:
         log.exception("origin tier lookup failed; generating")
         return None

@@ -1,6 +1,6 @@
 """One admitted request on the engine: sent as it is generated (SSE) or whole, then accounted for
 once — metrics, the online cache, the request-log row, the user's admission slot — however it
-ended (finished, failed, timed out, or its client gone).
+ended (finished, failed, timed out, its client gone, or cut off by a shutdown past its grace).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class Outcome:
         self.chunks = 0
         self.cancelled = False
         self.timed_out = False
+        self.interrupted = False  # cut off by a shutdown
 
     def take(self, output: RequestOutput) -> None:
         self.parts.append(output.delta_text)
@@ -64,11 +65,20 @@ class Outcome:
             return 499
         if self.timed_out:
             return 504
+        if self.interrupted:
+            return 503
         return 500 if self.error is not None else 200
 
 
 def _ms(since: float) -> float:
     return (time.monotonic() - since) * 1000
+
+
+class ShuttingDown(Exception):
+    """A request still generating when the origin's shutdown grace ran out."""
+
+
+SHUTDOWN_MESSAGE = "the origin shut down before the answer was complete; retry"
 
 
 class Generation:
@@ -94,6 +104,7 @@ class Generation:
         self.row = row
         self.cache_key = cache_key  # where a complete answer goes in the online cache
         self.outcome = Outcome()
+        self.outputs: OutputStream | None = None
         self._finished = False
 
     @property
@@ -103,13 +114,20 @@ class Generation:
     def open(self) -> OutputStream:
         """Queue the request in the engine, within the request timeout (counted from arrival)."""
         timeout = self.server.settings.request_timeout_s - (time.monotonic() - self.arrival)
-        return self.runtime.engine.open_stream(
+        self.outputs = self.runtime.engine.open_stream(
             self.prompt.ids,
             self.prompt.params,
             self.row["request_id"],
             self.arrival,
             max(0.0, timeout),
         )
+        self.server.in_flight.add(self)
+        return self.outputs
+
+    def interrupt(self) -> None:
+        """End the response now with a final error (a stream: an error event and ``[DONE]``)."""
+        if self.outputs is not None:
+            self.outputs.interrupt(ShuttingDown())
 
     # -- streaming --------------------------------------------------------------------------------
 
@@ -149,6 +167,10 @@ class Generation:
         except TimeoutError:
             state.timed_out = True
             yield error_event("the request timed out", "timeout", "timeout")
+            yield DONE
+        except ShuttingDown:
+            state.interrupted = True
+            yield error_event(SHUTDOWN_MESSAGE, "service_unavailable", "shutting_down")
             yield DONE
         except asyncio.CancelledError:
             state.cancelled = True
@@ -192,6 +214,16 @@ class Generation:
             if isinstance(error, TimeoutError):
                 state.timed_out = True
                 return APIError(504, "the request timed out", None, "timeout", "timeout").response()
+            if isinstance(error, ShuttingDown):
+                state.interrupted = True
+                return APIError(
+                    503,
+                    SHUTDOWN_MESSAGE,
+                    None,
+                    "service_unavailable",
+                    "shutting_down",
+                    headers={"retry-after": "1"},
+                ).response()
             if error is not None:
                 raise error
             if state.error is not None:
@@ -214,6 +246,7 @@ class Generation:
             return
         self._finished = True
         server, state = self.server, self.outcome
+        server.in_flight.discard(self)
         server.admission.release(self.user)
         status, times = state.status, state.times
         server.metrics.observe_generated(

@@ -7,11 +7,12 @@ The runtime (engine and release watcher) loads in a background thread so that th
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge_index.logs import LogWriter
 from edge_index.users import UserHasher
@@ -21,6 +22,9 @@ from origin.server.admission import Admission
 from origin.server.cache import OnlineCache
 from origin.server.metrics import OriginMetrics
 from origin.server.protocol import APIError
+
+if TYPE_CHECKING:
+    from origin.server.generation import Generation
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,7 @@ class OriginServer:
         self.runtime: Runtime | None = None
         self.load_error: BaseException | None = None
         self.draining = False
+        self.in_flight: set[Generation] = set()  # admitted to the engine, response not yet over
         self.created = int(time.time())
 
     # -- loading and state ------------------------------------------------------------------------
@@ -86,7 +91,7 @@ class OriginServer:
             error = runtime.engine.loop_error
             return 503, {"status": "engine_dead", "error": repr(error) if error else None}
         if self.draining:
-            return 503, {"status": "draining"}
+            return 503, {"status": "draining", "in_flight": len(self.in_flight)}
         waiting, tokens = runtime.engine.queue_load()
         return 200, {
             "status": "ok",
@@ -105,6 +110,7 @@ class OriginServer:
                 f"the origin is not ready: {body['status']}",
                 None,
                 "service_unavailable",
+                body["status"],
                 headers={"retry-after": "5"},
             )
         return self.runtime
@@ -124,6 +130,23 @@ class OriginServer:
             self.logs.write(**row)
         except Exception:
             log.exception("could not log a request")
+
+    async def drain(self, grace_s: float, settle_s: float = 5.0) -> None:
+        """Stop admitting (new requests get 503, ``/health`` says "draining"), give the requests
+        in flight ``grace_s`` to finish, then end the rest with a final error; returns once
+        every response is over (or ``settle_s`` after the cut)."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while self.in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self.in_flight:
+            log.warning("shutdown grace over: ending %d responses in flight", len(self.in_flight))
+            for generation in list(self.in_flight):
+                generation.interrupt()
+        deadline = loop.time() + settle_s
+        while self.in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.05)
 
     def shutdown(self) -> None:
         """Stop the engine and the release watcher, flush the logs."""

@@ -47,7 +47,11 @@ async def lookup(
     parsed: ParsedRequest,
     normalized: str,
     key: str,
+    max_tokens: int,
 ) -> Answer | None:
+    """The tiers' answer, cut at ``max_tokens`` (the request's, within the room its prompt
+    leaves), or None."""
+
     def online(key: str) -> Hit | None:
         entry = cache.get(key)
         if entry is None:
@@ -56,10 +60,10 @@ async def lookup(
             "origin_cache", key, parsed.question, entry.answer, 1.0, None, entry.completion_tokens
         )
 
-    found = await tiers.lookup_async(index, parsed.question, normalized, key, online)
+    found = await tiers.lookup(index, parsed.question, normalized, key, online)
     if not isinstance(found, Hit):
         return None
-    return fit(tokenizer, parsed.params.max_tokens, found)
+    return fit(tokenizer, max_tokens, found)
 
 
 def fit(tokenizer: PreTrainedTokenizerBase, max_tokens: int, hit: Hit) -> Answer:

@@ -182,7 +182,7 @@ def test_cli_refuses_bad_dates(cli_env: dict[str, str], tmp_path: Path) -> None:
         check=False,
         timeout=120,
     )
-    assert result.returncode == 2 and "after --until" in result.stderr
+    assert result.returncode == 2 and "after it ends" in result.stderr
     result = subprocess.run(
         [
             "edgeqa",

@@ -7,6 +7,7 @@ One server (module scope) serves most tests; a test that needs other settings sw
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -583,10 +584,11 @@ def test_vllm_benchmark_client_works_unchanged(origin: Origin, tmp_path: Path) -
 # -- the command ----------------------------------------------------------------------------------
 
 
-def test_origin_serve_command_graceful_shutdown_flushes_logs(
-    cli_env: dict[str, str], tmp_path: Path
-) -> None:
-    store = FileStore(tmp_path / "store")
+@contextlib.contextmanager
+def _origin_command(
+    cli_env: dict[str, str], store: FileStore, **env: str
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """``edgeqa origin serve`` in a child process, beside a busy process (a loaded machine)."""
     port = free_port()
     env = {
         **cli_env,
@@ -594,7 +596,9 @@ def test_origin_serve_command_graceful_shutdown_flushes_logs(
         "EDGEQA_USER_SALT": "salt",
         "EDGEQA_MAX_NUM_SEQS": "4",
         "EDGEQA_MAX_MODEL_LEN": "512",
+        **env,
     }
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     child = subprocess.Popen(
         ["edgeqa", "origin", "serve", "--host", "127.0.0.1", "--port", str(port)],
         env=env,
@@ -605,8 +609,23 @@ def test_origin_serve_command_graceful_shutdown_flushes_logs(
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, child)
+        yield url, child
+    finally:
+        busy.kill()
+        busy.wait(30)
+        if child.poll() is None:
+            child.kill()
+            child.wait(30)
+
+
+def test_origin_serve_command_graceful_shutdown_flushes_logs(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    store = FileStore(tmp_path / "store")
+    with _origin_command(cli_env, store) as (url, child):
         assert httpx.get(f"{url}/health").json()["release"] is None  # nothing published: fine
-        # a stream in flight when SIGTERM arrives is finished, then the server exits
+        # a stream in flight when SIGTERM arrives is finished (within the 30 s grace), then the
+        # server exits
         with (
             httpx.Client(base_url=url, timeout=120) as client,
             client.stream(
@@ -619,13 +638,44 @@ def test_origin_serve_command_graceful_shutdown_flushes_logs(
             assert any('"content"' in line for line in lines)
             child.send_signal(signal.SIGTERM)
             rest = [line for line in lines if line]
-        assert rest[-1] == "data: [DONE]"
+        assert '"finish_reason": "length"' in rest[-2] and rest[-1] == "data: [DONE]"
         assert child.wait(60) is not None
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(30)
     today = datetime.now(UTC).date()
     rows = read_logs(store, today, today)
     assert [r["query"] for r in rows] == ["Describe the sea."]
     assert rows[0]["status"] == 200 and rows[0]["tier"] == "generated"
+
+
+def test_origin_serve_command_drains_then_ends_open_streams_cleanly(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    """SIGTERM: new requests get 503 while the socket stays open; a stream still running when the
+    grace is over ends with an error event and [DONE], not a cut connection; logs flushed."""
+    store = FileStore(tmp_path / "store")
+    long = _chat("Tell me a long story.", max_tokens=1900, ignore_eos=True, stream=True)
+    grace = {"EDGEQA_SHUTDOWN_GRACE_S": "10", "EDGEQA_MAX_MODEL_LEN": "2048"}
+    with (
+        _origin_command(cli_env, store, **grace) as (url, child),
+        httpx.Client(base_url=url, timeout=120) as client,
+    ):
+        with client.stream("POST", "/v1/chat/completions", json=long) as response:
+            lines = response.iter_lines()
+            assert any('"content"' in line for line in lines)
+            child.send_signal(signal.SIGTERM)
+            # draining: the socket is open, admission is not
+            health = client.get("/health")
+            assert health.status_code == 503 and health.json()["status"] == "draining"
+            refused = client.post("/v1/chat/completions", json=_chat("Describe the sea."))
+            assert refused.status_code == 503
+            assert refused.json()["error"]["code"] == "draining"
+            rest = [line for line in lines if line]  # read to the end: never an incomplete body
+        assert rest[-1] == "data: [DONE]"
+        final = json.loads(rest[-2][len("data: ") :])
+        assert final["error"]["code"] == "shutting_down"
+        assert child.wait(60) is not None
+    today = datetime.now(UTC).date()
+    rows = read_logs(store, today, today)
+    cut = [r for r in rows if r["query"] == "Tell me a long story."]
+    assert [(r["tier"], r["status"]) for r in cut] == [("generated", 503)]
+    # refused before its body was read: no question, but the refusal is logged
+    assert [(r["tier"], r["status"]) for r in rows if r not in cut] == [("rejected", 503)]
