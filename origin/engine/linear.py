@@ -111,12 +111,9 @@ class Bf16Linear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight_t = weight.t().contiguous().to(self.compute_dtype)  # [in, out]
-        in_features = weight.shape[1]
-        pieces = -(-in_features // self.max_k)
-        bounds = [round(i * in_features / pieces) for i in range(pieces + 1)]
-        self.k_pieces = list(itertools.pairwise(bounds))
+        self.k_pieces = k_pieces(weight.shape[1], self.max_k)
         self.weight_split = None
-        if weight.shape[0] % 2 == 0 and pieces == 1:
+        if weight.shape[0] % 2 == 0 and len(self.k_pieces) == 1:
             self.weight_split = split_columns(self.weight_t)
         self.bias = bias
         self.out_features = weight.shape[0]
@@ -157,6 +154,29 @@ def quantize_per_channel_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch
     return q.contiguous(), best_scale
 
 
+def k_pieces(in_features: int, max_k: int) -> list[tuple[int, int]]:
+    """``[0, in_features)`` in the fewest near-equal pieces of at most ``max_k``."""
+    pieces = -(-in_features // max_k)
+    bounds = [round(i * in_features / pieces) for i in range(pieces + 1)]
+    return list(itertools.pairwise(bounds))
+
+
+def calibrated_int8(
+    weight: torch.Tensor, calibration: torch.Tensor | None
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """(the activations' scale at run time or None, INT8 weights [out, in], per-channel scales):
+    activation-aware scaling (``calibration.py``) when sample inputs are given."""
+    from origin.engine.calibration import activation_scales
+
+    act_scales = None
+    if calibration is not None:
+        act_scales = activation_scales(weight, calibration, quantize_per_channel_int8)
+    input_scale = None if act_scales is None else (1.0 / act_scales).to(weight.device)
+    scaled = weight if act_scales is None else weight * act_scales[None, :].to(weight)
+    q, scales = quantize_per_channel_int8(scaled)
+    return input_scale, q, scales
+
+
 class Int8WeightOnlyLinear:
     """CPU weight-only INT8: int8 weights, activations in bf16 into the kernel, fp32 around it.
 
@@ -174,14 +194,7 @@ class Int8WeightOnlyLinear:
         bias: torch.Tensor | None = None,
         calibration: torch.Tensor | None = None,
     ) -> None:
-        from origin.engine.calibration import activation_scales
-
-        act_scales = None
-        if calibration is not None:
-            act_scales = activation_scales(weight, calibration, quantize_per_channel_int8)
-        self.input_scale = None if act_scales is None else (1.0 / act_scales).to(weight.device)
-        scaled = weight if act_scales is None else weight * act_scales[None, :].to(weight)
-        q, scales = quantize_per_channel_int8(scaled)
+        self.input_scale, q, scales = calibrated_int8(weight, calibration)
         self.weight = q  # [out, in] int8
         self.scales = scales.to(self.compute_dtype)
         self.bias = bias
@@ -239,20 +252,106 @@ class BnbInt8Linear:
         return int(self.layer.weight.numel())
 
 
+def quantize_rows(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row integers of ``bits`` bits: (values in [-q, q] as float32, q = 2^(bits-1)
+    - 1; scales [rows, 1]). A row's values and scale depend on that row alone."""
+    q = float((1 << (bits - 1)) - 1)
+    scale = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / q
+    return torch.round(x / scale).clamp_(-q, q), scale
+
+
+class W8A8Linear:
+    """INT8 weights and INT8 activations whose dot products are exact: batch-invariant by
+    construction, on every kernel the CPU or GPU may pick.
+
+    Each activation row is quantized on its own (``quantize_rows``), so its integers and scale do
+    not depend on the other rows. A product of two INT8 values is below 2^14 and a sum of up to
+    ``max_k`` of them stays below 2^24, so in fp32 (or bf16 products with fp32 accumulation, as
+    AVX512-BF16, AMX and tensor cores compute them) every partial sum is an exact integer:
+    whatever order, blocking, ISA or thread split a GEMM uses, a row's dot products come out
+    bitwise the same. Longer reductions run in pieces summed in a fixed order. The dot products
+    are rounded to bf16 (the fast INT8 kernel's output) the same way on both paths, then scaled.
+
+    Up to 4 rows ``_weight_int8pack_mm`` reads the INT8 weights directly (batch-1 decode); more
+    rows run one float GEMM per piece on integer-valued weights (bf16 where the CPU has native
+    bf16, else fp32: exact either way)."""
+
+    _small_m = 4
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        calibration: torch.Tensor | None = None,
+        act_bits: int = 8,
+    ) -> None:
+        self.act_bits = act_bits
+        # the longest reduction whose partial sums stay exact integers in fp32 (< 2^24): 1040 for
+        # 8-bit activations, 258 for 10-bit ones
+        self.max_k = (1 << 24) // (((1 << (act_bits - 1)) - 1) * 127)
+        # calibrated for weight-only error: a W8A8-aware objective agreed less with fp32 here
+        self.input_scale, q, scales = calibrated_int8(weight, calibration)
+        self.k_pieces = k_pieces(weight.shape[1], self.max_k)
+        on_cpu = weight.device.type == "cpu"
+        # integer-valued weights for the GEMM path, exact in fp32 and (8-bit activations) in bf16;
+        # the INT8 kernel takes bf16 activations, so it serves 8-bit ones only
+        narrow = act_bits <= 8
+        native_bf16 = not on_cpu or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        self.gemm_dtype = torch.bfloat16 if narrow and native_bf16 else torch.float32
+        int8_kernel = on_cpu and narrow
+        self.int8 = [q[:, a:b].contiguous() for a, b in self.k_pieces] if int8_kernel else None
+        self.weight_t = [q[:, a:b].t().to(self.gemm_dtype).contiguous() for a, b in self.k_pieces]
+        self.ones = torch.ones(weight.shape[0], dtype=torch.bfloat16, device=weight.device)
+        self.scales = scales.float().to(weight.device)
+        self.bias = bias
+        self.out_features = weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_scale is not None:
+            x = x * self.input_scale
+        xq, row_scale = quantize_rows(x.float(), self.act_bits)
+        y: torch.Tensor | None = None
+        for i, (a, b) in enumerate(self.k_pieces):
+            xp = xq[:, a:b]
+            if self.int8 is not None and x.shape[0] <= self._small_m:
+                dots = torch._weight_int8pack_mm(
+                    xp.bfloat16().contiguous(), self.int8[i], self.ones
+                )
+            else:
+                dots = xp.to(self.gemm_dtype) @ self.weight_t[i]
+            if self.act_bits <= 8:  # as the INT8 kernel rounds them, on every path
+                dots = dots.bfloat16()
+            part = dots.float() * self.scales
+            y = part if y is None else y + part
+        assert y is not None
+        y = (y * row_scale).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+    @property
+    def weight_bytes(self) -> int:
+        """The bytes a batch-1 step reads (the INT8 weights; the GEMM copy serves larger steps)."""
+        weights = self.int8 if self.int8 is not None else self.weight_t
+        return sum(w.numel() * w.element_size() for w in weights) + self.scales.numel() * 4
+
+
 def make_linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     quantization: str,
     device: torch.device,
     calibration: torch.Tensor | None = None,
+    act_bits: int = 8,
 ) -> Linear:
-    """The linear layer for ``quantization``; ``calibration`` (sample inputs) tunes CPU INT8."""
+    """The linear layer for ``quantization``; ``calibration`` (sample inputs) tunes CPU INT8;
+    ``act_bits``: the activation integers' width in ``w8a8``."""
     if quantization not in ENGINE_QUANTIZATIONS:
         raise ValueError(
             f"quantization must be one of {', '.join(ENGINE_QUANTIZATIONS)}, got {quantization!r}"
         )
     if quantization == "none":
         return DenseLinear(weight, bias)
+    if quantization == "w8a8":
+        return W8A8Linear(weight, None if bias is None else bias.float(), calibration, act_bits)
     if quantization == "bf16":
         if device.type == "cuda":
             return DenseLinear(weight.to(torch.bfloat16), None if bias is None else bias.bfloat16())

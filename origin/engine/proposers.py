@@ -12,6 +12,7 @@ Which requests speculate, and how a proposal is verified, is ``speculative.py``'
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from origin.engine.request import Request
-    from origin.engine.runner import Runner
+    from origin.engine.runner import Runner, Segment
 
 
 class Proposer(Protocol):
@@ -194,7 +195,8 @@ class DraftProposer:
                 "the draft model's tokenizer differs from the target's: speculative decoding "
                 "needs the same vocabulary (token ids) in both"
             )
-        self.runner: Runner = make_runner(model, num_slots, max_len, quantization)
+        # calibrated like the target's (INT8, W8A8): the same model drafts with the same weights
+        self.runner: Runner = make_runner(model, num_slots, max_len, quantization, tokenizer)
         self._owner: dict[int, str] = {}  # draft slot -> request id whose tokens it holds
 
     def propose(self, requests: Sequence[Request], k: Sequence[int]) -> list[list[int]]:
@@ -203,7 +205,7 @@ class DraftProposer:
         from origin.engine.runner import Segment
 
         cache = self.runner.cache
-        segments = []
+        steps: list[list[Segment]] = []  # per request: what the next forward computes for it
         for request in requests:
             slot = request.slot
             assert slot is not None
@@ -213,20 +215,36 @@ class DraftProposer:
             # the draft's cache may hold rejected tokens: keep only the verified prefix
             valid = min(cache.lengths[slot], request.num_computed)
             cache.truncate(slot, valid)
-            segments.append(Segment(slot, request.token_ids[valid:], valid))
+            steps.append(_catch_up(slot, request.token_ids, len(request.prompt_ids), valid))
         proposals: list[list[int]] = [[] for _ in requests]
         active = list(range(len(requests)))
         for _ in range(max(k, default=0)):
-            logits = self.runner.forward([segments[i] for i in active])
-            tokens = torch.stack([lg[-1] for lg in logits]).argmax(dim=-1).tolist()
+            logits = self.runner.forward([seg for i in active for seg in steps[i]])
+            last = list(itertools.accumulate(len(steps[i]) for i in active))
+            tokens = torch.stack([logits[n - 1][-1] for n in last]).argmax(dim=-1).tolist()
             still = []
             for i, token in zip(active, tokens, strict=True):
                 proposals[i].append(token)
                 if len(proposals[i]) < k[i]:
                     still.append(i)
-                    seg = segments[i]
-                    segments[i] = Segment(seg.slot, [token], seg.start + seg.num_tokens)
+                    seg = steps[i][-1]
+                    steps[i] = [Segment(seg.slot, [token], seg.start + seg.num_tokens)]
             active = still
             if not active:
                 break
         return proposals
+
+
+def _catch_up(slot: int, token_ids: list[int], prompt_len: int, valid: int) -> list[Segment]:
+    """The draft's segments from ``valid`` to the end of ``token_ids``, computed as the target
+    computed them: the prompt as a prefill, every later token query by query (``all_logits``),
+    so that a self-draft at the target's weights reproduces the target's numbers exactly."""
+    from origin.engine.runner import Segment
+
+    segments = []
+    if valid < prompt_len:
+        segments.append(Segment(slot, token_ids[valid:prompt_len], valid))
+    start = max(valid, prompt_len)
+    if start < len(token_ids):
+        segments.append(Segment(slot, token_ids[start:], start, all_logits=start > valid))
+    return segments

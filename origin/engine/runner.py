@@ -138,7 +138,10 @@ class LlamaRunner:
         self.scale = self.head_dim**-0.5
         base: Any = model.model
         calibration: dict[tuple[int, str], torch.Tensor] = {}
-        if quantization == "int8" and self.device.type == "cpu" and tokenizer is not None:
+        calibrated = quantization == "w8a8" or (
+            quantization == "int8" and self.device.type == "cpu"
+        )
+        if calibrated and tokenizer is not None:
             from origin.engine.calibration import collect_linear_inputs
 
             calibration = collect_linear_inputs(model, tokenizer)
@@ -154,10 +157,12 @@ class LlamaRunner:
             ]
             self.embed = base.embed_tokens.weight.detach()
             self.final_norm = base.norm.weight.detach()
-            # the LM head stays in full precision except in bf16 mode, where every GEMM is bf16
-            head_quantization = "bf16" if quantization == "bf16" else "none"
+            # the LM head stays in full precision except in bf16 mode, where every GEMM is bf16,
+            # and in w8a8 mode, where every GEMM must be batch-invariant (with 10-bit activations:
+            # the logits are what greedy decoding compares)
+            head_quantization = quantization if quantization in ("bf16", "w8a8") else "none"
             self.lm_head = make_linear(
-                model.lm_head.weight.detach(), None, head_quantization, self.device
+                model.lm_head.weight.detach(), None, head_quantization, self.device, act_bits=10
             )
             # cos, sin for every position: [max_len, head_dim], with the model's own rope scaling
             positions = torch.arange(max_len, device=self.device)[None]
