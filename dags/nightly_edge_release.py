@@ -48,7 +48,9 @@ def _run_params() -> Any:
 
     context = get_current_context()
     p = context["params"]
-    end = context["data_interval_end"] or context["logical_date"]
+    # a manual or API run may have no data interval: it ends when the run was asked for
+    interval_end = context.get("data_interval_end") or context.get("logical_date")
+    end: datetime = interval_end or context["dag_run"].run_after
     until = (end - timedelta(days=1)).date()  # the last full (UTC) day before the interval's end
     config = PipelineConfig.from_env(**{o.name: p[o.name] for o in RUN_OPTIONS})
     since = until - timedelta(days=p["window_days"] - 1)

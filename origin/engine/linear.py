@@ -154,10 +154,15 @@ def quantize_per_channel_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch
     return q.contiguous(), best_scale
 
 
-def k_pieces(in_features: int, max_k: int) -> list[tuple[int, int]]:
-    """``[0, in_features)`` in the fewest near-equal pieces of at most ``max_k``."""
-    pieces = -(-in_features // max_k)
-    bounds = [round(i * in_features / pieces) for i in range(pieces + 1)]
+def k_pieces(in_features: int, max_k: int, align: int = 1) -> list[tuple[int, int]]:
+    """``[0, in_features)`` in the fewest near-equal pieces of at most ``max_k``, each a multiple
+    of ``align`` long (``in_features`` must be one)."""
+    units, max_units = in_features // align, max(1, max_k // align)
+    pieces = -(-units // max_units)
+    base, extra = divmod(units, pieces)
+    bounds = [0]
+    for i in range(pieces):
+        bounds.append(bounds[-1] + (base + (i < extra)) * align)
     return list(itertools.pairwise(bounds))
 
 
@@ -252,6 +257,9 @@ class BnbInt8Linear:
         return int(self.layer.weight.numel())
 
 
+_INT8_KERNEL_K = 16  # _weight_int8pack_mm's reduction step (AVX-512; 8 on AVX2)
+
+
 def quantize_rows(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-row integers of ``bits`` bits: (values in [-q, q] as float32, q = 2^(bits-1)
     - 1; scales [rows, 1]). A row's values and scale depend on that row alone."""
@@ -271,6 +279,7 @@ class W8A8Linear:
     whatever order, blocking, ISA or thread split a GEMM uses, a row's dot products come out
     bitwise the same. Longer reductions run in pieces summed in a fixed order. The dot products
     are rounded to bf16 (the fast INT8 kernel's output) the same way on both paths, then scaled.
+    (CUDA runs the GEMM in fp32: exact too, and cuBLAS cannot reduce partial sums in bf16.)
 
     Up to 4 rows ``_weight_int8pack_mm`` reads the INT8 weights directly (batch-1 decode); more
     rows run one float GEMM per piece on integer-valued weights (bf16 where the CPU has native
@@ -288,17 +297,22 @@ class W8A8Linear:
         self.act_bits = act_bits
         # the longest reduction whose partial sums stay exact integers in fp32 (< 2^24): 1040 for
         # 8-bit activations, 258 for 10-bit ones
-        self.max_k = (1 << 24) // (((1 << (act_bits - 1)) - 1) * 127)
+        max_k = (1 << 24) // (((1 << (act_bits - 1)) - 1) * 127)
         # calibrated for weight-only error: a W8A8-aware objective agreed less with fp32 here
         self.input_scale, q, scales = calibrated_int8(weight, calibration)
-        self.k_pieces = k_pieces(weight.shape[1], self.max_k)
+        in_features = weight.shape[1]
         on_cpu = weight.device.type == "cpu"
-        # integer-valued weights for the GEMM path, exact in fp32 and (8-bit activations) in bf16;
-        # the INT8 kernel takes bf16 activations, so it serves 8-bit ones only
+        # the INT8 kernel takes bf16 activations (8-bit ones only) and reads the reduction 16 at a
+        # time with no tail: pieces aligned to 16, or no INT8 kernel
         narrow = act_bits <= 8
-        native_bf16 = not on_cpu or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        int8_kernel = on_cpu and narrow and in_features % _INT8_KERNEL_K == 0
+        align = _INT8_KERNEL_K if int8_kernel else 1
+        self.k_pieces = k_pieces(in_features, max_k, align)
+        # integer-valued weights for the GEMM path, exact in fp32 and (8-bit activations) in
+        # bf16 products with fp32 sums on CPUs; CUDA in fp32, since cuBLAS may reduce bf16
+        # split-K partial sums in bf16
+        native_bf16 = on_cpu and torch.ops.mkldnn._is_mkldnn_bf16_supported()
         self.gemm_dtype = torch.bfloat16 if narrow and native_bf16 else torch.float32
-        int8_kernel = on_cpu and narrow
         self.int8 = [q[:, a:b].contiguous() for a, b in self.k_pieces] if int8_kernel else None
         self.weight_t = [q[:, a:b].t().to(self.gemm_dtype).contiguous() for a, b in self.k_pieces]
         self.ones = torch.ones(weight.shape[0], dtype=torch.bfloat16, device=weight.device)

@@ -246,5 +246,5 @@ def _catch_up(slot: int, token_ids: list[int], prompt_len: int, valid: int) -> l
         segments.append(Segment(slot, token_ids[valid:prompt_len], valid))
     start = max(valid, prompt_len)
     if start < len(token_ids):
-        segments.append(Segment(slot, token_ids[start:], start, all_logits=start > valid))
+        segments.append(Segment(slot, token_ids[start:], start, all_logits=True))
     return segments

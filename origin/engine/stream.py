@@ -59,6 +59,7 @@ class OutputStream:
         self.queue = queue
         self.deadline = deadline
         self.finished = False
+        self.error: BaseException | None = None  # set by ``interrupt``
 
     def __aiter__(self) -> OutputStream:
         return self
@@ -70,6 +71,8 @@ class OutputStream:
         self.close()  # leaving the block early cancels the request
 
     async def __anext__(self) -> RequestOutput:
+        if self.error is not None:
+            raise self.error
         if self.finished:
             raise StopAsyncIteration
         if self.deadline is None:
@@ -81,17 +84,18 @@ class OutputStream:
             except TimeoutError:
                 self.close()
                 raise
-        if isinstance(output, BaseException):  # put there by ``interrupt``
-            self.close()
+        if isinstance(output, BaseException):  # ``interrupt``'s wake-up
             raise output
         self.finished = output.finished
         return output
 
     def interrupt(self, error: BaseException) -> None:
-        """End the iteration with ``error`` (raised by the next ``__anext__``) and cancel the
-        request; from the stream's own event loop (a server draining at shutdown)."""
-        if not self.finished:
-            self.queue.put_nowait(error)
+        """Cancel the request and end the iteration with ``error``, ahead of any outputs still
+        queued; from the stream's own event loop (a server draining at shutdown)."""
+        if self.error is None and not self.finished:
+            self.error = error
+            self.close()
+            self.queue.put_nowait(error)  # wakes a consumer waiting on the queue
 
     def close(self) -> None:
         """Cancel the request unless it has finished (its slot is free at the next step)."""

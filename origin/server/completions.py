@@ -88,11 +88,13 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
     cache_key = cacheable[1] if cacheable is not None else None
     generation = Generation(server, runtime, parsed, prompt, shaper, user, arrival, row, cache_key)
     try:
+        server.ready_runtime()  # a shutdown may have begun while the tiers were looked up
         outputs = server.admission.admit(
             settings, runtime.engine, user, len(prompt.ids), generation.open
         )
     except APIError as error:
-        return refuse(server, error, error.code or "queue_full", row, arrival)
+        reason = "not_ready" if error.status == 503 else error.code or "queue_full"
+        return refuse(server, error, reason, row, arrival)
     if parsed.stream:
         return generation.streaming_response(outputs)
     return await generation.whole_response(request, outputs)

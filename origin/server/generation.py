@@ -199,15 +199,15 @@ class Generation:
         work = asyncio.ensure_future(collect())
         watch = asyncio.ensure_future(disconnected())
         try:
-            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-            if not work.done():
-                state.cancelled = True
-                work.cancel()
-                with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                    await work
-        try:
+            try:
+                await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                watch.cancel()
+                if not work.done():
+                    state.cancelled = True
+                    work.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                        await work
             if state.cancelled:
                 return Response(status_code=499)
             error = work.exception()

@@ -24,8 +24,10 @@ def main() -> None:
     rng = np.random.default_rng(0)
     digest = hashlib.sha256()
     checks: dict[str, bool] = {}
-    # a decoder layer's shapes (the down projection's reduction is split in pieces) and a head
-    for out_features, in_features, bits in ((960, 576, 8), (576, 1536, 8), (2048, 576, 10)):
+    # a decoder layer's shapes (the down projection's reduction is split in pieces), a head, a
+    # reduction in unequal pieces (2560: 864 + 848 + 848) and one the INT8 kernel cannot take (853)
+    shapes = ((960, 576, 8), (576, 1536, 8), (2048, 576, 10), (64, 2560, 8), (64, 853, 8))
+    for out_features, in_features, bits in shapes:
         weight = _normal(rng, out_features, in_features, scale=0.05)
         linear = W8A8Linear(weight, None, None, act_bits=bits)
         x = _normal(rng, max(ROWS), in_features, scale=3)
