@@ -88,7 +88,7 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
     cache_key = cacheable[1] if cacheable is not None else None
     generation = Generation(server, runtime, parsed, prompt, shaper, user, arrival, row, cache_key)
     try:
-        server.ready_runtime()  # a shutdown may have begun while the tiers were looked up
+        server.check_admitting()  # a shutdown may have begun while the tiers were looked up
         outputs = server.admission.admit(
             settings, runtime.engine, user, len(prompt.ids), generation.open
         )

@@ -105,15 +105,13 @@ class OriginServer:
     def ready_runtime(self) -> Runtime:
         status, body = self.health()
         if status != 200 or self.runtime is None:
-            raise APIError(
-                503,
-                f"the origin is not ready: {body['status']}",
-                None,
-                "service_unavailable",
-                body["status"],
-                headers={"retry-after": "5"},
-            )
+            raise _not_ready(body["status"])
         return self.runtime
+
+    def check_admitting(self) -> None:
+        """Raise 503 once a drain has begun (cheap: no health body)."""
+        if self.draining:
+            raise _not_ready("draining")
 
     def served_profile(self) -> str | None:
         """The profile of the releases the tiers read (None before one is known)."""
@@ -157,3 +155,14 @@ class OriginServer:
             runtime.engine.stop()
         if self.logs is not None:
             self.logs.close()
+
+
+def _not_ready(status: str) -> APIError:
+    return APIError(
+        503,
+        f"the origin is not ready: {status}",
+        None,
+        "service_unavailable",
+        status,
+        headers={"retry-after": "5"},
+    )
