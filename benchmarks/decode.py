@@ -1,8 +1,9 @@
 """Batch-1 decode speed and greedy agreement with fp32, side by side.
 
 Systems: ``transformers generate (fp32)`` (the model as loaded, ``model.generate``), and the edgeqa
-engine with fp32, bf16 and int8 weights. Each generates the same number of tokens (EOS ignored)
-for the same prompts (real questions from NQ-open), one request at a time.
+engine with fp32, bf16 and int8 weights, each batch-invariant (the default: fixed-order kernels)
+and with the library kernels (``batch_invariant=False``). Each generates the same number of tokens
+(EOS ignored) for the same prompts (real questions from NQ-open), one request at a time.
 
 Agreement is teacher-forced: the fp32 transformers model's greedy continuation is fed to each
 system token by token through its own decode path, and agreement is the fraction of positions where
@@ -12,6 +13,7 @@ head; one embedding row).
 
 Prints one JSON object:
   {"systems": {"<name>": {"tok_per_s", "agreement", "weight_mb"}},
+   "invariant_over_library_tok_per_s": {"fp32", "bf16", "int8"} (the cost of invariance: < 1),
    "bandwidth_bound_tok_per_s": {"fp32", "bf16", "int8"}, "memory_bandwidth_gb_s", "config"}
 
 Run: .venv/bin/python benchmarks/decode.py [--quick]
@@ -131,16 +133,29 @@ def main() -> None:
         "weight_mb": round(sum(p.numel() * 4 for p in model.parameters()) / 1e6, 1),
     }
     weight_bytes = {}
+    invariance_cost = {}
     for name, quantization in (("fp32", "none"), ("bf16", "bf16"), ("int8", "int8")):
-        config = EngineConfig(max_num_seqs=1, max_model_len=1024, quantization=quantization)
-        engine = Engine(model, tokenizer, config)
-        weight_bytes[name] = engine.runner.weight_bytes
-        systems[f"edgeqa {name}"] = {
-            "tok_per_s": round(engine_tok_per_s(engine, prompts, args.tokens), 2),
-            "agreement": round(teacher_forced_agreement(engine, prompts, references), 4),
-            "weight_mb": round(weight_bytes[name] / 1e6, 1),
-        }
-        del engine
+        # batch-invariant (the default: fixed-order kernels) and the library kernels beside it
+        for invariant in (True, False):
+            config = EngineConfig(
+                max_num_seqs=1,
+                max_model_len=1024,
+                quantization=quantization,
+                batch_invariant=invariant,
+            )
+            engine = Engine(model, tokenizer, config)
+            label = f"edgeqa {name}" + ("" if invariant else " (library kernels, not invariant)")
+            if invariant:
+                weight_bytes[name] = engine.runner.weight_bytes
+            systems[label] = {
+                "tok_per_s": round(engine_tok_per_s(engine, prompts, args.tokens), 2),
+                "agreement": round(teacher_forced_agreement(engine, prompts, references), 4),
+                "weight_mb": round(engine.runner.weight_bytes / 1e6, 1),
+            }
+            del engine
+        library = systems[f"edgeqa {name} (library kernels, not invariant)"]["tok_per_s"]
+        # > 1: batch invariance costs nothing here, it is faster
+        invariance_cost[name] = round(systems[f"edgeqa {name}"]["tok_per_s"] / library, 2)
 
     bandwidth = memory_bandwidth_gb_s()
     baseline = systems["transformers generate (fp32)"]["tok_per_s"]
@@ -157,6 +172,7 @@ def main() -> None:
                 "speedup_vs_transformers": {
                     name: round(s["tok_per_s"] / baseline, 2) for name, s in systems.items()
                 },
+                "invariant_over_library_tok_per_s": invariance_cost,
                 "memory_bandwidth_gb_s": round(bandwidth, 1),
                 "bandwidth_bound_tok_per_s": {
                     name: round(bandwidth * 1e9 / b, 1) for name, b in weight_bytes.items()

@@ -4,8 +4,9 @@ Systems (same model weights, same prompts, same output length, one run):
 - ``sequential``: transformers ``generate``, one request at a time (FIFO).
 - ``static``: the classic batcher: collect up to 8 requests or 150 ms, then one padded ``generate``.
 - ``hf_cb``: transformers' own continuous batching (``ContinuousBatchingManager``).
-- ``edgeqa``: the edgeqa engine with its defaults for this machine (bf16 weights on a CPU with
-  native bf16, 64 slots); ``edgeqa_fp32`` and
+- ``edgeqa``: the edgeqa engine with its defaults for this machine (batch-invariant fixed-order
+  kernels, bf16 weights on a CPU with native bf16, 64 slots); ``edgeqa_library`` is the same with
+  ``batch_invariant=False`` (the library GEMMs: what invariance costs or saves); ``edgeqa_fp32`` and
   ``edgeqa_int8`` are the same engine with fp32 and INT8 weights, for comparison.
 
 Every request asks for exactly ``--max-tokens`` tokens (EOS ignored) so that all systems do the same
@@ -218,9 +219,11 @@ class EdgeqaSystem(System):
         max_tokens: int,
         quantization: str,
         speculative: str | None = None,
+        batch_invariant: bool = True,
     ) -> None:
         self.name = name
         config = EngineConfig(
+            batch_invariant=batch_invariant,
             max_num_seqs=64,
             token_budget=512,
             prefill_chunk=256,
@@ -299,7 +302,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--deadline-s", type=float, default=600.0, help="per system")
     parser.add_argument(
-        "--systems", default="sequential,static,edgeqa,edgeqa+spec,edgeqa_fp32,edgeqa_int8,hf_cb"
+        "--systems",
+        default="sequential,static,edgeqa,edgeqa_library,edgeqa+spec,edgeqa_fp32,edgeqa_int8,hf_cb",
     )
     args = parser.parse_args()
     if args.quick:
@@ -321,6 +325,14 @@ def main() -> None:
         "static": lambda: Static(model, tokenizer, args.max_tokens),
         "edgeqa": lambda: EdgeqaSystem(
             "edgeqa", model, tokenizer, args.max_tokens, default_quantization(model.device)
+        ),
+        "edgeqa_library": lambda: EdgeqaSystem(
+            "edgeqa_library",
+            model,
+            tokenizer,
+            args.max_tokens,
+            default_quantization(model.device),
+            batch_invariant=False,
         ),
         "edgeqa_fp32": lambda: EdgeqaSystem(
             "edgeqa_fp32", model, tokenizer, args.max_tokens, "none"
@@ -362,6 +374,13 @@ def main() -> None:
             )
             ttft_other = results[other]["ttft_ms"]["p99"]  # type: ignore[index]
             ratios[f"edgeqa_ttft_p99_over_{other}"] = round(edge["ttft_ms"]["p99"] / ttft_other, 3)  # type: ignore[index]
+    library = results.get("edgeqa_library", {})
+    if edge.get("output_tok_per_s") and library.get("output_tok_per_s"):
+        # the cost of batch invariance under load (> 1: the invariant kernels are faster)
+        ratios["edgeqa_invariant_over_library_tok_per_s"] = round(
+            edge["output_tok_per_s"] / library["output_tok_per_s"],  # type: ignore[operator]
+            2,
+        )
     print(
         json.dumps(
             {

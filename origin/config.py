@@ -52,6 +52,7 @@ class EngineSettings(ModelSettings):
     """The engine's precision and sizes (``docs/engine.md``)."""
 
     quantization: Quantization = "auto"
+    batch_invariant: bool = True  # the same greedy answer at any load (docs/engine.md)
     max_num_seqs: int = Field(32, ge=1)
     token_budget: int = Field(512, ge=1)
     prefill_chunk: int = Field(256, ge=1)

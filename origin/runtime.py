@@ -44,6 +44,7 @@ def engine_config(settings: EngineSettings, device: str) -> EngineConfig:
         max_model_len=settings.max_model_len,
         kv_cache_tokens=settings.kv_cache_tokens or None,
         quantization=default_quantization(device) if quantization == "auto" else quantization,
+        batch_invariant=settings.batch_invariant,
         speculative=None if settings.speculative == "none" else settings.speculative,
         num_speculative_tokens=settings.num_speculative_tokens,
     )

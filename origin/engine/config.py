@@ -55,6 +55,8 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class EngineConfig(SchedulerConfig):
     quantization: EngineQuantization = "none"  # "none": the weights as loaded (origin/precision.py)
+    # a request's tokens never depend on the rest of the step (docs/engine.md, "Batch invariance")
+    batch_invariant: bool = True
     speculative: str | None = None  # None, "ngram", "suffix", "draft", or "+"-joined
     num_speculative_tokens: int = 5
     spec_max_batch: int = 2  # speculate only while at most this many requests decode

@@ -71,6 +71,7 @@ class Engine:
             self.config.max_model_len,
             self.config.quantization,
             tokenizer,
+            self.config.batch_invariant,
         )
         self.speculator: Speculator | None = None
         if self.config.speculative:

@@ -348,6 +348,49 @@ class W8A8Linear:
         return sum(w.numel() * w.element_size() for w in weights) + self.scales.numel() * 4
 
 
+class FixedOrderLinear:
+    """CPU weights (fp32, bf16 or INT8 with per-channel scales) through the fixed-order GEMM
+    (``kernels/fixed_order.c``): fp32 activations, each output one FMA chain over the inputs in
+    order, so a row's result is the same whatever rows share the call, on every x86 ISA. Faster
+    than the library GEMMs at this model's sizes (measured in ``docs/engine.md``)."""
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        quantization: str,
+        calibration: torch.Tensor | None = None,
+    ) -> None:
+        from origin.engine import kernels
+
+        self.input_scale: torch.Tensor | None = None
+        self.scales: torch.Tensor | None = None
+        if quantization == "int8":
+            self.input_scale, q, scales = calibrated_int8(weight, calibration)
+            self.scales = scales.float()
+            weight_t = q.t()
+        elif quantization == "bf16" or weight.dtype == torch.bfloat16:
+            weight_t = weight.t().to(torch.bfloat16)
+        else:
+            weight_t = weight.t().float()
+        self.packed = kernels.pack_weight(weight_t)
+        self.bias = None if bias is None else bias.float()
+        self.out_features = weight.shape[0]
+        self._gemm = kernels.gemm
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_scale is not None:
+            x = x * self.input_scale
+        y = self._gemm(x, self.packed, self.out_features)
+        if self.scales is not None:
+            y = y * self.scales
+        return y if self.bias is None else y + self.bias
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.packed.numel() * self.packed.element_size()
+
+
 def make_linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
@@ -355,13 +398,17 @@ def make_linear(
     device: torch.device,
     calibration: torch.Tensor | None = None,
     act_bits: int = 8,
+    fixed_order: bool = False,
 ) -> Linear:
     """The linear layer for ``quantization``; ``calibration`` (sample inputs) tunes CPU INT8;
-    ``act_bits``: the activation integers' width in ``w8a8``."""
+    ``act_bits``: the activation integers' width in ``w8a8``; ``fixed_order``: the batch-invariant
+    CPU GEMM for fp32, bf16 and INT8 weights (``w8a8`` is invariant by its arithmetic)."""
     if quantization not in ENGINE_QUANTIZATIONS:
         raise ValueError(
             f"quantization must be one of {', '.join(ENGINE_QUANTIZATIONS)}, got {quantization!r}"
         )
+    if fixed_order and device.type == "cpu" and quantization != "w8a8":
+        return FixedOrderLinear(weight, bias, quantization, calibration)
     if quantization == "none":
         return DenseLinear(weight, bias)
     if quantization == "w8a8":

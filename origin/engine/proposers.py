@@ -187,6 +187,7 @@ class DraftProposer:
         num_slots: int,
         max_len: int,
         quantization: str = "none",
+        batch_invariant: bool = True,
     ) -> None:
         from origin.engine.runner import make_runner
 
@@ -196,7 +197,9 @@ class DraftProposer:
                 "needs the same vocabulary (token ids) in both"
             )
         # calibrated like the target's (INT8, W8A8): the same model drafts with the same weights
-        self.runner: Runner = make_runner(model, num_slots, max_len, quantization, tokenizer)
+        self.runner: Runner = make_runner(
+            model, num_slots, max_len, quantization, tokenizer, batch_invariant
+        )
         self._owner: dict[int, str] = {}  # draft slot -> request id whose tokens it holds
 
     def propose(self, requests: Sequence[Request], k: Sequence[int]) -> list[list[int]]:

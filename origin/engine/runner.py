@@ -78,6 +78,7 @@ class _Layer:
         quantization: str,
         device: torch.device,
         calibration: dict[str, torch.Tensor] | None = None,
+        fixed_order: bool = False,
     ) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         calib = calibration or {}
@@ -87,7 +88,9 @@ class _Layer:
             bias = None
             if biases[0] is not None:
                 bias = torch.cat([b.detach() for b in biases])
-            return make_linear(weight, bias, quantization, device, calib.get(name))
+            return make_linear(
+                weight, bias, quantization, device, calib.get(name), fixed_order=fixed_order
+            )
 
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
         self.qkv = linear([p.weight for p in projections], [p.bias for p in projections], "qkv")
@@ -100,6 +103,8 @@ class _Layer:
         self.down = linear([mlp.down_proj.weight], [mlp.down_proj.bias], "down")
         self.input_norm = layer.input_layernorm.weight.detach()
         self.post_norm = layer.post_attention_layernorm.weight.detach()
+        if fixed_order:  # fp32 activations
+            self.input_norm, self.post_norm = self.input_norm.float(), self.post_norm.float()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -124,13 +129,17 @@ class LlamaRunner:
         max_len: int,
         quantization: str = "none",
         tokenizer: PreTrainedTokenizerBase | None = None,
+        batch_invariant: bool = True,
     ) -> None:
         reason = unsupported_reason(model, max_len)
         if reason:
             raise ValueError(f"LlamaRunner cannot run this model: {reason}")
         config = model.config
         self.device = model.device
-        self.dtype = model.dtype
+        # batch-invariant on a CPU: the fixed-order kernels (kernels/), fp32 activations and cache
+        self.fixed_order = batch_invariant and self.device.type == "cpu"
+        self.batch_invariant = self.fixed_order
+        self.dtype = torch.float32 if self.fixed_order else model.dtype
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -152,23 +161,29 @@ class LlamaRunner:
                     quantization,
                     self.device,
                     {name: x for (i, name), x in calibration.items() if i == index},
+                    self.fixed_order,
                 )
                 for index, layer in enumerate(base.layers)
             ]
-            self.embed = base.embed_tokens.weight.detach()
-            self.final_norm = base.norm.weight.detach()
+            self.embed = base.embed_tokens.weight.detach().to(self.dtype)
+            self.final_norm = base.norm.weight.detach().to(self.dtype)
             # the LM head stays in full precision except in bf16 mode, where every GEMM is bf16,
             # and in w8a8 mode, where every GEMM must be batch-invariant (with 10-bit activations:
             # the logits are what greedy decoding compares)
             head_quantization = quantization if quantization in ("bf16", "w8a8") else "none"
             self.lm_head = make_linear(
-                model.lm_head.weight.detach(), None, head_quantization, self.device, act_bits=10
+                model.lm_head.weight.detach(),
+                None,
+                head_quantization,
+                self.device,
+                act_bits=10,
+                fixed_order=self.fixed_order,
             )
             # cos, sin for every position: [max_len, head_dim], with the model's own rope scaling
             positions = torch.arange(max_len, device=self.device)[None]
             probe = torch.zeros(1, device=self.device, dtype=self.dtype)
             cos, sin = base.rotary_emb(probe, positions)
-        self.cos, self.sin = cos[0], sin[0]
+        self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)
         self.cache = SlotKVCache(
             len(self.layers),
             num_slots,
@@ -206,7 +221,7 @@ class LlamaRunner:
             end = seg.start + seg.num_tokens
             assert end <= self.cache.max_len, "segment runs past the slot's max_len"
             self.cache.lengths[seg.slot] = end
-        plan = _AttentionPlan(segments, self.cache, device)
+        plan = _AttentionPlan(segments, self.cache, device, self.fixed_order)
 
         x = self.embed[input_ids]  # [T, hidden]
         n_q, n_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
@@ -233,6 +248,9 @@ class LlamaRunner:
 class _AttentionPlan:
     """How the tokens of one step attend.
 
+    Batch-invariant (``fixed_order``): every token, prompt or decode, attends over exactly its own
+    keys in the fixed-order kernel (``kernels/fixed_order.c``), in one call per layer: its result
+    depends on nothing else in the step, nor on where a prompt was cut into chunks. Otherwise:
     Small steps (at most ``EXACT_MAX_SEGMENTS`` segments) attend query by query: each decode or
     verification token over exactly its own valid keys, with the same call whichever step it is
     in. With bf16 weights (whose GEMM rows do not depend on the batch) a token's result is then
@@ -241,8 +259,15 @@ class _AttentionPlan:
     slot range. Prompt chunks attend together under a causal mask.
     """
 
-    def __init__(self, segments: list[Segment], cache: SlotKVCache, device: torch.device) -> None:
+    def __init__(
+        self,
+        segments: list[Segment],
+        cache: SlotKVCache,
+        device: torch.device,
+        fixed_order: bool = False,
+    ) -> None:
         self.segments = segments
+        self.fixed_order = fixed_order
         self.decode_rows: list[int] = []
         self.decode_slots: list[int] = []
         self.per_query: list[tuple[int, int, int]] = []  # (row, slot, keys up to and incl.)
@@ -252,7 +277,9 @@ class _AttentionPlan:
         exact = len(segments) <= EXACT_MAX_SEGMENTS
         row = 0
         for seg in segments:
-            if exact and (seg.num_tokens == 1 or seg.all_logits):
+            if fixed_order:
+                pass  # every row attends in the kernel: see row_slots, row_lengths
+            elif exact and (seg.num_tokens == 1 or seg.all_logits):
                 for i in range(seg.num_tokens):
                     self.per_query.append((row + i, seg.slot, seg.start + i + 1))
             elif seg.num_tokens == 1:
@@ -266,6 +293,10 @@ class _AttentionPlan:
             row += seg.num_tokens
         self.num_tokens = row
         self.device = device
+        if fixed_order:
+            self.row_slots = torch.tensor([s.slot for s in segments for _ in range(s.num_tokens)])
+            ends = [s.start + i + 1 for s in segments for i in range(s.num_tokens)]
+            self.row_lengths = torch.tensor(ends)
         if self.decode_slots:
             # slots [0, span) hold every decode slot; rows of other slots in the span are padding
             self.span = max(self.decode_slots) + 1
@@ -307,6 +338,10 @@ class _AttentionPlan:
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
     ) -> torch.Tensor:
         # q: [T, heads, head_dim]; k_cache, v_cache: [slots, kv_heads, max_len, head_dim]
+        if self.fixed_order:
+            from origin.engine import kernels
+
+            return kernels.attention(q, k_cache, v_cache, self.row_slots, self.row_lengths, scale)
         out = torch.empty_like(q) if len(self.per_query) < self.num_tokens else None
         per_query = []
         for row, slot, length in self.per_query:
@@ -386,12 +421,15 @@ def make_runner(
     max_len: int,
     quantization: str = "none",
     tokenizer: PreTrainedTokenizerBase | None = None,
+    batch_invariant: bool = True,
 ) -> Runner:
     """The lean runner when the architecture allows, else the generic one (no INT8 there).
 
-    With a tokenizer, CPU INT8 is calibrated on a few prompts (activation-aware scaling)."""
+    With a tokenizer, CPU INT8 is calibrated on a few prompts (activation-aware scaling);
+    ``batch_invariant``: a row's numbers never depend on the rest of the step (``docs/engine.md``).
+    The generic runner computes one segment per forward, so only its prompt chunking can vary."""
     if unsupported_reason(model, max_len) is None:
-        return LlamaRunner(model, num_slots, max_len, quantization, tokenizer)
+        return LlamaRunner(model, num_slots, max_len, quantization, tokenizer, batch_invariant)
     if quantization != "none":
         raise ValueError(
             f"quantization={quantization!r} needs a Llama-family model: "

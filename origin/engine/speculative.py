@@ -230,6 +230,7 @@ def make_speculator(
                     config.max_num_seqs,
                     config.max_model_len,
                     config.quantization,
+                    config.batch_invariant,
                 )
             )
     return Speculator(spec, proposers)

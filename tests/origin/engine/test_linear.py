@@ -1,11 +1,5 @@
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -15,6 +9,7 @@ from origin.engine.linear import (
     make_linear,
     quantize_per_channel_int8,
 )
+from tests.origin.engine.isa import run_under_isa_caps
 
 
 def _weight(out_features: int = 96, in_features: int = 64) -> torch.Tensor:
@@ -75,55 +70,13 @@ def test_bf16_rows_do_not_depend_on_the_row_count(in_features: int) -> None:
     assert torch.equal(together, alone)
 
 
-# oneDNN's ISA caps and the ATen kernel level each implies, lowest first; "" is uncapped
-ISA_CAPS = {
-    "SSE41": ("default", set()),
-    "AVX2": ("avx2", {"avx2", "fma"}),
-    "AVX512_CORE": ("avx512", {"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
-    "AVX512_CORE_BF16": ("avx512", {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}),
-    "AVX512_CORE_AMX": ("avx512", {"avx512_bf16", "amx_bf16", "amx_int8", "amx_tile"}),
-}
-
-
-CAP_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
-    return set(line.split(":", 1)[-1].split())
-
-
 def test_w8a8_rows_are_the_same_whatever_the_batch_and_the_isa() -> None:
     """Batch invariance by construction: under every ISA cap this CPU supports (and uncapped), a
     w8a8 row's result does not depend on the row count, the row order or the other rows, and
     every cap computes the very same numbers (exact integer dot products)."""
-    flags = _cpu_flags()
-    caps = [cap for cap, (_, needs) in ISA_CAPS.items() if needs <= flags] + [""]
-    digests = {}
-    for cap in caps:
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
-        }
-        if cap:
-            env.update(ONEDNN_MAX_CPU_ISA=cap, ATEN_CPU_CAPABILITY=ISA_CAPS[cap][0])
-        done = subprocess.run(
-            [sys.executable, "-m", "tests.origin.engine.w8a8_probe"],
-            cwd=Path(__file__).parents[3],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        report = json.loads(done.stdout)
+    reports = run_under_isa_caps("tests.origin.engine.w8a8_probe")
+    for cap, report in reports.items():
         failed = [name for name, ok in report["checks"].items() if not ok]
-        assert failed == [], f"{cap or 'uncapped'} ({report['aten_capability']}): {failed}"
-        digests[cap or "uncapped"] = report["digest"]
-    assert len(caps) >= 2 and len(set(digests.values())) == 1, digests
+        assert failed == [], f"{cap} ({report['aten_capability']}): {failed}"
+    digests = {cap: report["digest"] for cap, report in reports.items()}
+    assert len(reports) >= 2 and len(set(digests.values())) == 1, digests

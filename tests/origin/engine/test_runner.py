@@ -17,11 +17,16 @@ def _prompt(n: int, vocab: int, seed: int = 0) -> list[int]:
     return torch.randint(3, vocab, (n,), generator=g).tolist()
 
 
-def test_lean_runner_matches_transformers_on_the_embedded_model(embedded_model) -> None:  # type: ignore[no-untyped-def]
+# batch-invariant: the fixed-order kernels; not: the library GEMMs and attention
+@pytest.mark.parametrize("batch_invariant", [True, False])
+def test_lean_runner_matches_transformers_on_the_embedded_model(
+    embedded_model,  # type: ignore[no-untyped-def]
+    batch_invariant: bool,
+) -> None:
     model, tokenizer = embedded_model
     ids = tokenizer.encode("The quick brown fox jumps over the lazy dog because")
     ref = _reference_logits(model, ids)
-    runner = LlamaRunner(model, num_slots=3, max_len=128)
+    runner = LlamaRunner(model, num_slots=3, max_len=128, batch_invariant=batch_invariant)
     whole = runner.forward([Segment(2, ids, 0, all_logits=True)])[0]
     assert torch.allclose(whole, ref, atol=1e-3)
     # chunked prefill in slot 0 beside a batched decode in slot 1 and 2
@@ -39,10 +44,13 @@ def test_lean_runner_matches_transformers_on_the_embedded_model(embedded_model) 
     assert torch.allclose(mixed[2][0], ref[-1], atol=1e-3)
 
 
+@pytest.mark.parametrize("batch_invariant", [True, False])
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "mistral"])
-def test_lean_runner_matches_each_llama_family_member(model_type: str) -> None:
+def test_lean_runner_matches_each_llama_family_member(
+    model_type: str, batch_invariant: bool
+) -> None:
     model = tiny_model(model_type)
-    runner = LlamaRunner(model, num_slots=4, max_len=64)
+    runner = LlamaRunner(model, num_slots=4, max_len=64, batch_invariant=batch_invariant)
     prompts = [_prompt(n, 128, seed=n) for n in (9, 17, 4)]
     refs = [_reference_logits(model, p) for p in prompts]
     for slot, p in enumerate(prompts):

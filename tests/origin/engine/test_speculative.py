@@ -19,10 +19,9 @@ QUESTIONS = [
 PARAMS = SamplingParams(max_tokens=40)
 
 
-# w8a8 weights: batch-invariant by construction (exact integer dot products, origin/engine/
-# linear.py), so a token verified inside a proposal is computed exactly as when decoded alone, on
-# every CPU; and they are fast everywhere (bf16 is emulated, ~15x slower, on CPUs without it)
-WEIGHTS = "w8a8"
+# the engine's default: batch-invariant fixed-order kernels (docs/engine.md), so a token verified
+# inside a proposal is computed exactly as when decoded alone, on every CPU
+WEIGHTS = "none"
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,90 @@
+"""The fixed-order kernels: a row's numbers depend on that row alone, on every path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from origin.engine import kernels
+
+
+def _normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32) * np.float32(scale))
+
+
+@pytest.fixture
+def simd_then_restore():  # type: ignore[no-untyped-def]
+    yield kernels.set_simd
+    kernels.set_simd(None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("shape", [(576, 960), (1536, 40)])  # 40 columns: a padded panel
+def test_gemm_rows_do_not_depend_on_the_other_rows(dtype, shape, simd_then_restore) -> None:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(0)
+    k, n = shape
+    w = _normal(rng, k, n, scale=0.05)
+    weight_t = (w * 2000).round().clamp(-127, 127).to(torch.int8) if dtype == torch.int8 else w
+    packed = kernels.pack_weight(weight_t.to(dtype))
+    x = _normal(rng, 13, k, scale=3)
+    y = kernels.gemm(x, packed, n)
+    assert y.shape == (13, n)
+    atol = 0.05 if dtype == torch.int8 else 1e-3  # integer weights: dot products in the 1e4s
+    torch.testing.assert_close(y, x @ weight_t.to(dtype).float(), rtol=1e-4, atol=atol)
+    alone = torch.cat([kernels.gemm(x[i : i + 1], packed, n) for i in range(13)])
+    assert torch.equal(y, alone)
+    for m in (2, 3, 4, 5, 6, 7, 11):  # every tile mix of 6, 4, 2 and 1 rows
+        assert torch.equal(kernels.gemm(x[:m], packed, n), alone[:m])
+    order = torch.from_numpy(rng.permutation(13))
+    assert torch.equal(kernels.gemm(x[order], packed, n), alone[order])
+    others = _normal(rng, 13, k, scale=40)
+    others[5] = x[0]
+    assert torch.equal(kernels.gemm(others, packed, n)[5], alone[0])
+    # the scalar path (CPUs without AVX2/FMA) sums in the same order: the same bits
+    simd_then_restore(False)
+    assert torch.equal(kernels.gemm(x, packed, n), y)
+
+
+def _attention_inputs(rng: np.random.Generator):  # type: ignore[no-untyped-def]
+    slots, kv_heads, max_len, d = 3, 3, 40, 64
+    k_cache = _normal(rng, slots, kv_heads, max_len, d)
+    v_cache = _normal(rng, slots, kv_heads, max_len, d)
+    return k_cache, v_cache, _normal(rng, 12, 9, d)
+
+
+def test_attention_matches_sdpa_and_each_query_is_alone(simd_then_restore) -> None:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(1)
+    k_cache, v_cache, q = _attention_inputs(rng)
+    slots = torch.tensor([0] * 8 + [1, 2, 2, 1])
+    lengths = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8, 40, 17, 33, 3])
+    out = kernels.attention(q, k_cache, v_cache, slots, lengths, 0.125)
+    for t in range(12):
+        s, n = int(slots[t]), int(lengths[t])
+        ref = F.scaled_dot_product_attention(
+            q[t][None, :, None], k_cache[s : s + 1, :, :n], v_cache[s : s + 1, :, :n],
+            scale=0.125, enable_gqa=True,
+        )[0, :, 0]  # fmt: skip
+        torch.testing.assert_close(out[t], ref, rtol=1e-5, atol=1e-5)
+        alone = kernels.attention(q[t : t + 1], k_cache, v_cache, slots[t : t + 1],
+                                  lengths[t : t + 1], 0.125)  # fmt: skip
+        assert torch.equal(alone[0], out[t])
+    # a prompt cut in chunks: the same rows whatever the cut
+    for cut in (3, 5):
+        parts = [
+            kernels.attention(q[a:b], k_cache, v_cache, slots[a:b], lengths[a:b], 0.125)
+            for a, b in ((0, cut), (cut, 8))
+        ]
+        assert torch.equal(torch.cat(parts), out[:8])
+    simd_then_restore(False)
+    assert torch.equal(kernels.attention(q, k_cache, v_cache, slots, lengths, 0.125), out)
+
+
+def test_kernels_refuse_what_they_cannot_compute() -> None:
+    with pytest.raises(TypeError, match="fp32, bf16 or int8"):
+        kernels.pack_weight(torch.zeros(8, 16, dtype=torch.float16))
+    q = torch.zeros(1, 4, 12)  # a head size that is not a multiple of 8
+    cache = torch.zeros(1, 2, 4, 12)
+    with pytest.raises(ValueError, match="fo_attention refused"):
+        kernels.attention(q, cache, cache, torch.tensor([0]), torch.tensor([1]), 1.0)
