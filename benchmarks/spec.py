@@ -3,10 +3,11 @@
 Workload: repeated paraphrased questions. For each of several banking77 intents, the answer to the
 intent's first phrasing is generated first (it seeds the suffix index, as a release's answers
 would), then the other phrasings are asked one at a time and measured. Every system answers the
-same measured questions greedily with the same engine settings (the engine's default weights: bf16
-on a CPU with native bf16, whose GEMM rows do not depend on how many rows are computed together, so
-"identical" means bitwise the same greedy output); ``identical`` compares each system's answers
-with the baseline's.
+same measured questions greedily with the same engine settings (the engine's defaults: batch-
+invariant fixed-order kernels, bf16 weights on a CPU with native bf16, else fp32), so "identical"
+means bitwise the same greedy output; ``identical`` compares each system's answers with the
+baseline's. Run it under ``ONEDNN_MAX_CPU_ISA`` / ``ATEN_CPU_CAPABILITY`` caps to check another
+CPU's arithmetic (``config.aten_capability`` says which ran).
 
 Prints one JSON object:
   {"config": {...}, "systems": {"baseline": {"tok_per_s"},
@@ -138,6 +139,8 @@ def main() -> None:
                     "max_tokens": args.max_tokens,
                     "num_speculative_tokens": EngineConfig().num_speculative_tokens,
                     "weights": weights or "fp32",
+                    "batch_invariant": EngineConfig().batch_invariant,
+                    "aten_capability": torch.backends.cpu.get_cpu_capability(),
                     "draft": "the embedded model drafting for itself",
                     "threads": torch.get_num_threads(),
                 },

@@ -46,8 +46,11 @@ def _say(out: TextIO, text: str) -> None:
     print(text, file=out, flush=True)
 
 
-def build_release(store: FileStore, out: TextIO, max_tokens: int) -> dict[str, Any]:
-    """Sample logs, then the nightly pipeline; its run report."""
+def build_release(
+    store: FileStore, out: TextIO, max_tokens: int, quantization: str | None = None
+) -> dict[str, Any]:
+    """Sample logs, then the nightly pipeline; its run report. ``quantization``: the weights
+    the answers are generated with (None: the nightly job's default)."""
     import os
 
     from precompute.config import PipelineConfig
@@ -58,7 +61,9 @@ def build_release(store: FileStore, out: TextIO, max_tokens: int) -> dict[str, A
     rows = generate_rows(until, days=7)
     write_logs(store, rows)
     _say(out, f"1. sample request logs: {len(rows)} rows over 7 days -> {store.uri}/logs/")
-    config = PipelineConfig.from_env({**DEMO_ENV, **os.environ}, max_tokens=max_tokens)
+    config = PipelineConfig.from_env(
+        {**DEMO_ENV, **os.environ}, max_tokens=max_tokens, quantization=quantization
+    )
     params = RunParams(store.uri, store.uri, until - timedelta(days=6), until, config, "demo")
     _say(out, "2. nightly pipeline (the DAG's stages):")
 
@@ -159,6 +164,7 @@ def run_demo(
     serve: bool = False,
     max_tokens: int = 96,
     out: TextIO = sys.stdout,
+    quantization: str | None = None,
 ) -> dict[str, Any]:
     import shutil
 
@@ -166,7 +172,7 @@ def run_demo(
     root = workdir.resolve() / "store"
     shutil.rmtree(root, ignore_errors=True)
     store = FileStore(root)
-    result = build_release(store, out, max_tokens)
+    result = build_release(store, out, max_tokens, quantization)
     profile = result["profile"]
     ports = (8002, 8001, 8000) if serve else None
     with services(store, profile, ports) as urls:

@@ -146,12 +146,16 @@ def _convert(gguf_path: Path, final: Path) -> None:
         gguf_model = AutoModelForCausalLM.from_pretrained(
             folder, gguf_file=name, dtype=torch.float32
         )
-        # save_pretrained refuses a GGUF-quantized model: rebuild it from a plain config
+        # save_pretrained refuses a GGUF-quantized model: rebuild it from a plain config, its
+        # parameters on the meta device (a random init of weights about to be replaced costs
+        # seconds), then take over the loaded tensors; the files written are the same
         config = gguf_model.config
         if hasattr(config, "quantization_config"):
             del config.quantization_config
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        model.load_state_dict(gguf_model.state_dict())
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(gguf_model.state_dict(), assign=True)
+        model.tie_weights()
         model.generation_config = gguf_model.generation_config
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

@@ -5,6 +5,7 @@ import subprocess
 from pathlib import Path
 
 from edgeqa import __version__
+from tests.conftest import fast_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,7 +64,10 @@ def test_an_unexpected_failure_shows_its_traceback(cli_env: dict[str, str], tmp_
 
 
 def test_demo_runs_the_product_end_to_end(cli_env: dict[str, str], tmp_path: Path) -> None:
-    out = _edgeqa(cli_env, "demo", "--workdir", str(tmp_path))
+    # the quickest weights (the nightly default, int8, runs end to end in test_pipeline.py), and
+    # the origin's answers kept short: only their tiers are checked
+    env = dict(cli_env, EDGEQA_MAX_TOKENS="48")
+    out = _edgeqa(env, "demo", "--workdir", str(tmp_path), "--quantization", fast_weights())
     assert out.returncode == 0, out.stderr
     text = out.stdout
     session = [

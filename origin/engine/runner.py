@@ -9,6 +9,7 @@ other causal LM through its own forward with one transformers cache per slot: co
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -20,6 +21,8 @@ from origin.engine.linear import Linear, make_linear
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2")
 # steps with at most this many segments attend query by query (see _AttentionPlan)
@@ -139,6 +142,12 @@ class LlamaRunner:
         # batch-invariant on a CPU: the fixed-order kernels (kernels/), fp32 activations and cache
         self.fixed_order = batch_invariant and self.device.type == "cpu"
         self.batch_invariant = self.fixed_order
+        if batch_invariant and not self.fixed_order and quantization != "w8a8":
+            logger.warning(
+                "batch invariance needs the CPU's fixed-order kernels; on %s only w8a8 weights "
+                "keep a greedy answer independent of the load",
+                self.device.type,
+            )
         self.dtype = torch.float32 if self.fixed_order else model.dtype
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads

@@ -24,6 +24,12 @@
 
 enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2 };
 
+/* Work (multiply-adds) below which a call runs on the calling thread alone. A parallel region's
+ * barrier waits for every thread: on a loaded machine a descheduled thread costs a time slice per
+ * call, and a decode step makes ~150 calls. Small calls (a batch-1 layer GEMM: 0.3-1.8M) stay
+ * serial; large ones (the LM head, batches, prompts) split. Results do not depend on it. */
+#define PARALLEL_WORK (1 << 21)
+
 static int use_avx2 = -1; /* -1: decide on first call; 0: scalar; 1: AVX2 + FMA */
 
 int fo_set_simd(int on) {
@@ -122,7 +128,7 @@ int fo_gemm(const float *x, int64_t ldx, const void *w, int kind, float *y, int6
     if (use_avx2 < 0) fo_set_simd(-1);
     const int64_t panels = N / PANEL;
     const int simd = use_avx2;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (M * K * N >= PARALLEL_WORK)
     for (int64_t p = 0; p < panels; p++) {
         int64_t r0 = 0;
         for (int t = 0; t < 4; t++) {
@@ -182,7 +188,10 @@ int fo_attention(const float *q, const float *kc, const float *vc, int64_t max_l
     const int simd = use_avx2;
     const int64_t group = H / Hkv;
     int failed = 0;
-#pragma omp parallel for schedule(static)
+    int64_t work = 0;
+    for (int64_t t = 0; t < T; t++) work += lens[t];
+    work *= H * D;
+#pragma omp parallel for schedule(static) if (work >= PARALLEL_WORK)
     for (int64_t th = 0; th < T * H; th++) {
         const int64_t t = th / H, h = th % H, len = lens[t];
         const int64_t head = (slots[t] * Hkv + h / group) * max_len * D;
