@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from origin.engine import kernels
 from origin.engine.kv_cache import SlotKVCache
 from origin.engine.linear import Linear, make_linear
 
@@ -140,15 +141,14 @@ class LlamaRunner:
         config = model.config
         self.device = model.device
         # batch-invariant on a CPU: the fixed-order kernels (kernels/), fp32 activations and cache
-        self.fixed_order = batch_invariant and self.device.type == "cpu"
-        self.batch_invariant = self.fixed_order
-        if batch_invariant and not self.fixed_order and quantization != "w8a8":
+        self.batch_invariant = batch_invariant and self.device.type == "cpu"
+        if batch_invariant and not self.batch_invariant and quantization != "w8a8":
             logger.warning(
                 "batch invariance needs the CPU's fixed-order kernels; on %s only w8a8 weights "
                 "keep a greedy answer independent of the load",
                 self.device.type,
             )
-        self.dtype = torch.float32 if self.fixed_order else model.dtype
+        self.dtype = torch.float32 if self.batch_invariant else model.dtype
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -170,7 +170,7 @@ class LlamaRunner:
                     quantization,
                     self.device,
                     {name: x for (i, name), x in calibration.items() if i == index},
-                    self.fixed_order,
+                    self.batch_invariant,
                 )
                 for index, layer in enumerate(base.layers)
             ]
@@ -186,7 +186,7 @@ class LlamaRunner:
                 head_quantization,
                 self.device,
                 act_bits=10,
-                fixed_order=self.fixed_order,
+                fixed_order=self.batch_invariant,
             )
             # cos, sin for every position: [max_len, head_dim], with the model's own rope scaling
             positions = torch.arange(max_len, device=self.device)[None]
@@ -230,7 +230,7 @@ class LlamaRunner:
             end = seg.start + seg.num_tokens
             assert end <= self.cache.max_len, "segment runs past the slot's max_len"
             self.cache.lengths[seg.slot] = end
-        plan = _AttentionPlan(segments, self.cache, device, self.fixed_order)
+        plan = _AttentionPlan(segments, self.cache, device, self.batch_invariant)
 
         x = self.embed[input_ids]  # [T, hidden]
         n_q, n_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
@@ -348,8 +348,6 @@ class _AttentionPlan:
     ) -> torch.Tensor:
         # q: [T, heads, head_dim]; k_cache, v_cache: [slots, kv_heads, max_len, head_dim]
         if self.fixed_order:
-            from origin.engine import kernels
-
             return kernels.attention(q, k_cache, v_cache, self.row_slots, self.row_lengths, scale)
         out = torch.empty_like(q) if len(self.per_query) < self.num_tokens else None
         per_query = []
