@@ -151,8 +151,10 @@ class ReleaseWatcher:
         which must produce vectors of the release's dimension."""
         from edge_index.embedder import load_embedder
 
-        folder = release.write_embedder(Path(tempfile.mkdtemp(prefix="edgeqa-embedder-")))
-        embedder = load_embedder(str(folder)) if folder else self.embedder
+        # the files are read once, at load: the folder goes when the embedder is in memory
+        with tempfile.TemporaryDirectory(prefix="edgeqa-embedder-") as scratch:
+            folder = release.write_embedder(Path(scratch))
+            embedder = load_embedder(str(folder)) if folder else self.embedder
         dim = embedder.get_embedding_dimension()
         if dim != release.manifest["embedder"]["dim"]:
             raise ValueError(

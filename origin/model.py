@@ -9,6 +9,7 @@ aside and converted again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -18,6 +19,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -142,10 +145,11 @@ def _convert(gguf_path: Path, final: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-{final.name}-", dir=final.parent))
     try:
         folder, name = gguf_path.parent, gguf_path.name
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        gguf_model = AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file=name, dtype=torch.float32
-        )
+        with _gguf_parsed_once():
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            gguf_model = AutoModelForCausalLM.from_pretrained(
+                folder, gguf_file=name, dtype=torch.float32
+            )
         # save_pretrained refuses a GGUF-quantized model: rebuild it from a plain config, its
         # parameters on the meta device (a random init of weights about to be replaced costs
         # seconds), then take over the loaded tensors; the files written are the same
@@ -178,6 +182,29 @@ def _convert(gguf_path: Path, final: Path) -> None:
         log.info("converted %s to %s in %.1f s", gguf_path.name, final, marker["seconds"])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """transformers reads a GGUF file three times (tokenizer, config, weights), each a slow parse
+    of every metadata field, and rebuilds gguf's tensor-name table once per module: within this
+    block the parse and the table are made once (the same objects; both are read-only)."""
+    import gguf
+
+    open_reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, Any], Any] = {}
+
+    def reader(path: Any, mode: Any = "r") -> Any:
+        key = (str(path), mode)
+        if key not in readers:
+            readers[key] = open_reader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(name_map)  # type: ignore[misc,assignment]
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = open_reader, name_map  # type: ignore[misc]
 
 
 def _fsync_tree(folder: Path) -> None:

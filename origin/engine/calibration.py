@@ -98,19 +98,22 @@ def activation_scales(
     inputs: torch.Tensor,
     quantize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
     alphas: Sequence[float] = ALPHAS,
-) -> torch.Tensor | None:
-    """Per-input-channel scales ``s`` ([in]) that minimise ||Q(W s)(x / s) - W x||, or None."""
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """The per-input-channel scales ``s`` ([in], or None for none) that minimise
+    ||Q(W s)(x / s) - W x||, with the winner's ``quantize(W s)`` (INT8 weights, channel scales)."""
     w = weight.float().cpu()
     x = inputs.float()
-    reference = x @ w.T
     mean_abs = x.abs().mean(dim=0).clamp(min=1e-5)
-    best_error, best_scales = float("inf"), None
+    best: tuple[float, torch.Tensor | None, torch.Tensor, torch.Tensor] | None = None
     for alpha in alphas:
         scales = mean_abs.pow(alpha)
         scales = scales / (scales.max() * scales.min()).sqrt()
-        q, channel = quantize(w * scales[None, :])
-        approx = (x / scales) @ (q.float() * channel[:, None]).T
-        error = float((approx - reference).pow(2).mean())
-        if error < best_error:
-            best_error, best_scales = error, (None if alpha == 0.0 else scales)
-    return best_scales
+        scaled = w * scales[None, :]
+        q, channel = quantize(scaled)
+        # Q(W s)(x / s) - W x = (x / s)(Q(W s) - W s): the error with one GEMM
+        residual = (q.float() * channel[:, None]).sub_(scaled)
+        error = float(((x / scales) @ residual.T).pow_(2).mean())
+        if best is None or error < best[0]:
+            best = (error, None if alpha == 0.0 else scales, q, channel)
+    assert best is not None
+    return best[1], best[2], best[3]

@@ -141,17 +141,21 @@ def quantize_per_channel_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch
     """
     w = weight.float()
     absmax = w.abs().amax(dim=1).clamp(min=1e-8)
+    # the weights in steps of absmax / 127: a row's error under each clip ratio is then measured
+    # in the same unit for every ratio, so the search needs no per-ratio rescaling
+    unit = w * (127.0 / absmax)[:, None]
+    step = torch.empty_like(unit)
     best_err = torch.full_like(absmax, float("inf"))
-    best_scale = absmax / 127.0
+    best_ratio = torch.ones_like(absmax)
     for ratio in _CLIP_RATIOS:
-        scale = absmax * ratio / 127.0
-        q = torch.clamp(torch.round(w / scale[:, None]), -127, 127)
-        err = ((q * scale[:, None] - w) ** 2).sum(dim=1)
+        torch.div(unit, ratio, out=step).round_().clamp_(-127, 127).mul_(ratio).sub_(unit)
+        err = step.square_().sum(dim=1)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
-        best_scale = torch.where(better, scale, best_scale)
-    q = torch.clamp(torch.round(w / best_scale[:, None]), -127, 127).to(torch.int8)
-    return q.contiguous(), best_scale
+        best_ratio = torch.where(better, ratio, best_ratio)
+    scale = absmax * best_ratio / 127.0
+    q = torch.div(w, scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+    return q.contiguous(), scale
 
 
 def k_pieces(in_features: int, max_k: int, align: int = 1) -> list[tuple[int, int]]:
@@ -173,13 +177,13 @@ def calibrated_int8(
     activation-aware scaling (``calibration.py``) when sample inputs are given."""
     from origin.engine.calibration import activation_scales
 
-    act_scales = None
-    if calibration is not None:
-        act_scales = activation_scales(weight, calibration, quantize_per_channel_int8)
-    input_scale = None if act_scales is None else (1.0 / act_scales).to(weight.device)
-    scaled = weight if act_scales is None else weight * act_scales[None, :].to(weight)
-    q, scales = quantize_per_channel_int8(scaled)
-    return input_scale, q, scales
+    if calibration is None:
+        q, scales = quantize_per_channel_int8(weight)
+        return None, q, scales
+    act_scales, q, scales = activation_scales(weight, calibration, quantize_per_channel_int8)
+    device = weight.device
+    input_scale = None if act_scales is None else (1.0 / act_scales).to(device)
+    return input_scale, q.to(device), scales.to(device)
 
 
 class Int8WeightOnlyLinear:

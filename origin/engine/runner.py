@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from origin.engine import kernels
 from origin.engine.kv_cache import SlotKVCache
 from origin.engine.linear import Linear, make_linear
+from origin.engine.ops import rms_norm, rope_table, rotate, silu_mul
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -111,20 +112,6 @@ class _Layer:
             self.input_norm, self.post_norm = self.input_norm.float(), self.post_norm.float()
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # as transformers' LlamaRMSNorm: statistics in fp32, scale in the model dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [tokens, heads, head_dim]; cos, sin: [tokens, 1, head_dim]
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
 class LlamaRunner:
     def __init__(
         self,
@@ -189,10 +176,11 @@ class LlamaRunner:
                 fixed_order=self.batch_invariant,
             )
             # cos, sin for every position: [max_len, head_dim], with the model's own rope scaling
-            positions = torch.arange(max_len, device=self.device)[None]
-            probe = torch.zeros(1, device=self.device, dtype=self.dtype)
-            cos, sin = base.rotary_emb(probe, positions)
-        self.cos, self.sin = cos[0].to(self.dtype), sin[0].to(self.dtype)
+            self.cos, self.sin = rope_table(base.rotary_emb, max_len, self.device, self.dtype)
+        # batch-invariant: norms and the MLP's activation in fixed-order C too, so no step of a
+        # layer depends on the vector width ATen's kernels pick on this CPU
+        self._norm = kernels.rms_norm if self.batch_invariant else rms_norm
+        self._silu_mul = kernels.silu_mul if self.batch_invariant else silu_mul
         self.cache = SlotKVCache(
             len(self.layers),
             num_slots,
@@ -234,8 +222,9 @@ class LlamaRunner:
 
         x = self.embed[input_ids]  # [T, hidden]
         n_q, n_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        norm = self._norm
         for index, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.input_norm, self.eps)
+            h = norm(x, layer.input_norm, self.eps)
             qkv = layer.qkv(h)
             # rotate q and k heads together: [T, heads + kv_heads, head_dim]
             qk = rotate(qkv[:, : (n_q + n_kv) * d].view(-1, n_q + n_kv, d), cos, sin)
@@ -244,12 +233,11 @@ class LlamaRunner:
             plan.store(self.cache, index, slots, positions, k, v)
             attn = plan.attend(q, self.cache.k[index], self.cache.v[index], self.scale)
             x = x + layer.o(attn.reshape(-1, n_q * d))
-            h = rms_norm(x, layer.post_norm, self.eps)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            h = norm(x, layer.post_norm, self.eps)
+            x = x + layer.down(self._silu_mul(layer.gate_up(h)))
 
         rows = plan.logit_rows
-        h = rms_norm(x[rows], self.final_norm, self.eps)
+        h = norm(x[rows], self.final_norm, self.eps)
         logits = self.lm_head(h).float()
         return list(logits.split(plan.logit_counts))
 

@@ -1,4 +1,5 @@
-"""Fixed-order CPU kernels (``fixed_order.c``): the engine's batch-invariant GEMM and attention.
+"""Fixed-order CPU kernels (``fixed_order.c``): the engine's batch-invariant GEMM, attention,
+RMSNorm and SiLU.
 
 Library GEMMs choose their blocking, thread split and even instruction set by the row count, so a
 row's result depends on its neighbours (measurements in ``docs/engine.md``). These kernels sum in
@@ -76,6 +77,10 @@ def library() -> ctypes.CDLL:
     lib.fo_gemm.restype = ctypes.c_int
     lib.fo_attention.argtypes = [_P, _P, _P, _I, _P, _P, _I, _I, _I, _I, ctypes.c_float, _P]
     lib.fo_attention.restype = ctypes.c_int
+    lib.fo_rms_norm.argtypes = [_P, _P, _P, _I, _I, ctypes.c_float]
+    lib.fo_rms_norm.restype = ctypes.c_int
+    lib.fo_silu_mul.argtypes = [_P, _P, _I, _I]
+    lib.fo_silu_mul.restype = ctypes.c_int
     lib.fo_set_simd.argtypes = [ctypes.c_int]
     lib.fo_set_simd.restype = ctypes.c_int
     return lib
@@ -136,3 +141,26 @@ def attention(
     if code:
         raise ValueError(f"fo_attention refused q {tuple(q.shape)}, cache {tuple(k_cache.shape)}")
     return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [M, D] fp32 normalised by each row's root mean square, times weight [D] (fp32)."""
+    x = x.float().contiguous()
+    weight = weight.float().contiguous()
+    m, d = x.shape
+    if weight.shape != (d,):
+        raise ValueError(f"rms_norm weight {tuple(weight.shape)} for rows of {d}")
+    y = torch.empty_like(x)
+    library().fo_rms_norm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), m, d, eps)
+    return y
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[M, 2N] fp32 (gate columns, then up columns) -> silu(gate) * up, [M, N]."""
+    gate_up = gate_up.float().contiguous()
+    m, n2 = gate_up.shape
+    if n2 % 2:
+        raise ValueError(f"silu_mul needs an even width, not {n2}")
+    y = torch.empty(m, n2 // 2, dtype=torch.float32)
+    library().fo_silu_mul(gate_up.data_ptr(), y.data_ptr(), m, n2 // 2)
+    return y

@@ -1,11 +1,14 @@
-/* Fixed-order kernels: a GEMM and an attention whose every output is one written-down sequence of
- * IEEE operations, so a row's numbers do not depend on how many rows are computed with it, on
- * chunk boundaries, on the thread count or on the instruction set.
+/* Fixed-order kernels: a GEMM, an attention, RMSNorm and SiLU whose every output is one
+ * written-down sequence of IEEE operations, so a row's numbers do not depend on how many rows
+ * are computed with it, on chunk boundaries, on the thread count or on the instruction set.
  *
  * GEMM: y[m][n] = fma(x[m][K-1], w[K-1][n], ... fma(x[m][0], w[0][n], 0.0f)), k in order. The
  *   weights are packed in panels of PANEL output columns ([N / PANEL][K][PANEL]) as fp32, bf16 or
  *   int8 (converted to fp32 exactly). Vector lanes are output columns, so a vector FMA is PANEL
  *   scalar FMAs: the AVX2 path and the scalar path (CPUs without FMA) give the same bits.
+ * RMS norm: sum of squares as the attention's dot product (8 lane sums, a fixed tree, then any
+ *   tail in order), y = w * (x * (1 / sqrtf(sum / D + eps))).
+ * SiLU-and-multiply: y = g / (1 + expf(-g)) * u, one element at a time with the C library's expf.
  * Attention: for one query and one head, score_j = (q . k_j) * scale with the dot product in 8
  *   partial sums (lane l takes d = l, l + 8, ...) combined as ((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7));
  *   p_j = expf(score_j - max); sum = p_0 + p_1 + ... in key order; out = (sum_j p_j v_j) / sum,
@@ -223,4 +226,37 @@ int fo_attention(const float *q, const float *kc, const float *vc, int64_t max_l
         free(s);
     }
     return failed ? -2 : 0;
+}
+
+/* the sum of squares of x[0, D) in the dot product's order; a tail past the last 8 in order */
+static float sum_squares(const float *x, int64_t D, int simd) {
+    const int64_t body = D - D % LANES;
+    float s = body ? (simd ? dot_avx2(x, x, body) : dot_scalar(x, x, body)) : 0.0f;
+    for (int64_t d = body; d < D; d++) s = fmaf(x[d], x[d], s);
+    return s;
+}
+
+/* x, y [M, D]; w [D] */
+int fo_rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t D, float eps) {
+    if (use_avx2 < 0) fo_set_simd(-1);
+    const int simd = use_avx2;
+#pragma omp parallel for schedule(static) if (M * D >= PARALLEL_WORK)
+    for (int64_t m = 0; m < M; m++) {
+        const float *xr = x + m * D;
+        float *yr = y + m * D;
+        const float inv = 1.0f / sqrtf(sum_squares(xr, D, simd) / (float)D + eps);
+        for (int64_t d = 0; d < D; d++) yr[d] = w[d] * (xr[d] * inv);
+    }
+    return 0;
+}
+
+/* gate_up [M, 2N] (gate columns, then up columns) -> y [M, N] */
+int fo_silu_mul(const float *gate_up, float *y, int64_t M, int64_t N) {
+#pragma omp parallel for schedule(static) if (M * N * 16 >= PARALLEL_WORK)
+    for (int64_t m = 0; m < M; m++) {
+        const float *g = gate_up + m * 2 * N, *u = g + N;
+        float *yr = y + m * N;
+        for (int64_t n = 0; n < N; n++) yr[n] = g[n] / (1.0f + expf(-g[n])) * u[n];
+    }
+    return 0;
 }

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,30 @@ def supported_caps() -> list[str]:
 def run_under_isa_caps(
     module: str, *args: str, caps: list[str] | None = None, timeout: float = 900
 ) -> dict[str, dict[str, Any]]:
-    """``python -m module args`` under each cap (default: every supported one); the JSON object
-    each run prints, by cap name ("uncapped" for "")."""
-    reports = {}
-    for cap in supported_caps() if caps is None else caps:
+    """``python -m module args`` under each cap (default: every supported one), side by side; the
+    JSON object each run prints, by cap name ("uncapped" for "")."""
+    caps = supported_caps() if caps is None else caps
+    jobs = [(cap, args) for cap in caps]
+    return {
+        cap or "uncapped": report
+        for (cap, _), report in zip(jobs, run_probes(module, jobs, timeout), strict=True)
+    }
+
+
+def run_probes(
+    module: str, jobs: list[tuple[str, tuple[str, ...]]], timeout: float = 900
+) -> list[dict[str, Any]]:
+    """``python -m module *args`` under ``cap`` for each (cap, args) job, as many at once as there
+    are cores, one thread each (the same work on fewer threads: the wall time of one core per
+    job instead of every job's waits); the JSON object each prints, in order."""
+    workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    threads = "1" if len(jobs) > 1 else os.environ.get("OMP_NUM_THREADS", "")
+
+    def run(job: tuple[str, tuple[str, ...]]) -> dict[str, Any]:
+        cap, args = job
         env = {k: v for k, v in os.environ.items() if k not in CAP_VARIABLES}
+        if threads:
+            env["OMP_NUM_THREADS"] = threads
         if cap:
             env.update(ONEDNN_MAX_CPU_ISA=cap, ATEN_CPU_CAPABILITY=ISA_CAPS[cap][0])
         done = subprocess.run(
@@ -59,6 +79,10 @@ def run_under_isa_caps(
             timeout=timeout,
             check=False,
         )
-        assert done.returncode == 0, f"{cap or 'uncapped'}: {done.stderr[-3000:]}"
-        reports[cap or "uncapped"] = json.loads(done.stdout.strip().splitlines()[-1])
-    return reports
+        name = " ".join([cap or "uncapped", *args])
+        assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
+        report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        return report
+
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(run, jobs))

@@ -8,7 +8,9 @@ and this one compute.
 
 from __future__ import annotations
 
-from tests.origin.engine.isa import run_under_isa_caps, supported_caps
+import pytest
+
+from tests.origin.engine.isa import run_probes, supported_caps
 
 PROBE = "tests.origin.engine.invariance_probe"
 
@@ -22,19 +24,41 @@ def _failed(reports: dict[str, dict], quantization: str) -> list[str]:  # type: 
     ]
 
 
-def test_fp32_greedy_tokens_do_not_depend_on_the_load_under_every_isa_cap() -> None:
-    # AVX2 and up (an AVX2-only CPU, AVX-512, AVX-512 BF16, AMX) and uncapped
-    caps = [cap for cap in supported_caps() if cap != "SSE41"]
-    reports = run_under_isa_caps(PROBE, "none", "--spec", caps=caps)
-    assert _failed(reports, "none") == []
-    assert all(r["none"]["batch_invariant"] for r in reports.values())
-    # the fixed-order kernels sum in one order on every ISA: the same answer on every CPU
-    digests = {cap: r["none"]["digest"] for cap, r in reports.items()}
+# above AVX2 (an AVX2-only CPU, AVX-512, AVX-512 BF16, AMX) and uncapped; SSE41 is ATen's scalar
+# level, which no x86 CPU the kernels target runs
+CAPS = [cap for cap in supported_caps() if cap != "SSE41"]
+PRECISIONS = ("bf16", "int8", "w8a8")
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict[str, dict]:  # type: ignore[type-arg]
+    """Every probe of this module, side by side: fp32 with every check under each cap, and each
+    other served precision's quick check uncapped."""
+    jobs = [(cap, ("none", "--spec")) for cap in CAPS]
+    jobs += [("", (precision, "--quick")) for precision in PRECISIONS]
+    done = run_probes(PROBE, jobs)
+    fp32 = {
+        cap or "uncapped": report for (cap, _), report in zip(jobs[: len(CAPS)], done, strict=False)
+    }
+    return {
+        "fp32": fp32,
+        **{p: report for p, report in zip(PRECISIONS, done[len(CAPS) :], strict=True)},
+    }
+
+
+def test_fp32_greedy_tokens_do_not_depend_on_the_load_under_every_isa_cap(reports) -> None:  # type: ignore[no-untyped-def]
+    fp32 = reports["fp32"]
+    assert list(fp32) == [cap or "uncapped" for cap in CAPS]
+    assert _failed(fp32, "none") == []
+    assert all(r["none"]["batch_invariant"] for r in fp32.values())
+    # every step of a layer is fixed-order C or exact elementwise arithmetic: the same answer
+    # whatever vector unit ATen or oneDNN would pick on this CPU
+    digests = {cap: r["none"]["digest"] for cap, r in fp32.items()}
     assert len(set(digests.values())) == 1, digests
 
 
-def test_every_served_precision_is_batch_invariant() -> None:
-    reports = run_under_isa_caps(PROBE, "bf16,int8,w8a8", "--quick", caps=[""])
-    for quantization in ("bf16", "int8", "w8a8"):
-        assert _failed(reports, quantization) == []
-        assert reports["uncapped"][quantization]["batch_invariant"]
+@pytest.mark.parametrize("quantization", PRECISIONS)
+def test_every_served_precision_is_batch_invariant(reports, quantization) -> None:  # type: ignore[no-untyped-def]
+    report = {"uncapped": reports[quantization]}
+    assert _failed(report, quantization) == []
+    assert report["uncapped"][quantization]["batch_invariant"]

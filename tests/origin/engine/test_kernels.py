@@ -81,6 +81,26 @@ def test_attention_matches_sdpa_and_each_query_is_alone(simd_then_restore) -> No
     assert torch.equal(kernels.attention(q, k_cache, v_cache, slots, lengths, 0.125), out)
 
 
+@pytest.mark.parametrize("width", [576, 581])  # 581: a tail past the last 8 lanes
+def test_norm_and_activation_rows_are_alone_and_match_torch(width, simd_then_restore) -> None:  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(2)
+    x, weight = _normal(rng, 11, width, scale=4), _normal(rng, width)
+    y = kernels.rms_norm(x, weight, 1e-5)
+    reference = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
+    torch.testing.assert_close(y, reference, rtol=1e-5, atol=1e-5)
+    assert torch.equal(
+        torch.cat([kernels.rms_norm(x[i : i + 1], weight, 1e-5) for i in range(11)]), y
+    )
+    gate_up = _normal(rng, 11, 2 * width, scale=5)
+    act = kernels.silu_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(act, F.silu(gate) * up, rtol=1e-5, atol=1e-5)
+    assert torch.equal(kernels.silu_mul(gate_up[3:5]), act[3:5])
+    simd_then_restore(False)  # the scalar path: the same bits
+    assert torch.equal(kernels.rms_norm(x, weight, 1e-5), y)
+    assert torch.equal(kernels.silu_mul(gate_up), act)
+
+
 def test_kernels_refuse_what_they_cannot_compute() -> None:
     with pytest.raises(TypeError, match="fp32, bf16 or int8"):
         kernels.pack_weight(torch.zeros(8, 16, dtype=torch.float16))
@@ -88,3 +108,7 @@ def test_kernels_refuse_what_they_cannot_compute() -> None:
     cache = torch.zeros(1, 2, 4, 12)
     with pytest.raises(ValueError, match="fo_attention refused"):
         kernels.attention(q, cache, cache, torch.tensor([0]), torch.tensor([1]), 1.0)
+    with pytest.raises(ValueError, match="rms_norm weight"):
+        kernels.rms_norm(torch.zeros(2, 8), torch.zeros(7), 1e-5)
+    with pytest.raises(ValueError, match="even width"):
+        kernels.silu_mul(torch.zeros(2, 7))
