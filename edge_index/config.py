@@ -149,6 +149,8 @@ class SharedSettings(Settings):
     cache_dir: Path = DEFAULT_CACHE_DIR
     # the secret of the user hashes in request logs; "" = a random one per process
     user_salt: str = ""
+    # request-log files kept on local disk while the store fails (0: none, rows wait in memory)
+    log_spill_mb: int = Field(256, ge=0)
 
     @field_validator("device", mode="before")
     @classmethod

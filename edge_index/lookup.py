@@ -5,12 +5,15 @@ The order the tiers are tried in is ``tiers.py``'s.
 ``ReleaseIndex`` holds everything a lookup needs in memory: a dict from key to row for the exact
 tier, and the release's FAISS shards (searched together, ids offset per shard) with each row's
 answer id for the semantic tier. It is immutable once built, so the service swaps whole indexes
-on a new release and a lookup in flight keeps the one it started with.
+on a new release and a lookup in flight keeps the one it started with. A row past its
+``expires_at`` is never served (by either tier): the question goes on to the origin.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +43,8 @@ class Hit:
 
 @dataclass(frozen=True)
 class Miss:
-    # "no_release", "no_match", "below_threshold", "margin", "agreement", "guard:<check>"
+    # "no_release", "no_match", "below_threshold", "margin", "agreement", "guard:<check>",
+    # "expired"
     reason: str
     version: str | None
     score: float | None = None
@@ -55,8 +59,12 @@ class ReleaseIndex:
         guard: Guard | None = None,
         k: int = DEFAULT_K,
         encoder: QueryEncoder | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """``clock``: epoch seconds, compared with each row's ``expires_at``."""
         import faiss
+        import pyarrow as pa
+        import pyarrow.compute as pc
 
         manifest = release.manifest
         self.release = release
@@ -73,6 +81,8 @@ class ReleaseIndex:
         by_answer: dict[str, int] = {}
         self.exact: dict[str, int] = {}
         self.shards: list[tuple[Any, int]] = []  # (faiss index, id offset)
+        self.clock = clock
+        expires: list[np.ndarray] = []  # per shard: epoch seconds (no expiry: int64 max)
         ef_search = int(manifest.get("index", {}).get("ef_search", 128))
         for shard in release.shards:
             offset = len(self.keys)
@@ -89,6 +99,9 @@ class ReleaseIndex:
                 self.questions.append(q)
                 self.answers.append(a)
                 answer_ids.append(by_answer.setdefault(c, len(by_answer)))
+            seconds = pa.timestamp("s", tz="UTC")  # whatever unit the file holds
+            expiry = shard.rows.column("expires_at").cast(seconds, safe=False).cast(pa.int64())
+            expires.append(pc.fill_null(expiry, np.iinfo(np.int64).max).to_numpy())
             inner = faiss.downcast_index(shard.index)
             if hasattr(inner, "hnsw"):
                 inner.hnsw.efSearch = max(ef_search, k)
@@ -96,6 +109,7 @@ class ReleaseIndex:
                 inner.nprobe = int(manifest.get("index", {}).get("nprobe", 16))
             self.shards.append((shard.index, offset))
         self.answer_ids = np.asarray(answer_ids, dtype=np.int64)
+        self.expires_at = np.concatenate(expires) if expires else np.zeros(0, np.int64)
         self.encoder = encoder or QueryEncoder(embedder)
         self._embed_lock = threading.Lock()  # one forward at a time: 2 cores, no oversubscription
 
@@ -129,9 +143,12 @@ class ReleaseIndex:
         order = np.argsort(-scores, axis=1)[:, :k]
         return np.take_along_axis(scores, order, 1), np.take_along_axis(ids, order, 1)
 
+    def expired(self, row: int) -> bool:
+        return bool(self.expires_at[row] <= self.clock())
+
     def lookup_exact(self, key: str) -> Hit | None:
         row = self.exact.get(key)
-        if row is None:
+        if row is None or self.expired(row):
             return None
         return Hit("exact", key, self.questions[row], self.answers[row], 1.0, self.version)
 
@@ -156,6 +173,8 @@ class ReleaseIndex:
         refused = self.guard.check(query, self.questions[row])
         if refused:
             return Miss(f"guard:{refused}", self.version, f.score)
+        if self.expired(row):
+            return Miss("expired", self.version, f.score)
         return Hit(
             "semantic",
             self.keys[row],

@@ -12,19 +12,29 @@ described completely by ``manifest.json``, and the mutable pointer ``current.jso
 Integrity is a chain: the pointer holds the manifest's sha256, the manifest holds the sha256 of
 every shard file, and every row holds the sha256 of its answer object (``object_sha256``), so one
 hash at the top covers every byte of a release without a manifest line per answer object.
-Readers (``load_release``) verify the chain and refuse a release that breaks it.
+Readers (``load_release``) verify the chain and refuse a release that breaks it. Whoever can write
+the store can still write a manifest, so before anything is fetched or parsed its paths are held to
+the layout above (plain names under ``shards/`` and ``embedder/``, only data formats: never a
+pickle) and its sizes to the caps below.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_index.errors import EdgeQAError
-from edge_index.store import ObjectNotFoundError, Store, sha256_hex
+from edge_index.store import (
+    ObjectNotFoundError,
+    ObjectTooLargeError,
+    Store,
+    StoreError,
+    sha256_hex,
+)
 
 if TYPE_CHECKING:
     import faiss
@@ -32,6 +42,19 @@ if TYPE_CHECKING:
 
 FORMAT = 1
 POINTER = "current.json"
+
+# the most a release object may claim (and be) before it is fetched, parsed or deserialized
+MAX_POINTER_BYTES = 64 << 10
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_SHARD_FILE_BYTES = 1 << 30
+MAX_EMBEDDER_FILE_BYTES = 512 << 20
+MAX_ANSWER_OBJECT_BYTES = 1 << 20
+# what each folder of a release may hold: data formats only (an embedder never ships pickles)
+_SUFFIXES = {
+    "shards": (".faiss", ".parquet"),
+    "embedder": (".json", ".safetensors", ".txt", ".model", ".md"),
+}
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 class ReleaseError(EdgeQAError, RuntimeError):
@@ -94,6 +117,30 @@ def answer_object(row: dict[str, Any], version: str, profile: str) -> bytes:
     )
 
 
+def answer_object_problem(
+    obj: Any, key: str, profile: str, version: str, now_s: float
+) -> str | None:
+    """Why an answer object fetched from the CDN must not be shown as the answer for ``key``
+    (``malformed``, ``key``, ``profile``, ``version``, ``expired``), or None when it may. Every
+    client applies this rule (``web/edgeqa.js`` mirrors it, on the vectors in
+    ``tests/vectors/answer_objects.json``): a cached or misplaced object, or one past its
+    ``expires_at``, sends the question on to the next layer."""
+    from datetime import datetime
+
+    if not isinstance(obj, dict) or not isinstance(obj.get("answer"), str):
+        return "malformed"
+    for name, expected in (("key", key), ("profile", profile), ("version", version)):
+        if obj.get(name) != expected:
+            return name
+    try:
+        expires = datetime.fromisoformat(str(obj["expires_at"]))
+    except (KeyError, ValueError):
+        return "malformed"
+    if expires.tzinfo is None:
+        return "malformed"
+    return "expired" if expires.timestamp() <= now_s else None
+
+
 def serialize_index(index: faiss.Index) -> bytes:
     import faiss
 
@@ -110,9 +157,11 @@ def deserialize_index(data: bytes) -> faiss.Index:
 def read_pointer(store: Store, profile: str) -> tuple[dict[str, Any] | None, str | None]:
     """The current pointer and its ETag, or (None, None) before the first publish."""
     try:
-        data, etag = store.get_with_etag(pointer_path(profile))
+        data, etag = store.get_with_etag(pointer_path(profile), max_bytes=MAX_POINTER_BYTES)
     except ObjectNotFoundError:
         return None, None
+    except ObjectTooLargeError:
+        raise ReleaseError(f"{pointer_path(profile)} is over {MAX_POINTER_BYTES} bytes") from None
     try:
         pointer = json.loads(data)
         if not isinstance(pointer, dict) or "version" not in pointer:
@@ -150,8 +199,11 @@ class LoadedRelease:
         """The release's own (fine-tuned) embedder written to ``folder``; None if it has none."""
         if not self.embedder_files:
             return None
+        root = folder.resolve()
         for path, data in self.embedder_files.items():
-            target = folder / path.removeprefix("embedder/")
+            target = (root / path.removeprefix("embedder/")).resolve()
+            if not target.is_relative_to(root):  # member() refused it already; never write out
+                raise ReleaseError(f"embedder file {path!r} leaves its folder")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
         return folder
@@ -163,23 +215,77 @@ class LoadedRelease:
 
 def read_manifest(store: Store, profile: str, version: str) -> tuple[dict[str, Any], str]:
     try:
-        data = store.get(f"{release_prefix(profile, version)}/manifest.json")
+        data = store.get(
+            f"{release_prefix(profile, version)}/manifest.json", max_bytes=MAX_MANIFEST_BYTES
+        )
     except ObjectNotFoundError:
         raise ReleaseError(f"release {profile}/{version} has no manifest.json") from None
+    except ObjectTooLargeError:
+        raise ReleaseError(
+            f"release {profile}/{version}: manifest.json is over the {MAX_MANIFEST_BYTES} byte cap"
+        ) from None
     try:
         manifest = json.loads(data)
     except ValueError as error:
         raise ReleaseError(f"release {profile}/{version}: manifest.json: {error}") from None
-    if manifest.get("format") != FORMAT or manifest.get("version") != version:
+    if not isinstance(manifest, dict) or (manifest.get("format"), manifest.get("version")) != (
+        FORMAT,
+        version,
+    ):
         raise ReleaseError(f"release {profile}/{version}: unexpected manifest format or version")
     return manifest, sha256_hex(data)
 
 
-def _checked(store: Store, path: str, entry: dict[str, Any]) -> bytes:
+def member(entry: Any) -> str:
+    """A manifest file entry's path, once it is a plain file of its folder with an allowed type
+    and a size under the folder's cap; ``ReleaseError`` otherwise (before anything is fetched)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+        raise ReleaseError(f"manifest file entry {entry!r:.200} has no path")
+    path = entry["path"]
+    folder, _, rest = path.partition("/")
+    suffixes = _SUFFIXES.get(folder, ())
+    names = rest.split("/")
+    if not suffixes or not all(_PLAIN_NAME.fullmatch(n) for n in names):
+        raise ReleaseError(
+            f"manifest path {path!r:.200} is not a plain file under {' or '.join(_SUFFIXES)}/"
+        )
+    if not path.endswith(suffixes):
+        raise ReleaseError(
+            f"manifest path {path!r:.200}: {folder}/ holds only {', '.join(suffixes)}"
+        )
+    size, digest = entry.get("bytes"), entry.get("sha256")
+    cap = MAX_SHARD_FILE_BYTES if folder == "shards" else MAX_EMBEDDER_FILE_BYTES
+    if type(size) is not int or not 0 <= size <= cap:
+        raise ReleaseError(f"manifest path {path!r}: size {size!r:.40} is not within 0..{cap}")
+    if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise ReleaseError(f"manifest path {path!r}: sha256 {digest!r:.80} is not a sha256")
+    return path
+
+
+def _entries(manifest: dict[str, Any], name: str) -> tuple[list[Any], list[Any]]:
+    """The manifest's shard and embedder entries, every path and size checked (before any fetch)."""
+    shards, embedder = manifest.get("shards"), manifest.get("embedder") or {}
+    files = embedder.get("files", []) if isinstance(embedder, dict) else None
+    if not isinstance(shards, list) or not isinstance(files, list):
+        raise ReleaseError(f"release {name}: the manifest's shards or embedder files are not lists")
+    for entry in shards:
+        if not isinstance(entry, dict) or type(entry.get("count")) is not int:
+            raise ReleaseError(f"release {name}: shard entry {entry!r:.200} is malformed")
+        entry.setdefault("id", "?")
+        member(entry.get("index")), member(entry.get("rows"))
+    for entry in files:
+        member(entry)
+    return shards, files
+
+
+def _checked(store: Store, prefix: str, entry: Any) -> bytes:
+    path = f"{prefix}/{member(entry)}"
     try:
-        data = store.get(path)
+        data = store.get(path, max_bytes=entry["bytes"])
     except ObjectNotFoundError:
         raise ReleaseError(f"{path} is missing") from None
+    except ObjectTooLargeError:
+        raise ReleaseError(f"{path} is larger than the manifest says") from None
     if len(data) != entry["bytes"] or sha256_hex(data) != entry["sha256"]:
         raise ReleaseError(f"{path} does not match its sha256 in the manifest")
     return data
@@ -205,18 +311,24 @@ def load_release(
             raise ReleaseError(f"nothing published yet for profile {profile!r}")
         version = str(pointer["version"])
         expected_manifest_sha256 = pointer.get("manifest_sha256")
+        if not isinstance(expected_manifest_sha256, str):
+            raise ReleaseError(f"{pointer_path(profile)} names no manifest_sha256")
+    if not _PLAIN_NAME.fullmatch(version):
+        raise ReleaseError(f"release version {version!r:.200} is not a plain name")
     manifest, manifest_sha = read_manifest(store, profile, version)
     if expected_manifest_sha256 is not None and manifest_sha != expected_manifest_sha256:
         raise ReleaseError(f"release {profile}/{version}: manifest.json does not match the pointer")
     prefix = release_prefix(profile, version)
     shards = []
-    for entry in manifest["shards"]:
-        index = deserialize_index(
-            _checked(store, f"{prefix}/{entry['index']['path']}", entry["index"])
-        )
-        rows = pq.read_table(
-            io.BytesIO(_checked(store, f"{prefix}/{entry['rows']['path']}", entry["rows"]))
-        )
+    shard_entries, embedder_entries = _entries(manifest, f"{profile}/{version}")
+    for entry in shard_entries:
+        try:
+            index = deserialize_index(_checked(store, prefix, entry["index"]))
+            rows = pq.read_table(io.BytesIO(_checked(store, prefix, entry["rows"])))
+        except (RuntimeError, OSError, ValueError) as error:  # faiss / arrow refusing the bytes
+            if isinstance(error, ReleaseError | StoreError):
+                raise
+            raise ReleaseError(f"{prefix}: shard {entry['id']} does not parse: {error}") from None
         if index.ntotal != rows.num_rows or rows.num_rows != entry["count"]:
             raise ReleaseError(f"{prefix}: shard {entry['id']} index and rows disagree")
         shards.append(Shard(index, rows))
@@ -228,13 +340,12 @@ def load_release(
             ):
                 path = f"{prefix}/{object_path(key)}"
                 try:
-                    data = store.get(path)
+                    data = store.get(path, max_bytes=MAX_ANSWER_OBJECT_BYTES)
                 except ObjectNotFoundError:
                     raise ReleaseError(f"{path} is missing") from None
+                except ObjectTooLargeError:
+                    raise ReleaseError(f"{path} is over {MAX_ANSWER_OBJECT_BYTES} bytes") from None
                 if sha256_hex(data) != digest:
                     raise ReleaseError(f"{path} does not match its row's object_sha256")
-    embedder_files = {
-        entry["path"]: _checked(store, f"{prefix}/{entry['path']}", entry)
-        for entry in manifest.get("embedder", {}).get("files", [])
-    }
+    embedder_files = {entry["path"]: _checked(store, prefix, entry) for entry in embedder_entries}
     return LoadedRelease(manifest, manifest_sha, shards, embedder_files)

@@ -6,8 +6,10 @@
   the release's calibrated threshold, margin, agreement and guard);
   404 ``{"miss": true, "version", "reason"}`` — ask the origin;
   400 ``{"error": {"field": "q", "reason", "message"}}`` — empty, over-long or malformed query.
-``GET /health``  200 ``{"status": "ok", "version", "entries", "age_s"}`` once a release is
-  loaded, 503 ``{"status": "no_release"}`` before.
+``GET /health``  200 ``{"status": "ok", "version", "entries", "age_s"}`` while a release is
+  served; 200 ``{"status": "degraded", "reason"}`` while none is (``no_release``, ``refused``,
+  ``store_unreachable``): the service is alive and answers every lookup as a miss, so an
+  orchestrator must not restart it in a loop. ``GET /ready``: 503 until a release is served.
 ``GET /metrics`` Prometheus text: lookups by tier and outcome, latency histogram, release
   version, age, entries, and release loads by result.
 
@@ -35,7 +37,7 @@ from starlette.routing import Route
 from edge_index import tiers
 from edge_index.config import EdgeSettings
 from edge_index.keys import MAX_QUERY_CHARS, InvalidQueryError, key_of_normalized, normalize
-from edge_index.logs import LogWriter
+from edge_index.logs import LogWriter, open_log_writer
 from edge_index.lookup import Hit, Miss
 from edge_index.users import UserHasher
 from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
@@ -81,6 +83,8 @@ def create_app(
 ) -> Starlette:
     metrics = EdgeMetrics()
     metrics.registry.register(watcher.metrics.registry)
+    if logs is not None:
+        metrics.registry.register(logs.registry)
     users = users or UserHasher()
 
     def record(
@@ -154,18 +158,11 @@ def create_app(
         )
 
     async def health(request: Request) -> Response:
-        index = watcher.index
-        if index is None:
-            return JSONResponse({"status": "no_release", "profile": watcher.profile}, 503)
-        return JSONResponse(
-            {
-                "status": "ok",
-                "profile": watcher.profile,
-                "version": index.version,
-                "entries": len(index),
-                "age_s": round(watcher.age_s() or 0.0, 1),
-            }
-        )
+        return JSONResponse(watcher.health())
+
+    async def ready(request: Request) -> Response:
+        state = watcher.health()
+        return JSONResponse(state, 200 if state["status"] == "ok" else 503)
 
     async def metrics_endpoint(request: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -192,6 +189,7 @@ def create_app(
         routes=[
             Route("/v1/lookup", lookup, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
+            Route("/ready", ready, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
         ],
         middleware=[
@@ -221,7 +219,7 @@ def serve(settings: EdgeSettings, host: str, port: int, log_requests: bool = Tru
     watcher = ReleaseWatcher(
         store, settings.profile, embedder, settings.poll_s, metrics_prefix=EDGE_METRICS
     )
-    logs = LogWriter(store, source="edge") if log_requests else None
+    logs = open_log_writer(store, "edge", settings) if log_requests else None
     watcher.start()
     app = create_app(watcher, logs, settings.max_query_chars, UserHasher(settings.user_salt))
     try:

@@ -47,7 +47,18 @@ class TransientStoreError(StoreError):
     """A failure worth retrying."""
 
 
-def _backoff(attempt: int, base_s: float) -> float:
+class ObjectTooLargeError(StoreError):
+    """The object is larger than the reader allows (``max_bytes``); it was not read whole."""
+
+
+def _bounded(data: bytes, max_bytes: int | None, path: str) -> bytes:
+    if max_bytes is not None and len(data) > max_bytes:
+        raise ObjectTooLargeError(f"{path} is larger than {max_bytes} bytes")
+    return data
+
+
+def backoff_s(attempt: int, base_s: float = 0.05) -> float:
+    """Exponential backoff with jitter: the seconds to wait before retry ``attempt`` (from 0)."""
     return base_s * (2**attempt) * (0.5 + random.random())
 
 
@@ -60,7 +71,7 @@ def with_retries(fn: Callable[[], T], retries: int, base_s: float = 0.05) -> T:
         except TransientStoreError:
             if attempt >= retries:
                 raise
-            time.sleep(_backoff(attempt, base_s))
+            time.sleep(backoff_s(attempt, base_s))
             attempt += 1
 
 
@@ -84,10 +95,11 @@ class Store:
     def put(self, path: str, data: bytes, content_type: str | None = None) -> None:
         raise NotImplementedError
 
-    def get(self, path: str) -> bytes:
-        return self.get_with_etag(path)[0]
+    def get(self, path: str, max_bytes: int | None = None) -> bytes:
+        return self.get_with_etag(path, max_bytes)[0]
 
-    def get_with_etag(self, path: str) -> tuple[bytes, str]:
+    def get_with_etag(self, path: str, max_bytes: int | None = None) -> tuple[bytes, str]:
+        """The object and its ETag; ``ObjectTooLargeError`` past ``max_bytes`` (read no further)."""
         raise NotImplementedError
 
     def exists(self, path: str) -> bool:
@@ -102,7 +114,11 @@ class Store:
 
     def put_if(self, path: str, data: bytes, etag: str | None) -> str:
         """Write ``data`` only if the object's ETag is still ``etag`` (``None``: it must not
-        exist). Returns the new ETag; raises ``PreconditionFailedError`` otherwise."""
+        exist). Returns the new ETag; raises ``PreconditionFailedError`` otherwise.
+
+        Tried once, never retried here: a write that committed but whose response was lost would
+        fail its own retry's precondition and look like a lost race. ``TransientStoreError`` means
+        the outcome is unknown; the caller settles it by reading the object back."""
         raise NotImplementedError
 
     def put_file(self, path: str, local: Path, content_type: str | None = None) -> None:
@@ -163,9 +179,14 @@ class FileStore(Store):
         target = self._path(path)
         with_retries(lambda: _file_call(lambda: self._write(target, data)), self.retries)
 
-    def get_with_etag(self, path: str) -> tuple[bytes, str]:
+    def get_with_etag(self, path: str, max_bytes: int | None = None) -> tuple[bytes, str]:
         target = self._path(path)
-        data = with_retries(lambda: _file_call(target.read_bytes), self.retries)
+
+        def read() -> bytes:
+            with open(target, "rb") as f:
+                return f.read() if max_bytes is None else f.read(max_bytes + 1)
+
+        data = _bounded(with_retries(lambda: _file_call(read), self.retries), max_bytes, path)
         return data, sha256_hex(data)
 
     def exists(self, path: str) -> bool:
@@ -245,7 +266,7 @@ class S3Store(Store):
             client = boto3.client(
                 "s3",
                 config=Config(
-                    retries={"max_attempts": 1, "mode": "standard"},
+                    retries={"total_max_attempts": 1, "mode": "standard"},
                     connect_timeout=5,
                     read_timeout=60,
                 ),
@@ -256,7 +277,7 @@ class S3Store(Store):
         path = _clean(path)
         return f"{self.prefix}/{path}" if self.prefix else path
 
-    def _call(self, fn: Callable[[], T], path: str) -> T:
+    def _call(self, fn: Callable[[], T], path: str, retries: int | None = None) -> T:
         from botocore.exceptions import BotoCoreError, ClientError, ConnectionError
 
         def attempt() -> T:
@@ -281,7 +302,7 @@ class S3Store(Store):
             except (ConnectionError, BotoCoreError) as error:
                 raise TransientStoreError(f"{self.uri}/{_clean(path)}: {error}") from error
 
-        return with_retries(attempt, self.retries)
+        return with_retries(attempt, self.retries if retries is None else retries)
 
     def put(self, path: str, data: bytes, content_type: str | None = None) -> None:
         extra = {"ContentType": content_type} if content_type else {}
@@ -292,10 +313,19 @@ class S3Store(Store):
             path,
         )
 
-    def get_with_etag(self, path: str) -> tuple[bytes, str]:
+    def get_with_etag(self, path: str, max_bytes: int | None = None) -> tuple[bytes, str]:
+        where = f"{self.uri}/{_clean(path)}"
+
         def fetch() -> tuple[bytes, str]:
             response = self.client.get_object(Bucket=self.bucket, Key=self._key(path))
-            return response["Body"].read(), response["ETag"]
+            body = response["Body"]
+            try:
+                if max_bytes is not None and response.get("ContentLength", 0) > max_bytes:
+                    raise ObjectTooLargeError(f"{where} is larger than {max_bytes} bytes")
+                data = body.read() if max_bytes is None else body.read(max_bytes + 1)
+            finally:
+                body.close()
+            return _bounded(data, max_bytes, where), response["ETag"]
 
         return self._call(fetch, path)
 
@@ -346,7 +376,7 @@ class S3Store(Store):
             )
             return str(response["ETag"])
 
-        return self._call(write, path)
+        return self._call(write, path, retries=0)
 
     def put_file(self, path: str, local: Path, content_type: str | None = None) -> None:
         from boto3.s3.transfer import TransferConfig

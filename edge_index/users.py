@@ -4,8 +4,9 @@ Both services (the edge and the origin) log who asked so that the nightly mining
 distinct users. The raw identity is the ``x-edgeqa-user`` header, else the ``user`` the request
 body names (the OpenAI API's field), else the client's address; what is stored is its
 HMAC-SHA256 under a secret salt (``EDGEQA_USER_SALT``), never the identity itself. Every replica
-must share the salt for counts to join across processes; without one, a random per-process salt
-is used (and a warning logged).
+must share the salt for counts to join across processes: ``edgeqa edge serve`` and ``edgeqa origin
+serve`` refuse to log requests without one (``check_salt``); elsewhere (tests, one-process tools) a
+random per-process salt is used and a warning logged.
 """
 
 from __future__ import annotations
@@ -21,7 +22,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 USER_HEADER = "x-edgeqa-user"
+MIN_SALT_CHARS = 16
 _PROCESS_SALT = secrets.token_bytes(32)
+
+
+def check_salt(salt: str) -> None:
+    """Refuse to serve (and log) with no salt or a guessable one: ``ConfigError``."""
+    from edge_index.config import ConfigError
+
+    if len(salt) < MIN_SALT_CHARS:
+        raise ConfigError(
+            f"EDGEQA_USER_SALT must be a secret of at least {MIN_SALT_CHARS} characters, the same "
+            "on every edge and origin replica (e.g. `openssl rand -hex 32`): without it each "
+            "process hashes users differently and one user counts once per process toward the "
+            "k distinct users a published answer needs. --no-logs serves without one."
+        )
 
 
 def hash_user(user: str, salt: bytes) -> str:

@@ -5,7 +5,9 @@ A background thread polls ``<profile>/current.json`` every ``poll_s`` seconds. A
 loaded and verified (every sha256) beside the serving one, warmed up, and swapped in by one
 reference assignment, so no lookup fails or waits during a swap; a corrupt release is refused,
 counted (``ReleaseMetrics``, exported by whichever service owns the watcher) and logged, and the
-previous one keeps serving.
+previous one keeps serving. Only an integrity failure refuses a release (until the pointer
+changes); a store that fails (throttling, an outage, a lost connection) is retried with backoff,
+and ``health()`` says why nothing is served yet instead of looking dead.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ ORIGIN_METRICS = "edgeqa_origin_release"  # the origin's
 
 
 class ReleaseMetrics:
-    """The served release, and loads by result (``ok``, ``refused``), under ``<prefix>_*``, in a
-    registry of their own that the owning service registers in its ``/metrics`` registry."""
+    """The served release, and loads by result (``ok``, ``refused``, ``retry``), under
+    ``<prefix>_*``, in a registry of their own that the owning service registers in its
+    ``/metrics`` registry."""
 
     def __init__(self, prefix: str) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -56,11 +59,11 @@ class ReleaseMetrics:
         )
         self.loads = Counter(
             f"{prefix}_loads",
-            "Release loads by result (ok, refused)",
+            "Release loads by result (ok, refused, retry)",
             ["result"],
             registry=registry,
         )
-        for result in ("ok", "refused"):
+        for result in ("ok", "refused", "retry"):
             self.loads.labels(result)
 
 
@@ -86,6 +89,9 @@ class ReleaseWatcher:
         self.index: ReleaseIndex | None = None
         self.manifest_sha256: str | None = None
         self._refused: str | None = None  # manifest sha of a refused release: not retried
+        self.failures = 0  # store failures in a row (retried with backoff)
+        self.store_error: str | None = None  # the last store failure, while failing
+        self.refusal: str | None = None  # why the pointer's release was refused
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._refresh_lock = threading.Lock()
@@ -106,26 +112,69 @@ class ReleaseWatcher:
                     return False
             pointer, _ = read_pointer(self.store, self.profile)
             if pointer is None:
+                self.failures, self.store_error = 0, None
                 return False
-            wanted = pointer.get("manifest_sha256")
-            if wanted == self.manifest_sha256 or (wanted is not None and wanted == self._refused):
+            # what the pointer names (a pointer without a manifest hash is refused, once)
+            wanted = pointer.get("manifest_sha256") or f"version {pointer.get('version')}"
+            if wanted in (self.manifest_sha256, self._refused):
+                self.failures, self.store_error = 0, None  # the store answered; nothing new
                 return False
             try:
                 release = load_release(self.store, self.profile)
                 index = ReleaseIndex(release, self._embedder_for(release))
-            except (ReleaseError, StoreError, ValueError, KeyError) as error:
+            except (ReleaseError, ValueError, KeyError) as error:  # the release itself is bad
                 self._refused = wanted
+                self.refusal = f"release {pointer.get('version')}: {error}"
                 self.metrics.loads.labels("refused").inc()
-                log.error(
-                    "refusing release %s of %s: %s; still serving %s",
-                    pointer.get("version"),
-                    self.profile,
-                    error,
-                    self.version or "nothing",
-                )
+                log.error("refusing %s; still serving %s", self.refusal, self.version or "nothing")
                 return False
+            except (StoreError, OSError) as error:  # the store (or the disk) failed: try again
+                self._failed(error)
+                self.metrics.loads.labels("retry").inc()
+                return False
+            self.failures, self.store_error, self.refusal = 0, None, None
             self._serve(index, release.manifest_sha256)
             return True
+
+    def _failed(self, error: Exception) -> None:
+        self.failures += 1
+        self.store_error = str(error)
+        log.warning(
+            "could not load the release of %s (%s); retrying in %.1f s, still serving %s",
+            self.profile,
+            error,
+            self.next_poll_s(),
+            self.version or "nothing",
+        )
+
+    def next_poll_s(self) -> float:
+        """``poll_s``; sooner after store failures (1, 2, 4 ... seconds, up to ``poll_s``)."""
+        if not self.failures:
+            return self.poll_s
+        return min(self.poll_s, 2.0 ** min(self.failures - 1, 10))
+
+    def health(self) -> dict[str, object]:
+        """``ok`` while a release is served, else ``degraded`` (alive, every lookup a miss) with
+        the reason: ``no_release`` (nothing published), ``refused`` or ``store_unreachable``."""
+        index = self.index
+        state: dict[str, object] = {"profile": self.profile}
+        if index is not None:
+            state.update(
+                status="ok",
+                version=index.version,
+                entries=len(index),
+                age_s=round(self.age_s() or 0.0, 1),
+            )
+        elif self.failures:
+            state.update(status="degraded", reason="store_unreachable")
+        elif self.refusal is not None:
+            state.update(status="degraded", reason="refused")
+        else:
+            state.update(status="degraded", reason="no_release")
+        error = self.store_error or self.refusal
+        if error is not None:
+            state["error"] = error[:300]
+        return state
 
     def _serve(self, index: ReleaseIndex, manifest_sha256: str) -> None:
         # warm it before it serves: oneDNN kernels, allocator, the index's pages
@@ -177,15 +226,19 @@ class ReleaseWatcher:
             self.metrics.age.set(age)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
+        while not self._stop.wait(self.next_poll_s()):
             try:
                 self.refresh()
-            except Exception:  # a store outage must not kill the poller
+            except (StoreError, OSError) as error:  # reading the pointer failed
+                self._failed(error)
+            except Exception:  # nothing must kill the poller
                 log.exception("polling %s failed; will retry", self.profile)
 
     def start(self) -> None:
         try:
             self.refresh()
+        except (StoreError, OSError) as error:
+            self._failed(error)
         except Exception:
             log.exception("initial release load failed; polling")
         self._thread = threading.Thread(target=self._run, name="edgeqa-release-poll", daemon=True)

@@ -128,14 +128,18 @@ def _cmd_edge_serve(args: argparse.Namespace) -> int:
     _quiet_libraries()
     from edge_index.config import EdgeSettings
     from edge_index.service import serve
+    from edge_index.users import check_salt
 
     settings = EdgeSettings.from_env(store=args.store, profile=args.profile)
+    if not args.no_logs:
+        check_salt(settings.user_salt)
     serve(settings, args.host, args.port, log_requests=not args.no_logs)
     return 0
 
 
 def _cmd_origin_serve(args: argparse.Namespace) -> int:
     _quiet_libraries()
+    from edge_index.users import check_salt
     from origin.config import OriginSettings
     from origin.server import serve
 
@@ -145,6 +149,8 @@ def _cmd_origin_serve(args: argparse.Namespace) -> int:
         log_requests=False if args.no_logs else None,
         origin_tiers=False if args.no_tiers else None,
     )
+    if settings.log_requests:
+        check_salt(settings.user_salt)
     serve(settings, args.host, args.port)
     return 0
 

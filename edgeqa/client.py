@@ -13,10 +13,12 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
 from edge_index.keys import key
+from edge_index.release import answer_object_problem
 
 
 @dataclass(frozen=True)
@@ -74,22 +76,25 @@ class EdgeQAClient:
         version = self.current_version()
         if version:
             found = self._get(f"{self.cdn}/{self.profile}/releases/{version}/a/{k}.json")
-            if found is not None:
+            problem = answer_object_problem(found, k, self.profile, version, time.time())
+            if found is not None and problem is None:
                 on_text(found["answer"])
                 return done("exact", "cdn", found["answer"], time.perf_counter())
         if self.edge:
             hit = self._get(f"{self.edge}/v1/lookup", {"q": question})
-            if hit is not None:
+            if hit is not None and isinstance(hit.get("answer"), str):
                 on_text(hit["answer"])
                 return done(hit["tier"], "edge", hit["answer"], time.perf_counter())
         return self._generate(question, on_text, done)
 
-    def _get(self, url: str, params: dict[str, str] | None = None) -> dict[str, str] | None:
+    def _get(self, url: str, params: dict[str, str] | None = None) -> dict[str, Any] | None:
+        """The JSON object at ``url`` when it answers 200 with one; None otherwise."""
         try:
             response = self.http.get(url, params=params)
-        except httpx.HTTPError:
+            body = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
             return None
-        return response.json() if response.status_code == 200 else None  # type: ignore[no-any-return]
+        return body if isinstance(body, dict) else None
 
     def _generate(
         self,

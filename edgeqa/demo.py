@@ -108,7 +108,7 @@ def services(
     import os
 
     from edge_index.embedder import load_embedder
-    from edge_index.logs import LogWriter
+    from edge_index.logs import open_log_writer
     from edge_index.service import create_app as edge_app
     from edge_index.users import UserHasher
     from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
@@ -129,7 +129,7 @@ def services(
         )
         watcher.start()
         stack.callback(watcher.stop)
-        edge_logs = LogWriter(store, source="edge")
+        edge_logs = open_log_writer(store, "edge", settings)
         users = UserHasher(settings.user_salt)
         edge = stack.enter_context(
             LocalServer(edge_app(watcher, edge_logs, users=users), port=edge_port)
@@ -138,7 +138,7 @@ def services(
         server = OriginServer(
             settings,
             lambda: load_runtime(settings, embedder=embedder),
-            LogWriter(store, source="origin"),
+            open_log_writer(store, "origin", settings),
             users=users,
         )
         origin = stack.enter_context(LocalServer(create_app(server), port=origin_port))

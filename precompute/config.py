@@ -168,7 +168,7 @@ class RunOption:
     """One parameter an operator sets per run: a CLI option and a DAG param."""
 
     name: str
-    section: str  # "settings", "generation", "gate" or "run": where its value goes
+    section: str  # "settings", "generation", "build", "gate" or "run": where its value goes
     field: str
     kind: type
     help: str
@@ -180,7 +180,12 @@ class RunOption:
     def default(self) -> Any:
         if self.section == "settings":
             return PrecomputeSettings.model_fields[self.field].default
-        owner = {"generation": GenerationConfig, "gate": GateConfig, "run": PipelineConfig}
+        owner = {
+            "generation": GenerationConfig,
+            "build": BuildConfig,
+            "gate": GateConfig,
+            "run": PipelineConfig,
+        }
         for f in dataclasses.fields(owner[self.section]):
             if f.name == self.field:
                 return f.default
@@ -201,6 +206,14 @@ RUN_OPTIONS = (
     ),
     RunOption("partition_size", "generation", "partition_size", int, "questions per partition", 1),
     RunOption("keep", "settings", "keep_releases", int, "releases kept for rollback", 2),
+    RunOption(
+        "ttl_days",
+        "build",
+        "ttl_days",
+        float,
+        "days a published answer is served (plus up to 20% jitter) before it expires",
+        0.01,
+    ),
     RunOption(
         "min_precision",
         "gate",

@@ -10,12 +10,19 @@ never the current one or its parent, and their generation work areas).
 A failure or kill before ``flip`` leaves readers on the previous release; the flip is one atomic
 object write. Two publishers racing from the same parent: the first flip wins, the other gets
 ``PublishConflictError`` and removes its own upload.
+
+The flip's outcome can be unknown (the write committed but its response was lost): it is settled
+by reading the pointer back, never by writing again blindly, and no version the pointer names is
+ever removed. Publishing a release again is idempotent: already live, it is a no-op; uploaded
+whole by a publisher that stopped before the flip, it is verified and flipped (re-uploaded only
+when the verification fails).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,6 +32,7 @@ from typing import Any
 
 from edge_index.errors import EdgeQAError
 from edge_index.release import (
+    MAX_MANIFEST_BYTES,
     ReleaseError,
     list_versions,
     load_release,
@@ -34,7 +42,14 @@ from edge_index.release import (
     release_prefix,
     sha256_hex,
 )
-from edge_index.store import PreconditionFailedError, Store
+from edge_index.store import (
+    ObjectNotFoundError,
+    ObjectTooLargeError,
+    PreconditionFailedError,
+    Store,
+    TransientStoreError,
+    backoff_s,
+)
 from precompute.workarea import work_prefix
 
 log = logging.getLogger(__name__)
@@ -79,17 +94,20 @@ def publish(
     workers: int = 16,
 ) -> PublishReport:
     """Publish the release built in ``staging`` (its ``manifest.json`` says which)."""
-    import time
-
     if keep < 2:
         raise ValueError("keep must be at least 2 (the current release and one to roll back to)")
     started = time.perf_counter()
     manifest_bytes = (staging / "manifest.json").read_bytes()
     manifest = json.loads(manifest_bytes)
     profile, version = manifest["profile"]["name"], manifest["version"]
+    manifest_sha = sha256_hex(manifest_bytes)
     parent = manifest.get("parent")
     report = PublishReport(version=version, parent=parent)
     pointer, etag = read_pointer(store, profile)
+    if _names(pointer, version, manifest_sha):
+        log.info("%s/%s is already the current release", profile, version)
+        report.seconds = time.perf_counter() - started
+        return report
     current = pointer["version"] if pointer else None
     if current != parent:
         raise PublishConflictError(
@@ -97,47 +115,119 @@ def publish(
             "rebuild on the current release"
         )
     prefix = release_prefix(profile, version)
-    if store.exists(f"{prefix}/manifest.json"):
-        raise PublishConflictError(f"{profile}/{version} already exists (releases are immutable)")
+    resume = _uploaded_before(store, prefix, manifest_sha)
     stage = on_stage or (lambda name: None)
     uploaded = False
     try:
-        stage("objects")
-        uploaded = True
-        objects = sorted((staging / "a").glob("*.json")) if (staging / "a").is_dir() else []
-        report.bytes += _upload(store, prefix, objects, staging, workers)
-        stage("shards")
-        shards = sorted((staging / "shards").glob("*"))
-        shards += sorted(p for p in (staging / "embedder").rglob("*") if p.is_file())
-        report.bytes += _upload(store, prefix, shards, staging, workers)
-        stage("manifest")
-        store.put(f"{prefix}/manifest.json", manifest_bytes, "application/json")
-        report.bytes += len(manifest_bytes)
-        report.files = len(objects) + len(shards) + 1
+        if not (resume and _verifies(store, profile, version, manifest_sha)):
+            uploaded = True
+            report.bytes, report.files = _upload_release(store, prefix, staging, workers, stage)
         stage("verify")
-        load_release(store, profile, version, sha256_hex(manifest_bytes), check_objects=True)
+        load_release(store, profile, version, manifest_sha, check_objects=True)
         stage("flip")
         new_pointer = {
             "version": version,
-            "manifest_sha256": sha256_hex(manifest_bytes),
+            "manifest_sha256": manifest_sha,
             "published_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "parent": parent,
         }
-        try:
-            store.put_if(pointer_path(profile), json.dumps(new_pointer, indent=2).encode(), etag)
-        except PreconditionFailedError as error:
-            raise PublishConflictError(
-                f"{profile}: another publisher flipped current.json first; {version} was not "
-                f"published ({error})"
-            ) from None
+        _flip(store, profile, new_pointer, etag)
     except BaseException:
-        if uploaded:
+        if uploaded and not _is_live(store, profile, version):
             _remove_quietly(store, prefix)
         raise
     stage("prune")
     report.pruned = prune(store, profile, keep)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _upload_release(
+    store: Store, prefix: str, staging: Path, workers: int, stage: Callable[[str], None]
+) -> tuple[int, int]:
+    """Objects, shards (and the embedder), then the manifest: (bytes, files) uploaded."""
+    stage("objects")
+    objects = sorted((staging / "a").glob("*.json")) if (staging / "a").is_dir() else []
+    total = _upload(store, prefix, objects, staging, workers)
+    stage("shards")
+    shards = sorted((staging / "shards").glob("*"))
+    shards += sorted(p for p in (staging / "embedder").rglob("*") if p.is_file())
+    total += _upload(store, prefix, shards, staging, workers)
+    stage("manifest")
+    manifest_bytes = (staging / "manifest.json").read_bytes()
+    store.put(f"{prefix}/manifest.json", manifest_bytes, "application/json")
+    return total + len(manifest_bytes), len(objects) + len(shards) + 1
+
+
+def _names(pointer: dict[str, Any] | None, version: str, manifest_sha: str) -> bool:
+    return bool(
+        pointer
+        and pointer.get("version") == version
+        and pointer.get("manifest_sha256") == manifest_sha
+    )
+
+
+def _uploaded_before(store: Store, prefix: str, manifest_sha: str) -> bool:
+    """True when an earlier publish of this same release uploaded its manifest (and stopped
+    before the flip); ``PublishConflictError`` when the version holds a different release."""
+    try:
+        existing = store.get(f"{prefix}/manifest.json", max_bytes=MAX_MANIFEST_BYTES)
+    except ObjectNotFoundError:
+        return False
+    except ObjectTooLargeError:
+        existing = b""
+    if sha256_hex(existing) != manifest_sha:
+        raise PublishConflictError(f"{prefix} holds a different release (releases are immutable)")
+    return True
+
+
+def _verifies(store: Store, profile: str, version: str, manifest_sha: str) -> bool:
+    try:
+        load_release(store, profile, version, manifest_sha, check_objects=True)
+    except ReleaseError as error:
+        log.warning(
+            "resuming %s/%s: the earlier upload does not verify (%s)", profile, version, error
+        )
+        return False
+    log.info("resuming %s/%s: the earlier upload verifies; flipping", profile, version)
+    return True
+
+
+def _flip(store: Store, profile: str, new_pointer: dict[str, Any], etag: str | None) -> None:
+    """Replace ``current.json`` (read at ``etag``) with ``new_pointer``. A write whose outcome is
+    unknown is settled by reading the pointer back: naming our release, it committed; changed to
+    anything else, another publisher won; unchanged, it never happened and is tried again."""
+    data = json.dumps(new_pointer, indent=2).encode()
+    version, sha = new_pointer["version"], new_pointer["manifest_sha256"]
+    for attempt in range(store.retries + 1):
+        try:
+            store.put_if(pointer_path(profile), data, etag)
+            return
+        except (PreconditionFailedError, TransientStoreError) as error:
+            failure: Exception = error
+        pointer, now = read_pointer(store, profile)
+        if _names(pointer, version, sha):
+            log.warning(
+                "%s: the pointer write committed; its response was lost (%s)", profile, failure
+            )
+            return
+        if now != etag:
+            raise PublishConflictError(
+                f"{profile}: another publisher flipped current.json first; {version} was not "
+                f"published ({failure})"
+            )
+        time.sleep(backoff_s(attempt))
+    raise failure
+
+
+def _is_live(store: Store, profile: str, version: str) -> bool:
+    """Whether the pointer names ``version``; when that cannot be read, assume it might."""
+    try:
+        pointer, _ = read_pointer(store, profile)
+    except Exception:
+        log.warning("could not read the pointer; keeping the upload of %s", version, exc_info=True)
+        return True
+    return bool(pointer and pointer.get("version") == version)
 
 
 def _remove_quietly(store: Store, prefix: str) -> None:

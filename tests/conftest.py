@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.s3proxy import FaultyS3, faulty_s3
+
 # nothing may come from a hub: every model is local
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -99,6 +101,15 @@ def s3_endpoint() -> Iterator[str]:
 
 
 _S3_ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+
+
+@pytest.fixture()
+def s3_proxy(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FaultyS3]]:
+    """A fault-injecting proxy in front of the loopback S3 server (``tests/s3proxy.py``): every
+    boto3 client made while it runs goes through it."""
+    with faulty_s3(s3_endpoint) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        yield proxy
 
 
 @pytest.fixture()

@@ -29,10 +29,13 @@ def build(
     now: datetime | None = None,
     questions: tuple[str, ...] = QUESTIONS,
     answers: dict[str, str] | None = None,
+    ttl_days: float = 3650.0,
     **build_kwargs: Any,
 ) -> dict[str, Any]:
     """Build a release of ``questions`` (each asked by 5 users) into ``staging``, on top of the
-    store's current release; ``answers``: the answer per question (default: derived text)."""
+    store's current release; ``answers``: the answer per question (default: derived text).
+    Answers expire after ``ttl_days``: years by default, so a release built at a fixed date in
+    the past is still served when the suite runs (tests of expiry set their own clock)."""
     now = now or datetime(2026, 11, 29, tzinfo=UTC)
     rows = [
         {"ts": now, "user": f"u{i}", "query": q, "turns": 1, "tier": "generated", "status": 200}
@@ -57,7 +60,7 @@ def build(
         "embedded",
         PROFILE,
         {"model": "test"},
-        BuildConfig(),
+        BuildConfig(ttl_days=ttl_days),
         extra={"parent": pointer["version"] if pointer else None, "run_id": f"run-{tag}"},
         now=now,
         **build_kwargs,

@@ -53,6 +53,16 @@ def test_bad_input_is_one_clear_line(cli_env: dict[str, str]) -> None:
     assert missing.returncode == 2 and "model path not found" in missing.stderr
 
 
+def test_servers_refuse_to_log_without_a_shared_salt(cli_env: dict[str, str]) -> None:
+    for service in ("edge", "origin"):
+        for salt in ("", "short"):
+            out = _edgeqa(dict(cli_env, EDGEQA_USER_SALT=salt), service, "serve", "--port", "1")
+            assert out.returncode == 2, (service, out.stderr)
+            assert (
+                "EDGEQA_USER_SALT must be a secret" in out.stderr and "Traceback" not in out.stderr
+            )
+
+
 def test_an_unexpected_failure_shows_its_traceback(cli_env: dict[str, str], tmp_path: Path) -> None:
     """Not a user-facing error (``EdgeQAError``): a library failing on a damaged model folder is
     reported whole, with exit status 1, so that nothing about it is lost."""

@@ -67,6 +67,22 @@ export async function key(query, maxQueryChars = MAX_QUERY_CHARS) {
 
 const now = () => globalThis.performance.now();
 
+// Why an answer object from the CDN must not be shown for `key` ("malformed", "key", "profile",
+// "version", "expired"), or null when it may: the rule of edge_index/release.py's
+// answer_object_problem, checked on the same vectors (tests/vectors/answer_objects.json).
+export function answerObjectProblem(object, { key, profile, version, nowMs = Date.now() }) {
+  if (!object || typeof object !== "object" || typeof object.answer !== "string") {
+    return "malformed";
+  }
+  for (const [name, expected] of [["key", key], ["profile", profile], ["version", version]]) {
+    if (object[name] !== expected) return name;
+  }
+  const expires = typeof object.expires_at === "string" &&
+    /(Z|[+-]\d\d:\d\d)$/.test(object.expires_at) ? Date.parse(object.expires_at) : NaN;
+  if (Number.isNaN(expires)) return "malformed";
+  return expires <= nowMs ? "expired" : null;
+}
+
 export class EdgeQAClient {
   // cdn: base URL of the release store (CloudFront); profile: the release profile;
   // edge: the edge index service; origin: the origin server. Any of cdn/edge may be empty.
@@ -110,8 +126,10 @@ export class EdgeQAClient {
         if (response.ok) {
           const firstByte = now();
           const object = await response.json();
-          onText(object.answer);
-          return done("exact", "cdn", object.answer, firstByte);
+          if (answerObjectProblem(object, { key: k, profile: this.profile, version }) === null) {
+            onText(object.answer);
+            return done("exact", "cdn", object.answer, firstByte);
+          }
         }
       } catch (error) {
         if (signal?.aborted) throw error;

@@ -128,12 +128,13 @@ def serve(settings: OriginSettings, host: str, port: int) -> None:
     """Run the origin: the engine and release watcher from ``settings``, under uvicorn."""
     import faiss
 
-    from edge_index.logs import LogWriter
+    from edge_index.logs import open_log_writer
     from edge_index.store import open_store
     from origin.runtime import load_runtime
 
     faiss.omp_set_num_threads(1)
-    logs = LogWriter(open_store(settings.store), source="origin") if settings.log_requests else None
+    store = open_store(settings.store)
+    logs = open_log_writer(store, "origin", settings) if settings.log_requests else None
     server = OriginServer(settings, lambda: load_runtime(settings), logs)
     # the drain has ended every response; uvicorn's own wait only closes idle connections
     config = uvicorn.Config(

@@ -50,6 +50,8 @@ class OriginServer:
         self.admission = Admission()
         self.metrics = OriginMetrics(self.model_name)
         self.metrics.watch(lambda: self.runtime.engine if self.runtime else None, self.cache)
+        if logs is not None:
+            self.metrics.registry.register(logs.registry)
         self.runtime: Runtime | None = None
         self.load_error: BaseException | None = None
         self.draining = False

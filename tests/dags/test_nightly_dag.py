@@ -40,7 +40,13 @@ ROOT = Path(__file__).parents[2]
 DAGS = ROOT / "dags"
 DAG_ID = "nightly_edge_release"
 UNTIL = date(2026, 11, 28)
-SMALL = {"window_days": 3, "max_tokens": 64, "partition_size": 8, "quantization": fast_weights()}
+SMALL = {
+    "window_days": 3,
+    "max_tokens": 64,
+    "partition_size": 8,
+    "quantization": fast_weights(),
+    "ttl_days": 3650.0,  # built as of Nov 2026's logs and served whenever the suite runs
+}
 # the manifest fields that name who ran the pipeline: everything else is the same on every path
 RUNNER_FIELDS = {"runner"}
 
@@ -180,7 +186,9 @@ def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
             "--partition-size",
             str(SMALL["partition_size"]),
             "--quantization",
-            SMALL["quantization"],
+            str(SMALL["quantization"]),
+            "--ttl-days",
+            str(SMALL["ttl_days"]),
         ],
         env=env,
         capture_output=True,
@@ -224,7 +232,11 @@ def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
 def _params(tmp_path: Path) -> RunParams:
     uri = FileStore(tmp_path / "store").uri
     config = PipelineConfig.from_env(
-        {}, max_tokens=64, partition_size=8, quantization=SMALL["quantization"]
+        {},
+        max_tokens=64,
+        partition_size=8,
+        quantization=SMALL["quantization"],
+        ttl_days=SMALL["ttl_days"],
     )
     return RunParams(uri, uri, date(2026, 11, 26), UNTIL, config, runner="test")
 

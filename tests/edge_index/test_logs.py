@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from prometheus_client import generate_latest
 
 from edge_index.logs import LogReadStats, LogWriter, read_logs
 from edge_index.store import FileStore, Store, open_store
 from edge_index.users import UserHasher, hash_user
+from tests.s3proxy import FaultyS3
 
 DAY = date(2026, 11, 20)
 
@@ -156,6 +161,103 @@ def test_sigterm_loses_nothing(kind: str, tmp_path: Path, request: pytest.Fixtur
     child.send_signal(signal.SIGTERM)
     assert child.wait(timeout=30) != 0  # terminated, but only after flushing
     store: Store = open_store(uri)
+    today = datetime.now(UTC).date()
+    rows = read_logs(store, today - timedelta(days=1), today)
+    assert sorted(r["query"] for r in rows) == sorted(f"q{n}" for n in range(137))
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 60  # a hang guard, not a timing assertion
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _live(n: int) -> dict[str, object]:
+    return {"user": f"u{n % 7}", "query": f"q{n}", "turns": 1, "tier": "generated", "status": 200}
+
+
+def test_writes_never_wait_for_a_hanging_store(
+    s3_bucket: str, s3_proxy: type[FaultyS3], tmp_path: Path
+) -> None:
+    store = open_store(f"s3://{s3_bucket}/logs", retries=1)
+    writer = LogWriter(store, max_rows=10, flush_interval_s=0.05, spill_dir=tmp_path / "spill")
+    s3_proxy.held.set()  # every store request hangs from now on
+    writes = threading.Thread(target=lambda: [writer.write(**_live(n)) for n in range(500)])
+    writes.start()
+    writes.join(60)
+    assert not writes.is_alive()  # 50 batches' worth written while the store hung
+    s3_proxy.held.clear()
+    writer.close()
+    today = datetime.now(UTC).date()
+    rows = read_logs(store, today - timedelta(days=1), today)
+    assert sorted(r["query"] for r in rows) == sorted(f"q{n}" for n in range(500))
+
+
+def test_a_store_outage_spills_to_disk_and_every_row_is_shipped_after(
+    s3_bucket: str, s3_proxy: type[FaultyS3], tmp_path: Path
+) -> None:
+    store = open_store(f"s3://{s3_bucket}/logs", retries=1)
+    spill = tmp_path / "spill"
+    writer = LogWriter(
+        store, source="edge", max_rows=50, flush_interval_s=0.05, max_buffered_rows=200,
+        spill_dir=spill,
+    )  # fmt: skip
+    s3_proxy.failures_left = 10**9  # S3 answers 503 to everything
+    for n in range(2000):
+        writer.write(**_live(n))
+        assert writer.buffered_rows <= 200  # memory stays bounded through the outage
+        if n % 100 == 99:
+            _wait_for(lambda: writer.buffered_rows < 100, "the flush thread to spill")
+    _wait_for(lambda: writer.rows_spilled == 2000, "every row to be spilled")
+    assert writer.rows_written == 0 and writer.rows_dropped == 0
+    metrics = generate_latest(writer.registry).decode()
+    assert 'edgeqa_edge_log_rows_total{outcome="spilled"} 2000.0' in metrics
+    assert f"edgeqa_edge_log_spill_bytes {float(writer.spill_bytes)}" in metrics
+    s3_proxy.failures_left = 0  # S3 is back
+    _wait_for(lambda: writer.rows_shipped == 2000, "the spilled rows to be shipped")
+    writer.close()
+    assert writer.spill_bytes == 0 and not list(spill.rglob("*.parquet"))
+    today = datetime.now(UTC).date()
+    rows = read_logs(store, today - timedelta(days=1), today)
+    assert len({r["request_id"] for r in rows}) == len(rows) == 2000  # each row once
+
+
+def test_beyond_both_budgets_rows_are_dropped_and_counted(tmp_path: Path) -> None:
+    class Down(FileStore):
+        def put(self, path: str, data: bytes, content_type: str | None = None) -> None:
+            raise OSError("store down")
+
+    writer = LogWriter(
+        Down(tmp_path / "store"), max_rows=10, flush_interval_s=0, max_buffered_rows=100,
+        spill_dir=tmp_path / "spill", spill_max_bytes=20_000,
+    )  # fmt: skip
+    accepted = 0
+    for n in range(1000):
+        with contextlib.suppress(OSError):  # inline flushes (batch mode) report the outage
+            writer.write(**_live(n))
+        accepted += 1
+        assert writer.buffered_rows <= 100
+    assert 0 < writer.rows_spilled < 1000 and writer.rows_dropped > 0
+    assert writer.spill_bytes <= 20_000
+    assert writer.rows_spilled + writer.rows_dropped + writer.buffered_rows == accepted
+
+
+def test_a_restarted_writer_ships_what_its_predecessor_spilled(
+    s3_bucket: str, s3_proxy: type[FaultyS3], tmp_path: Path
+) -> None:
+    store = open_store(f"s3://{s3_bucket}/logs", retries=0)
+    spill = tmp_path / "spill"
+    s3_proxy.failures_left = 10**9
+    first = LogWriter(store, flush_interval_s=3600, spill_dir=spill)
+    for n in range(137):
+        first.write(**_live(n))
+    first.close()  # the store is down: the last flush spills
+    assert first.rows_spilled == 137 and first.rows_written == 0
+    s3_proxy.failures_left = 0
+    second = LogWriter(store, flush_interval_s=0.05, spill_dir=spill)
+    _wait_for(lambda: second.rows_shipped == 137, "the restarted writer to ship")
+    second.close()
     today = datetime.now(UTC).date()
     rows = read_logs(store, today - timedelta(days=1), today)
     assert sorted(r["query"] for r in rows) == sorted(f"q{n}" for n in range(137))

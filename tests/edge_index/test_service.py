@@ -21,6 +21,7 @@ from edge_index.store import FileStore, Store, open_store
 from edge_index.watcher import EDGE_METRICS, NoProfileError, ReleaseWatcher, resolve_profile
 from precompute.publish import publish
 from tests.releases import PROFILE, QUESTIONS, build
+from tests.s3proxy import FaultyS3
 from tests.serving import Server, free_port, wait_healthy
 
 MORE = (
@@ -42,7 +43,11 @@ def _publish(embedder: Any, store: Store, tmp: Path, tag: str, day: int, **kw: A
 def test_tiers_errors_health_and_metrics(embedder, s3_store: Store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     state = ReleaseWatcher(s3_store, PROFILE, embedder, poll_s=3600, metrics_prefix=EDGE_METRICS)
     with Server(create_app(state)) as server, httpx.Client(base_url=server.url) as client:
-        assert client.get("/health").status_code == 503  # nothing published yet
+        # nothing published yet: alive and answering misses, not ready
+        health = client.get("/health")
+        assert health.status_code == 200 and health.json()["status"] == "degraded"
+        assert health.json()["reason"] == "no_release"
+        assert client.get("/ready").status_code == 503
         miss = client.get("/v1/lookup", params={"q": "How do I freeze my card?"})
         assert miss.status_code == 404 and miss.json() == {
             "miss": True,
@@ -54,6 +59,7 @@ def test_tiers_errors_health_and_metrics(embedder, s3_store: Store, tmp_path: Pa
         health = client.get("/health").json()
         assert health["status"] == "ok" and health["version"] == version
         assert health["entries"] == len(QUESTIONS + MORE)
+        assert client.get("/ready").status_code == 200
 
         exact = client.get("/v1/lookup", params={"q": "  how do I FREEZE my card??  "})
         assert exact.status_code == 200, exact.text
@@ -165,6 +171,53 @@ def test_corrupt_release_is_refused_and_the_old_one_keeps_serving(
         assert 'edgeqa_edge_release_loads_total{result="refused"} 1.0' in metrics
 
 
+def test_a_store_outage_is_retried_not_refused(
+    embedder,  # type: ignore[no-untyped-def]
+    s3_bucket: str,
+    s3_proxy: type[FaultyS3],
+    tmp_path: Path,
+) -> None:
+    version = _publish(embedder, open_store(f"s3://{s3_bucket}/edge"), tmp_path, "v1", 20)
+    store = open_store(f"s3://{s3_bucket}/edge", retries=0)
+    state = ReleaseWatcher(store, PROFILE, embedder, poll_s=3600, metrics_prefix=EDGE_METRICS)
+    s3_proxy.failing_paths = "/shards/"  # the pointer and manifest answer; the shards throttle
+    assert state.refresh() is False and state.index is None
+    with Server(create_app(state)) as server, httpx.Client(base_url=server.url) as client:
+        health = client.get("/health")
+        assert health.status_code == 200, health.text  # alive: not to be restarted
+        assert health.json()["status"] == "degraded"
+        assert health.json()["reason"] == "store_unreachable"
+        assert "SlowDown" in health.json()["error"]
+        assert client.get("/ready").status_code == 503
+        assert state.next_poll_s() == 1.0  # retried soon, not at the next poll
+        s3_proxy.failing_paths = ""
+        assert state.refresh() is True  # the same pointer, loaded once the store is back
+        assert client.get("/health").json()["status"] == "ok"
+        assert client.get("/ready").status_code == 200
+        metrics = client.get("/metrics").text
+        assert 'edgeqa_edge_release_loads_total{result="retry"} 1.0' in metrics
+        assert 'edgeqa_edge_release_loads_total{result="ok"} 1.0' in metrics
+        assert f'edgeqa_edge_release_info{{version="{version}"}} 1.0' in metrics
+
+
+def test_expired_answers_are_not_served(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from edge_index.lookup import Miss, ReleaseIndex
+    from edge_index.release import load_release
+
+    store = FileStore(tmp_path / "store")
+    _publish(embedder, store, tmp_path, "v1", 20)
+    release = load_release(store, PROFILE)
+    expiry = [t.timestamp() for t in release.shards[0].rows.column("expires_at").to_pylist()]
+    question, key = QUESTIONS[0], release.shards[0].rows.column("key").to_pylist()
+    fresh = ReleaseIndex(release, embedder, clock=lambda: min(expiry) - 1)
+    hit = fresh.lookup_semantic(question)
+    assert not isinstance(hit, Miss) and fresh.lookup_exact(hit.key) is not None
+    stale = ReleaseIndex(release, embedder, clock=lambda: max(expiry))
+    assert all(stale.lookup_exact(k) is None for k in key)  # past expires_at: no exact hit
+    miss = stale.lookup_semantic(question)
+    assert isinstance(miss, Miss) and miss.reason == "expired"
+
+
 def test_lookups_are_logged_with_hashed_users(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from edge_index.logs import LogWriter
 
@@ -203,7 +256,7 @@ def served_store(embedder, tmp_path: Path) -> Iterator[FileStore]:  # type: igno
 
 def test_edge_serve_command(served_store: FileStore, cli_env: dict[str, str]) -> None:
     port = free_port()
-    env = {**cli_env, "EDGEQA_STORE": served_store.uri, "EDGEQA_USER_SALT": "test-salt"}
+    env = {**cli_env, "EDGEQA_STORE": served_store.uri, "EDGEQA_USER_SALT": "test-salt-0123456789"}
     child = subprocess.Popen(
         ["edgeqa", "edge", "serve", "--host", "127.0.0.1", "--port", str(port)],
         env=env,

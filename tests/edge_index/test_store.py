@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import http.server
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +10,7 @@ import pytest
 from edge_index.store import (
     FileStore,
     ObjectNotFoundError,
+    ObjectTooLargeError,
     PreconditionFailedError,
     S3Store,
     Store,
@@ -19,6 +18,7 @@ from edge_index.store import (
     open_store,
     with_retries,
 )
+from tests.s3proxy import FaultyS3
 
 
 @pytest.fixture(params=["file", "s3"])
@@ -102,6 +102,12 @@ def test_put_file_and_large_object(store: Store, tmp_path: Path) -> None:
     local.write_bytes(payload)
     store.put_file("shards/00000.faiss", local)
     assert store.get("shards/00000.faiss") == payload
+    # a bounded read takes what fits and refuses the rest without reading it
+    assert store.get("shards/00000.faiss", max_bytes=len(payload)) == payload
+    with pytest.raises(ObjectTooLargeError, match=str(len(payload) - 1)):
+        store.get("shards/00000.faiss", max_bytes=len(payload) - 1)
+    with pytest.raises(ObjectTooLargeError):
+        store.get_with_etag("shards/00000.faiss", max_bytes=0)
 
 
 def test_bad_paths_and_uris_are_refused(tmp_path: Path) -> None:
@@ -137,66 +143,14 @@ def test_with_retries_gives_up_after_the_budget() -> None:
     assert len(calls) == 3  # the call and two retries
 
 
-class _Flaky(http.server.BaseHTTPRequestHandler):
-    """Answers 503 SlowDown to the first N requests, then proxies to the real S3 server."""
-
-    failures_left = 0
-    upstream = ""
-    lock = threading.Lock()
-
-    def _handle(self) -> None:
-        import httpx
-
-        with self.lock:
-            fail = type(self).failures_left > 0
-            type(self).failures_left -= 1 if fail else 0
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if fail:
-            payload = b"<Error><Code>SlowDown</Code><Message>slow down</Message></Error>"
-            self.send_response(503)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-            return
-        headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
-        response = httpx.request(
-            self.command, self.upstream + self.path, headers=headers, content=body
-        )
-        self.send_response(response.status_code)
-        for name, value in response.headers.items():
-            if name.lower() not in ("transfer-encoding", "content-length", "connection"):
-                self.send_header(name, value)
-        self.send_header("Content-Length", str(len(response.content)))
-        self.end_headers()
-        self.wfile.write(response.content)
-
-    do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _handle
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture()
-def flaky_endpoint(s3_endpoint: str) -> Iterator[type[_Flaky]]:
-    handler = type("Flaky", (_Flaky,), {"upstream": s3_endpoint, "failures_left": 0})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    handler.url = f"http://127.0.0.1:{server.server_address[1]}"  # type: ignore[attr-defined]
-    yield handler
-    server.shutdown()
-
-
-def test_s3_transient_errors_are_retried(
-    s3_bucket: str, flaky_endpoint: type[_Flaky], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("AWS_ENDPOINT_URL", flaky_endpoint.url)  # type: ignore[attr-defined]
+def test_s3_transient_errors_are_retried(s3_bucket: str, s3_proxy: type[FaultyS3]) -> None:
     store = open_store(f"s3://{s3_bucket}/r", retries=3)
-    flaky_endpoint.failures_left = 2
+    s3_proxy.failures_left = 2
     store.put("x.json", b"{}")
-    assert flaky_endpoint.failures_left == 0
-    flaky_endpoint.failures_left = 3
+    assert s3_proxy.failures_left == 0
+    s3_proxy.failures_left = 3
     assert store.get("x.json") == b"{}"
-    flaky_endpoint.failures_left = 10
+    s3_proxy.failures_left = 10
     with pytest.raises(TransientStoreError, match="SlowDown"):
         store.get("x.json")
+    assert s3_proxy.failures_left == 10 - 4  # the call and 3 retries: botocore adds none

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shutil
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,6 +24,7 @@ from edge_index.store import FileStore, Store, open_store
 from precompute.publish import STAGES, PublishConflictError, prune, publish
 from tests.releases import PROFILE, QUESTIONS
 from tests.releases import build as _build
+from tests.s3proxy import FaultyS3
 
 
 @pytest.fixture(params=["file", "s3"])
@@ -33,7 +35,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
 
 
 def test_publish_then_load_verifies_everything(embedder, store: Store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    manifest = _build(embedder, tmp_path / "r1", store)
+    manifest = _build(embedder, tmp_path / "r1", store, ttl_days=7.0)
     report = publish(store, tmp_path / "r1")
     assert report.version == manifest["version"] and report.parent is None
     release = load_release(store, PROFILE, check_objects=True)
@@ -187,6 +189,68 @@ def test_kill_at_any_stage_never_exposes_a_partial_release(
     if new["version"] not in list_versions(store, PROFILE):
         prune(store, PROFILE, keep=5, now=datetime(2026, 12, 3, tzinfo=UTC))
         assert store.list(release_prefix(PROFILE, new["version"])) == []
+
+
+def test_a_flip_whose_reply_is_lost_still_publishes_and_keeps_the_release(
+    embedder,  # type: ignore[no-untyped-def]
+    s3_bucket: str,
+    s3_proxy: type[FaultyS3],
+    tmp_path: Path,
+) -> None:
+    store = open_store(f"s3://{s3_bucket}/root")
+    old = _build(embedder, tmp_path / "old", store, tag="old")
+    publish(store, tmp_path / "old")
+    new = _build(
+        embedder, tmp_path / "new", store, tag="new", now=datetime(2026, 12, 1, tzinfo=UTC)
+    )
+    s3_proxy.drop_conditional_puts = 1  # current.json is written, the reply never arrives
+    report = publish(store, tmp_path / "new")
+    assert s3_proxy.drop_conditional_puts == 0 and report.version == new["version"]
+    assert load_release(store, PROFILE, check_objects=True).version == new["version"]
+    assert list_versions(store, PROFILE) == [old["version"], new["version"]]
+
+
+def test_publishing_again_resumes_an_upload_that_stopped_before_the_flip(
+    embedder,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    store = FileStore(tmp_path / "store")
+    _build(embedder, tmp_path / "old", store, tag="old")
+    publish(store, tmp_path / "old")
+    new = _build(
+        embedder, tmp_path / "new", store, tag="new", now=datetime(2026, 12, 1, tzinfo=UTC)
+    )
+    child = multiprocessing.get_context("fork").Process(
+        target=_publish_and_die, args=(str(store.root), str(tmp_path / "new"), "flip")
+    )
+    child.start()
+    child.join(60)
+    assert child.exitcode == 17 and new["version"] in list_versions(store, PROFILE)
+    stages: list[str] = []
+    report = publish(store, tmp_path / "new", on_stage=stages.append)
+    assert report.version == new["version"] and stages == ["verify", "flip", "prune"]
+    assert load_release(store, PROFILE, check_objects=True).version == new["version"]
+    # publishing the live release again changes nothing
+    pointer = store.get(f"{PROFILE}/current.json")
+    assert publish(store, tmp_path / "new").version == new["version"]
+    assert store.get(f"{PROFILE}/current.json") == pointer
+    # an interrupted upload that no longer verifies is uploaded again
+    newer = _build(
+        embedder, tmp_path / "newer", store, tag="newer", now=datetime(2026, 12, 2, tzinfo=UTC)
+    )
+    prefix = release_prefix(PROFILE, newer["version"])
+    store.put(f"{prefix}/manifest.json", (tmp_path / "newer" / "manifest.json").read_bytes())
+    stages.clear()
+    assert publish(store, tmp_path / "newer", on_stage=stages.append).version == newer["version"]
+    assert stages[0] == "objects"
+    # a version holding a different release is never overwritten
+    other = tmp_path / "other"
+    shutil.copytree(tmp_path / "newer", other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["parent"], manifest["note"] = newer["version"], "a different release, same version"
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PublishConflictError, match="different release"):
+        publish(store, other)
 
 
 def test_publish_refuses_keep_below_two(tmp_path: Path) -> None:

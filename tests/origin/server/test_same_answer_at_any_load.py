@@ -60,7 +60,7 @@ def test_eight_concurrent_answers_equal_eight_sequential_speculative_ones(
     base = {
         **cli_env,
         "EDGEQA_STORE": FileStore(tmp_path / "store").uri,
-        "EDGEQA_USER_SALT": "salt",
+        "EDGEQA_USER_SALT": "test-salt-0123456789",
         "EDGEQA_MAX_NUM_SEQS": "8",
         "EDGEQA_MAX_MODEL_LEN": "512",
         "EDGEQA_ORIGIN_TIERS": "false",  # no online cache: every answer is generated

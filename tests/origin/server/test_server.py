@@ -593,7 +593,7 @@ def _origin_command(
     env = {
         **cli_env,
         "EDGEQA_STORE": store.uri,
-        "EDGEQA_USER_SALT": "salt",
+        "EDGEQA_USER_SALT": "test-salt-0123456789",
         "EDGEQA_MAX_NUM_SEQS": "4",
         "EDGEQA_MAX_MODEL_LEN": "512",
         **env,
