@@ -20,6 +20,7 @@ naming the variable. ``docs/configuration.md`` documents every field (a test che
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -36,6 +37,9 @@ from pydantic_settings import (
 
 from edge_index.errors import EdgeQAError
 from edge_index.keys import MAX_QUERY_CHARS
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+MIN_SECRET_CHARS = 32  # EDGEQA_IDENTITY_SECRET: an HS256 key
 
 PREFIX = "EDGEQA_"
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "edgeqa"
@@ -133,6 +137,18 @@ def _explain(error: ValidationError) -> str:
     return "; ".join(lines)
 
 
+def parse_networks(value: str) -> tuple[Network, ...]:
+    """``"10.0.0.0/16, 192.168.1.5"`` as networks; ``ValueError`` naming a bad entry."""
+    networks = []
+    for item in value.split(","):
+        if item.strip():
+            try:
+                networks.append(ipaddress.ip_network(item.strip(), strict=False))
+            except ValueError:
+                raise ValueError(f"{item.strip()!r} is not an IP address or CIDR") from None
+    return tuple(networks)
+
+
 def lowercase(value: Any) -> Any:
     """A ``mode="before"`` validator: settings words are case-insensitive."""
     return value.lower() if isinstance(value, str) else value
@@ -151,6 +167,23 @@ class SharedSettings(Settings):
     user_salt: str = ""
     # request-log files kept on local disk while the store fails (0: none, rows wait in memory)
     log_spill_mb: int = Field(256, ge=0)
+    # the HS256 key of the user tokens the deployment's backend signs ("" = user ids never count)
+    identity_secret: str = ""
+    # CIDRs of the proxies (the load balancer) whose forwarding headers are believed
+    trusted_proxies: str = ""
+
+    @field_validator("identity_secret", mode="after")
+    @classmethod
+    def _long_secret(cls, value: str) -> str:
+        if value and len(value) < MIN_SECRET_CHARS:
+            raise ValueError(f"must have at least {MIN_SECRET_CHARS} characters")
+        return value
+
+    @field_validator("trusted_proxies", mode="after")
+    @classmethod
+    def _networks(cls, value: str) -> str:
+        parse_networks(value)
+        return value
 
     @field_validator("device", mode="before")
     @classmethod

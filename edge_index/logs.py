@@ -2,9 +2,9 @@
 
 Both the origin and the edge service write them (so they live here, in the package both may
 import); the nightly precompute reads them. Columns (``docs/release-format.md``): ``ts,
-request_id, user, tenant, query, normalized, key, turns, tier, status, latency_ms, ttft_ms,
-profile``. ``user`` is a salted
-hash (``edge_index/users.py``), never a raw identity.
+request_id, user, network, tenant, query, normalized, key, turns, tier, status, latency_ms,
+ttft_ms, profile``. ``user`` and ``network`` are salted hashes (``edge_index/users.py``), never a
+raw identity or address.
 
 ``LogWriter`` buffers rows and writes one Parquet file per date partition when ``max_rows`` rows
 are buffered, every ``flush_interval_s`` seconds, and on ``close()``. In a server every store
@@ -53,6 +53,7 @@ COLUMNS = (
     "ts",
     "request_id",
     "user",
+    "network",
     "tenant",
     "query",
     "normalized",
@@ -75,6 +76,7 @@ def schema() -> pa.Schema:
             ("ts", pa.timestamp("ms", tz="UTC")),
             ("request_id", pa.string()),
             ("user", pa.string()),
+            ("network", pa.string()),  # the viewer's /24 or /48, hashed like the user
             ("tenant", pa.string()),
             ("query", pa.string()),
             ("normalized", pa.string()),

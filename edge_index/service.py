@@ -39,7 +39,7 @@ from edge_index.config import EdgeSettings
 from edge_index.keys import MAX_QUERY_CHARS, InvalidQueryError, key_of_normalized, normalize
 from edge_index.logs import LogWriter, open_log_writer
 from edge_index.lookup import Hit, Miss
-from edge_index.users import UserHasher
+from edge_index.users import UserHasher, user_hasher
 from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 
 log = logging.getLogger(__name__)
@@ -99,8 +99,10 @@ def create_app(
         if logs is None:
             return
         try:
+            asker = users.of_request(request)
             logs.write(
-                user=users.of_request(request),
+                user=asker.user,
+                network=asker.network,
                 tenant=request.headers.get("x-edgeqa-tenant", ""),
                 query=query,
                 normalized=normalized,
@@ -197,6 +199,7 @@ def create_app(
                 CORSMiddleware,
                 allow_origins=["*"],
                 allow_methods=["GET"],
+                allow_headers=["x-edgeqa-user", "x-edgeqa-tenant"],  # the signed user token
                 expose_headers=["x-edgeqa-tier"],
                 max_age=600,
             )
@@ -221,9 +224,10 @@ def serve(settings: EdgeSettings, host: str, port: int, log_requests: bool = Tru
     )
     logs = open_log_writer(store, "edge", settings) if log_requests else None
     watcher.start()
-    app = create_app(watcher, logs, settings.max_query_chars, UserHasher(settings.user_salt))
+    app = create_app(watcher, logs, settings.max_query_chars, user_hasher(settings))
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        # who the viewer is comes from EDGEQA_TRUSTED_PROXIES (users.py), never uvicorn's guess
+        uvicorn.run(app, host=host, port=port, log_level="warning", proxy_headers=False)
     finally:
         watcher.stop()
         if logs is not None:

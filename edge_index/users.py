@@ -1,20 +1,37 @@
-"""Who asked: the salted hash that request logs store instead of an identity, defined once.
+"""Who asked: the identity a request counts as, and the salted hashes logs store instead, defined
+once for both services.
 
-Both services (the edge and the origin) log who asked so that the nightly mining can count
-distinct users. The raw identity is the ``x-edgeqa-user`` header, else the ``user`` the request
-body names (the OpenAI API's field), else the client's address; what is stored is its
-HMAC-SHA256 under a secret salt (``EDGEQA_USER_SALT``), never the identity itself. Every replica
-must share the salt for counts to join across processes: ``edgeqa edge serve`` and ``edgeqa origin
-serve`` refuse to log requests without one (``check_salt``); elsewhere (tests, one-process tools) a
-random per-process salt is used and a warning logged.
+The nightly mining publishes a question only when k distinct people asked it, so an identity must
+be something a client cannot mint at will. In order:
+
+1. A user token the deployment signed (``x-edgeqa-user`` header, or the body's ``user`` field):
+   an HS256 JWT with ``sub`` and ``exp``, signed with ``EDGEQA_IDENTITY_SECRET`` by the backend
+   that knows its users (``mint_user_token``). Anything else in those fields is ignored.
+2. The API key the request authenticated with (the origin's ``EDGEQA_API_KEYS``): one backend.
+3. The viewer's address: the TCP peer, or, when the peer is one of ``EDGEQA_TRUSTED_PROXIES``
+   (CIDRs: the load balancer's subnets), CloudFront's ``CloudFront-Viewer-Address`` header, else
+   the right-most ``X-Forwarded-For`` entry that is not a trusted proxy. A client's own
+   forwarding headers are never believed.
+
+Logs keep ``user``, HMAC-SHA256 of the identity under ``EDGEQA_USER_SALT``, and ``network``, the
+same of the viewer's /24 (IPv4) or /48 (IPv6): mining counts a phrasing's askers as the fewer of
+its distinct users and distinct networks, so neither one identity nor one network counts twice.
+``edgeqa edge serve`` and ``edgeqa origin serve`` refuse to log without a salt (``check_salt``);
+elsewhere (tests, one-process tools) a random per-process salt is used and a warning logged.
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import logging
 import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from edge_index.config import MIN_SECRET_CHARS, ConfigError, Network, SharedSettings, parse_networks
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -22,14 +39,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 USER_HEADER = "x-edgeqa-user"
+VIEWER_HEADER = "cloudfront-viewer-address"
 MIN_SALT_CHARS = 16
 _PROCESS_SALT = secrets.token_bytes(32)
 
 
 def check_salt(salt: str) -> None:
     """Refuse to serve (and log) with no salt or a guessable one: ``ConfigError``."""
-    from edge_index.config import ConfigError
-
     if len(salt) < MIN_SALT_CHARS:
         raise ConfigError(
             f"EDGEQA_USER_SALT must be a secret of at least {MIN_SALT_CHARS} characters, the same "
@@ -46,23 +62,114 @@ def hash_user(user: str, salt: bytes) -> str:
     return hmac.new(salt, user.encode("utf-8"), "sha256").hexdigest()[:32]
 
 
-class UserHasher:
-    """Hashes who asked, with the salt the service was started with."""
+def mint_user_token(user: str, secret: str, ttl_s: float = 3600.0) -> str:
+    """What a deployment's backend hands its frontend for ``x-edgeqa-user``: an HS256 JWT naming
+    the (already authenticated) ``user``, expiring in ``ttl_s`` seconds."""
+    import jwt
 
-    def __init__(self, salt: str | bytes = "") -> None:
+    if len(secret) < MIN_SECRET_CHARS:
+        raise ValueError(f"the identity secret must have at least {MIN_SECRET_CHARS} characters")
+    now = int(time.time())
+    return jwt.encode({"sub": user, "iat": now, "exp": now + int(ttl_s)}, secret, "HS256")
+
+
+def _verified_user(token: str | None, secret: str) -> str | None:
+    """The ``sub`` of a valid, unexpired token signed with ``secret``; None otherwise."""
+    if not token or not secret or len(token) > 4096:
+        return None
+    import jwt
+
+    try:
+        claims = jwt.decode(token, secret, algorithms=["HS256"], options={"require": ["exp"]})
+    except jwt.PyJWTError:
+        return None
+    subject = claims.get("sub")
+    return subject if isinstance(subject, str) and subject else None
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An address from ``1.2.3.4``, ``1.2.3.4:5678``, ``[::1]:80`` or ``::1``; None if not one."""
+    text = text.strip()
+    if text.startswith("["):
+        text = text[1 : text.find("]")] if "]" in text else ""
+    elif text.count(":") == 1:
+        text = text.split(":", 1)[0]
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Asker:
+    """Who a request counts as, hashed: ``user`` (the identity) and ``network`` (the viewer's
+    /24 or /48; "" when unknown)."""
+
+    user: str
+    network: str
+
+
+class UserHasher:
+    """Decides and hashes who asked, with the service's salt, identity secret and proxies."""
+
+    def __init__(
+        self,
+        salt: str | bytes = "",
+        identity_secret: str = "",
+        trusted_proxies: Iterable[Network] = (),
+    ) -> None:
         if not salt:
             log.warning("EDGEQA_USER_SALT is not set: hashing users with a random per-process salt")
             salt = _PROCESS_SALT
         self.salt = salt.encode("utf-8") if isinstance(salt, str) else salt
+        self.identity_secret = identity_secret
+        self.trusted_proxies = tuple(trusted_proxies)
 
     def __call__(self, user: str) -> str:
         return hash_user(user, self.salt)
 
-    def of_request(self, request: Request, claimed: str | None = None) -> str:
-        """The hashed user of an HTTP request; ``claimed``: the user the body names."""
-        raw = (
-            request.headers.get(USER_HEADER)
-            or claimed
-            or (request.client.host if request.client else "")
-        )
-        return self(raw)
+    def _trusted(self, address: ipaddress.IPv4Address | ipaddress.IPv6Address | None) -> bool:
+        return address is not None and any(address in net for net in self.trusted_proxies)
+
+    def viewer(self, request: Request) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+        """The viewer's address: the peer unless the peer is a trusted proxy (see the module)."""
+        peer = _address(request.client.host) if request.client else None
+        if not self._trusted(peer):
+            return peer
+        cloudfront = _address(request.headers.get(VIEWER_HEADER, ""))
+        if cloudfront is not None:
+            return cloudfront
+        hops = [_address(h) for h in request.headers.get("x-forwarded-for", "").split(",")]
+        for hop in reversed(hops):
+            if hop is None:
+                return peer  # a malformed chain: believe none of it
+            if not self._trusted(hop):
+                return hop
+        return peer
+
+    def of_request(
+        self, request: Request, claimed: str | None = None, key_id: str | None = None
+    ) -> Asker:
+        """The hashed asker of an HTTP request; ``claimed``: the body's ``user`` field;
+        ``key_id``: the API key it authenticated with, if any."""
+        viewer = self.viewer(request)
+        signed = _verified_user(request.headers.get(USER_HEADER), self.identity_secret)
+        signed = signed or _verified_user(claimed, self.identity_secret)
+        if signed is not None:
+            identity = f"user:{signed}"
+        elif key_id:
+            identity = f"key:{key_id}"
+        else:
+            identity = f"ip:{viewer}" if viewer is not None else ""
+        network = ""
+        if viewer is not None:
+            prefix = 24 if viewer.version == 4 else 48
+            network = self(f"net:{ipaddress.ip_network(f'{viewer}/{prefix}', strict=False)}")
+        return Asker(self(identity), network)
+
+
+def user_hasher(settings: SharedSettings) -> UserHasher:
+    """Who asked, as the deployment's settings decide it."""
+    return UserHasher(
+        settings.user_salt, settings.identity_secret, parse_networks(settings.trusted_proxies)
+    )

@@ -42,11 +42,14 @@ class EdgeQAClient:
         edge: str = "",
         profile: str = "",
         api_key: str = "",
+        user_token: str = "",
         pointer_ttl_s: float = 30.0,
         client: httpx.Client | None = None,
     ) -> None:
         self.origin, self.cdn, self.edge, self.profile = origin, cdn, edge, profile
         self.api_key = api_key
+        # the signed user token the deployment's backend minted (docs/security.md#identity)
+        self.user_headers = {"x-edgeqa-user": user_token} if user_token else {}
         self.pointer_ttl_s = pointer_ttl_s
         self.http = client or httpx.Client(timeout=120)
         self._pointer: tuple[str | None, float] | None = None  # (version, read at)
@@ -81,16 +84,21 @@ class EdgeQAClient:
                 on_text(found["answer"])
                 return done("exact", "cdn", found["answer"], time.perf_counter())
         if self.edge:
-            hit = self._get(f"{self.edge}/v1/lookup", {"q": question})
+            hit = self._get(f"{self.edge}/v1/lookup", {"q": question}, self.user_headers)
             if hit is not None and isinstance(hit.get("answer"), str):
                 on_text(hit["answer"])
                 return done(hit["tier"], "edge", hit["answer"], time.perf_counter())
         return self._generate(question, on_text, done)
 
-    def _get(self, url: str, params: dict[str, str] | None = None) -> dict[str, Any] | None:
+    def _get(
+        self,
+        url: str,
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> dict[str, Any] | None:
         """The JSON object at ``url`` when it answers 200 with one; None otherwise."""
         try:
-            response = self.http.get(url, params=params)
+            response = self.http.get(url, params=params, headers=headers)
             body = response.json() if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
@@ -102,7 +110,9 @@ class EdgeQAClient:
         on_text: Callable[[str], None],
         done: Callable[[str, str, str, float], Answered],
     ) -> Answered:
-        headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        headers = dict(self.user_headers)
+        if self.api_key:
+            headers["authorization"] = f"Bearer {self.api_key}"
         body = {"messages": [{"role": "user", "content": question}], "stream": True}
         text, first = "", None
         url = f"{self.origin}/v1/chat/completions"

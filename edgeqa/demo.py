@@ -110,7 +110,7 @@ def services(
     from edge_index.embedder import load_embedder
     from edge_index.logs import open_log_writer
     from edge_index.service import create_app as edge_app
-    from edge_index.users import UserHasher
+    from edge_index.users import user_hasher
     from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
     from origin.config import OriginSettings
     from origin.runtime import load_runtime
@@ -130,7 +130,7 @@ def services(
         watcher.start()
         stack.callback(watcher.stop)
         edge_logs = open_log_writer(store, "edge", settings)
-        users = UserHasher(settings.user_salt)
+        users = user_hasher(settings)
         edge = stack.enter_context(
             LocalServer(edge_app(watcher, edge_logs, users=users), port=edge_port)
         )

@@ -35,6 +35,7 @@ class LocalServer:
 
         self.host = host
         self.port = port or free_port()
+        options.setdefault("proxy_headers", False)  # the viewer is users.py's to decide
         config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", **options)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

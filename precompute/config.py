@@ -40,6 +40,9 @@ class MiningConfig:
     half_life_days: float = 7.0
     cluster_threshold: float = 0.9
     embed_batch: int = 256
+    # one identity's (one network's) rows that count in a window: past it, theirs are dropped
+    max_rows_per_user: int = 500
+    max_rows_per_network: int = 5000
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -50,6 +53,8 @@ class MiningConfig:
             raise ConfigError("half_life_days must be positive")
         if not 0 < self.cluster_threshold <= 1:
             raise ConfigError("cluster_threshold must be in (0, 1]")
+        if self.max_rows_per_user < 1 or self.max_rows_per_network < 1:
+            raise ConfigError("max_rows_per_user and max_rows_per_network must be at least 1")
 
 
 @dataclass(frozen=True)

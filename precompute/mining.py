@@ -8,14 +8,20 @@ by reason:
 2. ``multi_turn``: ``turns > 1`` rows never publish (the question depends on the conversation).
 3. ``pii``: a query with personal data (``edge_index.pii``) never publishes, counted per kind.
 4. ``invalid_query``: empty or over-long after normalizing (the key spec refuses it).
-5. ``below_k``: a phrasing (one key) asked by fewer than ``k`` distinct users (each user counted
-   once however often they asked) is dropped. Applied per phrasing, before clustering, so that
-   every text that reaches the edge was typed by at least ``k`` people.
+   ``over_user_share``: past ``max_rows_per_user`` rows from one user, or ``max_rows_per_network``
+   from one network, in the window, the rest of theirs do not count: no one identity or network
+   fills the night's release.
+5. ``below_k``: a phrasing (one key) asked by fewer than ``k`` distinct askers is dropped; its
+   askers are the fewer of its distinct users and its distinct networks (the viewer's /24 or /48,
+   ``edge_index/users.py``), so neither one identity nor one network counts twice. Applied per
+   phrasing, before clustering, so that every text that reaches the edge was typed by at least
+   ``k`` people.
 6. Near-duplicate phrasings that passed are clustered (embedder + FAISS inner product, cosine >=
    ``cluster_threshold``, numbers must match); the cluster is answered once, its canonical
    question being its most common phrasing (most distinct users, then most asks).
 7. Ranking: over the cluster's distinct users, each contributes ``0.5 ** (age / half_life)`` of
-   their latest ask — distinct users × recency decay. ``below_top_n``: clusters past ``top_n``.
+   their latest ask — distinct users × recency decay, scaled down when they come from fewer
+   networks than users. ``below_top_n``: clusters past ``top_n``.
 """
 
 from __future__ import annotations
@@ -44,6 +50,12 @@ class Phrasing:
     users: set[str]
     hits: int
     latest_by_user: dict[str, datetime]
+    networks: set[str] = field(default_factory=set)
+
+    @property
+    def askers(self) -> int:
+        """Distinct people, as far as the logs can tell: users and networks, the fewer."""
+        return min(len(self.users), len(self.networks)) if self.networks else len(self.users)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -53,12 +65,14 @@ class Phrasing:
             "users": sorted(self.users),
             "hits": self.hits,
             "latest_by_user": {u: t.isoformat() for u, t in self.latest_by_user.items()},
+            "networks": sorted(self.networks),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Phrasing:
         latest = {u: datetime.fromisoformat(t) for u, t in d["latest_by_user"].items()}
-        return cls(d["key"], d["normalized"], d["question"], set(d["users"]), d["hits"], latest)
+        users, networks = set(d["users"]), set(d.get("networks", ()))
+        return cls(d["key"], d["normalized"], d["question"], users, d["hits"], latest, networks)
 
 
 @dataclass
@@ -113,10 +127,15 @@ def _exclude(counts: dict[str, int], reason: str, n: int = 1) -> None:
     counts[reason] = counts.get(reason, 0) + n
 
 
-def collect_phrasings(rows: Iterable[dict[str, Any]], report: MiningReport) -> dict[str, Phrasing]:
+def collect_phrasings(
+    rows: Iterable[dict[str, Any]], report: MiningReport, config: MiningConfig | None = None
+) -> dict[str, Phrasing]:
     """Rules 1–4: group the usable rows by key."""
+    config = config or MiningConfig()
     by_key: dict[str, Phrasing] = {}
     forms: dict[str, Counter[str]] = {}
+    per_user: Counter[str] = Counter()
+    per_network: Counter[str] = Counter()
     for row in rows:
         report.rows += 1
         if row.get("tier") == "miss":  # an edge miss: the origin logs the same ask
@@ -141,14 +160,24 @@ def collect_phrasings(rows: Iterable[dict[str, Any]], report: MiningReport) -> d
         except InvalidQueryError:
             _exclude(report.excluded_rows, "invalid_query")
             continue
+        user = str(row["user"])
+        network = str(row.get("network") or "")  # "" in logs written before networks were
+        per_user[user] += 1
+        per_network[network] += 1 if network else 0
+        if (
+            per_user[user] > config.max_rows_per_user
+            or per_network[network] > config.max_rows_per_network
+        ):
+            _exclude(report.excluded_rows, "over_user_share")
+            continue
         k = key(query)
         phrasing = by_key.get(k)
         if phrasing is None:
             phrasing = by_key[k] = Phrasing(k, normalized, query.strip(), set(), 0, {})
             forms[k] = Counter()
-        user = str(row["user"])
         ts = row["ts"]
         phrasing.users.add(user)
+        phrasing.networks.add(network or f"user:{user}")
         phrasing.hits += 1
         if user not in phrasing.latest_by_user or ts > phrasing.latest_by_user[user]:
             phrasing.latest_by_user[user] = ts
@@ -166,7 +195,7 @@ def cluster(
     every unassigned neighbour at cosine >= threshold whose numbers match."""
     if not phrasings:
         return []
-    order = sorted(phrasings, key=lambda p: (-len(p.users), -p.hits, p.key))
+    order = sorted(phrasings, key=lambda p: (-p.askers, -p.hits, p.key))
     if embedder is None or len(order) == 1:
         return [[p] for p in order]
     import faiss
@@ -211,11 +240,11 @@ def mine(
     config = config or MiningConfig()
     now = now or datetime.now(UTC)
     report = MiningReport()
-    by_key = collect_phrasings(rows, report)
+    by_key = collect_phrasings(rows, report, config)
     report.phrasings = len(by_key)
     kept = []
     for phrasing in by_key.values():
-        if len(phrasing.users) < config.k:
+        if phrasing.askers < config.k:
             _exclude(report.excluded_phrasings, "below_k")
             _exclude(report.excluded_rows, "below_k", phrasing.hits)
         else:
@@ -224,20 +253,23 @@ def mine(
     hot = []
     for members in cluster(kept, embedder, config):
         latest: dict[str, datetime] = {}
+        networks: set[str] = set()
         for member in members:
+            networks |= member.networks
             for user, ts in member.latest_by_user.items():
                 if user not in latest or ts > latest[user]:
                     latest[user] = ts
+        askers = min(len(latest), len(networks)) if networks else len(latest)
         score = sum(
             math.pow(0.5, max((now - ts).total_seconds(), 0.0) / 86400 / config.half_life_days)
             for ts in latest.values()
-        )
+        ) * (askers / max(len(latest), 1))  # many users from few networks weigh as few
         canonical = members[0]  # most distinct users, then most asks (cluster order)
         hot.append(
             HotQuestion(
                 canonical=canonical,
                 phrasings=members,
-                users=len(latest),
+                users=askers,
                 hits=sum(m.hits for m in members),
                 score=score,
             )

@@ -86,11 +86,17 @@ export function answerObjectProblem(object, { key, profile, version, nowMs = Dat
 export class EdgeQAClient {
   // cdn: base URL of the release store (CloudFront); profile: the release profile;
   // edge: the edge index service; origin: the origin server. Any of cdn/edge may be empty.
+  // userToken: the signed user token your backend minted (docs/security.md#identity), if any.
   constructor({ cdn = "", profile = "", edge = "", origin = "", model = "", apiKey = "",
-                pointerTtlMs = 30000, fetch = globalThis.fetch.bind(globalThis) } = {}) {
-    Object.assign(this, { cdn, profile, edge, origin, model, apiKey, pointerTtlMs });
+                userToken = "", pointerTtlMs = 30000,
+                fetch = globalThis.fetch.bind(globalThis) } = {}) {
+    Object.assign(this, { cdn, profile, edge, origin, model, apiKey, userToken, pointerTtlMs });
     this.fetch = fetch;
     this.pointer = null; // { version, at }
+  }
+
+  userHeaders() {
+    return this.userToken ? { "x-edgeqa-user": this.userToken } : {};
   }
 
   async currentVersion() {
@@ -139,7 +145,8 @@ export class EdgeQAClient {
     if (this.edge) {
       try {
         const response = await this.fetch(
-          `${this.edge}/v1/lookup?q=${encodeURIComponent(question)}`, { signal });
+          `${this.edge}/v1/lookup?q=${encodeURIComponent(question)}`,
+          { signal, headers: this.userHeaders() });
         if (response.status === 200) {
           const firstByte = now();
           const hit = await response.json();
@@ -155,7 +162,7 @@ export class EdgeQAClient {
   }
 
   async generate(question, { onText, signal, maxTokens, started, done }) {
-    const headers = { "content-type": "application/json" };
+    const headers = { "content-type": "application/json", ...this.userHeaders() };
     if (this.apiKey) headers.authorization = `Bearer ${this.apiKey}`;
     const body = { messages: [{ role: "user", content: question }], stream: true };
     if (this.model) body.model = this.model;

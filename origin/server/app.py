@@ -138,6 +138,11 @@ def serve(settings: OriginSettings, host: str, port: int) -> None:
     server = OriginServer(settings, lambda: load_runtime(settings), logs)
     # the drain has ended every response; uvicorn's own wait only closes idle connections
     config = uvicorn.Config(
-        create_app(server), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5
+        create_app(server),
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+        proxy_headers=False,  # the viewer: EDGEQA_TRUSTED_PROXIES (edge_index/users.py)
     )
     DrainingServer(config, server).run()

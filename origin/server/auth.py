@@ -18,13 +18,14 @@ def _digests(keys: tuple[str, ...]) -> tuple[bytes, ...]:
     return tuple(hashlib.sha256(key.encode()).digest() for key in keys)
 
 
-def check_api_key(request: Request, keys: Sequence[str]) -> None:
-    """Raise 401 unless the request carries one of ``keys`` (no keys: the API is open).
+def check_api_key(request: Request, keys: Sequence[str]) -> str | None:
+    """Raise 401 unless the request carries one of ``keys`` (no keys: the API is open); the
+    matching key's id (a hash prefix: what logs may name), None when the API is open.
 
     Every key is compared, each in constant time, on digests of equal length, so neither the
     time taken nor an early exit tells how much of a guess was right."""
     if not keys:
-        return
+        return None
     header = request.headers.get("authorization", "")
     token = header[7:].strip() if header[:7].lower() == "bearer " else ""
     token = token or request.headers.get("x-api-key", "")
@@ -41,3 +42,4 @@ def check_api_key(request: Request, keys: Sequence[str]) -> None:
             "invalid_api_key",
             headers={"www-authenticate": "Bearer"},
         )
+    return digest.hex()[:16]

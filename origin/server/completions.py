@@ -47,8 +47,9 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
         "tenant": request.headers.get("x-edgeqa-tenant", "")[:128],
     }
     parsed: ParsedRequest | None = None
+    key_id: str | None = None
     try:
-        check_api_key(request, settings.api_keys)
+        key_id = check_api_key(request, settings.api_keys)
         runtime = server.ready_runtime()
         body = await read_body(request, settings.max_body_bytes)
         parse = parse_chat if kind == "chat" else parse_completion
@@ -64,10 +65,13 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
     except ClientDisconnect:
         return Response(status_code=499)
     except APIError as error:
-        row["user"] = server.users.of_request(request, parsed.user if parsed else None)
+        asker = server.users.of_request(request, parsed.user if parsed else None, key_id)
+        row.update(user=asker.user, network=asker.network)
         return refuse(server, error, REFUSAL_REASONS.get(error.status, "invalid"), row, arrival)
 
-    row["user"] = user = server.users.of_request(request, parsed.user)
+    asker = server.users.of_request(request, parsed.user, key_id)
+    row.update(user=asker.user, network=asker.network)
+    user = asker.user
     shaper = Shaper(kind, request_id, server.model_name, int(time.time()))
     cacheable = tiers.cache_key(parsed, settings.system_prompt) if settings.origin_tiers else None
     if cacheable is not None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from edge_index.logs import LogWriter
-from edge_index.users import UserHasher
+from edge_index.users import UserHasher, user_hasher
 from origin.config import OriginSettings
 from origin.runtime import Runtime
 from origin.server.admission import Admission
@@ -46,7 +46,7 @@ class OriginServer:
         self.cache = cache or OnlineCache(
             settings.cache_ttl_s, settings.cache_jitter, settings.cache_max_bytes
         )
-        self.users = users or UserHasher(settings.user_salt)
+        self.users = users or user_hasher(settings)
         self.admission = Admission()
         self.metrics = OriginMetrics(self.model_name)
         self.metrics.watch(lambda: self.runtime.engine if self.runtime else None, self.cache)

@@ -1,0 +1,130 @@
+"""Who asked: identities a client cannot mint, viewers from the trusted proxy chain only, and the
+k-anonymity they feed: forged ids publish nothing, real people do."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from starlette.requests import Request
+
+from edge_index.config import ConfigError, EdgeSettings, parse_networks
+from edge_index.logs import LogWriter, read_logs
+from edge_index.service import create_app
+from edge_index.store import FileStore
+from edge_index.users import UserHasher, mint_user_token
+from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
+from precompute.config import MiningConfig
+from precompute.mining import mine
+from tests.serving import Server
+
+SECRET = "s" * 40
+QUESTION = "How do I change my delivery address?"
+
+
+def _request(peer: str, headers: dict[str, str] | None = None) -> Request:
+    raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    return Request({"type": "http", "headers": raw, "client": (peer, 5000), "method": "GET"})
+
+
+def test_client_supplied_ids_count_only_when_signed() -> None:
+    users = UserHasher("salt-0123456789abcdef", SECRET)
+    forged = {
+        users.of_request(_request("198.51.100.7", {"x-edgeqa-user": f"u{i}"})) for i in range(5)
+    }
+    assert len(forged) == 1  # five made-up ids from one address: one asker, the address
+    tokens = [mint_user_token(f"u{i}", SECRET) for i in range(5)]
+    signed = {users.of_request(_request("198.51.100.7", {"x-edgeqa-user": t})).user for t in tokens}
+    assert len(signed) == 5
+    # the body's user field is held to the same rule
+    by_body = users.of_request(_request("198.51.100.7"), claimed=tokens[0]).user
+    assert by_body == users.of_request(_request("198.51.100.7", {"x-edgeqa-user": tokens[0]})).user
+    # signed with another secret, expired, or not a token at all: the address again
+    address = users.of_request(_request("198.51.100.7")).user
+    expired = mint_user_token("u0", SECRET, ttl_s=-10)
+    for bad in (mint_user_token("u0", "o" * 40), expired, "u0", "a.b.c", "x" * 10_000):
+        assert users.of_request(_request("198.51.100.7", {"x-edgeqa-user": bad})).user == address
+    # without a secret no client id counts, signed or not
+    assert len({UserHasher("salt-0123456789abcdef").of_request(
+        _request("198.51.100.7", {"x-edgeqa-user": t})).user for t in tokens}) == 1  # fmt: skip
+    # an API key is one backend: its calls are one asker unless it signs its users
+    assert users.of_request(_request("198.51.100.7"), key_id="k1").user != address
+    with pytest.raises(ValueError, match="at least 32"):
+        mint_user_token("u0", "short")
+
+
+def test_the_viewer_comes_from_trusted_proxies_only() -> None:
+    trusting = UserHasher("salt-0123456789abcdef", "", parse_networks("10.0.0.0/8, 192.0.2.1"))
+    spoofed = {"x-forwarded-for": "203.0.113.5", "cloudfront-viewer-address": "203.0.113.6:443"}
+    # a client's own forwarding headers are never believed
+    assert str(trusting.viewer(_request("198.51.100.7", spoofed))) == "198.51.100.7"
+    # from a trusted proxy: CloudFront's viewer header, else the right-most untrusted hop
+    assert str(trusting.viewer(_request("10.1.2.3", spoofed))) == "203.0.113.6"
+    chain = {"x-forwarded-for": "203.0.113.99, 203.0.113.5, 10.0.0.9"}
+    assert str(trusting.viewer(_request("10.1.2.3", chain))) == "203.0.113.5"
+    assert str(trusting.viewer(_request("192.0.2.1", {"x-forwarded-for": "junk"}))) == "192.0.2.1"
+    v6 = {"cloudfront-viewer-address": "[2001:db8::1]:443"}
+    assert str(trusting.viewer(_request("10.1.2.3", v6))) == "2001:db8::1"
+    # one network per /24 (IPv4) or /48 (IPv6)
+    net = [trusting.of_request(_request(a)).network for a in ("203.0.113.5", "203.0.113.250")]
+    assert net[0] == net[1] and net[0] != trusting.of_request(_request("203.0.114.5")).network
+    with pytest.raises(ConfigError, match="EDGEQA_TRUSTED_PROXIES"):
+        EdgeSettings.from_env({"EDGEQA_TRUSTED_PROXIES": "10.0.0.0/8, not-a-network"})
+    with pytest.raises(ConfigError, match="EDGEQA_IDENTITY_SECRET"):
+        EdgeSettings.from_env({"EDGEQA_IDENTITY_SECRET": "too-short"})
+
+
+def _asks(embedder: Any, tmp_path: Path, askers: list[dict[str, str]]) -> bool:
+    """Each of ``askers`` (request headers) looks ``QUESTION`` up at an edge behind a trusted
+    proxy (the test client, on loopback); whether the nightly mining would publish it."""
+    store = FileStore(tmp_path / "store")
+    watcher = ReleaseWatcher(store, "p", embedder, poll_s=3600, metrics_prefix=EDGE_METRICS)
+    users = UserHasher("salt-0123456789abcdef", SECRET, parse_networks("127.0.0.1"))
+    logs = LogWriter(store, source="edge", flush_interval_s=0)
+    with Server(create_app(watcher, logs, users=users)) as server:
+        for headers in askers:
+            response = httpx.get(f"{server.url}/v1/lookup", params={"q": QUESTION}, headers=headers)
+            assert response.status_code == 404  # nothing published yet: a miss, logged
+    logs.close()
+    today = datetime.now(UTC).date()
+    rows = [
+        {**r, "tier": "generated", "status": 200}  # what the origin logs for the same ask
+        for r in read_logs(store, today - timedelta(days=1), today)
+    ]
+    assert len(rows) == len(askers)
+    hot, _ = mine(rows, None, MiningConfig(k=5), datetime.now(UTC))
+    return any(h.question == QUESTION for h in hot)
+
+
+def test_five_forged_ids_publish_nothing_and_five_real_people_do(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # one client, five made-up ids and forwarding chains; the proxy appends the address it saw
+    forged = [
+        {"x-edgeqa-user": f"user-{i}", "x-forwarded-for": f"203.0.{i}.1, 198.51.100.7"}
+        for i in range(5)
+    ]
+    assert not _asks(embedder, tmp_path / "forged", forged)
+    one_office = [
+        {"x-edgeqa-user": mint_user_token(f"user-{i}", SECRET), "x-forwarded-for": f"203.0.113.{i}"}
+        for i in range(5)
+    ]
+    assert not _asks(embedder, tmp_path / "office", one_office)  # five people, one /24
+    real = [
+        {"x-edgeqa-user": mint_user_token(f"user-{i}", SECRET), "x-forwarded-for": f"203.0.{i}.9"}
+        for i in range(5)
+    ]
+    assert _asks(embedder, tmp_path / "real", real)
+
+
+def test_one_identity_cannot_fill_a_night() -> None:
+    now = datetime(2026, 11, 30, tzinfo=UTC)
+    base = {"ts": now, "turns": 1, "tier": "generated", "status": 200}
+    flood = [
+        {**base, "user": "attacker", "network": "n0", "query": f"Buy cheap thing number {i}?"}
+        for i in range(50)
+    ]
+    config = MiningConfig(k=1, max_rows_per_user=10)
+    hot, report = mine(flood, None, config, now)
+    assert len(hot) == 10 and report.excluded_rows["over_user_share"] == 40
