@@ -13,6 +13,7 @@ import time
 import uuid
 from typing import Any
 
+from anyio import to_thread
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
@@ -61,7 +62,9 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
         )
         row.update(turns=parsed.turns, query=parsed.question[:4096])
         check_model(parsed, server.model_name)
-        prompt = build_prompt(runtime.engine, parsed, settings.system_prompt)
+        prompt = await to_thread.run_sync(
+            build_prompt, runtime.engine, parsed, settings.system_prompt
+        )
     except ClientDisconnect:
         return Response(status_code=499)
     except APIError as error:

@@ -1,9 +1,18 @@
-"""A parsed request as the engine's prompt: token ids and the answer's room in the context."""
+"""A parsed request as the engine's prompt: token ids and the answer's room in the context.
+
+Tokenizing costs about 0.5 s per MiB of text, so a prompt longer than the context could hold
+(``max_model_len`` x the vocabulary's longest token, in characters) is refused before it is
+tokenized, and the server calls ``build_prompt`` in a worker thread, one at a time (a fast
+tokenizer's settings are not safe to share between threads), never on the event loop.
+"""
 
 from __future__ import annotations
 
+import functools
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from origin.sampling import SamplingParams
 from origin.server.protocol import APIError, ParsedRequest
@@ -18,16 +27,58 @@ class Prompt:
     params: SamplingParams  # the request's, with max_tokens cut to the room left when implicit
 
 
+_TOKENIZING = threading.Lock()
+
+
+@functools.lru_cache(maxsize=8)
+def longest_token_chars(tokenizer: Any) -> int:
+    """An upper bound on the characters one token covers (its byte-level spelling's length)."""
+    return max((len(token) for token in tokenizer.get_vocab()), default=1)
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def check_prompt_chars(engine: Engine, parsed: ParsedRequest) -> None:
+    """400 ``context_length_exceeded`` for a text no context could hold, before tokenizing it."""
+    field = "messages" if parsed.kind == "chat" else "prompt"
+    chars = sum(
+        len(s) for s in _strings(parsed.messages if parsed.kind == "chat" else parsed.prompt)
+    )
+    limit = engine.config.max_model_len * longest_token_chars(engine.tokenizer)
+    if chars > limit:
+        raise APIError(
+            400,
+            f"the prompt has {chars} characters; a {engine.config.max_model_len}-token context "
+            f"holds at most {limit}",
+            field,
+            code="context_length_exceeded",
+        )
+
+
 def build_prompt(engine: Engine, parsed: ParsedRequest, system_prompt: str) -> Prompt:
     """The prompt's token ids (a chat without instructions gets ``system_prompt``, as the
-    nightly job's answers do); 400 when it is empty or leaves no room for an answer."""
+    nightly job's answers do); 400 when it is too long, empty or leaves no room for an answer.
+    Blocks for the tokenizer: call it from a worker thread."""
+    check_prompt_chars(engine, parsed)
     if parsed.kind == "chat":
         messages = parsed.messages
         if system_prompt and not any(m["role"] == "system" for m in messages):
             messages = [{"role": "system", "content": system_prompt}, *messages]
-        ids, field = engine.encode(messages), "messages"
+        with _TOKENIZING:
+            ids, field = engine.encode(messages), "messages"
     elif isinstance(parsed.prompt, str):
-        ids, field = engine.tokenizer.encode(parsed.prompt, add_special_tokens=False), "prompt"
+        with _TOKENIZING:
+            ids = engine.tokenizer.encode(parsed.prompt, add_special_tokens=False)
+        field = "prompt"
     else:
         vocab = len(engine.tokenizer)
         if max(parsed.prompt) >= vocab:

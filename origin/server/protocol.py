@@ -100,6 +100,8 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise APIError(400, f"the body is not valid JSON: {error}", "body") from None
+    except RecursionError:
+        raise APIError(400, "the body's JSON is nested too deeply", "body") from None
     if not isinstance(body, dict):
         raise APIError(400, "the body must be a JSON object", "body")
     return body

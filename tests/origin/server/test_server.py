@@ -274,6 +274,7 @@ def test_validation_errors_name_the_field_and_others_keep_working(origin: Origin
         ({"messages": hi, "logprobs": True}, 400, "logprobs"),
         ({"messages": [{"role": "user", "content": "word " * 600}]}, 400, "messages"),
         ({"messages": hi, "model": "gpt-4"}, 404, "model"),
+        (b"[" * 200_000 + b"]" * 200_000, 400, "body"),  # nested past Python's recursion limit
     ]
     with origin.client() as client:
         for body, status, param in cases:
@@ -281,9 +282,14 @@ def test_validation_errors_name_the_field_and_others_keep_working(origin: Origin
             response = client.post(
                 "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
             )
-            assert response.status_code == status, (body, response.text)
+            assert response.status_code == status, (str(body)[:200], response.text)
             error = response.json()["error"]
             assert error["param"] == param and error["message"] and error["type"], body
+        # more text than any context could hold: refused before the tokenizer sees it
+        huge = {"messages": [{"role": "user", "content": "x" * 900_000}]}
+        refused = client.post("/v1/chat/completions", json=huge).json()["error"]
+        assert refused["param"] == "messages" and refused["code"] == "context_length_exceeded"
+        assert "characters" in refused["message"]
         bad_prompts = [
             {"prompt": ""},
             {"prompt": ["a", "b"]},
