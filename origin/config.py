@@ -80,6 +80,8 @@ class OriginSettings(EngineSettings):
     cache_ttl_s: float = Field(3600.0, ge=0.0)
     cache_jitter: float = Field(0.1, ge=0.0, lt=1.0)
     cache_max_bytes: int = Field(64 << 20, ge=0)
+    # distinct askers before a cached answer is served (as k is before one is published)
+    cache_min_users: int = Field(5, ge=1)
     shutdown_grace_s: float = Field(30.0, ge=0.0)
     origin_tiers: bool = True
     log_requests: bool = True

@@ -77,13 +77,14 @@ def create_app(server: OriginServer) -> Starlette:
 
 
 def cors_middleware() -> Middleware:
-    """Browsers on any site may call the API (keys, not origins, guard it) and read the tier."""
+    """Browsers on any site may call the API (keys, not origins, guard it). The tier is not
+    exposed to them: with the timing, it would tell a page that someone asked recently."""
     return Middleware(
         CORSMiddleware,
         allow_origins=["*"],
         allow_methods=["GET", "POST"],
         allow_headers=["*"],
-        expose_headers=["x-edgeqa-tier", "x-request-id", "retry-after"],
+        expose_headers=["x-request-id", "retry-after"],
         max_age=600,
     )
 

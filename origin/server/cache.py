@@ -6,7 +6,10 @@ burst of answers written together does not expire together and stampede the engi
 cache holds at most ``max_bytes`` of text, evicting the least recently used entries first.
 
 Only greedy, single-turn, personal-data-free answers of the served profile are written here (the
-server decides); entries are keyed by the key spec's key of the normalized question.
+server decides); entries are keyed by the key spec's key of the normalized question, scoped by
+the server to the caller's tenant (its API key and ``x-edgeqa-tenant``). An entry is served only
+once ``min_users`` distinct askers (hashed identities, ``edge_index/users.py``) have asked for it:
+like a published answer, a cached one never tells anyone what fewer than k people asked lately.
 """
 
 from __future__ import annotations
@@ -16,14 +19,15 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True)
+@dataclass
 class CachedAnswer:
     answer: str
     completion_tokens: int
     expires_at: float  # monotonic seconds
+    askers: set[str] = field(default_factory=set)  # up to min_users hashed identities
 
 
 # the entry's text plus what a dict slot, the key and the dataclass cost, roughly
@@ -38,9 +42,13 @@ class OnlineCache:
         max_bytes: int = 64 << 20,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        min_users: int = 1,
     ) -> None:
-        if ttl_s < 0 or not 0 <= jitter < 1 or max_bytes < 0:
-            raise ValueError("ttl_s >= 0, 0 <= jitter < 1 and max_bytes >= 0 are required")
+        if ttl_s < 0 or not 0 <= jitter < 1 or max_bytes < 0 or min_users < 1:
+            raise ValueError(
+                "ttl_s >= 0, 0 <= jitter < 1, max_bytes >= 0 and min_users >= 1 are required"
+            )
+        self.min_users = min_users
         self.ttl_s = ttl_s
         self.jitter = jitter
         self.max_bytes = max_bytes
@@ -51,6 +59,7 @@ class OnlineCache:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        self.held = 0  # misses of an entry not yet asked for by min_users askers
         self.evictions = 0
         self.expirations = 0
 
@@ -62,7 +71,8 @@ class OnlineCache:
     def _size(key: str, entry: CachedAnswer) -> int:
         return len(key) + len(entry.answer.encode("utf-8")) + _OVERHEAD_BYTES
 
-    def get(self, key: str) -> CachedAnswer | None:
+    def get(self, key: str, asker: str = "") -> CachedAnswer | None:
+        """The entry, once ``min_users`` distinct askers (``asker`` counted) asked for it."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -74,20 +84,30 @@ class OnlineCache:
                 self.misses += 1
                 return None
             self._entries.move_to_end(key)
+            if len(entry.askers) < self.min_users:
+                entry.askers.add(asker)
+            if len(entry.askers) < self.min_users:
+                self.misses += 1
+                self.held += 1
+                return None
             self.hits += 1
             return entry
 
-    def put(self, key: str, answer: str, completion_tokens: int) -> bool:
-        """Store an answer; False when caching is off or the entry alone exceeds the bound."""
+    def put(self, key: str, answer: str, completion_tokens: int, asker: str = "") -> bool:
+        """Store an answer generated for ``asker``; False when caching is off or the entry
+        alone exceeds the bound. The askers of an entry it replaces still count."""
         if not self.enabled:
             return False
         ttl = self.ttl_s * (1 + self.rng.uniform(-self.jitter, self.jitter))
-        entry = CachedAnswer(answer, completion_tokens, self.clock() + ttl)
+        entry = CachedAnswer(answer, completion_tokens, self.clock() + ttl, {asker})
         size = self._size(key, entry)
         if size > self.max_bytes:
             return False
         with self._lock:
             if key in self._entries:
+                old = self._entries[key]
+                if old.expires_at > self.clock():
+                    entry.askers |= set(list(old.askers)[: self.min_users])
                 self._remove(key)
             self._entries[key] = entry
             self._bytes += size

@@ -80,7 +80,10 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
     if cacheable is not None:
         normalized, key = cacheable
         row.update(normalized=normalized, key=key)
-        answer = await look_up(server, parsed, normalized, key, prompt.params.max_tokens)
+        scoped = tiers.scoped_key(key, key_id, row["tenant"])
+        answer = await look_up(
+            server, parsed, normalized, key, scoped, user, prompt.params.max_tokens
+        )
         if answer is not None:
             server.metrics.observe_hit(answer.tier, time.monotonic() - arrival)
             elapsed_ms = (time.monotonic() - arrival) * 1000
@@ -92,7 +95,7 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
                 answer, shaper, parsed.stream, parsed.include_usage, len(prompt.ids), headers
             )
 
-    cache_key = cacheable[1] if cacheable is not None else None
+    cache_key = tiers.scoped_key(cacheable[1], key_id, row["tenant"]) if cacheable else None
     generation = Generation(server, runtime, parsed, prompt, shaper, user, arrival, row, cache_key)
     try:
         server.check_admitting()  # a shutdown may have begun while the tiers were looked up
@@ -133,7 +136,13 @@ def check_model(parsed: ParsedRequest, served: str) -> None:
 
 
 async def look_up(
-    server: OriginServer, parsed: ParsedRequest, normalized: str, key: str, max_tokens: int
+    server: OriginServer,
+    parsed: ParsedRequest,
+    normalized: str,
+    key: str,
+    cache_key: str,
+    asker: str,
+    max_tokens: int,
 ) -> Answer | None:
     """The tiers' answer, or None: a broken release or cache must not fail the request."""
     runtime = server.runtime
@@ -142,7 +151,15 @@ async def look_up(
     index = runtime.releases.index if runtime.releases is not None else None
     try:
         return await tiers.lookup(
-            index, server.cache, runtime.tokenizer, parsed, normalized, key, max_tokens
+            index,
+            server.cache,
+            runtime.tokenizer,
+            parsed,
+            normalized,
+            key,
+            max_tokens,
+            cache_key,
+            asker,
         )
     except Exception:
         log.exception("origin tier lookup failed; generating")

@@ -260,7 +260,7 @@ class Generation:
         if status == 200 and times is not None and times.finished is not None:
             server.admission.observe_service(times.finished - times.arrival)
             if self.cache_key is not None and state.finish_reason == "stop":
-                server.cache.put(self.cache_key, state.text, state.completion_tokens)
+                server.cache.put(self.cache_key, state.text, state.completion_tokens, self.user)
         ttft_ms = None
         if times is not None and times.first_token is not None:
             ttft_ms = (times.first_token - times.arrival) * 1000

@@ -44,7 +44,10 @@ class OriginServer:
         self.model_name = settings.api_model_name
         self.logs = logs
         self.cache = cache or OnlineCache(
-            settings.cache_ttl_s, settings.cache_jitter, settings.cache_max_bytes
+            settings.cache_ttl_s,
+            settings.cache_jitter,
+            settings.cache_max_bytes,
+            min_users=settings.cache_min_users,
         )
         self.users = users or user_hasher(settings)
         self.admission = Admission()

@@ -40,6 +40,12 @@ def cache_key(parsed: ParsedRequest, system_prompt: str) -> tuple[str, str] | No
     return normalized, key_of_normalized(normalized)
 
 
+def scoped_key(key: str, key_id: str | None, tenant: str) -> str:
+    """The online cache's key: a question's key within one tenant (its API key and tenant
+    header), so an answer generated for one tenant is never served to another."""
+    return f"{key_id or ''}\x1f{tenant}\x1f{key}"
+
+
 async def lookup(
     index: ReleaseIndex | None,
     cache: OnlineCache,
@@ -48,12 +54,15 @@ async def lookup(
     normalized: str,
     key: str,
     max_tokens: int,
+    cache_key: str,
+    asker: str,
 ) -> Answer | None:
     """The tiers' answer, cut at ``max_tokens`` (the request's, within the room its prompt
-    leaves), or None."""
+    leaves), or None. ``cache_key``: ``key`` in the caller's tenant (``scoped_key``);
+    ``asker``: the caller's hashed identity, counted toward the cache's k."""
 
     def online(key: str) -> Hit | None:
-        entry = cache.get(key)
+        entry = cache.get(cache_key, asker)
         if entry is None:
             return None
         return Hit(

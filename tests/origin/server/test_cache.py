@@ -52,3 +52,21 @@ def test_off_and_invalid_settings() -> None:
     assert not OnlineCache(max_bytes=0).put("k", "a", 1)
     with pytest.raises(ValueError):
         OnlineCache(jitter=1.5)
+
+
+def test_an_answer_is_served_only_once_k_distinct_askers_asked_for_it() -> None:
+    cache = OnlineCache(min_users=3)
+    cache.put("k", "an answer", 2, asker="ann")
+    assert cache.get("k", "ann") is None and cache.get("k", "ann") is None  # one asker, twice
+    assert cache.get("k", "bob") is None
+    hit = cache.get("k", "cy")  # the third distinct asker
+    assert hit is not None and hit.answer == "an answer"
+    assert cache.get("k", "ann") is not None  # from then on, everyone
+    assert cache.held == 3 and cache.hits == 2
+    # a regenerated answer keeps the askers counted so far
+    cache.put("j", "first", 1, asker="ann")
+    assert cache.get("j", "bob") is None
+    cache.put("j", "second", 1, asker="bob")
+    assert cache.get("j", "cy") is not None
+    with pytest.raises(ValueError, match="min_users"):
+        OnlineCache(min_users=0)

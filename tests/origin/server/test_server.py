@@ -28,6 +28,7 @@ import pytest
 
 from edge_index.logs import LogWriter, read_logs
 from edge_index.store import FileStore
+from edge_index.users import mint_user_token
 from edge_index.watcher import ORIGIN_METRICS, ReleaseWatcher
 from origin.config import OriginSettings
 from origin.engine import Engine, EngineConfig
@@ -40,6 +41,13 @@ from tests.serving import Server, free_port, wait_healthy
 MODEL = "SmolLM2-135M-Instruct"
 VLLM_BENCH = Path(__file__).parents[2] / "third_party" / "vllm_benchmarks"
 NOVEL = "Why do leaves change colour in autumn?"
+
+
+IDENTITY_SECRET = "i" * 40
+
+
+def _as(user: str, **headers: str) -> dict[str, str]:
+    return {"x-edgeqa-user": mint_user_token(user, IDENTITY_SECRET), **headers}
 
 
 @dataclass
@@ -57,6 +65,8 @@ def _config(store: FileStore, **env: str) -> OriginSettings:
     return OriginSettings.from_env(
         {
             "EDGEQA_STORE": store.uri,
+            "EDGEQA_IDENTITY_SECRET": IDENTITY_SECRET,
+            "EDGEQA_CACHE_MIN_USERS": "2",
             "EDGEQA_MAX_QUEUED_REQUESTS": "256",
             "EDGEQA_MAX_QUEUED_TOKENS": "100000",
             **env,
@@ -195,15 +205,27 @@ def test_release_tiers_online_cache_and_what_never_caches(origin: Origin) -> Non
         text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1])
         assert text == f"v1: answer to {QUESTIONS[1]}"
 
-        first = client.post("/v1/chat/completions", json=_chat(NOVEL, max_tokens=24))
-        again = client.post("/v1/chat/completions", json=_chat(f"  {NOVEL.lower()}", max_tokens=24))
+        # the online cache serves an answer once 2 (EDGEQA_CACHE_MIN_USERS) people of one tenant
+        # asked for it, never to another tenant
+        novel, reworded = _chat(NOVEL, max_tokens=24), _chat(f"  {NOVEL.lower()}", max_tokens=24)
+        first = client.post("/v1/chat/completions", json=novel, headers=_as("ann"))
+        same = client.post("/v1/chat/completions", json=reworded, headers=_as("ann"))
+        elsewhere = client.post(
+            "/v1/chat/completions", json=novel, headers=_as("bob", **{"x-edgeqa-tenant": "acme"})
+        )
+        again = client.post("/v1/chat/completions", json=reworded, headers=_as("bob"))
         assert first.headers["x-edgeqa-tier"] == "generated"
         content = first.json()["choices"][0]["message"]["content"]
+        assert same.headers["x-edgeqa-tier"] == "generated"  # one asker so far
+        assert elsewhere.headers["x-edgeqa-tier"] == "generated"  # another tenant's cache
         if first.json()["choices"][0]["finish_reason"] == "stop":
             assert again.headers["x-edgeqa-tier"] == "origin_cache"
             assert again.json()["choices"][0]["message"]["content"] == content
         else:  # a cut answer is not cached
             assert again.headers["x-edgeqa-tier"] == "generated"
+        # browsers are not told the tier (with the timing, it says someone asked lately)
+        seen = client.post("/v1/chat/completions", json=novel, headers={"origin": "https://x.test"})
+        assert "x-edgeqa-tier" not in seen.headers.get("access-control-expose-headers", "")
 
         never = [
             _chat(QUESTIONS[0], temperature=0.8, seed=1),  # non-default sampling
