@@ -1,6 +1,7 @@
 """The edge index service (Starlette): published answers in milliseconds.
 
-``GET /v1/lookup?q=...``
+``GET /v1/lookup?q=...`` (or ``POST /v1/lookup`` with ``{"q": ...}``, which keeps the question
+out of URLs and access logs)
   200 ``{"answer", "question", "score", "tier", "version", "key"}`` — ``tier`` is ``exact`` (the
   normalized question's key is in the release) or ``semantic`` (FAISS nearest neighbours cleared
   the release's calibrated threshold, margin, agreement and guard);
@@ -21,6 +22,7 @@ Parquet request logs with the user as a salted hash (``users.py``).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -75,6 +77,30 @@ def _error(status: int, field: str, reason: str, message: str) -> JSONResponse:
     )
 
 
+async def _posted_query(
+    request: Request, max_query_chars: int
+) -> tuple[str | None, Response | None]:
+    """``q`` of a POSTed ``{"q": ...}`` (a question kept out of URLs and so out of access logs);
+    or the 4xx that refuses the body."""
+    limit = max_query_chars * 4 + 1024  # the longest question, UTF-8 and JSON-escaped, and room
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None, _error(413, "body", "too_large", f"the body exceeds {limit} bytes")
+        chunks.append(chunk)
+    try:
+        body = json.loads(b"".join(chunks))
+    except (ValueError, RecursionError):
+        return None, _error(400, "body", "invalid", 'the body must be JSON: {"q": "..."}')
+    if not isinstance(body, dict):
+        return None, _error(400, "body", "invalid", 'the body must be a JSON object: {"q": "..."}')
+    query = body.get("q")
+    if query is not None and not isinstance(query, str):
+        return None, _error(400, "q", "invalid", "q must be a string")
+    return query, None
+
+
 def create_app(
     watcher: ReleaseWatcher,
     logs: LogWriter | None = None,
@@ -118,7 +144,13 @@ def create_app(
 
     async def lookup(request: Request) -> Response:
         started = time.perf_counter()
-        query = request.query_params.get("q")
+        if request.method == "POST":
+            query, refused = await _posted_query(request, max_query_chars)
+            if refused is not None:
+                metrics.lookups.labels("none", "rejected").inc()
+                return refused
+        else:
+            query = request.query_params.get("q")
         if query is None:
             metrics.lookups.labels("none", "rejected").inc()
             return _error(400, "q", "missing", "query parameter q is required")
@@ -189,7 +221,7 @@ def create_app(
     return Starlette(
         lifespan=lifespan,
         routes=[
-            Route("/v1/lookup", lookup, methods=["GET"]),
+            Route("/v1/lookup", lookup, methods=["GET", "POST"]),
             Route("/health", health, methods=["GET"]),
             Route("/ready", ready, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
@@ -198,8 +230,9 @@ def create_app(
             Middleware(
                 CORSMiddleware,
                 allow_origins=["*"],
-                allow_methods=["GET"],
-                allow_headers=["x-edgeqa-user", "x-edgeqa-tenant"],  # the signed user token
+                allow_methods=["GET", "POST"],
+                # the signed user token, and a POSTed question's JSON
+                allow_headers=["x-edgeqa-user", "x-edgeqa-tenant", "content-type"],
                 expose_headers=["x-edgeqa-tier"],
                 max_age=600,
             )

@@ -78,31 +78,29 @@ class EdgeQAClient:
 
         version = self.current_version()
         if version:
-            found = self._get(f"{self.cdn}/{self.profile}/releases/{version}/a/{k}.json")
+            found = self._json("GET", f"{self.cdn}/{self.profile}/releases/{version}/a/{k}.json")
             problem = answer_object_problem(found, k, self.profile, version, time.time())
             if found is not None and problem is None:
                 on_text(found["answer"])
                 return done("exact", "cdn", found["answer"], time.perf_counter())
         if self.edge:
-            hit = self._get(f"{self.edge}/v1/lookup", {"q": question}, self.user_headers)
+            # POST: the question stays out of URLs and so out of access logs
+            hit = self._json("POST", f"{self.edge}/v1/lookup", {"q": question})
             if hit is not None and isinstance(hit.get("answer"), str):
                 on_text(hit["answer"])
                 return done(hit["tier"], "edge", hit["answer"], time.perf_counter())
         return self._generate(question, on_text, done)
 
-    def _get(
-        self,
-        url: str,
-        params: dict[str, str] | None = None,
-        headers: dict[str, str] | None = None,
+    def _json(
+        self, method: str, url: str, body: dict[str, str] | None = None
     ) -> dict[str, Any] | None:
         """The JSON object at ``url`` when it answers 200 with one; None otherwise."""
         try:
-            response = self.http.get(url, params=params, headers=headers)
-            body = response.json() if response.status_code == 200 else None
+            response = self.http.request(method, url, json=body, headers=self.user_headers)
+            found = response.json() if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
-        return body if isinstance(body, dict) else None
+        return found if isinstance(found, dict) else None
 
     def _generate(
         self,

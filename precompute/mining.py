@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from edge_index.guard import numbers
 from edge_index.keys import InvalidQueryError, key, normalize
+from edge_index.logs import redacted_kinds
 from edge_index.pii import find_pii
 from precompute.config import MiningConfig
 
@@ -149,7 +150,7 @@ def collect_phrasings(
             _exclude(report.excluded_rows, "multi_turn")
             continue
         query = str(row["query"])
-        kinds = find_pii(query)
+        kinds = redacted_kinds(query) or find_pii(query)  # redacted when logged, or an old log
         if kinds:
             _exclude(report.excluded_rows, "pii")
             for kind in kinds:

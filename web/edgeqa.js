@@ -8,7 +8,7 @@
 //
 // Tiered lookup (EdgeQAClient.ask):
 //   1. exact  — <cdn>/<profile>/current.json (cached) -> <cdn>/<profile>/releases/<v>/a/<key>.json
-//   2. edge   — <edge>/v1/lookup?q=...  (exact or semantic, FAISS + calibrated decision)
+//   2. edge   — POST <edge>/v1/lookup {"q"}  (exact or semantic, FAISS + calibrated decision)
 //   3. origin — POST <origin>/v1/chat/completions, streamed (SSE); the origin may still answer
 //               from its own tiers (x-edgeqa-tier: exact | semantic | origin_cache | generated)
 // and reports which tier answered and the time to the first byte of the answer.
@@ -145,8 +145,9 @@ export class EdgeQAClient {
     if (this.edge) {
       try {
         const response = await this.fetch(
-          `${this.edge}/v1/lookup?q=${encodeURIComponent(question)}`,
-          { signal, headers: this.userHeaders() });
+          `${this.edge}/v1/lookup`,  // POST: the question stays out of URLs and access logs
+          { method: "POST", signal, body: JSON.stringify({ q: question }),
+            headers: { "content-type": "application/json", ...this.userHeaders() } });
         if (response.status === 200) {
           const firstByte = now();
           const hit = await response.json();

@@ -58,16 +58,16 @@ module "cdn" {
     aws           = aws
     aws.us_east_1 = aws.us_east_1
   }
-  name                  = local.name
-  bucket_name           = module.storage.bucket_name
-  bucket_arn            = module.storage.bucket_arn
-  bucket_domain_name    = module.storage.bucket_regional_domain_name
-  kms_key_arn           = module.storage.kms_key_arn
-  access_logs_bucket    = module.storage.access_logs_bucket_domain_name
-  origin_domain_name    = module.origin.alb_dns_name
-  edge_domain_name      = module.edge.alb_dns_name
-  aliases               = var.aliases
-  certificate_arn       = var.cloudfront_certificate_arn
+  name               = local.name
+  bucket_name        = module.storage.bucket_name
+  bucket_arn         = module.storage.bucket_arn
+  bucket_domain_name = module.storage.bucket_regional_domain_name
+  kms_key_arn        = module.storage.kms_key_arn
+  access_logs_bucket = module.storage.access_logs_bucket_domain_name
+  origin_domain_name = module.origin.alb_dns_name
+  edge_domain_name   = module.edge.alb_dns_name
+  aliases            = var.aliases
+  certificate_arn    = var.cloudfront_certificate_arn
 }
 
 module "airflow" {

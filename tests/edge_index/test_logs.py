@@ -261,3 +261,34 @@ def test_a_restarted_writer_ships_what_its_predecessor_spilled(
     today = datetime.now(UTC).date()
     rows = read_logs(store, today - timedelta(days=1), today)
     assert sorted(r["query"] for r in rows) == sorted(f"q{n}" for n in range(137))
+
+
+def test_personal_data_is_redacted_before_it_is_written(tmp_path: Path) -> None:
+    from precompute.config import MiningConfig
+    from precompute.mining import mine
+
+    store = FileStore(tmp_path / "store")
+    spill = tmp_path / "spill"
+    secret = "My card 4111 1111 1111 1111 was declined, mail jo@example.com"
+
+    class Down(FileStore):
+        def put(self, path: str, data: bytes, content_type: str | None = None) -> None:
+            raise OSError("store down")
+
+    with LogWriter(Down(tmp_path / "down"), flush_interval_s=0, spill_dir=spill) as down:
+        down.write(**_row(1, query=secret, normalized=secret.lower(), key="k" * 64))
+    with LogWriter(store, flush_interval_s=0) as writer:
+        writer.write(**_row(1, query=secret, normalized=secret.lower(), key="k" * 64))
+        writer.write(**_row(2))
+    files = [*spill.rglob("*.parquet"), *(tmp_path / "store").rglob("*.parquet")]
+    assert len(files) == 2
+    for path in files:  # neither the store nor the local spill ever holds the raw text
+        data = path.read_bytes()
+        table = pq.read_table(io.BytesIO(data))
+        assert "4111" not in str(table.to_pylist()) and "jo@" not in str(table.to_pylist())
+    rows = read_logs(store, DAY, DAY)
+    redacted = next(r for r in rows if r["query"].startswith("[personal"))
+    assert redacted["query"] == "[personal data: email, card]"
+    assert redacted["normalized"] == "" and redacted["key"] == ""
+    _, report = mine(rows, None, MiningConfig(k=1), datetime.combine(DAY, datetime.min.time(), UTC))
+    assert report.excluded_rows["pii"] == 1 and report.pii_by_kind == {"email": 1, "card": 1}

@@ -89,13 +89,26 @@ def test_tiers_errors_health_and_metrics(embedder, s3_store: Store, tmp_path: Pa
             bad = client.get("/v1/lookup", params=params)
             assert bad.status_code == 400
             assert bad.json()["error"]["field"] == "q" and bad.json()["error"]["reason"] == reason
-        assert client.post("/v1/lookup").status_code == 405
+        # POST keeps the question out of URLs (and so out of CDN and load-balancer access logs)
+        posted = client.post("/v1/lookup", json={"q": "  how do I FREEZE my card??  "})
+        assert posted.status_code == 200 and posted.json()["tier"] == "exact"
+        bad_posts = (
+            (b"{", 400, "body"),
+            (b"[1]", 400, "body"),
+            (b'{"q": 5}', 400, "q"),
+            (b"{}", 400, "q"),
+            (b'{"q": "' + b"x" * 20_000 + b'"}', 413, "body"),
+        )
+        for raw, status, field in bad_posts:
+            bad = client.post("/v1/lookup", content=raw)
+            assert bad.status_code == status and bad.json()["error"]["field"] == field, raw[:20]
+        assert client.put("/v1/lookup").status_code == 405
         assert client.get("/nope").json()["error"]["field"] == "path"
 
         metrics = client.get("/metrics").text
-        assert 'edgeqa_edge_lookups_total{outcome="hit",tier="exact"} 1.0' in metrics
+        assert 'edgeqa_edge_lookups_total{outcome="hit",tier="exact"} 2.0' in metrics
         assert 'edgeqa_edge_lookups_total{outcome="hit",tier="semantic"} 1.0' in metrics
-        assert 'edgeqa_edge_lookups_total{outcome="rejected",tier="none"} 3.0' in metrics
+        assert 'edgeqa_edge_lookups_total{outcome="rejected",tier="none"} 8.0' in metrics
         assert f'edgeqa_edge_release_info{{version="{version}"}} 1.0' in metrics
         assert "edgeqa_edge_lookup_seconds_bucket" in metrics
         assert "edgeqa_edge_release_age_seconds" in metrics

@@ -86,6 +86,14 @@ def test_the_modules_are_wired_and_the_bucket_is_private(parsed: dict[str, Any])
     assert "NumRequestsWaiting" in origin and "TargetTrackingScaling" in origin
     assert has(origin, "http_tokens", '"required"')
     assert "g5.xlarge" in json.dumps(parsed["variables.tf"])
+    # what people typed is kept two weeks, and never in the WAF's logs
+    variables = parsed["modules/storage/variables.tf"]["variable"]
+    log_days = next(v["log_days"]["default"] for v in variables if "log_days" in v)
+    assert (log_days[0] if isinstance(log_days, list) else log_days) <= 14
+    waf = json.dumps(parsed["modules/waf/main.tf"])
+    for header in ("authorization", "x-api-key", "x-edgeqa-user"):
+        assert has(waf, "name", f'"{header}"'), header
+    assert "query_string" in waf
 
 
 def test_checkov_reports_no_failed_checks() -> None:

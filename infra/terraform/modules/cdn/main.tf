@@ -178,10 +178,11 @@ resource "aws_cloudfront_distribution" "this" {
   }
 
   ordered_cache_behavior {
-    path_pattern               = "/v1/lookup*"
-    target_origin_id           = local.edge_origin
-    viewer_protocol_policy     = "https-only"
-    allowed_methods            = ["GET", "HEAD", "OPTIONS"]
+    path_pattern           = "/v1/lookup*"
+    target_origin_id       = local.edge_origin
+    viewer_protocol_policy = "https-only"
+    # POST keeps the question out of URLs and access logs (CloudFront takes all methods or 3)
+    allowed_methods            = ["GET", "HEAD", "OPTIONS", "PUT", "POST", "PATCH", "DELETE"]
     cached_methods             = ["GET", "HEAD"]
     cache_policy_id            = data.aws_cloudfront_cache_policy.disabled.id
     origin_request_policy_id   = data.aws_cloudfront_origin_request_policy.all_viewer.id

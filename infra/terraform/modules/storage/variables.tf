@@ -9,7 +9,7 @@ variable "account_id" {
 }
 
 variable "log_days" {
-  description = "Days request logs and access logs are kept (mining reads the last 7)."
+  description = "Days request logs and access logs are kept: mining reads the last 7; a week more to re-run a night, no longer (they hold what people typed)."
   type        = number
-  default     = 90
+  default     = 14
 }
