@@ -31,6 +31,7 @@ module "origin" {
   access_logs_bucket   = module.storage.access_logs_bucket
   profile              = var.profile
   user_salt_secret_arn = var.user_salt_secret_arn
+  origin_verify_secret = var.origin_verify_secret
 }
 
 module "edge" {
@@ -50,6 +51,7 @@ module "edge" {
   profile              = var.profile
   user_salt_secret_arn = var.user_salt_secret_arn
   log_retention_days   = var.log_retention_days
+  origin_verify_secret = var.origin_verify_secret
 }
 
 module "cdn" {
@@ -58,16 +60,17 @@ module "cdn" {
     aws           = aws
     aws.us_east_1 = aws.us_east_1
   }
-  name               = local.name
-  bucket_name        = module.storage.bucket_name
-  bucket_arn         = module.storage.bucket_arn
-  bucket_domain_name = module.storage.bucket_regional_domain_name
-  kms_key_arn        = module.storage.kms_key_arn
-  access_logs_bucket = module.storage.access_logs_bucket_domain_name
-  origin_domain_name = module.origin.alb_dns_name
-  edge_domain_name   = module.edge.alb_dns_name
-  aliases            = var.aliases
-  certificate_arn    = var.cloudfront_certificate_arn
+  name                 = local.name
+  bucket_name          = module.storage.bucket_name
+  bucket_arn           = module.storage.bucket_arn
+  bucket_domain_name   = module.storage.bucket_regional_domain_name
+  kms_key_arn          = module.storage.kms_key_arn
+  access_logs_bucket   = module.storage.access_logs_bucket_domain_name
+  origin_domain_name   = module.origin.alb_dns_name
+  edge_domain_name     = module.edge.alb_dns_name
+  aliases              = var.aliases
+  certificate_arn      = var.cloudfront_certificate_arn
+  origin_verify_secret = var.origin_verify_secret
 }
 
 module "airflow" {

@@ -95,3 +95,9 @@ variable "log_retention_days" {
   type        = number
   default     = 400
 }
+
+variable "origin_verify_secret" {
+  description = "A random secret (32+ characters; keep it in Secrets Manager) CloudFront sends to both load balancers as x-edgeqa-origin-verify; a request without it is refused, so nothing reaches the services around CloudFront and its WAF."
+  type        = string
+  sensitive   = true
+}

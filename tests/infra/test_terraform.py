@@ -86,6 +86,13 @@ def test_the_modules_are_wired_and_the_bucket_is_private(parsed: dict[str, Any])
     assert "NumRequestsWaiting" in origin and "TargetTrackingScaling" in origin
     assert has(origin, "http_tokens", '"required"')
     assert "g5.xlarge" in json.dumps(parsed["variables.tf"])
+    # only CloudFront reaches the load balancers, and what does not is rate-limited by IP
+    assert has(cdn, "name", '"x-edgeqa-origin-verify"')
+    alb = json.dumps(parsed["modules/alb/main.tf"])
+    assert has(alb, "status_code", '"403"') and has(
+        alb, "http_header_name", '"x-edgeqa-origin-verify"'
+    )
+    assert has(alb, "rate_limit_per_5min", "300") and "rate_limit_exempt_header" in alb
     # what people typed is kept two weeks, and never in the WAF's logs
     variables = parsed["modules/storage/variables.tf"]["variable"]
     log_days = next(v["log_days"]["default"] for v in variables if "log_days" in v)

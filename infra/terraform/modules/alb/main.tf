@@ -56,6 +56,7 @@ resource "aws_lb" "this" {
 }
 
 resource "aws_lb_target_group" "this" {
+  #checkov:skip=CKV_AWS_378:TLS ends at the ALB; the targets sit in private subnets, reachable only from it (checkov flags this since forwarding moved from the default action to the CloudFront-header rule)
   name        = var.name
   port        = var.target_port
   protocol    = "HTTP"
@@ -80,9 +81,29 @@ resource "aws_lb_listener" "https" {
   ssl_policy        = "ELBSecurityPolicy-TLS13-1-2-2021-06"
   certificate_arn   = var.certificate_arn
 
+  # only CloudFront (which sends the secret header) is forwarded; anything else is refused
   default_action {
+    type = "fixed-response"
+    fixed_response {
+      content_type = "application/json"
+      message_body = "{\"error\": {\"message\": \"use the CDN\"}}"
+      status_code  = "403"
+    }
+  }
+}
+
+resource "aws_lb_listener_rule" "from_cloudfront" {
+  listener_arn = aws_lb_listener.https.arn
+  priority     = 1
+  action {
     type             = "forward"
     target_group_arn = aws_lb_target_group.this.arn
+  }
+  condition {
+    http_header {
+      http_header_name = "x-edgeqa-origin-verify"
+      values           = [var.origin_verify_secret]
+    }
   }
 }
 
@@ -106,6 +127,13 @@ module "waf" {
   name        = var.name
   scope       = "REGIONAL"
   kms_key_arn = var.kms_key_arn
+  # behind CloudFront every request comes from a CloudFront address: viewers are rate-limited by
+  # the CDN's WAF (and API keys by the origin); here, per IP, what did not come through CloudFront
+  rate_limit_per_5min = 300
+  rate_limit_exempt_header = {
+    name  = "x-edgeqa-origin-verify"
+    value = var.origin_verify_secret
+  }
 }
 
 resource "aws_wafv2_web_acl_association" "this" {

@@ -49,3 +49,9 @@ variable "deregistration_delay" {
   type        = number
   default     = 30
 }
+
+variable "origin_verify_secret" {
+  description = "The secret CloudFront sends as x-edgeqa-origin-verify; the load balancer refuses requests without it."
+  type        = string
+  sensitive   = true
+}

@@ -142,6 +142,10 @@ resource "aws_cloudfront_distribution" "this" {
       origin_read_timeout      = 60
       origin_keepalive_timeout = 60
     }
+    custom_header {
+      name  = "x-edgeqa-origin-verify"
+      value = var.origin_verify_secret
+    }
   }
 
   origin {
@@ -152,6 +156,10 @@ resource "aws_cloudfront_distribution" "this" {
       https_port             = 443
       origin_protocol_policy = "https-only"
       origin_ssl_protocols   = ["TLSv1.2"]
+    }
+    custom_header {
+      name  = "x-edgeqa-origin-verify"
+      value = var.origin_verify_secret
     }
   }
 

@@ -53,3 +53,9 @@ variable "rate_limit_per_5min" {
   type        = number
   default     = 6000
 }
+
+variable "origin_verify_secret" {
+  description = "The secret CloudFront sends as x-edgeqa-origin-verify; the load balancer refuses requests without it."
+  type        = string
+  sensitive   = true
+}

@@ -1,16 +1,21 @@
 # The edge index service on ECS Fargate behind its own ALB: one instance of this module per
 # region. Tasks read the release from the store (FAISS shards in memory) and write request logs.
 
+data "aws_vpc" "this" {
+  id = var.vpc_id
+}
+
 module "alb" {
-  source             = "../alb"
-  name               = var.name
-  vpc_id             = var.vpc_id
-  public_subnet_ids  = var.public_subnet_ids
-  certificate_arn    = var.certificate_arn
-  target_port        = 8001
-  target_type        = "ip"
-  access_logs_bucket = var.access_logs_bucket
-  kms_key_arn        = var.kms_key_arn
+  source               = "../alb"
+  name                 = var.name
+  vpc_id               = var.vpc_id
+  public_subnet_ids    = var.public_subnet_ids
+  certificate_arn      = var.certificate_arn
+  target_port          = 8001
+  target_type          = "ip"
+  access_logs_bucket   = var.access_logs_bucket
+  kms_key_arn          = var.kms_key_arn
+  origin_verify_secret = var.origin_verify_secret
 }
 
 resource "aws_ecs_cluster" "edge" {
@@ -47,6 +52,8 @@ resource "aws_ecs_task_definition" "edge" {
     environment = [
       { name = "EDGEQA_STORE", value = "s3://${var.bucket_name}" },
       { name = "EDGEQA_PROFILE", value = var.profile },
+      # the ALB, in the VPC: its viewer headers are believed (edge_index/users.py)
+      { name = "EDGEQA_TRUSTED_PROXIES", value = data.aws_vpc.this.cidr_block },
       { name = "AWS_DEFAULT_REGION", value = var.region },
       { name = "TMPDIR", value = "/tmp" },
     ]

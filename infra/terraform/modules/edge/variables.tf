@@ -84,3 +84,9 @@ variable "log_retention_days" {
   description = "Days the service's logs are kept."
   type        = number
 }
+
+variable "origin_verify_secret" {
+  description = "The secret CloudFront sends as x-edgeqa-origin-verify; the load balancer refuses requests without it."
+  type        = string
+  sensitive   = true
+}

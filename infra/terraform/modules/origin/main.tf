@@ -3,6 +3,10 @@
 # (vllm:num_requests_waiting, published to CloudWatch as EdgeQA/Origin NumRequestsWaiting by the
 # CloudWatch agent on the instance, which scrapes /metrics).
 
+data "aws_vpc" "this" {
+  id = var.vpc_id
+}
+
 module "alb" {
   source               = "../alb"
   name                 = var.name
@@ -15,6 +19,7 @@ module "alb" {
   kms_key_arn          = var.kms_key_arn
   idle_timeout         = 300
   deregistration_delay = 60
+  origin_verify_secret = var.origin_verify_secret
 }
 
 resource "aws_security_group" "instances" {
@@ -75,6 +80,7 @@ resource "aws_launch_template" "origin" {
     store                = "s3://${split(":::", var.bucket_arn)[1]}"
     profile              = var.profile
     user_salt_secret_arn = var.user_salt_secret_arn
+    trusted_proxies      = data.aws_vpc.this.cidr_block # the ALB: its viewer headers are believed
   }))
 
   tag_specifications {

@@ -8,6 +8,7 @@ EDGEQA_STORE=${store}
 EDGEQA_PROFILE=${profile}
 EDGEQA_QUANTIZATION=int8
 EDGEQA_USER_SALT=$EDGEQA_USER_SALT
+EDGEQA_TRUSTED_PROXIES=${trusted_proxies}
 ENV
 chmod 600 /etc/edgeqa.env
 systemctl enable --now edgeqa-origin.service   # ExecStart=edgeqa origin serve --host 0.0.0.0 --port 8000

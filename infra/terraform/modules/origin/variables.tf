@@ -72,3 +72,9 @@ variable "user_salt_secret_arn" {
   description = "Secret holding EDGEQA_USER_SALT."
   type        = string
 }
+
+variable "origin_verify_secret" {
+  description = "The secret CloudFront sends as x-edgeqa-origin-verify; the load balancer refuses requests without it."
+  type        = string
+  sensitive   = true
+}

@@ -60,6 +60,28 @@ resource "aws_wafv2_web_acl" "this" {
         rate_based_statement {
           limit              = rule.value
           aggregate_key_type = "IP"
+          dynamic "scope_down_statement" {
+            for_each = var.rate_limit_exempt_header == null ? [] : [var.rate_limit_exempt_header]
+            content {
+              not_statement {
+                statement {
+                  byte_match_statement {
+                    positional_constraint = "EXACTLY"
+                    search_string         = scope_down_statement.value.value
+                    field_to_match {
+                      single_header {
+                        name = scope_down_statement.value.name
+                      }
+                    }
+                    text_transformation {
+                      priority = 0
+                      type     = "NONE"
+                    }
+                  }
+                }
+              }
+            }
+          }
         }
       }
       visibility_config {

@@ -25,3 +25,10 @@ variable "kms_key_arn" {
   type        = string
   default     = null
 }
+
+variable "rate_limit_exempt_header" {
+  description = "Requests carrying this header with this value are not rate-limited by IP (null: none)."
+  type        = object({ name = string, value = string })
+  default     = null
+  sensitive   = true
+}
