@@ -178,7 +178,14 @@ def histogram(text: str, name: str) -> dict[str, float | None]:
 def start_origin(store: FileStore, port: int, env_extra: dict[str, str]) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEQA_")}
     env.update(
-        {"EDGEQA_STORE": store.uri, "EDGEQA_USER_SALT": "bench-salt-0123456789", **env_extra}
+        {
+            "EDGEQA_STORE": store.uri,
+            "EDGEQA_USER_SALT": "bench-salt-0123456789",
+            # the load generator stands for many users: no per-asker share
+            "EDGEQA_MAX_IN_FLIGHT_PER_USER": "0",
+            "EDGEQA_MAX_TOKENS_PER_MINUTE_PER_USER": "0",
+            **env_extra,
+        }
     )
     child = subprocess.Popen(
         [sys.executable, "-m", "edgeqa", "origin", "serve", "--port", str(port)],

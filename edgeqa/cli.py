@@ -139,6 +139,7 @@ def _cmd_edge_serve(args: argparse.Namespace) -> int:
 
 def _cmd_origin_serve(args: argparse.Namespace) -> int:
     _quiet_libraries()
+    from edge_index.config import ConfigError
     from edge_index.users import check_salt
     from origin.config import OriginSettings
     from origin.server import serve
@@ -151,8 +152,23 @@ def _cmd_origin_serve(args: argparse.Namespace) -> int:
     )
     if settings.log_requests:
         check_salt(settings.user_salt)
+    if not settings.api_keys and not args.insecure_no_auth and not _loopback(args.host):
+        raise ConfigError(
+            f"origin serve on {args.host} would let anyone who reaches it spend the GPU: set "
+            "EDGEQA_API_KEYS (comma-separated, 16+ characters each), or pass --insecure-no-auth "
+            "on a network only trusted callers reach"
+        )
     serve(settings, args.host, args.port)
     return 0
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -248,6 +264,11 @@ def build_parser() -> argparse.ArgumentParser:
     origin_serve.add_argument("--no-logs", action="store_true", help="do not write request logs")
     origin_serve.add_argument(
         "--no-tiers", action="store_true", help="always generate (no release or online cache)"
+    )
+    origin_serve.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="serve without EDGEQA_API_KEYS on a non-loopback address (a trusted network only)",
     )
     origin_serve.set_defaults(run=_cmd_origin_serve)
     return parser

@@ -74,7 +74,9 @@ class OriginSettings(EngineSettings):
     api_keys: Annotated[tuple[str, ...], NoDecode] = ()
     max_queued_requests: int = Field(64, ge=1)
     max_queued_tokens: int = Field(16384, ge=1)
-    max_in_flight_per_user: int = Field(0, ge=0)  # 0 = no per-user bound
+    # one asker's share (an API key, a signed user or an address: edge_index/users.py); 0 = none
+    max_in_flight_per_user: int = Field(8, ge=0)
+    max_tokens_per_minute_per_user: int = Field(20_000, ge=0)
     request_timeout_s: float = Field(120.0, ge=0.1)
     max_body_bytes: int = Field(1 << 20, ge=1024)
     cache_ttl_s: float = Field(3600.0, ge=0.0)

@@ -61,6 +61,11 @@ def test_servers_refuse_to_log_without_a_shared_salt(cli_env: dict[str, str]) ->
             assert (
                 "EDGEQA_USER_SALT must be a secret" in out.stderr and "Traceback" not in out.stderr
             )
+    # an origin open to the network needs API keys (or says it wants none)
+    salted = dict(cli_env, EDGEQA_USER_SALT="test-salt-0123456789")
+    out = _edgeqa(salted, "origin", "serve", "--host", "0.0.0.0", "--port", "1")
+    assert out.returncode == 2 and "EDGEQA_API_KEYS" in out.stderr
+    assert "--insecure-no-auth" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_an_unexpected_failure_shows_its_traceback(cli_env: dict[str, str], tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ module "origin" {
   access_logs_bucket   = module.storage.access_logs_bucket
   profile              = var.profile
   user_salt_secret_arn = var.user_salt_secret_arn
+  api_keys_secret_arn  = var.api_keys_secret_arn
   origin_verify_secret = var.origin_verify_secret
 }
 

@@ -101,3 +101,8 @@ variable "origin_verify_secret" {
   type        = string
   sensitive   = true
 }
+
+variable "api_keys_secret_arn" {
+  description = "Secrets Manager secret holding EDGEQA_API_KEYS (comma-separated, 16+ characters each): the keys the origin's /v1/* accepts; each key is one asker with its own share (in flight, tokens a minute)."
+  type        = string
+}

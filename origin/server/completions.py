@@ -100,7 +100,12 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
     try:
         server.check_admitting()  # a shutdown may have begun while the tiers were looked up
         outputs = server.admission.admit(
-            settings, runtime.engine, user, len(prompt.ids), generation.open
+            settings,
+            runtime.engine,
+            user,
+            len(prompt.ids),
+            generation.open,
+            prompt.params.max_tokens,
         )
     except APIError as error:
         reason = "not_ready" if error.status == 503 else error.code or "queue_full"

@@ -93,6 +93,9 @@ def test_the_modules_are_wired_and_the_bucket_is_private(parsed: dict[str, Any])
         alb, "http_header_name", '"x-edgeqa-origin-verify"'
     )
     assert has(alb, "rate_limit_per_5min", "300") and "rate_limit_exempt_header" in alb
+    # the origin never serves its network without API keys (from Secrets Manager)
+    user_data = (TERRAFORM / "modules" / "origin" / "user_data.sh").read_text()
+    assert "EDGEQA_API_KEYS=" in user_data and "${api_keys_secret_arn}" in user_data
     # what people typed is kept two weeks, and never in the WAF's logs
     variables = parsed["modules/storage/variables.tf"]["variable"]
     log_days = next(v["log_days"]["default"] for v in variables if "log_days" in v)

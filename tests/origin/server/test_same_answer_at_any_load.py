@@ -65,6 +65,7 @@ def test_eight_concurrent_answers_equal_eight_sequential_speculative_ones(
         "EDGEQA_MAX_MODEL_LEN": "512",
         "EDGEQA_ORIGIN_TIERS": "false",  # no online cache: every answer is generated
         "EDGEQA_LOG_REQUESTS": "false",
+        "EDGEQA_MAX_IN_FLIGHT_PER_USER": "0",  # one client stands for eight users
     }
     with (
         _origin(base) as (plain, plain_child),

@@ -67,6 +67,9 @@ def _config(store: FileStore, **env: str) -> OriginSettings:
             "EDGEQA_STORE": store.uri,
             "EDGEQA_IDENTITY_SECRET": IDENTITY_SECRET,
             "EDGEQA_CACHE_MIN_USERS": "2",
+            # one test client stands for many users: the per-asker shares are tested on their own
+            "EDGEQA_MAX_IN_FLIGHT_PER_USER": "0",
+            "EDGEQA_MAX_TOKENS_PER_MINUTE_PER_USER": "0",
             "EDGEQA_MAX_QUEUED_REQUESTS": "256",
             "EDGEQA_MAX_QUEUED_TOKENS": "100000",
             **env,
@@ -442,6 +445,56 @@ def test_backpressure_answers_429_and_admitted_requests_finish(origin: Origin) -
     assert all(r[1] and int(r[1]) >= 1 for r in rejected)
     assert all("rate_limit_exceeded" in r[2] for r in rejected)
     assert all(r[2].endswith("data: [DONE]") for r in admitted)
+
+
+def test_one_key_flooding_leaves_another_key_its_share(origin: Origin) -> None:
+    """Per asker (here, an API key): at most 2 generations in flight and 600 tokens a minute
+    (prompt + max_tokens, charged at admission). A flood from key A is refused past its share,
+    with the reason; key B, asking in the middle of the flood, is served."""
+    flood, calm = "a" * 24, "b" * 24
+    saved = origin.server.settings
+    origin.server.settings = saved.replace(
+        api_keys=(flood, calm), max_in_flight_per_user=2, max_tokens_per_minute_per_user=600
+    )
+    try:
+
+        async def one(client: httpx.AsyncClient, key: str, i: int) -> tuple[int, str]:
+            body = _chat(f"Count to {i + 10}.", max_tokens=48, ignore_eos=True, stream=True)
+            headers = {"authorization": f"Bearer {key}"}
+            async with client.stream(
+                "POST", "/v1/chat/completions", json=body, headers=headers
+            ) as response:
+                return response.status_code, "".join([x async for x in response.aiter_lines()])
+
+        async def main() -> tuple[list[tuple[int, str]], tuple[int, str]]:
+            async with httpx.AsyncClient(base_url=origin.url, timeout=120) as client:
+                flooding = [asyncio.create_task(one(client, flood, i)) for i in range(12)]
+                await asyncio.sleep(0)
+                served = await one(client, calm, 99)
+                return await asyncio.gather(*flooding), served
+
+        flooded, served = asyncio.run(main())
+    finally:
+        origin.server.settings = saved
+    assert served[0] == 200 and served[1].endswith("data: [DONE]")
+    refused = [text for status, text in flooded if status == 429]
+    assert 0 < len(refused) <= 10 and sum(status == 200 for status, _ in flooded) >= 2
+    assert any('"user_limit"' in text for text in refused) or any(
+        '"user_tokens"' in text for text in refused
+    )
+    # the minute's token budget: once spent, refused with the seconds to wait, whatever in flight
+    origin.server.settings = saved.replace(
+        api_keys=(flood, calm), max_in_flight_per_user=0, max_tokens_per_minute_per_user=600
+    )
+    try:
+        with origin.client(headers={"authorization": f"Bearer {calm}"}) as client:
+            body = _chat("Count to five.", max_tokens=200)
+            statuses = [client.post("/v1/chat/completions", json=body) for _ in range(4)]
+    finally:
+        origin.server.settings = saved
+    over = statuses[-1]
+    assert statuses[0].status_code == 200 and over.status_code == 429
+    assert over.json()["error"]["code"] == "user_tokens" and int(over.headers["retry-after"]) >= 1
 
 
 def test_request_timeout(origin: Origin) -> None:

@@ -80,6 +80,7 @@ resource "aws_launch_template" "origin" {
     store                = "s3://${split(":::", var.bucket_arn)[1]}"
     profile              = var.profile
     user_salt_secret_arn = var.user_salt_secret_arn
+    api_keys_secret_arn  = var.api_keys_secret_arn
     trusted_proxies      = data.aws_vpc.this.cidr_block # the ALB: its viewer headers are believed
   }))
 
@@ -183,9 +184,9 @@ data "aws_iam_policy_document" "origin" {
     resources = [var.kms_key_arn]
   }
   statement {
-    sid       = "ReadUserSalt"
+    sid       = "ReadSecrets"
     actions   = ["secretsmanager:GetSecretValue"]
-    resources = [var.user_salt_secret_arn]
+    resources = [var.user_salt_secret_arn, var.api_keys_secret_arn]
   }
   statement {
     sid       = "PublishQueueDepth"

@@ -78,3 +78,8 @@ variable "origin_verify_secret" {
   type        = string
   sensitive   = true
 }
+
+variable "api_keys_secret_arn" {
+  description = "Secret holding EDGEQA_API_KEYS (comma-separated): the origin is never open on its network."
+  type        = string
+}
