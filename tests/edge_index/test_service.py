@@ -335,3 +335,21 @@ def test_a_release_ships_its_finetuned_embedder(embedder, tmp_path: Path) -> Non
     store.put(path, bytes(data))
     old = state.index.version
     assert state.refresh() is False and state.index.version == old
+    # a swap frees the release it replaces, shipped embedder included (it was frozen out of GC)
+    import gc
+    import weakref
+
+    first = weakref.ref(state.index.embedder)
+    build(
+        tuned,
+        tmp_path / "r3",
+        store,
+        tag="v3",
+        now=datetime(2026, 12, 2, tzinfo=UTC),
+        embedder_dir=folder,
+        embedder_info=info,
+    )
+    publish(store, tmp_path / "r3")
+    assert state.refresh() and state.index.version != old
+    gc.collect()
+    assert first() is None
