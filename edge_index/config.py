@@ -171,6 +171,22 @@ class SharedSettings(Settings):
     identity_secret: str = ""
     # CIDRs of the proxies (the load balancer) whose forwarding headers are believed
     trusted_proxies: str = ""
+    # base64 Ed25519 keys a release must be signed by ("" = signatures not checked)
+    release_public_keys: str = ""
+
+    @field_validator("release_public_keys", mode="after")
+    @classmethod
+    def _public_keys(cls, value: str) -> str:
+        from edge_index.signing import parse_public_keys
+
+        parse_public_keys(value)
+        return value
+
+    @property
+    def public_keys(self) -> tuple[str, ...]:
+        from edge_index.signing import parse_public_keys
+
+        return parse_public_keys(self.release_public_keys)
 
     @field_validator("identity_secret", mode="after")
     @classmethod

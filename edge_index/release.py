@@ -23,11 +23,13 @@ from __future__ import annotations
 import io
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_index.errors import EdgeQAError
+from edge_index.signing import MAX_SIGNATURE_BYTES, SIGNATURE, SignatureError, verify_manifest
 from edge_index.store import (
     ObjectNotFoundError,
     ObjectTooLargeError,
@@ -214,6 +216,12 @@ class LoadedRelease:
 
 
 def read_manifest(store: Store, profile: str, version: str) -> tuple[dict[str, Any], str]:
+    """The manifest and its sha256."""
+    manifest, data = _manifest(store, profile, version)
+    return manifest, sha256_hex(data)
+
+
+def _manifest(store: Store, profile: str, version: str) -> tuple[dict[str, Any], bytes]:
     try:
         data = store.get(
             f"{release_prefix(profile, version)}/manifest.json", max_bytes=MAX_MANIFEST_BYTES
@@ -233,7 +241,25 @@ def read_manifest(store: Store, profile: str, version: str) -> tuple[dict[str, A
         version,
     ):
         raise ReleaseError(f"release {profile}/{version}: unexpected manifest format or version")
-    return manifest, sha256_hex(data)
+    return manifest, data
+
+
+def _check_signature(
+    store: Store, profile: str, version: str, manifest: bytes, public_keys: tuple[str, ...]
+) -> None:
+    """``ReleaseError`` unless ``manifest.sig`` is a signature of ``manifest`` by one of the
+    keys (``signing.py``)."""
+    path = f"{release_prefix(profile, version)}/{SIGNATURE}"
+    try:
+        signature: bytes | None = store.get(path, max_bytes=MAX_SIGNATURE_BYTES)
+    except ObjectNotFoundError:
+        signature = None
+    except ObjectTooLargeError:
+        raise ReleaseError(f"{path} is over {MAX_SIGNATURE_BYTES} bytes") from None
+    try:
+        verify_manifest(manifest, signature, public_keys)
+    except SignatureError as error:
+        raise ReleaseError(f"release {profile}/{version}: {error}") from None
 
 
 def member(entry: Any) -> str:
@@ -297,11 +323,14 @@ def load_release(
     version: str | None = None,
     expected_manifest_sha256: str | None = None,
     check_objects: bool = False,
+    public_keys: Iterable[str] = (),
 ) -> LoadedRelease:
     """Load and verify a release (the pointer's when ``version`` is None).
 
     Every shard file is checked against the manifest, and the manifest against the pointer's
-    ``manifest_sha256``; ``check_objects`` also fetches and checks every answer object.
+    ``manifest_sha256`` and, given ``public_keys``, against its signature (``signing.py``: an
+    unsigned release is then refused too); ``check_objects`` also fetches and checks every answer
+    object.
     """
     import pyarrow.parquet as pq
 
@@ -315,9 +344,12 @@ def load_release(
             raise ReleaseError(f"{pointer_path(profile)} names no manifest_sha256")
     if not _PLAIN_NAME.fullmatch(version):
         raise ReleaseError(f"release version {version!r:.200} is not a plain name")
-    manifest, manifest_sha = read_manifest(store, profile, version)
+    manifest, manifest_bytes = _manifest(store, profile, version)
+    manifest_sha = sha256_hex(manifest_bytes)
     if expected_manifest_sha256 is not None and manifest_sha != expected_manifest_sha256:
         raise ReleaseError(f"release {profile}/{version}: manifest.json does not match the pointer")
+    if public_keys:  # before anything the manifest names is fetched
+        _check_signature(store, profile, version, manifest_bytes, tuple(public_keys))
     prefix = release_prefix(profile, version)
     shards = []
     shard_entries, embedder_entries = _entries(manifest, f"{profile}/{version}")

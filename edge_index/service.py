@@ -253,7 +253,12 @@ def serve(settings: EdgeSettings, host: str, port: int, log_requests: bool = Tru
     store = open_store(settings.store)
     embedder = load_embedder(settings.embedder, settings.device)
     watcher = ReleaseWatcher(
-        store, settings.profile, embedder, settings.poll_s, metrics_prefix=EDGE_METRICS
+        store,
+        settings.profile,
+        embedder,
+        settings.poll_s,
+        metrics_prefix=EDGE_METRICS,
+        public_keys=settings.public_keys,
     )
     logs = open_log_writer(store, "edge", settings) if log_requests else None
     watcher.start()

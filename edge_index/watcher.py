@@ -77,10 +77,13 @@ class ReleaseWatcher:
         *,
         metrics_prefix: str,
         warm_up: int = 64,
+        public_keys: tuple[str, ...] = (),
     ) -> None:
         """``metrics_prefix``: the names the owning service exports the release metrics under
-        (``EDGE_METRICS``, ``ORIGIN_METRICS``)."""
+        (``EDGE_METRICS``, ``ORIGIN_METRICS``); ``public_keys``: a release must be signed by one
+        of them (``signing.py``), or is refused; () = signatures are not checked."""
         self.store = store
+        self.public_keys = public_keys
         self.profile = profile or None  # None: the store's only profile, once one is published
         self.embedder = embedder
         self.poll_s = poll_s
@@ -120,7 +123,7 @@ class ReleaseWatcher:
                 self.failures, self.store_error = 0, None  # the store answered; nothing new
                 return False
             try:
-                release = load_release(self.store, self.profile)
+                release = load_release(self.store, self.profile, public_keys=self.public_keys)
                 index = ReleaseIndex(release, self._embedder_for(release))
             except (ReleaseError, ValueError, KeyError) as error:  # the release itself is bad
                 self._refused = wanted

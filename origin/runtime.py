@@ -101,5 +101,6 @@ def load_runtime(
             embedder or load_embedder(settings.embedder, settings.device),
             settings.poll_s,
             metrics_prefix=ORIGIN_METRICS,
+            public_keys=settings.public_keys,
         )
     return Runtime(engine, settings.max_tokens, settings.temperature, releases)

@@ -18,9 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from edge_index.config import ConfigError
+from edge_index.signing import public_key_of
 from origin.config import EngineSettings
 from origin.precision import ENGINE_QUANTIZATIONS, EngineQuantization
 
@@ -31,6 +32,15 @@ class PrecomputeSettings(EngineSettings):
     min_users: int = Field(5, ge=1)  # k: distinct users who must have asked
     top_n: int = Field(10_000, ge=1)
     keep_releases: int = Field(5, ge=2)
+    # base64 Ed25519 private key releases are signed with ("" = published unsigned)
+    signing_key: str = ""
+
+    @field_validator("signing_key", mode="after")
+    @classmethod
+    def _signing_key(cls, value: str) -> str:
+        if value:
+            public_key_of(value)  # a malformed key fails here, naming the variable
+        return value
 
 
 @dataclass(frozen=True)

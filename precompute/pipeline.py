@@ -272,7 +272,12 @@ def publish_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
     if pointer and pointer.get("version") == manifest["version"]:
         return {"version": manifest["version"], "status": "already_current"}
     with work.staged_release_folder() as folder:
-        report = publish(work.store, folder, keep=params.config.keep)
+        report = publish(
+            work.store,
+            folder,
+            keep=params.config.keep,
+            signing_key=params.config.settings.signing_key,
+        )
     return {"status": "published", **report.as_dict()}
 
 

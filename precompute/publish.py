@@ -42,6 +42,7 @@ from edge_index.release import (
     release_prefix,
     sha256_hex,
 )
+from edge_index.signing import SIGNATURE, public_key_of, sign_manifest
 from edge_index.store import (
     ObjectNotFoundError,
     ObjectTooLargeError,
@@ -92,8 +93,11 @@ def publish(
     keep: int = 5,
     on_stage: Callable[[str], None] | None = None,
     workers: int = 16,
+    signing_key: str = "",
 ) -> PublishReport:
-    """Publish the release built in ``staging`` (its ``manifest.json`` says which)."""
+    """Publish the release built in ``staging`` (its ``manifest.json`` says which), signed with
+    ``signing_key`` (``edge_index/signing.py``; "" = unsigned, which readers holding public keys
+    refuse)."""
     if keep < 2:
         raise ValueError("keep must be at least 2 (the current release and one to roll back to)")
     started = time.perf_counter()
@@ -119,11 +123,14 @@ def publish(
     stage = on_stage or (lambda name: None)
     uploaded = False
     try:
-        if not (resume and _verifies(store, profile, version, manifest_sha)):
+        keys = (public_key_of(signing_key),) if signing_key else ()
+        if not (resume and _verifies(store, profile, version, manifest_sha, keys)):
             uploaded = True
-            report.bytes, report.files = _upload_release(store, prefix, staging, workers, stage)
+            report.bytes, report.files = _upload_release(
+                store, prefix, staging, workers, stage, signing_key
+            )
         stage("verify")
-        load_release(store, profile, version, manifest_sha, check_objects=True)
+        load_release(store, profile, version, manifest_sha, check_objects=True, public_keys=keys)
         stage("flip")
         new_pointer = {
             "version": version,
@@ -143,9 +150,14 @@ def publish(
 
 
 def _upload_release(
-    store: Store, prefix: str, staging: Path, workers: int, stage: Callable[[str], None]
+    store: Store,
+    prefix: str,
+    staging: Path,
+    workers: int,
+    stage: Callable[[str], None],
+    signing_key: str,
 ) -> tuple[int, int]:
-    """Objects, shards (and the embedder), then the manifest: (bytes, files) uploaded."""
+    """Objects, shards (and the embedder), the signature, then the manifest: (bytes, files)."""
     stage("objects")
     objects = sorted((staging / "a").glob("*.json")) if (staging / "a").is_dir() else []
     total = _upload(store, prefix, objects, staging, workers)
@@ -155,8 +167,12 @@ def _upload_release(
     total += _upload(store, prefix, shards, staging, workers)
     stage("manifest")
     manifest_bytes = (staging / "manifest.json").read_bytes()
+    if signing_key:
+        signature = sign_manifest(manifest_bytes, signing_key)
+        store.put(f"{prefix}/{SIGNATURE}", signature, "application/json")
+        total += len(signature)
     store.put(f"{prefix}/manifest.json", manifest_bytes, "application/json")
-    return total + len(manifest_bytes), len(objects) + len(shards) + 1
+    return total + len(manifest_bytes), len(objects) + len(shards) + 1 + bool(signing_key)
 
 
 def _names(pointer: dict[str, Any] | None, version: str, manifest_sha: str) -> bool:
@@ -181,9 +197,13 @@ def _uploaded_before(store: Store, prefix: str, manifest_sha: str) -> bool:
     return True
 
 
-def _verifies(store: Store, profile: str, version: str, manifest_sha: str) -> bool:
+def _verifies(
+    store: Store, profile: str, version: str, manifest_sha: str, public_keys: tuple[str, ...]
+) -> bool:
     try:
-        load_release(store, profile, version, manifest_sha, check_objects=True)
+        load_release(
+            store, profile, version, manifest_sha, check_objects=True, public_keys=public_keys
+        )
     except ReleaseError as error:
         log.warning(
             "resuming %s/%s: the earlier upload does not verify (%s)", profile, version, error

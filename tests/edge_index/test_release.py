@@ -173,3 +173,44 @@ def test_answer_objects_are_shown_only_when_asked_for_and_fresh() -> None:
             case["object"], vectors["key"], vectors["profile"], vectors["version"], vectors["now_s"]
         )
         assert problem == case["problem"], case["name"]
+
+
+def test_a_signed_release_is_served_only_with_a_trusted_signature(
+    embedder,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    from edge_index.config import ConfigError, EdgeSettings
+    from edge_index.signing import generate_keypair
+    from precompute.config import PrecomputeSettings
+
+    (ours, our_key), (_, their_key) = generate_keypair(), generate_keypair()
+    store = FileStore(tmp_path / "store")
+    build(embedder, tmp_path / "r1", store)
+    version = publish(store, tmp_path / "r1", signing_key=ours).version
+    assert load_release(store, PROFILE, public_keys=(our_key,)).version == version
+    assert load_release(store, PROFILE, public_keys=(their_key, our_key)).version == version
+    with pytest.raises(ReleaseError, match="trusted key"):
+        load_release(store, PROFILE, public_keys=(their_key,))
+    # whoever can write the store re-hashes a changed manifest and re-points the pointer: the hash
+    # chain holds, the signature does not
+    _forge(store, version, lambda m: m.update(note="an attacker's release"))
+    assert load_release(store, PROFILE).version == version  # without keys: served
+    with pytest.raises(ReleaseError, match="not a signature"):
+        load_release(store, PROFILE, public_keys=(our_key,))
+    watcher = ReleaseWatcher(
+        store, PROFILE, embedder, 3600, metrics_prefix=EDGE_METRICS, public_keys=(our_key,)
+    )
+    assert watcher.refresh() is False and watcher.health()["reason"] == "refused"
+    # an unsigned release, or a signature swapped in from elsewhere, is refused too
+    build(embedder, tmp_path / "r2", store, tag="v2", now=datetime(2026, 11, 30, tzinfo=UTC))
+    unsigned = publish(store, tmp_path / "r2").version
+    with pytest.raises(ReleaseError, match="unsigned"):
+        load_release(store, PROFILE, public_keys=(our_key,))
+    store.put(f"{release_prefix(PROFILE, unsigned)}/manifest.sig", b'{"alg": "ed25519"}')
+    with pytest.raises(ReleaseError, match="malformed"):
+        load_release(store, PROFILE, public_keys=(our_key,))
+    # keys are checked where they are read
+    with pytest.raises(ConfigError, match="EDGEQA_RELEASE_PUBLIC_KEYS"):
+        EdgeSettings.from_env({"EDGEQA_RELEASE_PUBLIC_KEYS": f"{our_key},not-a-key"})
+    with pytest.raises(ConfigError, match="EDGEQA_SIGNING_KEY"):
+        PrecomputeSettings.from_env({"EDGEQA_SIGNING_KEY": "c2hvcnQ="})
