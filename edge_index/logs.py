@@ -5,7 +5,7 @@ import); the nightly precompute reads them. Columns (``docs/release-format.md``)
 request_id, user, network, tenant, query, normalized, key, turns, tier, status, latency_ms,
 ttft_ms, profile``. ``user`` and ``network`` are salted hashes (``edge_index/users.py``), never a
 raw identity or address; a question with personal data in it is written as ``[personal data:
-<kinds>]`` (``redacted``), on the flushing thread, before it reaches disk or the store.
+<kinds>]`` (``redaction.py``), on the flushing thread, before it reaches disk or the store.
 
 ``LogWriter`` buffers rows and writes one Parquet file per date partition when ``max_rows`` rows
 are buffered, every ``flush_interval_s`` seconds, and on ``close()``. In a server every store
@@ -37,6 +37,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edge_index.redaction import loggable
 from edge_index.spill import SpillFolder
 
 if TYPE_CHECKING:
@@ -235,7 +236,15 @@ class LogWriter:
             error: Exception | None = None
             for day, day_rows in sorted(by_day.items()):
                 path = f"{partition_path(day)}/{self._file_name()}"
-                data = _encode(day_rows)
+                try:
+                    data = _encode(day_rows)
+                except Exception:  # a row no Parquet file can hold: theirs only, counted
+                    log.exception(
+                        "dropping %d request-log rows that cannot be encoded", len(day_rows)
+                    )
+                    with self._lock:
+                        self.rows_dropped += len(day_rows)
+                    continue
                 if error is None:
                     try:
                         self.store.put(path, data)
@@ -286,37 +295,11 @@ class LogWriter:
         self.close()
 
 
-_REDACTED = re.compile(r"\[personal data: ([a-z_]+(?:, [a-z_]+)*)\]")
-
-
-def redacted(query: str) -> str:
-    """What a log keeps of a question: the question, or ``[personal data: <kinds>]`` when
-    ``edge_index.pii`` finds any in it (raw personal data is never written anywhere)."""
-    from edge_index.pii import find_pii
-
-    kinds = find_pii(query)
-    return f"[personal data: {', '.join(kinds)}]" if kinds else query
-
-
-def redacted_kinds(query: str) -> list[str] | None:
-    """The kinds a redacted question named; None for a question that was not redacted."""
-    match = _REDACTED.fullmatch(query)
-    return match.group(1).split(", ") if match else None
-
-
 def _encode(rows: list[dict[str, Any]]) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    records = []
-    for r in rows:
-        record = {c: r.get(c) for c in COLUMNS}
-        query = record["query"]
-        safe = redacted(query) if isinstance(query, str) and query else query
-        if safe != query:
-            record.update(query=safe, normalized="", key="")
-        records.append(record)
-    table = pa.Table.from_pylist(records, schema=schema())
+    table = pa.Table.from_pylist([loggable(r, COLUMNS) for r in rows], schema=schema())
     buffer = io.BytesIO()
     pq.write_table(table, buffer, compression="zstd")
     return buffer.getvalue()

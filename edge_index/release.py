@@ -51,6 +51,8 @@ MAX_MANIFEST_BYTES = 16 << 20
 MAX_SHARD_FILE_BYTES = 1 << 30
 MAX_EMBEDDER_FILE_BYTES = 512 << 20
 MAX_ANSWER_OBJECT_BYTES = 1 << 20
+MAX_RELEASE_FILES = 4096  # shard and embedder files a manifest may list (each once)
+MAX_RELEASE_BYTES = 64 << 30
 # what each folder of a release may hold: data formats only (an embedder never ships pickles)
 _SUFFIXES = {
     "shards": (".faiss", ".parquet"),
@@ -168,7 +170,7 @@ def read_pointer(store: Store, profile: str) -> tuple[dict[str, Any] | None, str
         pointer = json.loads(data)
         if not isinstance(pointer, dict) or "version" not in pointer:
             raise ValueError("no version")
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:
         raise ReleaseError(f"{pointer_path(profile)} is not a valid pointer: {error}") from None
     return pointer, etag
 
@@ -234,13 +236,17 @@ def _manifest(store: Store, profile: str, version: str) -> tuple[dict[str, Any],
         ) from None
     try:
         manifest = json.loads(data)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:
         raise ReleaseError(f"release {profile}/{version}: manifest.json: {error}") from None
     if not isinstance(manifest, dict) or (manifest.get("format"), manifest.get("version")) != (
         FORMAT,
         version,
     ):
         raise ReleaseError(f"release {profile}/{version}: unexpected manifest format or version")
+    named = manifest.get("profile")
+    if not isinstance(named, dict) or named.get("name") != profile:
+        # a signed release of another profile, copied here, is still not this profile's
+        raise ReleaseError(f"release {profile}/{version}: the manifest is another profile's")
     return manifest, data
 
 
@@ -294,13 +300,19 @@ def _entries(manifest: dict[str, Any], name: str) -> tuple[list[Any], list[Any]]
     files = embedder.get("files", []) if isinstance(embedder, dict) else None
     if not isinstance(shards, list) or not isinstance(files, list):
         raise ReleaseError(f"release {name}: the manifest's shards or embedder files are not lists")
+    paths = []
     for entry in shards:
         if not isinstance(entry, dict) or type(entry.get("count")) is not int:
             raise ReleaseError(f"release {name}: shard entry {entry!r:.200} is malformed")
         entry.setdefault("id", "?")
-        member(entry.get("index")), member(entry.get("rows"))
-    for entry in files:
-        member(entry)
+        paths += [member(entry.get("index")), member(entry.get("rows"))]
+    paths += [member(entry) for entry in files]
+    total = sum(e["bytes"] for s in shards for e in (s["index"], s["rows"]))
+    total += sum(e["bytes"] for e in files)
+    if len(paths) != len(set(paths)) or len(paths) > MAX_RELEASE_FILES:
+        raise ReleaseError(f"release {name}: files listed twice, or more than {MAX_RELEASE_FILES}")
+    if total > MAX_RELEASE_BYTES:
+        raise ReleaseError(f"release {name}: {total} bytes listed, over {MAX_RELEASE_BYTES}")
     return shards, files
 
 

@@ -129,7 +129,7 @@ def create_app(
             logs.write(
                 user=asker.user,
                 network=asker.network,
-                tenant=request.headers.get("x-edgeqa-tenant", ""),
+                tenant=request.headers.get("x-edgeqa-tenant", "")[:128],
                 query=query,
                 normalized=normalized,
                 key=key,

@@ -101,7 +101,7 @@ def verify_manifest(manifest: bytes, signature: bytes | None, public_keys: Itera
         raw = base64.b64decode(body["signature"], validate=True)
         if body.get("alg") != "ed25519" or len(raw) != 64:
             raise ValueError("not an Ed25519 signature")
-    except (ValueError, KeyError, TypeError, binascii.Error) as error:
+    except (ValueError, KeyError, TypeError, RecursionError, binascii.Error) as error:
         raise SignatureError(f"manifest.sig is malformed: {error}") from None
     for key in public_keys:
         try:

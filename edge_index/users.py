@@ -7,7 +7,8 @@ be something a client cannot mint at will. In order:
 1. A user token the deployment signed (``x-edgeqa-user`` header, or the body's ``user`` field):
    an HS256 JWT with ``sub`` and ``exp``, signed with ``EDGEQA_IDENTITY_SECRET`` by the backend
    that knows its users (``mint_user_token``). Anything else in those fields is ignored.
-2. The API key the request authenticated with (the origin's ``EDGEQA_API_KEYS``): one backend.
+2. The API key the request authenticated with (the origin's ``EDGEQA_API_KEYS``), with the viewer's
+   address: a key serves many people, so each address behind it counts once.
 3. The viewer's address: the TCP peer, or, when the peer is one of ``EDGEQA_TRUSTED_PROXIES``
    (CIDRs: the load balancer's subnets), CloudFront's ``CloudFront-Viewer-Address`` header, else
    the right-most ``X-Forwarded-For`` entry that is not a trusted proxy. A client's own
@@ -80,20 +81,26 @@ def _verified_user(token: str | None, secret: str) -> str | None:
     import jwt
 
     try:
-        claims = jwt.decode(token, secret, algorithms=["HS256"], options={"require": ["exp"]})
+        claims = jwt.decode(
+            token, secret, algorithms=["HS256"], options={"require": ["exp"]}, leeway=60
+        )  # a minute of clock skew between the backend that signs and the service
     except jwt.PyJWTError:
         return None
     subject = claims.get("sub")
     return subject if isinstance(subject, str) and subject else None
 
 
-def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """An address from ``1.2.3.4``, ``1.2.3.4:5678``, ``[::1]:80`` or ``::1``; None if not one."""
+def _address(
+    text: str, with_port: bool = False
+) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An address from ``1.2.3.4``, ``1.2.3.4:5678``, ``[::1]:80`` or ``::1``; None if not one.
+    ``with_port``: the text always ends in ``:port`` (CloudFront-Viewer-Address writes IPv6
+    without brackets: ``2001:db8::1:443``)."""
     text = text.strip()
     if text.startswith("["):
         text = text[1 : text.find("]")] if "]" in text else ""
-    elif text.count(":") == 1:
-        text = text.split(":", 1)[0]
+    elif with_port or text.count(":") == 1:
+        text = text.rpartition(":")[0]
     try:
         return ipaddress.ip_address(text)
     except ValueError:
@@ -136,7 +143,7 @@ class UserHasher:
         peer = _address(request.client.host) if request.client else None
         if not self._trusted(peer):
             return peer
-        cloudfront = _address(request.headers.get(VIEWER_HEADER, ""))
+        cloudfront = _address(request.headers.get(VIEWER_HEADER, ""), with_port=True)
         if cloudfront is not None:
             return cloudfront
         hops = [_address(h) for h in request.headers.get("x-forwarded-for", "").split(",")]
@@ -157,8 +164,8 @@ class UserHasher:
         signed = signed or _verified_user(claimed, self.identity_secret)
         if signed is not None:
             identity = f"user:{signed}"
-        elif key_id:
-            identity = f"key:{key_id}"
+        elif key_id:  # one key serves many people: each viewer behind it is one asker
+            identity = f"key:{key_id}|ip:{viewer}"
         else:
             identity = f"ip:{viewer}" if viewer is not None else ""
         network = ""

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from edge_index.errors import EdgeQAError
 from edge_index.lookup import ReleaseIndex
-from edge_index.release import LoadedRelease, ReleaseError, load_release, read_pointer
+from edge_index.release import LoadedRelease, load_release, read_pointer
 from edge_index.store import Store, StoreError
 
 if TYPE_CHECKING:
@@ -125,15 +125,15 @@ class ReleaseWatcher:
             try:
                 release = load_release(self.store, self.profile, public_keys=self.public_keys)
                 index = ReleaseIndex(release, self._embedder_for(release))
-            except (ReleaseError, ValueError, KeyError) as error:  # the release itself is bad
+            except StoreError as error:  # the store failed (throttling, an outage): try again
+                self._failed(error)
+                self.metrics.loads.labels("retry").inc()
+                return False
+            except Exception as error:  # the release itself is bad (or cannot be used here)
                 self._refused = wanted
                 self.refusal = f"release {pointer.get('version')}: {error}"
                 self.metrics.loads.labels("refused").inc()
                 log.error("refusing %s; still serving %s", self.refusal, self.version or "nothing")
-                return False
-            except (StoreError, OSError) as error:  # the store (or the disk) failed: try again
-                self._failed(error)
-                self.metrics.loads.labels("retry").inc()
                 return False
             self.failures, self.store_error, self.refusal = 0, None, None
             self._serve(index, release.manifest_sha256)

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from edge_index.guard import numbers
 from edge_index.keys import InvalidQueryError, key, normalize
-from edge_index.logs import redacted_kinds
 from edge_index.pii import find_pii
+from edge_index.redaction import redacted_kinds
 from precompute.config import MiningConfig
 
 if TYPE_CHECKING:

@@ -121,7 +121,7 @@ def publish(
     prefix = release_prefix(profile, version)
     resume = _uploaded_before(store, prefix, manifest_sha)
     stage = on_stage or (lambda name: None)
-    uploaded = False
+    uploaded = flipping = False
     try:
         keys = (public_key_of(signing_key),) if signing_key else ()
         if not (resume and _verifies(store, profile, version, manifest_sha, keys)):
@@ -138,9 +138,13 @@ def publish(
             "published_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "parent": parent,
         }
+        flipping = True
         _flip(store, profile, new_pointer, etag)
-    except BaseException:
-        if uploaded and not _is_live(store, profile, version):
+    except BaseException as error:
+        # once the pointer write has been sent its outcome may land later (a timed-out write
+        # still in flight at S3): only a lost race is sure never to name this version
+        sure = not flipping or isinstance(error, PublishConflictError)
+        if uploaded and sure and not _is_live(store, profile, version):
             _remove_quietly(store, prefix)
         raise
     stage("prune")

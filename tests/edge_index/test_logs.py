@@ -292,3 +292,14 @@ def test_personal_data_is_redacted_before_it_is_written(tmp_path: Path) -> None:
     assert redacted["normalized"] == "" and redacted["key"] == ""
     _, report = mine(rows, None, MiningConfig(k=1), datetime.combine(DAY, datetime.min.time(), UTC))
     assert report.excluded_rows["pii"] == 1 and report.pii_by_kind == {"email": 1, "card": 1}
+
+
+def test_one_unencodable_row_loses_nothing_else(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    with LogWriter(store, flush_interval_s=0) as writer:
+        writer.write(**_row(1))
+        writer.write(**_row(2, query="bad \ud800 question", tier="rejected", status=400))
+        writer.write(**_row(3))
+    rows = read_logs(store, DAY, DAY)
+    assert sorted(r["query"] for r in rows) == ["bad ? question", "question 1", "question 3"]
+    assert writer.rows_dropped == 0

@@ -214,3 +214,23 @@ def test_a_signed_release_is_served_only_with_a_trusted_signature(
         EdgeSettings.from_env({"EDGEQA_RELEASE_PUBLIC_KEYS": f"{our_key},not-a-key"})
     with pytest.raises(ConfigError, match="EDGEQA_SIGNING_KEY"):
         PrecomputeSettings.from_env({"EDGEQA_SIGNING_KEY": "c2hvcnQ="})
+
+
+def test_a_release_is_its_own_profile_s_and_lists_each_file_once(
+    published: tuple[FileStore, str],
+) -> None:
+    store, version = published
+    # a (signed) release copied under another profile is still not that profile's
+    for path in store.list(release_prefix(PROFILE, version)):
+        store.put(path.replace(PROFILE, "other", 1), store.get(path))
+    store.put(pointer_path("other"), store.get(pointer_path(PROFILE)))
+    with pytest.raises(ReleaseError, match="another profile"):
+        load_release(store, "other")
+    # the same 1 GiB file listed many times would pass every per-file check
+    _forge(store, version, lambda m: m["shards"].extend([m["shards"][0]] * 3))
+    with pytest.raises(ReleaseError, match="listed twice"):
+        load_release(store, PROFILE)
+    # a manifest nested past the parser's depth is refused, not retried forever
+    store.put(f"{release_prefix(PROFILE, version)}/manifest.json", b"[" * 100_000)
+    with pytest.raises(ReleaseError, match=r"manifest\.json"):
+        load_release(store, PROFILE, version)

@@ -3,6 +3,7 @@ k-anonymity they feed: forged ids publish nothing, real people do."""
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ def _request(peer: str, headers: dict[str, str] | None = None) -> Request:
 
 
 def test_client_supplied_ids_count_only_when_signed() -> None:
-    users = UserHasher("salt-0123456789abcdef", SECRET)
+    users, peer = UserHasher("salt-0123456789abcdef", SECRET), "198.51.100.7"
     forged = {
         users.of_request(_request("198.51.100.7", {"x-edgeqa-user": f"u{i}"})) for i in range(5)
     }
@@ -44,7 +45,7 @@ def test_client_supplied_ids_count_only_when_signed() -> None:
     assert by_body == users.of_request(_request("198.51.100.7", {"x-edgeqa-user": tokens[0]})).user
     # signed with another secret, expired, or not a token at all: the address again
     address = users.of_request(_request("198.51.100.7")).user
-    expired = mint_user_token("u0", SECRET, ttl_s=-10)
+    expired = mint_user_token("u0", SECRET, ttl_s=-120)  # past the minute of allowed skew
     for bad in (mint_user_token("u0", "o" * 40), expired, "u0", "a.b.c", "x" * 10_000):
         assert users.of_request(_request("198.51.100.7", {"x-edgeqa-user": bad})).user == address
     # without a secret no client id counts, signed or not
@@ -54,6 +55,13 @@ def test_client_supplied_ids_count_only_when_signed() -> None:
     assert users.of_request(_request("198.51.100.7"), key_id="k1").user != address
     with pytest.raises(ValueError, match="at least 32"):
         mint_user_token("u0", "short")
+    # a backend clock a little ahead still counts its users
+    import jwt
+
+    now = int(time.time())
+    ahead = jwt.encode({"sub": "u9", "iat": now + 5, "exp": now + 600}, SECRET, "HS256")
+    address = users.of_request(_request(peer)).user
+    assert users.of_request(_request(peer, {"x-edgeqa-user": ahead})).user != address
 
 
 def test_the_viewer_comes_from_trusted_proxies_only() -> None:
@@ -66,8 +74,9 @@ def test_the_viewer_comes_from_trusted_proxies_only() -> None:
     chain = {"x-forwarded-for": "203.0.113.99, 203.0.113.5, 10.0.0.9"}
     assert str(trusting.viewer(_request("10.1.2.3", chain))) == "203.0.113.5"
     assert str(trusting.viewer(_request("192.0.2.1", {"x-forwarded-for": "junk"}))) == "192.0.2.1"
-    v6 = {"cloudfront-viewer-address": "[2001:db8::1]:443"}
-    assert str(trusting.viewer(_request("10.1.2.3", v6))) == "2001:db8::1"
+    for header in ("[2001:db8::1]:443", "2001:db8::1:443", "2001:db8::1:54321"):
+        v6 = {"cloudfront-viewer-address": header}  # CloudFront writes IPv6 unbracketed
+        assert str(trusting.viewer(_request("10.1.2.3", v6))) == "2001:db8::1", header
     # one network per /24 (IPv4) or /48 (IPv6)
     net = [trusting.of_request(_request(a)).network for a in ("203.0.113.5", "203.0.113.250")]
     assert net[0] == net[1] and net[0] != trusting.of_request(_request("203.0.114.5")).network

@@ -93,6 +93,8 @@ def test_the_modules_are_wired_and_the_bucket_is_private(parsed: dict[str, Any])
         alb, "http_header_name", '"x-edgeqa-origin-verify"'
     )
     assert has(alb, "rate_limit_per_5min", "300") and "rate_limit_exempt_header" in alb
+    # the edge gets traffic once it serves a release, not when it is merely alive
+    assert has(json.dumps(parsed["modules/edge/main.tf"]), "health_check_path", '"/ready"')
     # the origin never serves its network without API keys (from Secrets Manager)
     user_data = (TERRAFORM / "modules" / "origin" / "user_data.sh").read_text()
     assert "EDGEQA_API_KEYS=" in user_data and "${api_keys_secret_arn}" in user_data
@@ -101,7 +103,7 @@ def test_the_modules_are_wired_and_the_bucket_is_private(parsed: dict[str, Any])
     log_days = next(v["log_days"]["default"] for v in variables if "log_days" in v)
     assert (log_days[0] if isinstance(log_days, list) else log_days) <= 14
     waf = json.dumps(parsed["modules/waf/main.tf"])
-    for header in ("authorization", "x-api-key", "x-edgeqa-user"):
+    for header in ("authorization", "x-api-key", "x-edgeqa-user", "x-edgeqa-origin-verify"):
         assert has(waf, "name", f'"{header}"'), header
     assert "query_string" in waf
 

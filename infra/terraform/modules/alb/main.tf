@@ -66,7 +66,7 @@ resource "aws_lb_target_group" "this" {
   deregistration_delay = var.deregistration_delay
 
   health_check {
-    path                = "/health"
+    path                = var.health_check_path
     matcher             = "200"
     interval            = 10
     healthy_threshold   = 2

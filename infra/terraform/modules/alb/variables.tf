@@ -55,3 +55,9 @@ variable "origin_verify_secret" {
   type        = string
   sensitive   = true
 }
+
+variable "health_check_path" {
+  description = "What the target group polls: the edge's /ready (503 until a release is served), the origin's /health."
+  type        = string
+  default     = "/health"
+}

@@ -16,6 +16,7 @@ module "alb" {
   access_logs_bucket   = var.access_logs_bucket
   kms_key_arn          = var.kms_key_arn
   origin_verify_secret = var.origin_verify_secret
+  health_check_path    = "/ready" # no traffic before a release is served
 }
 
 resource "aws_ecs_cluster" "edge" {

@@ -99,7 +99,7 @@ resource "aws_s3_bucket_lifecycle_configuration" "store" {
       days = var.log_days
     }
     noncurrent_version_expiration {
-      noncurrent_days = 7
+      noncurrent_days = 1 # an expired log's old version goes a day later, not a week
     }
   }
   rule {

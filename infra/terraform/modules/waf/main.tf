@@ -102,7 +102,7 @@ resource "aws_wafv2_web_acl" "this" {
 resource "aws_cloudwatch_log_group" "this" {
   # WAF requires the aws-waf-logs- prefix
   name              = "aws-waf-logs-${var.name}"
-  retention_in_days = 400
+  retention_in_days = var.log_retention_days
   kms_key_id        = var.kms_key_arn
   #checkov:skip=CKV_AWS_158:For CloudFront (us-east-1) the store's regional key cannot be used and kms_key_arn is null: the AWS-owned key encrypts; regional ACLs pass the store's key
 }
@@ -124,6 +124,11 @@ resource "aws_wafv2_web_acl_logging_configuration" "this" {
   redacted_fields {
     single_header {
       name = "x-edgeqa-user"
+    }
+  }
+  redacted_fields {
+    single_header {
+      name = "x-edgeqa-origin-verify"
     }
   }
   redacted_fields {

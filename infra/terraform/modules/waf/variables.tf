@@ -32,3 +32,9 @@ variable "rate_limit_exempt_header" {
   default     = null
   sensitive   = true
 }
+
+variable "log_retention_days" {
+  description = "Days CloudWatch keeps the WAF's logs (credentials, tokens, the origin secret and query strings are redacted)."
+  type        = number
+  default     = 400
+}
