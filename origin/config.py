@@ -74,7 +74,8 @@ class OriginSettings(EngineSettings):
     api_keys: Annotated[tuple[str, ...], NoDecode] = ()
     max_queued_requests: int = Field(64, ge=1)
     max_queued_tokens: int = Field(16384, ge=1)
-    # one asker's share (a signed user, else an address (with its API key, if any): edge_index/users.py); 0 = none
+    # one asker's share (a signed user, else an address with its API key, if any:
+    # edge_index/users.py); 0 = none
     max_in_flight_per_user: int = Field(8, ge=0)
     max_tokens_per_minute_per_user: int = Field(20_000, ge=0)
     request_timeout_s: float = Field(120.0, ge=0.1)
