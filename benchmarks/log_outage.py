@@ -12,7 +12,7 @@ logs go to a store that works for the first half of the run and then fails every
   spill to a local folder (bounded), nothing waits on the store.
 
 Prints one JSON object: {"config": {...}, "results": [{"writer", "phase" ("store_up" |
-"store_down"), "requests", "p50_ms", "p99_ms", "max_ms"}, ...], "memory": {"<writer>":
+"store_down"), "requests", "failed", "p50_ms", "p99_ms", "max_ms"}, ...], "memory": {"<writer>":
 {"buffered_rows", "spilled_rows", "spill_bytes", "dropped_rows"}}}
 
 Run: .venv/bin/python benchmarks/log_outage.py [--quick]
@@ -54,14 +54,21 @@ class OutageStore(FileStore):
         super().put(path, data, content_type)
 
 
-async def drive(url: str, rate: float, seconds: float) -> list[float]:
-    """Latencies (ms) of lookups sent every 1/rate s for ``seconds`` (open loop)."""
+async def drive(url: str, rate: float, seconds: float) -> tuple[list[float], int]:
+    """Latencies (ms) of lookups sent every 1/rate s for ``seconds`` (open loop), and how many
+    failed (a timeout or a refused connection; their latency is the time to the failure)."""
     latencies: list[float] = []
-    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+    failures = 0
+    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=100)
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as client:
 
         async def one(i: int) -> None:
+            nonlocal failures
             started = time.perf_counter()
-            await client.get("/v1/lookup", params={"q": f"how do I reset my PIN number {i}"})
+            try:
+                await client.get("/v1/lookup", params={"q": f"how do I reset my PIN number {i}"})
+            except httpx.HTTPError:
+                failures += 1
             latencies.append((time.perf_counter() - started) * 1000)
 
         tasks, start = [], time.perf_counter()
@@ -71,15 +78,16 @@ async def drive(url: str, rate: float, seconds: float) -> list[float]:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(i)))
         await asyncio.gather(*tasks)
-    return latencies
+    return latencies, failures
 
 
-def summary(writer: str, phase: str, latencies: list[float]) -> dict[str, Any]:
+def summary(writer: str, phase: str, latencies: list[float], failures: int) -> dict[str, Any]:
     values = np.asarray(latencies)
     return {
         "writer": writer,
         "phase": phase,
         "requests": len(latencies),
+        "failed": failures,
         "p50_ms": round(float(np.percentile(values, 50)), 2),
         "p99_ms": round(float(np.percentile(values, 99)), 2),
         "max_ms": round(float(values.max()), 2),
@@ -106,13 +114,10 @@ def main() -> None:
             watcher = ReleaseWatcher(store, "p", embedder, 3600, metrics_prefix=EDGE_METRICS)
             with LocalServer(create_app(watcher, logs)) as server:
                 asyncio.run(drive(server.url, args.rate, 2.0))  # warm up
-                results.append(
-                    summary(name, "store_up", asyncio.run(drive(server.url, args.rate, seconds)))
-                )
-                store.down = True
-                results.append(
-                    summary(name, "store_down", asyncio.run(drive(server.url, args.rate, seconds)))
-                )
+                for phase in ("store_up", "store_down"):
+                    store.down = phase == "store_down"
+                    latencies, failures = asyncio.run(drive(server.url, args.rate, seconds))
+                    results.append(summary(name, phase, latencies, failures))
             memory[name] = {
                 "buffered_rows": logs.buffered_rows,
                 "spilled_rows": logs.rows_spilled,
