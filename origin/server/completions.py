@@ -20,7 +20,7 @@ from starlette.responses import Response
 from origin.server import tiers
 from origin.server.auth import check_api_key
 from origin.server.generation import Generation
-from origin.server.prompts import build_prompt
+from origin.server.prompts import build_prompt, try_build_prompt_inline
 from origin.server.protocol import (
     APIError,
     ParsedRequest,
@@ -62,9 +62,11 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
         )
         row.update(turns=parsed.turns, query=parsed.question[:4096])
         check_model(parsed, server.model_name)
-        prompt = await to_thread.run_sync(
-            build_prompt, runtime.engine, parsed, settings.system_prompt
-        )
+        prompt = try_build_prompt_inline(runtime.engine, parsed, settings.system_prompt)
+        if prompt is None:
+            prompt = await to_thread.run_sync(
+                build_prompt, runtime.engine, parsed, settings.system_prompt
+            )
     except ClientDisconnect:
         return Response(status_code=499)
     except APIError as error:
