@@ -124,13 +124,17 @@ def publish(
     uploaded = flipping = False
     try:
         keys = (public_key_of(signing_key),) if signing_key else ()
-        if not (resume and _verifies(store, profile, version, manifest_sha, keys)):
+        verified = resume and _verifies(store, profile, version, manifest_sha, keys)
+        if not verified:
             uploaded = True
             report.bytes, report.files = _upload_release(
                 store, prefix, staging, workers, stage, signing_key
             )
         stage("verify")
-        load_release(store, profile, version, manifest_sha, check_objects=True, public_keys=keys)
+        if not verified:  # a resumed upload was just read back whole: once is enough
+            load_release(
+                store, profile, version, manifest_sha, check_objects=True, public_keys=keys
+            )
         stage("flip")
         new_pointer = {
             "version": version,
