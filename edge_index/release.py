@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_index.errors import EdgeQAError
-from edge_index.signing import MAX_SIGNATURE_BYTES, SIGNATURE, SignatureError, verify_manifest
+from edge_index.proofs import proves
+from edge_index.signing import MAX_SIGNATURE_BYTES, SIGNATURE, SignatureError, verify_statement
 from edge_index.store import (
     ObjectNotFoundError,
     ObjectTooLargeError,
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     import faiss
     import pyarrow as pa
 
-FORMAT = 1
+FORMAT = 2
 POINTER = "current.json"
 
 # the most a release object may claim (and be) before it is fetched, parsed or deserialized
@@ -106,8 +107,14 @@ def canonical_json(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def answer_object(row: dict[str, Any], version: str, profile: str) -> bytes:
-    """The exact-tier object served by the CDN for one phrasing's key."""
+def answer_fields(row: dict[str, Any], version: str, profile: str) -> list[str]:
+    """The values of ``proofs.LEAF_FIELDS`` for one row, as its answer object spells them."""
+    return [row["key"], profile, version, row["expires_at"].isoformat(), row["answer"]]
+
+
+def answer_object(row: dict[str, Any], version: str, profile: str, proof: list[str]) -> bytes:
+    """The exact-tier object served by the CDN for one phrasing's key; ``proof`` leads it to
+    the release's ``answers_root`` (``proofs.py``)."""
     return canonical_json(
         {
             "key": row["key"],
@@ -117,22 +124,27 @@ def answer_object(row: dict[str, Any], version: str, profile: str) -> bytes:
             "profile": profile,
             "generated_at": row["generated_at"].isoformat(),
             "expires_at": row["expires_at"].isoformat(),
+            "proof": proof,
         }
     )
 
 
 def answer_object_problem(
-    obj: Any, key: str, profile: str, version: str, now_s: float
+    obj: Any, key: str, profile: str, version: str, now_s: float, root: str | None = None
 ) -> str | None:
     """Why an answer object fetched from the CDN must not be shown as the answer for ``key``
-    (``malformed``, ``key``, ``profile``, ``version``, ``expired``), or None when it may. Every
-    client applies this rule (``web/edgeqa.js`` mirrors it, on the vectors in
-    ``tests/vectors/answer_objects.json``): a cached or misplaced object, or one past its
-    ``expires_at``, sends the question on to the next layer."""
+    (``malformed``, ``proof``, ``key``, ``profile``, ``version``, ``expired``), or None when it
+    may. Every client applies this rule (``web/edgeqa.js`` mirrors it, on the vectors in
+    ``tests/vectors/answer_objects.json`` and ``proofs.json``): a forged, cached or misplaced
+    object, or one past its ``expires_at``, sends the question on to the next layer. ``root``:
+    the signed ``answers_root`` of ``version`` (``signing.py``); the object must prove itself
+    against it."""
     from datetime import datetime
 
     if not isinstance(obj, dict) or not isinstance(obj.get("answer"), str):
         return "malformed"
+    if root is not None and not proves(obj, root):
+        return "proof"
     for name, expected in (("key", key), ("profile", profile), ("version", version)):
         if obj.get(name) != expected:
             return name
@@ -251,10 +263,15 @@ def _manifest(store: Store, profile: str, version: str) -> tuple[dict[str, Any],
 
 
 def _check_signature(
-    store: Store, profile: str, version: str, manifest: bytes, public_keys: tuple[str, ...]
+    store: Store,
+    profile: str,
+    version: str,
+    manifest: dict[str, Any],
+    manifest_sha256: str,
+    public_keys: tuple[str, ...],
 ) -> None:
-    """``ReleaseError`` unless ``manifest.sig`` is a signature of ``manifest`` by one of the
-    keys (``signing.py``)."""
+    """``ReleaseError`` unless ``manifest.sig`` is one of the keys' signature of this release's
+    statement (``signing.py``): this profile, this version, this manifest, its answers root."""
     path = f"{release_prefix(profile, version)}/{SIGNATURE}"
     try:
         signature: bytes | None = store.get(path, max_bytes=MAX_SIGNATURE_BYTES)
@@ -263,9 +280,18 @@ def _check_signature(
     except ObjectTooLargeError:
         raise ReleaseError(f"{path} is over {MAX_SIGNATURE_BYTES} bytes") from None
     try:
-        verify_manifest(manifest, signature, public_keys)
+        signed = verify_statement(signature, public_keys)
     except SignatureError as error:
         raise ReleaseError(f"release {profile}/{version}: {error}") from None
+    expected = {
+        "profile": profile,
+        "version": version,
+        "manifest_sha256": manifest_sha256,
+        "answers_root": manifest.get("answers_root"),
+    }
+    for name, value in expected.items():
+        if signed.get(name) != value:
+            raise ReleaseError(f"release {profile}/{version}: the signature is for another {name}")
 
 
 def member(entry: Any) -> str:
@@ -361,8 +387,11 @@ def load_release(
     if expected_manifest_sha256 is not None and manifest_sha != expected_manifest_sha256:
         raise ReleaseError(f"release {profile}/{version}: manifest.json does not match the pointer")
     if public_keys:  # before anything the manifest names is fetched
-        _check_signature(store, profile, version, manifest_bytes, tuple(public_keys))
+        _check_signature(store, profile, version, manifest, manifest_sha, tuple(public_keys))
     prefix = release_prefix(profile, version)
+    root = manifest.get("answers_root")
+    if not isinstance(root, str):
+        raise ReleaseError(f"release {profile}/{version}: the manifest names no answers_root")
     shards = []
     shard_entries, embedder_entries = _entries(manifest, f"{profile}/{version}")
     for entry in shard_entries:
@@ -391,5 +420,7 @@ def load_release(
                     raise ReleaseError(f"{path} is over {MAX_ANSWER_OBJECT_BYTES} bytes") from None
                 if sha256_hex(data) != digest:
                     raise ReleaseError(f"{path} does not match its row's object_sha256")
+                if not proves(json.loads(data), root):
+                    raise ReleaseError(f"{path}: its proof does not lead to the answers root")
     embedder_files = {entry["path"]: _checked(store, prefix, entry) for entry in embedder_entries}
     return LoadedRelease(manifest, manifest_sha, shards, embedder_files)

@@ -1,16 +1,28 @@
-"""Release signatures: who may publish what the edge and the origin serve.
+"""Release signatures: who may publish what the edge, the origin and the browsers serve.
 
 The sha256 chain (``release.py``) proves a release is whole, not who wrote it: anyone who can
-write the store can publish a release that hashes correctly. The nightly job therefore signs each
-release's ``manifest.json`` with an Ed25519 key (``EDGEQA_SIGNING_KEY``) into ``manifest.sig``
-beside it; readers holding the public keys (``EDGEQA_RELEASE_PUBLIC_KEYS``, several during a
-rotation) refuse a release that is unsigned or signed by any other key. Since the manifest holds
-the sha256 of every shard and every row the sha256 of its answer object, one signature covers
-every byte of the release.
+write the store can publish a release that hashes correctly. The nightly job therefore signs a
+short *statement* for each release with an Ed25519 key into ``manifest.sig`` beside its manifest:
 
-Keys are raw 32-byte Ed25519 keys, base64-encoded (``generate_keypair``; ``edgeqa keys``).
-``manifest.sig`` is ``{"alg": "ed25519", "key_id", "signature"}``; ``key_id`` is the first 16 hex
-digits of the public key's sha256 (to tell keys apart in logs, never trusted for verification).
+    {"answers_root", "format": "edgeqa-release-statement/1", "manifest_sha256", "profile",
+     "version"}
+
+(canonical JSON). The manifest holds the sha256 of every shard and every row the sha256 of its
+answer object, so through ``manifest_sha256`` one signature covers every byte the edge and the
+origin read; through ``answers_root`` (``proofs.py``) it covers every answer object a browser
+reads. Publishing copies ``manifest.sig`` into ``current.json`` as ``signed``, so a browser needs
+nothing but the pointer and one object. Readers hold the public keys
+(``EDGEQA_RELEASE_PUBLIC_KEYS``, several during a rotation) and refuse a release that is unsigned
+or signed by any other key.
+
+The statement is small on purpose: AWS KMS signs at most 4 KiB (``KmsSigner``,
+``EDGEQA_SIGNING_KMS_KEY``: the private key never leaves KMS); ``LocalSigner`` holds a raw key
+(``EDGEQA_SIGNING_KEY``, ``edgeqa keys generate``). Public keys are base64, raw (32 bytes) or the
+SubjectPublicKeyInfo DER that KMS's GetPublicKey returns (44 bytes); they are kept raw.
+
+``manifest.sig`` is ``{"alg": "ed25519", "key_id", "statement", "signature"}``: ``statement`` is
+the exact signed text, ``key_id`` the first 16 hex digits of the public key's sha256 (to tell keys
+apart in logs, never trusted for verification).
 """
 
 from __future__ import annotations
@@ -20,15 +32,19 @@ import binascii
 import hashlib
 import json
 from collections.abc import Iterable
+from typing import Any, Protocol
 
 from edge_index.errors import EdgeQAError
 
 SIGNATURE = "manifest.sig"
 MAX_SIGNATURE_BYTES = 4096
+STATEMENT_FORMAT = "edgeqa-release-statement/1"
+# SubjectPublicKeyInfo of an Ed25519 key, before its 32 raw bytes (RFC 8410)
+_SPKI_PREFIX = bytes.fromhex("302a300506032b6570032100")
 
 
 class SignatureError(EdgeQAError, ValueError):
-    """A key is malformed, or a manifest is unsigned or not signed by a trusted key."""
+    """A key is malformed, or a release is unsigned or not signed by a trusted key."""
 
 
 def _raw(key: str, what: str) -> bytes:
@@ -36,9 +52,16 @@ def _raw(key: str, what: str) -> bytes:
         raw = base64.b64decode(key.strip(), validate=True)
     except (binascii.Error, ValueError):
         raw = b""
+    if len(raw) == 44 and raw.startswith(_SPKI_PREFIX):
+        raw = raw[len(_SPKI_PREFIX) :]
     if len(raw) != 32:
-        raise SignatureError(f"{what} must be a base64 raw Ed25519 key (32 bytes)")
+        raise SignatureError(f"{what} must be a base64 Ed25519 key (32 raw bytes or 44 DER)")
     return raw
+
+
+def normalize_public_key(key: str) -> str:
+    """``key`` (raw or DER, base64) as base64 of its 32 raw bytes."""
+    return base64.b64encode(_raw(key, "a public key")).decode()
 
 
 def key_id(public_key: str) -> str:
@@ -59,54 +82,137 @@ def generate_keypair() -> tuple[str, str]:
     return base64.b64encode(private_bytes).decode(), base64.b64encode(public_bytes).decode()
 
 
-def public_key_of(private_key: str) -> str:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    private = Ed25519PrivateKey.from_private_bytes(_raw(private_key, "EDGEQA_SIGNING_KEY"))
-    public = private.public_key().public_bytes(
-        serialization.Encoding.Raw, serialization.PublicFormat.Raw
-    )
-    return base64.b64encode(public).decode()
-
-
 def parse_public_keys(value: str) -> tuple[str, ...]:
-    """``EDGEQA_RELEASE_PUBLIC_KEYS``: comma-separated base64 keys; ``SignatureError`` if bad."""
-    keys = tuple(k.strip() for k in value.split(",") if k.strip())
-    for key in keys:
-        _raw(key, "each of EDGEQA_RELEASE_PUBLIC_KEYS")
-    return keys
+    """``EDGEQA_RELEASE_PUBLIC_KEYS``: comma-separated base64 keys, returned raw;
+    ``SignatureError`` if one is bad."""
+    keys = [k.strip() for k in value.split(",") if k.strip()]
+    try:
+        return tuple(normalize_public_key(k) for k in keys)
+    except SignatureError:
+        raise SignatureError(
+            "each of EDGEQA_RELEASE_PUBLIC_KEYS must be a base64 Ed25519 public key "
+            "(32 raw bytes, or the 44-byte DER KMS GetPublicKey returns)"
+        ) from None
 
 
-def sign_manifest(manifest: bytes, private_key: str) -> bytes:
-    """The ``manifest.sig`` object for ``manifest`` (its exact bytes)."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+class Signer(Protocol):
+    """Signs release statements; ``public_key`` is base64 raw."""
 
-    private = Ed25519PrivateKey.from_private_bytes(_raw(private_key, "EDGEQA_SIGNING_KEY"))
-    signature = base64.b64encode(private.sign(manifest)).decode()
-    body = {"alg": "ed25519", "key_id": key_id(public_key_of(private_key)), "signature": signature}
+    public_key: str
+
+    def sign(self, message: bytes) -> bytes: ...
+
+
+class LocalSigner:
+    """A raw Ed25519 private key held by this process (``EDGEQA_SIGNING_KEY``)."""
+
+    def __init__(self, private_key: str) -> None:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        self._key = Ed25519PrivateKey.from_private_bytes(_raw(private_key, "EDGEQA_SIGNING_KEY"))
+        public = self._key.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+        self.public_key = base64.b64encode(public).decode()
+
+    def sign(self, message: bytes) -> bytes:
+        return self._key.sign(message)
+
+
+class KmsSigner:
+    """An AWS KMS key of spec ECC_NIST_EDWARDS25519 (``EDGEQA_SIGNING_KMS_KEY``: its id, ARN or
+    alias); each ``sign`` is one KMS Sign call (ED25519_SHA_512, the message itself)."""
+
+    def __init__(self, key: str, client: Any = None) -> None:
+        import boto3
+
+        self.key = key
+        self._client = client or boto3.client("kms")
+        described = self._client.get_public_key(KeyId=key)
+        if described.get("KeySpec") != "ECC_NIST_EDWARDS25519":
+            raise SignatureError(
+                f"KMS key {key} is {described.get('KeySpec')}, not ECC_NIST_EDWARDS25519"
+            )
+        self.public_key = normalize_public_key(base64.b64encode(described["PublicKey"]).decode())
+
+    def sign(self, message: bytes) -> bytes:
+        answer = self._client.sign(
+            KeyId=self.key, Message=message, MessageType="RAW", SigningAlgorithm="ED25519_SHA_512"
+        )
+        return bytes(answer["Signature"])
+
+
+def signer_from(private_key: str = "", kms_key: str = "") -> Signer | None:
+    """The signer the settings name (a KMS key wins); None = publish unsigned."""
+    if kms_key:
+        return KmsSigner(kms_key)
+    return LocalSigner(private_key) if private_key else None
+
+
+def statement(profile: str, version: str, manifest_sha256: str, answers_root: str) -> bytes:
+    """The text a release's signature covers."""
+    body = {
+        "answers_root": answers_root,
+        "format": STATEMENT_FORMAT,
+        "manifest_sha256": manifest_sha256,
+        "profile": profile,
+        "version": version,
+    }
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def sign_statement(text: bytes, signer: Signer) -> bytes:
+    """The ``manifest.sig`` object for the statement ``text``."""
+    body = {
+        "alg": "ed25519",
+        "key_id": key_id(signer.public_key),
+        "statement": text.decode(),
+        "signature": base64.b64encode(signer.sign(text)).decode(),
+    }
     return json.dumps(body, sort_keys=True).encode()
 
 
-def verify_manifest(manifest: bytes, signature: bytes | None, public_keys: Iterable[str]) -> str:
-    """The key id that signed ``manifest``; ``SignatureError`` when ``signature`` (the
-    ``manifest.sig`` object, None when absent) is not a valid signature by one of the keys."""
+def verify_statement(signature: Any, public_keys: Iterable[str]) -> dict[str, Any]:
+    """The statement ``signature`` (the ``manifest.sig`` object, as bytes or parsed; None when
+    absent) signs, parsed; ``SignatureError`` unless one of the keys signed it."""
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     if signature is None:
         raise SignatureError("the release is unsigned (no manifest.sig)")
     try:
-        body = json.loads(signature)
+        body = json.loads(signature) if isinstance(signature, bytes | str) else signature
         raw = base64.b64decode(body["signature"], validate=True)
+        text = body["statement"].encode()
         if body.get("alg") != "ed25519" or len(raw) != 64:
             raise ValueError("not an Ed25519 signature")
-    except (ValueError, KeyError, TypeError, RecursionError, binascii.Error) as error:
-        raise SignatureError(f"manifest.sig is malformed: {error}") from None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, binascii.Error) as e:
+        raise SignatureError(f"manifest.sig is malformed: {e}") from None
     for key in public_keys:
         try:
-            Ed25519PublicKey.from_public_bytes(_raw(key, "a public key")).verify(raw, manifest)
-            return key_id(key)
+            Ed25519PublicKey.from_public_bytes(_raw(key, "a public key")).verify(raw, text)
         except InvalidSignature:
             continue
-    raise SignatureError("manifest.sig is not a signature of this manifest by a trusted key")
+        found = json.loads(text)
+        if not isinstance(found, dict) or found.get("format") != STATEMENT_FORMAT:
+            raise SignatureError("the signed statement is not an edgeqa release statement")
+        return found
+    raise SignatureError("manifest.sig is not a signature by a trusted key")
+
+
+def signed_root(pointer: Any, profile: str, public_keys: Iterable[str]) -> str | None:
+    """The ``answers_root`` a client may check answer objects against: the one the pointer's
+    ``signed`` statement names, when a trusted key signed it for this profile and the version
+    the pointer names; None otherwise (the client then skips the CDN). ``web/edgeqa.js``
+    (``signedRoot``) applies the same rule, on ``tests/vectors/proofs.json``."""
+    if not isinstance(pointer, dict):
+        return None
+    try:
+        signed = verify_statement(pointer.get("signed"), public_keys)
+    except SignatureError:
+        return None
+    if (signed.get("profile"), signed.get("version")) != (profile, pointer.get("version")):
+        return None
+    root = signed.get("answers_root")
+    return root if isinstance(root, str) else None

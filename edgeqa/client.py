@@ -19,6 +19,7 @@ import httpx
 
 from edge_index.keys import key
 from edge_index.release import answer_object_problem
+from edge_index.signing import signed_root
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,10 @@ class Answered:
 
 class EdgeQAClient:
     """``cdn``: where releases are read (CloudFront); ``edge``: the edge index service;
-    ``origin``: the origin server. ``cdn`` and ``edge`` may be empty (those layers skipped)."""
+    ``origin``: the origin server. ``cdn`` and ``edge`` may be empty (those layers skipped).
+    ``public_keys``: the keys releases are signed with (``EDGEQA_RELEASE_PUBLIC_KEYS``); an
+    answer object from the CDN is shown only when it proves itself against a release one of
+    them signed, so without them the CDN is skipped."""
 
     def __init__(
         self,
@@ -43,6 +47,7 @@ class EdgeQAClient:
         profile: str = "",
         api_key: str = "",
         user_token: str = "",
+        public_keys: tuple[str, ...] = (),
         pointer_ttl_s: float = 30.0,
         client: httpx.Client | None = None,
     ) -> None:
@@ -50,22 +55,24 @@ class EdgeQAClient:
         self.api_key = api_key
         # the signed user token the deployment's backend minted (docs/security.md#identity)
         self.user_headers = {"x-edgeqa-user": user_token} if user_token else {}
+        self.public_keys = public_keys
         self.pointer_ttl_s = pointer_ttl_s
         self.http = client or httpx.Client(timeout=120)
-        self._pointer: tuple[str | None, float] | None = None  # (version, read at)
+        # ((version, answers root) or None, read at)
+        self._pointer: tuple[tuple[str, str] | None, float] | None = None
 
-    def current_version(self) -> str | None:
-        if not self.cdn or not self.profile:
+    def current_release(self) -> tuple[str, str] | None:
+        """(version, answers root) of the current release when its pointer is signed by one of
+        ``public_keys``; None when not, or when the CDN is down (the other layers answer)."""
+        if not self.cdn or not self.profile or not self.public_keys:
             return None
         if self._pointer and time.monotonic() - self._pointer[1] < self.pointer_ttl_s:
             return self._pointer[0]
-        try:
-            response = self.http.get(f"{self.cdn}/{self.profile}/current.json")
-            version = response.json()["version"] if response.status_code == 200 else None
-        except httpx.HTTPError:
-            return None  # the CDN is down: the other layers still answer
-        self._pointer = (version, time.monotonic())
-        return version
+        pointer = self._json("GET", f"{self.cdn}/{self.profile}/current.json")
+        root = signed_root(pointer, self.profile, self.public_keys)
+        release = (str(pointer["version"]), root) if pointer and root else None
+        self._pointer = (release, time.monotonic())
+        return release
 
     def ask(self, question: str, on_text: Callable[[str], None] | None = None) -> Answered:
         """The answer from the first layer that has one; ``on_text`` gets it as it arrives."""
@@ -76,10 +83,11 @@ class EdgeQAClient:
         def done(tier: str, source: str, answer: str, first_byte: float) -> Answered:
             return Answered(question, tier, source, answer, (first_byte - started) * 1000, k)
 
-        version = self.current_version()
-        if version:
+        release = self.current_release()
+        if release:
+            version, root = release
             found = self._json("GET", f"{self.cdn}/{self.profile}/releases/{version}/a/{k}.json")
-            problem = answer_object_problem(found, k, self.profile, version, time.time())
+            problem = answer_object_problem(found, k, self.profile, version, time.time(), root)
             if found is not None and problem is None:
                 on_text(found["answer"])
                 return done("exact", "cdn", found["answer"], time.perf_counter())

@@ -192,7 +192,9 @@ def run_demo(
     with services(store, profile, ports) as urls:
         _say(out, f"3. serving: CDN {urls['cdn']}  edge {urls['edge']}  origin {urls['origin']}")
         _say(out, "4. a client session (CDN exact object -> edge lookup -> origin stream):")
-        client = EdgeQAClient(urls["origin"], urls["cdn"], urls["edge"], profile)
+        client = EdgeQAClient(
+            urls["origin"], urls["cdn"], urls["edge"], profile, public_keys=(_PUBLIC_KEY,)
+        )
         answered = [client.ask(q) for q in SESSION]
         _table(answered, out)
         excluded = ", ".join(f"{k} {n}" for k, n in sorted(result["excluded_rows"].items()))

@@ -25,8 +25,10 @@ import numpy as np
 
 from edge_index.guard import Guard
 from edge_index.matcher import Calibration, Decision, calibrate
+from edge_index.proofs import leaf, tree
 from edge_index.release import (
     FORMAT,
+    answer_fields,
     answer_object,
     canonical_json,
     object_path,
@@ -232,8 +234,9 @@ def build_release(
         content.update(canonical_json([row["key"], row["answer"], row["cluster"]]))
     version = release_version(now, content.hexdigest())
     staging.mkdir(parents=True, exist_ok=True)
-    for row in rows:
-        data = answer_object(row, version, profile)
+    answers_root, proofs = tree([leaf(answer_fields(row, version, profile)) for row in rows])
+    for row, proof in zip(rows, proofs, strict=True):
+        data = answer_object(row, version, profile, proof)
         row["object_sha256"] = sha256_hex(data)
         target = staging / object_path(row["key"])
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -308,6 +311,7 @@ def build_release(
         "counts": {"clusters": report.clusters, "rows": len(rows)},
         "expiry": {"ttl_days": config.ttl_days, "jitter": config.ttl_jitter},
         "content_sha256": content.hexdigest(),
+        "answers_root": answers_root,
         "created_at": now.isoformat(),
         **(extra or {}),
     }

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from edge_index.config import ConfigError
-from edge_index.signing import public_key_of
+from edge_index.signing import LocalSigner, Signer, signer_from
 from origin.config import EngineSettings
 from origin.precision import ENGINE_QUANTIZATIONS, EngineQuantization
 
@@ -32,15 +32,21 @@ class PrecomputeSettings(EngineSettings):
     min_users: int = Field(5, ge=1)  # k: distinct users who must have asked
     top_n: int = Field(10_000, ge=1)
     keep_releases: int = Field(5, ge=2)
-    # base64 Ed25519 private key releases are signed with ("" = published unsigned)
+    # base64 Ed25519 private key releases are signed with ("" = published unsigned) ...
     signing_key: str = ""
+    # ... or an AWS KMS key (id, ARN or alias) of spec ECC_NIST_EDWARDS25519, which wins
+    signing_kms_key: str = ""
 
     @field_validator("signing_key", mode="after")
     @classmethod
     def _signing_key(cls, value: str) -> str:
         if value:
-            public_key_of(value)  # a malformed key fails here, naming the variable
+            LocalSigner(value)  # a malformed key fails here, naming the variable
         return value
+
+    def signer(self) -> Signer | None:
+        """What signs releases (``edge_index/signing.py``); None = published unsigned."""
+        return signer_from(self.signing_key, self.signing_kms_key)
 
 
 @dataclass(frozen=True)

@@ -276,7 +276,7 @@ def publish_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
             work.store,
             folder,
             keep=params.config.keep,
-            signing_key=params.config.settings.signing_key,
+            signer=params.config.settings.signer(),
         )
     return {"status": "published", **report.as_dict()}
 

@@ -42,7 +42,7 @@ from edge_index.release import (
     release_prefix,
     sha256_hex,
 )
-from edge_index.signing import SIGNATURE, public_key_of, sign_manifest
+from edge_index.signing import MAX_SIGNATURE_BYTES, SIGNATURE, Signer, sign_statement, statement
 from edge_index.store import (
     ObjectNotFoundError,
     ObjectTooLargeError,
@@ -93,11 +93,12 @@ def publish(
     keep: int = 5,
     on_stage: Callable[[str], None] | None = None,
     workers: int = 16,
-    signing_key: str = "",
+    signer: Signer | None = None,
 ) -> PublishReport:
-    """Publish the release built in ``staging`` (its ``manifest.json`` says which), signed with
-    ``signing_key`` (``edge_index/signing.py``; "" = unsigned, which readers holding public keys
-    refuse)."""
+    """Publish the release built in ``staging`` (its ``manifest.json`` says which), signed by
+    ``signer`` (``edge_index/signing.py``; None = unsigned, which readers holding public keys
+    refuse). The signature goes beside the manifest and into ``current.json`` (``signed``), where
+    browsers check it."""
     if keep < 2:
         raise ValueError("keep must be at least 2 (the current release and one to roll back to)")
     started = time.perf_counter()
@@ -123,12 +124,19 @@ def publish(
     stage = on_stage or (lambda name: None)
     uploaded = flipping = False
     try:
-        keys = (public_key_of(signing_key),) if signing_key else ()
+        keys = (signer.public_key,) if signer else ()
         verified = resume and _verifies(store, profile, version, manifest_sha, keys)
+        signature = None
+        if verified and signer:
+            signature = store.get(f"{prefix}/{SIGNATURE}", max_bytes=MAX_SIGNATURE_BYTES)
         if not verified:
             uploaded = True
+            if signer:
+                signature = sign_statement(
+                    statement(profile, version, manifest_sha, manifest["answers_root"]), signer
+                )
             report.bytes, report.files = _upload_release(
-                store, prefix, staging, workers, stage, signing_key
+                store, prefix, staging, workers, stage, signature
             )
         stage("verify")
         if not verified:  # a resumed upload was just read back whole: once is enough
@@ -141,6 +149,7 @@ def publish(
             "manifest_sha256": manifest_sha,
             "published_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "parent": parent,
+            **({"signed": json.loads(signature)} if signature else {}),
         }
         flipping = True
         _flip(store, profile, new_pointer, etag)
@@ -163,7 +172,7 @@ def _upload_release(
     staging: Path,
     workers: int,
     stage: Callable[[str], None],
-    signing_key: str,
+    signature: bytes | None,
 ) -> tuple[int, int]:
     """Objects, shards (and the embedder), the signature, then the manifest: (bytes, files)."""
     stage("objects")
@@ -175,12 +184,11 @@ def _upload_release(
     total += _upload(store, prefix, shards, staging, workers)
     stage("manifest")
     manifest_bytes = (staging / "manifest.json").read_bytes()
-    if signing_key:
-        signature = sign_manifest(manifest_bytes, signing_key)
+    if signature:
         store.put(f"{prefix}/{SIGNATURE}", signature, "application/json")
         total += len(signature)
     store.put(f"{prefix}/manifest.json", manifest_bytes, "application/json")
-    return total + len(manifest_bytes), len(objects) + len(shards) + 1 + bool(signing_key)
+    return total + len(manifest_bytes), len(objects) + len(shards) + 1 + bool(signature)
 
 
 def _names(pointer: dict[str, Any] | None, version: str, manifest_sha: str) -> bool:

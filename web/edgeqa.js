@@ -7,7 +7,9 @@
 //   key(q)       = hex(SHA-256(UTF-8(normalize(q))))            (WebCrypto)
 //
 // Tiered lookup (EdgeQAClient.ask):
-//   1. exact  — <cdn>/<profile>/current.json (cached) -> <cdn>/<profile>/releases/<v>/a/<key>.json
+//   1. exact  — <cdn>/<profile>/current.json (cached) -> <cdn>/<profile>/releases/<v>/a/<key>.json,
+//               shown only when the pointer's statement is signed by one of releasePublicKeys
+//               and the object's Merkle proof leads to the root it names (docs/security.md)
 //   2. edge   — POST <edge>/v1/lookup {"q"}  (exact or semantic, FAISS + calibrated decision)
 //   3. origin — POST <origin>/v1/chat/completions, streamed (SSE); the origin may still answer
 //               from its own tiers (x-edgeqa-tier: exact | semantic | origin_cache | generated)
@@ -83,33 +85,125 @@ export function answerObjectProblem(object, { key, profile, version, nowMs = Dat
   return expires <= nowMs ? "expired" : null;
 }
 
+const HEX_STEP = /^[lr][0-9a-f]{64}$/;
+const MAX_PROOF_STEPS = 64;
+const STATEMENT_FORMAT = "edgeqa-release-statement/1";
+
+const sha256 = async (bytes) => new Uint8Array(await globalThis.crypto.subtle.digest("SHA-256", bytes));
+const fromHex = (hex) => Uint8Array.from(hex.match(/../g), (b) => parseInt(b, 16));
+const toHex = (bytes) => [...bytes].map((b) => b.toString(16).padStart(2, "0")).join("");
+const concat = (...parts) => {
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const part of parts) { out.set(part, at); at += part.length; }
+  return out;
+};
+const fromBase64 = (text) => {
+  if (typeof text !== "string" || !/^[A-Za-z0-9+/]*={0,2}$/.test(text)) throw new Error("base64");
+  return Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
+};
+
+// Whether `object` carries a Merkle proof of its key, profile, version, expires_at and answer up
+// to `root` (edge_index/proofs.py, on tests/vectors/proofs.json).
+export async function provesAnswer(object, root) {
+  const fields = ["key", "profile", "version", "expires_at", "answer"].map((n) => object?.[n]);
+  const proof = object?.proof;
+  if (!fields.every((f) => typeof f === "string") || !Array.isArray(proof) ||
+      proof.length > MAX_PROOF_STEPS || fields.some((f) => LONE_SURROGATE.test(f))) {
+    return false;
+  }
+  const encoder = new TextEncoder();
+  const digests = await Promise.all(fields.map((f) => sha256(encoder.encode(f))));
+  let node = await sha256(concat(new Uint8Array([0]), ...digests));
+  for (const step of proof) {
+    if (typeof step !== "string" || !HEX_STEP.test(step)) return false;
+    const sibling = fromHex(step.slice(1));
+    node = await sha256(step[0] === "l" ? concat(new Uint8Array([1]), sibling, node)
+                                        : concat(new Uint8Array([1]), node, sibling));
+  }
+  return toHex(node) === root;
+}
+
+// The answers root `pointer` (a parsed current.json) proves, or null: its `signed` statement must
+// verify under one of `publicKeys` (base64 raw Ed25519) and name this profile and the pointer's
+// version (edge_index/signing.py signed_root, on tests/vectors/proofs.json).
+export async function signedRoot(pointer, { profile, publicKeys }) {
+  const signed = pointer?.signed;
+  if (!signed || typeof signed !== "object" || signed.alg !== "ed25519" ||
+      typeof signed.statement !== "string") {
+    return null;
+  }
+  let signature;
+  try { signature = fromBase64(signed.signature); } catch { return null; }
+  if (signature.length !== 64) return null;
+  const text = new TextEncoder().encode(signed.statement);
+  for (const publicKey of publicKeys) {
+    let verified = false;
+    try {
+      const key = await globalThis.crypto.subtle.importKey(
+        "raw", fromBase64(publicKey), { name: "Ed25519" }, false, ["verify"]);
+      verified = await globalThis.crypto.subtle.verify({ name: "Ed25519" }, key, signature, text);
+    } catch { /* a malformed key verifies nothing */ }
+    if (!verified) continue;
+    let statement;
+    try { statement = JSON.parse(signed.statement); } catch { return null; }
+    if (statement?.format !== STATEMENT_FORMAT || statement.profile !== profile ||
+        statement.version !== pointer.version || typeof statement.answers_root !== "string") {
+      return null;
+    }
+    return statement.answers_root;
+  }
+  return null;
+}
+
+// answerObjectProblem, with the object's proof checked against the signed `root` first: the
+// problem ("proof" among them) or null when the object may be shown.
+export async function checkAnswerObject(object, { key, profile, version, root, nowMs = Date.now() }) {
+  if (!object || typeof object !== "object" || typeof object.answer !== "string") {
+    return "malformed";
+  }
+  if (!(await provesAnswer(object, root))) return "proof";
+  return answerObjectProblem(object, { key, profile, version, nowMs });
+}
+
 export class EdgeQAClient {
   // cdn: base URL of the release store (CloudFront); profile: the release profile;
   // edge: the edge index service; origin: the origin server. Any of cdn/edge may be empty.
   // userToken: the signed user token your backend minted (docs/security.md#identity), if any.
+  // releasePublicKeys: the keys releases are signed with (EDGEQA_RELEASE_PUBLIC_KEYS, base64);
+  // without them the CDN tier is skipped: an answer object is shown only when it proves itself.
   constructor({ cdn = "", profile = "", edge = "", origin = "", model = "", apiKey = "",
-                userToken = "", pointerTtlMs = 30000,
+                userToken = "", releasePublicKeys = [], pointerTtlMs = 30000,
                 fetch = globalThis.fetch.bind(globalThis) } = {}) {
     Object.assign(this, { cdn, profile, edge, origin, model, apiKey, userToken, pointerTtlMs });
+    this.releasePublicKeys = releasePublicKeys;
     this.fetch = fetch;
-    this.pointer = null; // { version, at }
+    this.pointer = null; // { release: { version, root } | null, at }
   }
 
   userHeaders() {
     return this.userToken ? { "x-edgeqa-user": this.userToken } : {};
   }
 
-  async currentVersion() {
-    if (!this.cdn || !this.profile) return null;
-    if (this.pointer && now() - this.pointer.at < this.pointerTtlMs) return this.pointer.version;
+  // The current release, { version, root }, when its pointer is signed by a trusted key; null
+  // when there is none, it is not signed, or the CDN is down (the other tiers still answer).
+  async currentRelease() {
+    if (!this.cdn || !this.profile || !this.releasePublicKeys.length) return null;
+    if (this.pointer && now() - this.pointer.at < this.pointerTtlMs) return this.pointer.release;
+    let release = null;
     try {
       const response = await this.fetch(`${this.cdn}/${this.profile}/current.json`);
-      const version = response.ok ? (await response.json()).version : null;
-      this.pointer = { version, at: now() };
-      return version;
+      if (response.ok) {
+        const pointer = await response.json();
+        const root = await signedRoot(
+          pointer, { profile: this.profile, publicKeys: this.releasePublicKeys });
+        if (root !== null) release = { version: pointer.version, root };
+      }
     } catch {
-      return null; // the CDN is down: the other tiers still answer
+      return null;
     }
+    this.pointer = { release, at: now() };
+    return release;
   }
 
   // Answer `question`: { tier, source, answer, ttfbMs, totalMs, key }. onText(delta) receives
@@ -124,15 +218,18 @@ export class EdgeQAClient {
       return result;
     };
 
-    const version = await this.currentVersion();
-    if (version) {
+    const release = await this.currentRelease();
+    if (release) {
       try {
+        const { version, root } = release;
         const url = `${this.cdn}/${this.profile}/releases/${version}/a/${k}.json`;
         const response = await this.fetch(url, { signal });
         if (response.ok) {
           const firstByte = now();
           const object = await response.json();
-          if (answerObjectProblem(object, { key: k, profile: this.profile, version }) === null) {
+          const problem = await checkAnswerObject(
+            object, { key: k, profile: this.profile, version, root });
+          if (problem === null) {
             onText(object.answer);
             return done("exact", "cdn", object.answer, firstByte);
           }

@@ -14,6 +14,12 @@ module "storage" {
   account_id = data.aws_caller_identity.current.account_id
 }
 
+module "signing" {
+  source     = "./modules/signing"
+  name       = local.name
+  account_id = data.aws_caller_identity.current.account_id
+}
+
 module "origin" {
   source               = "./modules/origin"
   name                 = "${local.name}-origin"
@@ -32,6 +38,8 @@ module "origin" {
   profile              = var.profile
   user_salt_secret_arn = var.user_salt_secret_arn
   api_keys_secret_arn  = var.api_keys_secret_arn
+  identity_secret_arn  = var.identity_secret_arn
+  release_public_keys  = module.signing.public_key
   origin_verify_secret = var.origin_verify_secret
 }
 
@@ -51,6 +59,8 @@ module "edge" {
   access_logs_bucket   = module.storage.access_logs_bucket
   profile              = var.profile
   user_salt_secret_arn = var.user_salt_secret_arn
+  identity_secret_arn  = var.identity_secret_arn
+  release_public_keys  = module.signing.public_key
   log_retention_days   = var.log_retention_days
   origin_verify_secret = var.origin_verify_secret
 }
@@ -83,4 +93,5 @@ module "airflow" {
   private_subnet_ids = slice(var.private_subnet_ids, 0, 2)
   bucket_arn         = module.storage.bucket_arn
   kms_key_arn        = module.storage.kms_key_arn
+  signing_key_arn    = module.signing.key_arn
 }

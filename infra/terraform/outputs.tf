@@ -27,3 +27,8 @@ output "mwaa_dags_bucket" {
   description = "Upload dags/ (and requirements.txt) here for MWAA."
   value       = module.airflow.dags_bucket
 }
+
+output "release_public_key" {
+  description = "The release signing key's public half (base64 DER): EDGEQA_RELEASE_PUBLIC_KEYS for anything that reads releases, and releasePublicKeys of the web client (the origin's /config.json serves it)."
+  value       = module.signing.public_key
+}

@@ -102,6 +102,11 @@ variable "origin_verify_secret" {
   sensitive   = true
 }
 
+variable "identity_secret_arn" {
+  description = "Secrets Manager secret holding EDGEQA_IDENTITY_SECRET (32+ characters): the HS256 key your backend mints user tokens with (edge_index.users.mint_user_token) and the edge and the origin verify them with."
+  type        = string
+}
+
 variable "api_keys_secret_arn" {
   description = "Secrets Manager secret holding EDGEQA_API_KEYS (comma-separated, 16+ characters each): the keys the origin's /v1/* accepts; each key is one asker with its own share (in flight, tokens a minute)."
   type        = string

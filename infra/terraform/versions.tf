@@ -3,7 +3,7 @@ terraform {
   required_providers {
     aws = {
       source  = "hashicorp/aws"
-      version = "~> 5.70"
+      version = "~> 6.21" # 6.21: KMS Ed25519 keys (ECC_NIST_EDWARDS25519)
     }
   }
 }

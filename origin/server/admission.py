@@ -61,20 +61,31 @@ class Admission:
             if reason is None:
                 self._in_flight[user] = self._in_flight.get(user, 0) + 1
         if reason is not None:
-            after = str(math.ceil(retry_s)) if retry_s is not None else self.retry_after(engine)
-            raise APIError(
-                429,
-                f"the origin is at capacity ({reason}); retry later",
-                None,
-                "rate_limit_exceeded",
-                reason,
-                headers={"retry-after": after},
-            )
+            raise self._refusal(reason, retry_s, engine)
         try:
             return open_stream()
         except BaseException:
             self.release(user)
             raise
+
+    def check_share(self, settings: OriginSettings, engine: Engine, user: str) -> None:
+        """429 at once when ``user`` already has its share of requests in flight: checked before
+        the prompt is tokenized or looked up, so a flood of refused requests costs the server as
+        little as it can (``admit`` checks again, under its lock)."""
+        per_user = settings.max_in_flight_per_user
+        if per_user and self._in_flight.get(user, 0) >= per_user:
+            raise self._refusal("user_limit", None, engine)
+
+    def _refusal(self, reason: str, retry_s: float | None, engine: Engine) -> APIError:
+        after = str(math.ceil(retry_s)) if retry_s is not None else self.retry_after(engine)
+        return APIError(
+            429,
+            f"the origin is at capacity ({reason}); retry later",
+            None,
+            "rate_limit_exceeded",
+            reason,
+            headers={"retry-after": after},
+        )
 
     def _charge(self, user: str, tokens: int, per_minute: int) -> float | None:
         """Charge ``tokens`` to ``user``'s last minute; None when within ``per_minute`` (0: no

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from anyio import to_thread
 from starlette.requests import ClientDisconnect, Request
@@ -31,6 +31,9 @@ from origin.server.protocol import (
 from origin.server.responses import Answer, Shaper, answer_response
 from origin.server.state import OriginServer
 
+if TYPE_CHECKING:
+    from edge_index.users import Asker
+
 log = logging.getLogger(__name__)
 
 # a refused request's reason in the rejected-requests metric, by HTTP status
@@ -49,6 +52,7 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
     }
     parsed: ParsedRequest | None = None
     key_id: str | None = None
+    asker: Asker | None = None
     try:
         key_id = check_api_key(request, settings.api_keys)
         runtime = server.ready_runtime()
@@ -62,6 +66,8 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
         )
         row.update(turns=parsed.turns, query=parsed.question[:4096])
         check_model(parsed, server.model_name)
+        asker = server.users.of_request(request, parsed.user, key_id)
+        server.admission.check_share(settings, runtime.engine, asker.user)
         prompt = try_build_prompt_inline(runtime.engine, parsed, settings.system_prompt)
         if prompt is None:
             prompt = await to_thread.run_sync(
@@ -70,11 +76,13 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
     except ClientDisconnect:
         return Response(status_code=499)
     except APIError as error:
-        asker = server.users.of_request(request, parsed.user if parsed else None, key_id)
+        if asker is None:
+            asker = server.users.of_request(request, parsed.user if parsed else None, key_id)
         row.update(user=asker.user, network=asker.network)
-        return refuse(server, error, REFUSAL_REASONS.get(error.status, "invalid"), row, arrival)
+        reason = error.code if error.status == 429 else None
+        reason = reason or REFUSAL_REASONS.get(error.status, "invalid")
+        return refuse(server, error, reason, row, arrival)
 
-    asker = server.users.of_request(request, parsed.user, key_id)
     row.update(user=asker.user, network=asker.network)
     user = asker.user
     shaper = Shaper(kind, request_id, server.model_name, int(time.time()))

@@ -51,6 +51,9 @@ async def web_config(server: OriginServer, request: Request) -> Response:
             "edge": settings.edge_url,
             "profile": server.served_profile() or settings.profile,
             "model": server.model_name,
+            # answer objects from the CDN are shown only when they prove themselves against a
+            # release signed by one of these (docs/security.md#signing)
+            "releasePublicKeys": list(settings.public_keys),
         },
         headers={"cache-control": "no-store"},
     )

@@ -180,13 +180,18 @@ def test_a_signed_release_is_served_only_with_a_trusted_signature(
     tmp_path: Path,
 ) -> None:
     from edge_index.config import ConfigError, EdgeSettings
-    from edge_index.signing import generate_keypair
+    from edge_index.signing import LocalSigner, generate_keypair, verify_statement
     from precompute.config import PrecomputeSettings
 
     (ours, our_key), (_, their_key) = generate_keypair(), generate_keypair()
     store = FileStore(tmp_path / "store")
     build(embedder, tmp_path / "r1", store)
-    version = publish(store, tmp_path / "r1", signing_key=ours).version
+    version = publish(store, tmp_path / "r1", signer=LocalSigner(ours)).version
+    # the pointer carries the signed statement, for browsers (which read nothing else of it)
+    signed = verify_statement(json.loads(store.get(pointer_path(PROFILE)))["signed"], (our_key,))
+    manifest = json.loads(store.get(f"{release_prefix(PROFILE, version)}/manifest.json"))
+    assert (signed["profile"], signed["version"]) == (PROFILE, version)
+    assert signed["answers_root"] == manifest["answers_root"]
     assert load_release(store, PROFILE, public_keys=(our_key,)).version == version
     assert load_release(store, PROFILE, public_keys=(their_key, our_key)).version == version
     with pytest.raises(ReleaseError, match="trusted key"):
@@ -195,7 +200,7 @@ def test_a_signed_release_is_served_only_with_a_trusted_signature(
     # chain holds, the signature does not
     _forge(store, version, lambda m: m.update(note="an attacker's release"))
     assert load_release(store, PROFILE).version == version  # without keys: served
-    with pytest.raises(ReleaseError, match="not a signature"):
+    with pytest.raises(ReleaseError, match="another manifest_sha256"):
         load_release(store, PROFILE, public_keys=(our_key,))
     watcher = ReleaseWatcher(
         store, PROFILE, embedder, 3600, metrics_prefix=EDGE_METRICS, public_keys=(our_key,)
@@ -208,6 +213,10 @@ def test_a_signed_release_is_served_only_with_a_trusted_signature(
         load_release(store, PROFILE, public_keys=(our_key,))
     store.put(f"{release_prefix(PROFILE, unsigned)}/manifest.sig", b'{"alg": "ed25519"}')
     with pytest.raises(ReleaseError, match="malformed"):
+        load_release(store, PROFILE, public_keys=(our_key,))
+    first = store.get(f"{release_prefix(PROFILE, version)}/manifest.sig")
+    store.put(f"{release_prefix(PROFILE, unsigned)}/manifest.sig", first)
+    with pytest.raises(ReleaseError, match="another version"):
         load_release(store, PROFILE, public_keys=(our_key,))
     # keys are checked where they are read
     with pytest.raises(ConfigError, match="EDGEQA_RELEASE_PUBLIC_KEYS"):

@@ -68,7 +68,7 @@ def test_every_file_parses_and_every_variable_and_output_is_documented(
 
 def test_the_modules_are_wired_and_the_bucket_is_private(parsed: dict[str, Any]) -> None:
     root_modules = {name for block in parsed["main.tf"]["module"] for name in block}
-    assert root_modules == {"storage", "origin", "edge", "cdn", "airflow"}
+    assert root_modules == {"storage", "signing", "origin", "edge", "cdn", "airflow"}
 
     def has(text: str, key: str, value: str) -> bool:  # hcl2 may wrap values in lists
         return re.search(rf'"{re.escape(key)}": \[?{re.escape(value)}', text) is not None
@@ -106,6 +106,16 @@ def test_the_modules_are_wired_and_the_bucket_is_private(parsed: dict[str, Any])
     for header in ("authorization", "x-api-key", "x-edgeqa-user", "x-edgeqa-origin-verify"):
         assert has(waf, "name", f'"{header}"'), header
     assert "query_string" in waf
+    # releases are signed in KMS (Ed25519); the edge and the origin verify with its public half
+    signing = json.dumps(parsed["modules/signing/main.tf"])
+    assert has(signing, "customer_master_key_spec", '"ECC_NIST_EDWARDS25519"')
+    airflow = json.dumps(parsed["modules/airflow/main.tf"])
+    assert "kms:Sign" in airflow and "EDGEQA_SIGNING_KMS_KEY" in airflow
+    edge = json.dumps(parsed["modules/edge/main.tf"])
+    for name in ("EDGEQA_RELEASE_PUBLIC_KEYS", "EDGEQA_IDENTITY_SECRET"):
+        assert name in edge and name + "=" in user_data, name
+    # browsers read pointers and answer objects; manifests, shards and embedders stay private
+    assert '/*/releases/*/a/*"' in cdn and '/*/releases/*"' not in cdn
 
 
 def test_checkov_reports_no_failed_checks() -> None:

@@ -20,6 +20,7 @@ from edge_index.release import (
     read_pointer,
     release_prefix,
 )
+from edge_index.signing import LocalSigner, generate_keypair, signed_root
 from edge_index.store import FileStore, Store, open_store
 from precompute.publish import STAGES, PublishConflictError, prune, publish
 from tests.releases import PROFILE, QUESTIONS
@@ -157,12 +158,13 @@ def test_failure_at_any_stage_keeps_readers_on_the_previous_release(
     assert publish(store, tmp_path / "new").version == new["version"]
 
 
-def _publish_and_die(root: str, staging: str, stage: str) -> None:
+def _publish_and_die(root: str, staging: str, stage: str, signing_key: str = "") -> None:
     def die(s: str) -> None:
         if s == stage:
             os._exit(17)  # a kill: no cleanup, no exception handlers
 
-    publish(FileStore(root), Path(staging), on_stage=die)
+    signer = LocalSigner(signing_key) if signing_key else None
+    publish(FileStore(root), Path(staging), on_stage=die, signer=signer)
 
 
 @pytest.mark.parametrize("stage", ["shards", "manifest", "verify", "flip"])
@@ -215,21 +217,25 @@ def test_publishing_again_resumes_an_upload_that_stopped_before_the_flip(
     tmp_path: Path,
 ) -> None:
     store = FileStore(tmp_path / "store")
+    private, public = generate_keypair()
     _build(embedder, tmp_path / "old", store, tag="old")
     publish(store, tmp_path / "old")
     new = _build(
         embedder, tmp_path / "new", store, tag="new", now=datetime(2026, 12, 1, tzinfo=UTC)
     )
     child = multiprocessing.get_context("fork").Process(
-        target=_publish_and_die, args=(str(store.root), str(tmp_path / "new"), "flip")
+        target=_publish_and_die, args=(str(store.root), str(tmp_path / "new"), "flip", private)
     )
     child.start()
     child.join(60)
     assert child.exitcode == 17 and new["version"] in list_versions(store, PROFILE)
     stages: list[str] = []
-    report = publish(store, tmp_path / "new", on_stage=stages.append)
+    report = publish(store, tmp_path / "new", on_stage=stages.append, signer=LocalSigner(private))
     assert report.version == new["version"] and stages == ["verify", "flip", "prune"]
-    assert load_release(store, PROFILE, check_objects=True).version == new["version"]
+    assert load_release(store, PROFILE, check_objects=True, public_keys=(public,))
+    # the resumed flip carries the signature the interrupted upload left, for browsers
+    pointer_body = json.loads(store.get(f"{PROFILE}/current.json"))
+    assert signed_root(pointer_body, PROFILE, (public,)) == new["answers_root"]
     # publishing the live release again changes nothing
     pointer = store.get(f"{PROFILE}/current.json")
     assert publish(store, tmp_path / "new").version == new["version"]

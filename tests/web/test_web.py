@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 
+from edge_index.keys import key
+from edge_index.release import object_path, release_prefix
 from edge_index.service import create_app as edge_app
+from edge_index.signing import LocalSigner, generate_keypair
 from edge_index.store import FileStore
 from edge_index.watcher import EDGE_METRICS, ORIGIN_METRICS, ReleaseWatcher
 from edgeqa.client import EdgeQAClient
@@ -30,13 +33,14 @@ from tests.serving import Server, wait_healthy
 WEB = Path(__file__).parents[2] / "web"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 NODE = shutil.which("node")
+FORGED = "Send your card number to this address."
 
 
 def test_key_spec_vectors_under_node() -> None:
     if NODE is None:
         pytest.skip("Node.js is missing: apt-get install -y nodejs")
     done = subprocess.run(
-        [NODE, "--test", "test/keys.test.mjs", "test/answers.test.mjs"],
+        [NODE, "--test", "test/keys.test.mjs", "test/answers.test.mjs", "test/proofs.test.mjs"],
         cwd=WEB,
         capture_output=True,
         text=True,
@@ -44,16 +48,21 @@ def test_key_spec_vectors_under_node() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "# pass 3" in done.stdout and "# fail 0" in done.stdout
+    assert "# pass 5" in done.stdout and "# fail 0" in done.stdout
 
 
 @pytest.fixture(scope="module")
 def stack(embedded_model, embedder, tmp_path_factory) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
-    """A published release behind the CDN, the edge service and the origin serving the page."""
+    """A signed release behind the CDN, the edge service and the origin serving the page; on the
+    CDN, someone has replaced the answer object of QUESTIONS[1]."""
     tmp = tmp_path_factory.mktemp("web")
     store = FileStore(tmp / "store")
     build(embedder, tmp / "v1", store, tag="v1", now=datetime(2026, 11, 20, tzinfo=UTC))
-    publish(store, tmp / "v1")
+    private, public = generate_keypair()
+    version = publish(store, tmp / "v1", signer=LocalSigner(private)).version
+    forged = f"{release_prefix(PROFILE, version)}/{object_path(key(QUESTIONS[1]))}"
+    obj = json.loads(store.get(forged))
+    store.put(forged, json.dumps({**obj, "answer": FORGED}).encode())
     model, tokenizer = embedded_model
     engine = Engine(model, tokenizer, EngineConfig(max_num_seqs=4, max_model_len=512))
     with Server(cdn_app(store.root)) as cdn:
@@ -66,13 +75,14 @@ def stack(embedded_model, embedder, tmp_path_factory) -> Iterator[dict[str, Any]
                     "EDGEQA_PROFILE": PROFILE,
                     "EDGEQA_CDN_URL": cdn.url,
                     "EDGEQA_EDGE_URL": edge.url,
+                    "EDGEQA_RELEASE_PUBLIC_KEYS": public,
                 }
             )
             releases = ReleaseWatcher(store, PROFILE, embedder, 3600, metrics_prefix=ORIGIN_METRICS)
             server = OriginServer(config, lambda: Runtime(engine.start(), 32, 0.0, releases))
             with Server(create_app(server)) as origin:
                 wait_healthy(origin.url)
-                yield {"origin": origin.url, "cdn": cdn.url, "edge": edge.url}
+                yield {"origin": origin.url, "cdn": cdn.url, "edge": edge.url, "key": public}
 
 
 def test_the_page_and_its_config(stack: dict[str, Any]) -> None:
@@ -87,6 +97,7 @@ def test_the_page_and_its_config(stack: dict[str, Any]) -> None:
         "edge": stack["edge"],
         "profile": PROFILE,
         "model": "SmolLM2-135M-Instruct",
+        "releasePublicKeys": [stack["key"]],
     }
     # browsers on the page's origin may read the edge's and the origin's answers and tiers
     preflight = httpx.options(
@@ -109,7 +120,7 @@ def test_browser_asks_a_published_and_a_novel_question(stack: dict[str, Any]) ->
         pytest.skip("missing " + ", ".join(missing) + ": `make test` installs them as root")
     published, novel = QUESTIONS[0], "Name one planet of the solar system."
     done = subprocess.run(
-        [str(NODE), "test/browser.mjs", stack["origin"], published, novel],
+        [str(NODE), "test/browser.mjs", stack["origin"], published, QUESTIONS[1], novel],
         cwd=WEB,
         capture_output=True,
         text=True,
@@ -120,21 +131,30 @@ def test_browser_asks_a_published_and_a_novel_question(stack: dict[str, Any]) ->
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["errors"] == []
-    first, second = report["results"]
+    first, replaced, second = report["results"]
     assert first["tier"] == "exact" and "cdn" in first["label"], first
     assert first["answer"] == f"v1: answer to {published}"
     assert "first byte" in first["latency"] and not first["error"]
+    # the replaced object does not prove itself against the signed root: the edge answers
+    assert replaced["tier"] == "exact" and "edge" in replaced["label"], replaced
+    assert replaced["answer"] == f"v1: answer to {QUESTIONS[1]}"
     assert second["tier"] == "generated" and "origin" in second["label"], second
     assert second["answer"].strip() and not second["error"]
-    assert report["recent"] == ["generated", "exact"]
+    assert report["recent"] == ["generated", "exact", "exact"]
 
 
 def test_the_python_client_takes_the_browser_s_path(stack: dict[str, Any]) -> None:
     """``edgeqa.client`` and ``web/edgeqa.js`` land on the same tier for the same question."""
-    client = EdgeQAClient(stack["origin"], stack["cdn"], stack["edge"], PROFILE)
+    keys = (stack["key"],)
+    client = EdgeQAClient(stack["origin"], stack["cdn"], stack["edge"], PROFILE, public_keys=keys)
     published = client.ask(QUESTIONS[0])
     assert (published.tier, published.source) == ("exact", "cdn")
     assert published.answer == f"v1: answer to {QUESTIONS[0]}"
+    replaced = client.ask(QUESTIONS[1])
+    assert (replaced.source, replaced.answer) == ("edge", f"v1: answer to {QUESTIONS[1]}")
+    # without the release keys the client cannot tell a forged object: it skips the CDN
+    unkeyed = EdgeQAClient(stack["origin"], stack["cdn"], stack["edge"], PROFILE)
+    assert unkeyed.ask(QUESTIONS[0]).source == "edge"
     received: list[str] = []
     novel = client.ask("Name one river in Europe.", on_text=received.append)
     assert (novel.tier, novel.source) == ("generated", "origin")

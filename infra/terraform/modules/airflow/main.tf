@@ -79,17 +79,31 @@ resource "aws_security_group" "mwaa" {
   }
 }
 
+resource "aws_s3_object" "startup" {
+  bucket     = aws_s3_bucket.dags.id
+  key        = "startup.sh"
+  kms_key_id = var.kms_key_arn
+  # releases are signed in KMS: the private key never reaches a worker (edge_index/signing.py)
+  content = <<-SH
+    #!/bin/sh
+    export EDGEQA_SIGNING_KMS_KEY='${var.signing_key_arn}'
+  SH
+}
+
 resource "aws_mwaa_environment" "this" {
-  name                  = var.name
-  airflow_version       = var.airflow_version
-  environment_class     = var.environment_class
-  max_workers           = var.max_workers
-  source_bucket_arn     = aws_s3_bucket.dags.arn
-  dag_s3_path           = "dags/"
-  requirements_s3_path  = "requirements.txt"
-  execution_role_arn    = aws_iam_role.mwaa.arn
-  kms_key               = var.kms_key_arn
-  webserver_access_mode = "PRIVATE_ONLY"
+  name                 = var.name
+  airflow_version      = var.airflow_version
+  environment_class    = var.environment_class
+  max_workers          = var.max_workers
+  source_bucket_arn    = aws_s3_bucket.dags.arn
+  dag_s3_path          = "dags/"
+  requirements_s3_path = "requirements.txt"
+  # exports EDGEQA_* for the tasks (MWAA sets no environment otherwise)
+  startup_script_s3_path           = aws_s3_object.startup.key
+  startup_script_s3_object_version = aws_s3_object.startup.version_id
+  execution_role_arn               = aws_iam_role.mwaa.arn
+  kms_key                          = var.kms_key_arn
+  webserver_access_mode            = "PRIVATE_ONLY"
 
   airflow_configuration_options = {
     "core.load_examples" = "false"
@@ -161,6 +175,11 @@ data "aws_iam_policy_document" "mwaa" {
     sid       = "UseKey"
     actions   = ["kms:Decrypt", "kms:DescribeKey", "kms:GenerateDataKey*", "kms:Encrypt"]
     resources = [var.kms_key_arn]
+  }
+  statement {
+    sid       = "SignReleases"
+    actions   = ["kms:Sign", "kms:GetPublicKey"]
+    resources = [var.signing_key_arn]
   }
   statement {
     sid       = "AirflowLogs"

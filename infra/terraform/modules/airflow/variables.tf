@@ -50,3 +50,8 @@ variable "max_workers" {
   type        = number
   default     = 8
 }
+
+variable "signing_key_arn" {
+  description = "The KMS key releases are signed with (the signing module's key_arn)."
+  type        = string
+}

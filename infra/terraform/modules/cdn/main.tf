@@ -1,5 +1,6 @@
 # CloudFront in front of the store and the services:
-#   /<profile>/releases/*   the release's answer objects: immutable, cached a year
+#   /<profile>/releases/*   the release's answer objects (a/*; nothing else of a release is
+#                           readable): immutable, cached a year
 #   /*/current.json         the pointer: cached 30 s (a new release reaches browsers within it)
 #   /v1/lookup*             the edge index service (semantic tier): not cached
 #   /v1/*                   the origin (generation, streamed): not cached
@@ -235,9 +236,10 @@ resource "aws_s3_bucket_policy" "store" {
 
 data "aws_iam_policy_document" "store" {
   statement {
-    sid       = "CloudFrontReadsReleases"
-    actions   = ["s3:GetObject"]
-    resources = ["${var.bucket_arn}/*/releases/*", "${var.bucket_arn}/*/current.json"]
+    sid     = "CloudFrontReadsReleases"
+    actions = ["s3:GetObject"]
+    # answer objects and pointers only: manifests, shards and embedders stay private
+    resources = ["${var.bucket_arn}/*/releases/*/a/*", "${var.bucket_arn}/*/current.json"]
     principals {
       type        = "Service"
       identifiers = ["cloudfront.amazonaws.com"]

@@ -90,3 +90,13 @@ variable "origin_verify_secret" {
   type        = string
   sensitive   = true
 }
+
+variable "identity_secret_arn" {
+  description = "Secret holding EDGEQA_IDENTITY_SECRET (verifies user tokens)."
+  type        = string
+}
+
+variable "release_public_keys" {
+  description = "EDGEQA_RELEASE_PUBLIC_KEYS: the keys releases must be signed with."
+  type        = string
+}

@@ -81,6 +81,8 @@ resource "aws_launch_template" "origin" {
     profile              = var.profile
     user_salt_secret_arn = var.user_salt_secret_arn
     api_keys_secret_arn  = var.api_keys_secret_arn
+    identity_secret_arn  = var.identity_secret_arn
+    release_public_keys  = var.release_public_keys
     trusted_proxies      = data.aws_vpc.this.cidr_block # the ALB: its viewer headers are believed
   }))
 
@@ -186,7 +188,7 @@ data "aws_iam_policy_document" "origin" {
   statement {
     sid       = "ReadSecrets"
     actions   = ["secretsmanager:GetSecretValue"]
-    resources = [var.user_salt_secret_arn, var.api_keys_secret_arn]
+    resources = [var.user_salt_secret_arn, var.api_keys_secret_arn, var.identity_secret_arn]
   }
   statement {
     sid       = "PublishQueueDepth"

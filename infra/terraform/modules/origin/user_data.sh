@@ -5,12 +5,16 @@ EDGEQA_USER_SALT="$(aws secretsmanager get-secret-value --secret-id '${user_salt
   --query SecretString --output text)"
 EDGEQA_API_KEYS="$(aws secretsmanager get-secret-value --secret-id '${api_keys_secret_arn}' \
   --query SecretString --output text)"
+EDGEQA_IDENTITY_SECRET="$(aws secretsmanager get-secret-value --secret-id '${identity_secret_arn}' \
+  --query SecretString --output text)"
 cat > /etc/edgeqa.env <<ENV
 EDGEQA_STORE=${store}
 EDGEQA_PROFILE=${profile}
 EDGEQA_QUANTIZATION=int8
 EDGEQA_USER_SALT=$EDGEQA_USER_SALT
 EDGEQA_API_KEYS=$EDGEQA_API_KEYS
+EDGEQA_IDENTITY_SECRET=$EDGEQA_IDENTITY_SECRET
+EDGEQA_RELEASE_PUBLIC_KEYS=${release_public_keys}
 EDGEQA_TRUSTED_PROXIES=${trusted_proxies}
 ENV
 chmod 600 /etc/edgeqa.env

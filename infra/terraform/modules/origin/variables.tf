@@ -83,3 +83,13 @@ variable "api_keys_secret_arn" {
   description = "Secret holding EDGEQA_API_KEYS (comma-separated): the origin is never open on its network."
   type        = string
 }
+
+variable "identity_secret_arn" {
+  description = "Secret holding EDGEQA_IDENTITY_SECRET (verifies user tokens)."
+  type        = string
+}
+
+variable "release_public_keys" {
+  description = "EDGEQA_RELEASE_PUBLIC_KEYS: the keys releases must be signed with."
+  type        = string
+}

@@ -1,0 +1,92 @@
+"""Merkle proofs: how a browser checks one answer object against a release's signature.
+
+The manifest's signature (``signing.py``) covers every byte of a release for the edge and the
+origin, which read the manifest and its shards. A browser reads only ``current.json`` and one
+answer object (nothing else of a release is public on the CDN), so every answer object carries a
+Merkle proof to the release's ``answers_root``, which the signed statement names, and the signed
+statement rides in ``current.json``. One signature per release (one KMS call) covers millions of
+objects; a client checks an object with about 25 SHA-256s.
+
+- leaf(object) = SHA-256(0x00 || SHA-256(key) || SHA-256(profile) || SHA-256(version) ||
+  SHA-256(expires_at) || SHA-256(answer)), each field UTF-8, exactly as the object spells it;
+- node(l, r) = SHA-256(0x01 || l || r) (the prefixes keep a leaf from passing for a node);
+- leaves in release row order; a level's odd last node moves up unchanged;
+- ``proof``: the siblings from the leaf up, each ``"l<hex>"`` (the sibling is on the left) or
+  ``"r<hex>"``; the empty release's root is SHA-256 of nothing.
+
+``web/edgeqa.js`` implements the same check; ``tests/vectors/proofs.json`` holds both to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from typing import Any
+
+LEAF_FIELDS = ("key", "profile", "version", "expires_at", "answer")
+MAX_PROOF_STEPS = 64
+_STEP = re.compile(r"[lr][0-9a-f]{64}")
+
+
+def leaf(fields: Sequence[str]) -> bytes:
+    """The leaf hash of an object's ``LEAF_FIELDS`` values, in that order."""
+    parts = b"".join(hashlib.sha256(value.encode()).digest() for value in fields)
+    return hashlib.sha256(b"\x00" + parts).digest()
+
+
+def object_leaf(obj: Any) -> bytes | None:
+    """The leaf of an answer object; None when a field is missing or not a string."""
+    if not isinstance(obj, dict):
+        return None
+    values = [value for name in LEAF_FIELDS if isinstance(value := obj.get(name), str)]
+    if len(values) != len(LEAF_FIELDS):
+        return None
+    try:
+        return leaf(values)
+    except UnicodeEncodeError:  # a lone surrogate: not text any client would show
+        return None
+
+
+def _node(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def tree(leaves: Sequence[bytes]) -> tuple[str, list[list[str]]]:
+    """The root (hex) over ``leaves`` and each leaf's proof."""
+    if not leaves:
+        return hashlib.sha256(b"").hexdigest(), []
+    levels = [list(leaves)]
+    while len(levels[-1]) > 1:
+        level = levels[-1]
+        up = [_node(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        levels.append(up + level[-1:] if len(level) % 2 else up)
+    proofs = []
+    for index in range(len(leaves)):
+        proof, at = [], index
+        for level in levels[:-1]:
+            sibling = at ^ 1
+            if sibling < len(level):
+                proof.append(("l" if sibling < at else "r") + level[sibling].hex())
+            at //= 2
+        proofs.append(proof)
+    return levels[-1][0].hex(), proofs
+
+
+def proof_root(leaf_hash: bytes, proof: Any) -> str | None:
+    """The root ``proof`` leads ``leaf_hash`` to; None when the proof is malformed."""
+    if not isinstance(proof, list) or len(proof) > MAX_PROOF_STEPS:
+        return None
+    node = leaf_hash
+    for step in proof:
+        if not isinstance(step, str) or not _STEP.fullmatch(step):
+            return None
+        sibling = bytes.fromhex(step[1:])
+        node = _node(sibling, node) if step[0] == "l" else _node(node, sibling)
+    return node.hex()
+
+
+def proves(obj: Any, root: str) -> bool:
+    """Whether answer object ``obj`` carries a proof of its fields up to ``root``."""
+    found = object_leaf(obj)
+    return found is not None and proof_root(found, obj.get("proof")) == root

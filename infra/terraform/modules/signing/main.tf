@@ -1,0 +1,38 @@
+# The release signing key: an Ed25519 key pair held by KMS. The nightly job signs each release's
+# statement with it (kms:Sign, edge_index/signing.py KmsSigner); its private half never leaves
+# KMS. The edge, the origin and browsers verify with the public half (EDGEQA_RELEASE_PUBLIC_KEYS).
+# Rotation (docs/security.md#signing): create the next key, give readers both public keys, switch
+# the nightly job, drop the old public key once no kept release is signed with it.
+
+resource "aws_kms_key" "releases" {
+  description              = "${var.name}: signs edgeqa releases (Ed25519)"
+  customer_master_key_spec = "ECC_NIST_EDWARDS25519"
+  key_usage                = "SIGN_VERIFY"
+  deletion_window_in_days  = 30
+  policy                   = data.aws_iam_policy_document.releases.json
+  #checkov:skip=CKV_AWS_7:KMS rotates symmetric keys only; an asymmetric signing key is rotated by adding the next key beside it (docs/security.md#signing)
+}
+
+data "aws_iam_policy_document" "releases" {
+  #checkov:skip=CKV_AWS_109:A key policy's resource is the key itself ("*"); the root statement is AWS's default that delegates to IAM
+  #checkov:skip=CKV_AWS_111:A key policy's resource is the key itself ("*"); the signer gets kms:Sign through its own IAM policy
+  #checkov:skip=CKV_AWS_356:A key policy's resource is always "*" (this key)
+  statement {
+    sid       = "AccountAdministers"
+    actions   = ["kms:*"]
+    resources = ["*"]
+    principals {
+      type        = "AWS"
+      identifiers = ["arn:aws:iam::${var.account_id}:root"]
+    }
+  }
+}
+
+resource "aws_kms_alias" "releases" {
+  name          = "alias/${var.name}-releases"
+  target_key_id = aws_kms_key.releases.key_id
+}
+
+data "aws_kms_public_key" "releases" {
+  key_id = aws_kms_key.releases.arn
+}

@@ -1,0 +1,32 @@
+// Signed pointers and answer-object proofs, against the vectors the Python suite checks too.
+// Run: node --test web/test/
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { test } from "node:test";
+
+import { checkAnswerObject, signedRoot } from "../edgeqa.js";
+
+const vectors = JSON.parse(
+  readFileSync(new URL("../../tests/vectors/proofs.json", import.meta.url), "utf8"));
+const { profile, version, root } = vectors;
+
+test("a pointer yields a root only when signed by a trusted key for this profile and version",
+  async () => {
+    assert.ok(vectors.pointers.length >= 8);
+    for (const c of vectors.pointers) {
+      const found = await signedRoot(c.pointer, { profile, publicKeys: vectors.public_keys });
+      assert.equal(found, c.root, c.name);
+    }
+    const signed = vectors.pointers[0].pointer;
+    assert.equal(await signedRoot(signed, { profile, publicKeys: [] }), null);
+    assert.equal(await signedRoot(signed, { profile, publicKeys: ["not a key"] }), null);
+  });
+
+test("an answer object is shown only when it proves itself against the signed root", async () => {
+  assert.ok(vectors.objects.length >= 12);
+  const nowMs = vectors.now_s * 1000;
+  for (const c of vectors.objects) {
+    const problem = await checkAnswerObject(c.object, { key: c.key, profile, version, root, nowMs });
+    assert.equal(problem, c.problem, c.name);
+  }
+});
