@@ -1,16 +1,20 @@
 """One API key flooding the origin: what happens to another key's time to first token.
 
 Starts ``edgeqa origin serve`` (a separate process, two API keys, no release: every answer is
-generated) twice, side by side in one run:
+generated) three times, side by side in one run:
 
 - ``per_key_limits``: the defaults (``EDGEQA_MAX_IN_FLIGHT_PER_USER`` 8,
   ``EDGEQA_MAX_TOKENS_PER_MINUTE_PER_USER`` 20,000, charged prompt + ``max_tokens`` at admission);
+  the flood retries a refused request after 1 s, enough to keep its share always full;
+- ``per_key_limits_retry_storm``: the same, but the flood retries every refusal after 20 ms
+  (hundreds of requests a second, from a client on the same 2 cores as the server: what the
+  deployment's per-IP WAF rate limit stops before the origin);
 - ``no_limits``: both set to 0 (what the origin did before #15): only the shared queue bounds.
 
 On each, a "victim" key asks novel questions one after another (closed loop, ``max_tokens`` 32)
 alone (``unloaded``), then for a fixed time while a "flood" key keeps 48 streams busy asking for
-256 tokens with ``ignore_eos`` and retries every refusal after 20 ms (``flooded``); a victim
-request still without its first token after 60 s counts as timed out. Prints one JSON object:
+256 tokens with ``ignore_eos`` (``flooded``); a victim request still without its first token
+after 60 s counts as timed out. Prints one JSON object:
 
   {"config": {...}, "results": {"<setting>": {"unloaded": {...}, "flooded": {...},
    "ttft_p99_ratio", "flood": {"sent", "admitted", "rejected_429"}}}}
@@ -48,14 +52,13 @@ FLOOD_KEY = "flood-key-0123456789abcdef"
 FLOOD_TOKENS = 256
 ORIGIN_ENV = {"EDGEQA_API_KEYS": f"{VICTIM_KEY},{FLOOD_KEY}", "EDGEQA_MAX_QUEUED_REQUESTS": "64"}
 SHARES = ("max_in_flight_per_user", "max_tokens_per_minute_per_user")
+DEFAULTS = {f"EDGEQA_{n.upper()}": str(OriginSettings.model_fields[n].default) for n in SHARES}
+NO_LIMITS = {f"EDGEQA_{n.upper()}": "0" for n in SHARES}
+# (server settings, seconds the flood waits before retrying a refused request)
 SETTINGS = {
-    "per_key_limits": {  # the defaults
-        f"EDGEQA_{name.upper()}": str(OriginSettings.model_fields[name].default) for name in SHARES
-    },
-    "no_limits": {
-        "EDGEQA_MAX_IN_FLIGHT_PER_USER": "0",
-        "EDGEQA_MAX_TOKENS_PER_MINUTE_PER_USER": "0",
-    },
+    "per_key_limits": (DEFAULTS, 1.0),
+    "per_key_limits_retry_storm": (DEFAULTS, 0.02),
+    "no_limits": (NO_LIMITS, 1.0),
 }
 
 
@@ -76,7 +79,9 @@ async def victim(
     return results
 
 
-async def flood(url: str, streams: int, stop: asyncio.Event, counts: dict[str, int]) -> None:
+async def flood(
+    url: str, streams: int, retry_s: float, stop: asyncio.Event, counts: dict[str, int]
+) -> None:
     headers = {"authorization": f"Bearer {FLOOD_KEY}"}
     body = {
         "messages": [{"role": "user", "content": "Write a long story about the sea."}],
@@ -102,7 +107,7 @@ async def flood(url: str, streams: int, stop: asyncio.Event, counts: dict[str, i
                         else:
                             counts["rejected_429" if r.status_code == 429 else "other"] += 1
                             await r.aread()
-                            await asyncio.sleep(0.02)
+                            await asyncio.sleep(retry_s)
                 except httpx.HTTPError:
                     counts["other"] += 1
 
@@ -110,11 +115,11 @@ async def flood(url: str, streams: int, stop: asyncio.Event, counts: dict[str, i
 
 
 async def flooded_phase(
-    url: str, questions: list[str], max_tokens: int, streams: int, seconds: float
+    url: str, questions: list[str], max_tokens: int, streams: int, retry_s: float, seconds: float
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     stop = asyncio.Event()
     counts = {"sent": 0, "admitted": 0, "rejected_429": 0, "other": 0}
-    flooding = asyncio.create_task(flood(url, streams, stop, counts))
+    flooding = asyncio.create_task(flood(url, streams, retry_s, stop, counts))
     await asyncio.sleep(3.0)  # let the flood fill its share first
     try:
         results = await victim(url, questions, max_tokens, seconds)
@@ -148,7 +153,7 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=48, help="the flood's concurrent streams")
     args = parser.parse_args()
     n, seconds = (15, 30.0) if args.quick else (40, 90.0)
-    questions = nq_questions(400, seed=11)
+    questions = nq_questions(200 * len(SETTINGS), seed=11)
     report: dict[str, Any] = {
         "config": {
             "victim_unloaded_requests": n,
@@ -159,7 +164,7 @@ def main() -> None:
         },
         "results": {},
     }
-    for i, (name, env_extra) in enumerate(SETTINGS.items()):
+    for i, (name, (env_extra, retry_s)) in enumerate(SETTINGS.items()):
         port = free_port()
         child = start_origin(None, port, {**ORIGIN_ENV, **env_extra})
         url = f"http://127.0.0.1:{port}"
@@ -168,7 +173,7 @@ def main() -> None:
             asyncio.run(victim(url, asked[:2], args.max_tokens))  # warm up
             unloaded = asyncio.run(victim(url, asked[2 : 2 + n], args.max_tokens))
             flooded, counts = asyncio.run(
-                flooded_phase(url, asked[2 + n :], args.max_tokens, args.streams, seconds)
+                flooded_phase(url, asked[2 + n :], args.max_tokens, args.streams, retry_s, seconds)
             )
             print(f"{name}: done", file=sys.stderr)
         finally:
@@ -180,7 +185,7 @@ def main() -> None:
             "unloaded": quiet,
             "flooded": busy,
             "ttft_p99_ratio": round(p99_busy / p99_quiet, 2) if p99_quiet and p99_busy else None,
-            "flood": counts,
+            "flood": {"retry_after_refusal_s": retry_s, **counts},
         }
     print(json.dumps(report, indent=2))
 

@@ -21,8 +21,8 @@ import numpy as np
 
 from edge_index.embedder import QueryEncoder
 from edge_index.guard import Guard
-from edge_index.keys import normalize
-from edge_index.matcher import DEFAULT_K, Decision, decision_from_manifest, features
+from edge_index.keys import key_of_normalized, normalize
+from edge_index.matcher import DEFAULT_K, Decision, as_dict, decision_from_manifest, features
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -77,6 +77,7 @@ class ReleaseIndex:
         self.keys: list[str] = []
         self.questions: list[str] = []
         self.answers: list[str] = []
+        self.clusters: list[str] = []
         answer_ids: list[int] = []
         by_answer: dict[str, int] = {}
         self.exact: dict[str, int] = {}
@@ -98,6 +99,7 @@ class ReleaseIndex:
                 self.keys.append(k_)
                 self.questions.append(q)
                 self.answers.append(a)
+                self.clusters.append(c)
                 answer_ids.append(by_answer.setdefault(c, len(by_answer)))
             seconds = pa.timestamp("s", tz="UTC")  # whatever unit the file holds
             expiry = shard.rows.column("expires_at").cast(seconds, safe=False).cast(pa.int64())
@@ -158,12 +160,27 @@ class ReleaseIndex:
         scores, ids = self.search(vector, self.k)
         return self.decide(query, scores[0], ids[0])
 
-    def decide(self, query: str, scores: np.ndarray, ids: np.ndarray) -> Hit | Miss:
+    def decide(
+        self,
+        query: str,
+        scores: np.ndarray,
+        ids: np.ndarray,
+        trace: dict[str, Any] | None = None,
+    ) -> Hit | Miss:
+        """The semantic tier's decision on ``query``'s candidates; ``trace`` (when given) receives
+        the features and the guard's verdict the decision was made on (``explain``)."""
+        trace = trace if trace is not None else {}
         answers = [int(self.answer_ids[i]) if i >= 0 else -1 for i in ids]
         f = features(scores.tolist(), answers, self.decision.vote_k)
         if f is None:
             return Miss("no_match", self.version)
         row = int(ids[f.position])
+        trace["features"] = {
+            "score": round(f.score, 6),
+            "margin": round(f.margin, 6),
+            "agreement": round(f.agreement, 6),
+            "nearest": {"key": self.keys[row], "question": self.questions[row]},
+        }
         if f.score < self.decision.threshold:
             return Miss("below_threshold", self.version, f.score)
         if f.margin < self.decision.margin:
@@ -171,6 +188,7 @@ class ReleaseIndex:
         if f.agreement < self.decision.agreement:
             return Miss("agreement", self.version, f.score)
         refused = self.guard.check(query, self.questions[row])
+        trace["guard"] = refused or "passed"
         if refused:
             return Miss(f"guard:{refused}", self.version, f.score)
         if self.expired(row):
@@ -183,3 +201,43 @@ class ReleaseIndex:
             f.score,
             self.version,
         )
+
+    def explain(self, query: str, candidates: int = 10) -> dict[str, Any]:
+        """Why a lookup of ``query`` in this release ends as it does, by the steps a lookup takes
+        (``tiers.lookup`` without a tier of the caller's own): the key and the exact tier, the
+        nearest phrasings with their scores, the features against the calibrated decision, the
+        guard's verdict, and the outcome. ``InvalidQueryError`` for a query no lookup takes."""
+        normalized = normalize(query)
+        key = key_of_normalized(normalized)
+        row = self.exact.get(key)
+        exact = self.lookup_exact(key)
+        scores, ids = self.search(self.embed([normalized]), self.k)
+        trace: dict[str, Any] = {}
+        semantic = self.decide(query, scores[0], ids[0], trace)
+        outcome = exact if exact is not None else semantic
+        nearest = [
+            {
+                "key": self.keys[i],
+                "question": self.questions[i],
+                "cluster": self.clusters[i],
+                "score": round(float(score), 6),
+            }
+            for score, i in zip(scores[0].tolist(), ids[0].tolist(), strict=True)
+            if i >= 0
+        ]
+        if isinstance(outcome, Hit):
+            result: dict[str, Any] = {"hit": True, "tier": outcome.tier, "key": outcome.key}
+            result.update(question=outcome.question, answer=outcome.answer)
+        else:
+            result = {"hit": False, "reason": outcome.reason}
+        return {
+            "query": query,
+            "normalized": normalized,
+            "key": key,
+            "version": self.version,
+            "exact": {"published": row is not None, "expired": row is not None and exact is None},
+            "candidates": nearest[:candidates],
+            "decision": as_dict(self.decision),
+            **trace,
+            "outcome": result,
+        }

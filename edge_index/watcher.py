@@ -123,8 +123,7 @@ class ReleaseWatcher:
                 self.failures, self.store_error = 0, None  # the store answered; nothing new
                 return False
             try:
-                release = load_release(self.store, self.profile, public_keys=self.public_keys)
-                index = ReleaseIndex(release, self._embedder_for(release))
+                index = load_index(self.store, self.profile, self.embedder, self.public_keys)
             except StoreError as error:  # the store failed (throttling, an outage): try again
                 self._failed(error)
                 self.metrics.loads.labels("retry").inc()
@@ -136,7 +135,7 @@ class ReleaseWatcher:
                 log.error("refusing %s; still serving %s", self.refusal, self.version or "nothing")
                 return False
             self.failures, self.store_error, self.refusal = 0, None, None
-            self._serve(index, release.manifest_sha256)
+            self._serve(index, index.release.manifest_sha256)
             return True
 
     def _failed(self, error: Exception) -> None:
@@ -201,23 +200,6 @@ class ReleaseWatcher:
         gc.freeze()
         log.info("serving release %s of %s (%d entries)", index.version, self.profile, len(index))
 
-    def _embedder_for(self, release: LoadedRelease) -> SentenceTransformer:
-        """The release's own embedder when it ships one (fine-tuned), else the configured one,
-        which must produce vectors of the release's dimension."""
-        from edge_index.embedder import load_embedder
-
-        # the files are read once, at load: the folder goes when the embedder is in memory
-        with tempfile.TemporaryDirectory(prefix="edgeqa-embedder-") as scratch:
-            folder = release.write_embedder(Path(scratch))
-            embedder = load_embedder(str(folder)) if folder else self.embedder
-        dim = embedder.get_embedding_dimension()
-        if dim != release.manifest["embedder"]["dim"]:
-            raise ValueError(
-                f"the release was embedded with {release.manifest['embedder']['name']!r} "
-                f"({release.manifest['embedder']['dim']}-d), the edge's embedder is {dim}-d"
-            )
-        return embedder
-
     def age_s(self) -> float | None:
         index = self.index
         if index is None:
@@ -254,6 +236,37 @@ class ReleaseWatcher:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+
+def load_index(
+    store: Store,
+    profile: str,
+    embedder: SentenceTransformer,
+    public_keys: tuple[str, ...] = (),
+    version: str | None = None,
+) -> ReleaseIndex:
+    """A release (the pointer's when ``version`` is None), verified and ready for lookups, as
+    the edge and the origin serve it (``edgeqa release explain`` uses the same)."""
+    release = load_release(store, profile, version, public_keys=public_keys)
+    return ReleaseIndex(release, embedder_for(release, embedder))
+
+
+def embedder_for(release: LoadedRelease, default: SentenceTransformer) -> SentenceTransformer:
+    """The release's own embedder when it ships one (fine-tuned), else ``default``, which must
+    produce vectors of the release's dimension."""
+    from edge_index.embedder import load_embedder
+
+    # the files are read once, at load: the folder goes when the embedder is in memory
+    with tempfile.TemporaryDirectory(prefix="edgeqa-embedder-") as scratch:
+        folder = release.write_embedder(Path(scratch))
+        embedder = load_embedder(str(folder)) if folder else default
+    dim = embedder.get_embedding_dimension()
+    if dim != release.manifest["embedder"]["dim"]:
+        raise ValueError(
+            f"the release was embedded with {release.manifest['embedder']['name']!r} "
+            f"({release.manifest['embedder']['dim']}-d), the edge's embedder is {dim}-d"
+        )
+    return embedder
 
 
 def resolve_profile(store: Store, profile: str | None) -> str:

@@ -21,21 +21,14 @@ from typing import Any
 
 from edge_index.errors import EdgeQAError
 from edgeqa import __version__
+from edgeqa.libraries import quiet_libraries
+from edgeqa.release_commands import add_release_commands
 
 # OpenMP threads that wait by sleeping, not spinning, unless the user chose: read once when torch
 # loads its OpenMP runtime, so set before any command imports it. On a loaded machine a spinning
 # thread holds a core the others need, and each parallel region then waits a scheduler slice
 # (measured on 2 cores beside a busy process: 48 tokens in 60 s spinning, 3 s passive).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
-def _quiet_libraries() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
 
 
 def _cmd_version(args: argparse.Namespace) -> int:
@@ -56,7 +49,7 @@ def _cmd_keys_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_ask(args: argparse.Namespace) -> int:
-    _quiet_libraries()
+    quiet_libraries()
     from edge_index.keys import normalize
     from origin.config import EngineSettings
     from origin.generate import chat_messages
@@ -97,7 +90,7 @@ def _cmd_ask(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    _quiet_libraries()
+    quiet_libraries()
     from edgeqa.demo import run_demo
 
     run_demo(
@@ -117,7 +110,7 @@ def _date(text: str) -> date:
 
 
 def _cmd_precompute_run(args: argparse.Namespace) -> int:
-    _quiet_libraries()
+    quiet_libraries()
     from precompute.config import RUN_OPTIONS, PipelineConfig
     from precompute.pipeline import QualityGateError, RunParams, run_pipeline
 
@@ -135,7 +128,7 @@ def _cmd_precompute_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_edge_serve(args: argparse.Namespace) -> int:
-    _quiet_libraries()
+    quiet_libraries()
     from edge_index.config import EdgeSettings
     from edge_index.service import serve
     from edge_index.users import check_salt
@@ -157,7 +150,7 @@ def _warn_if_unsigned(public_keys: tuple[str, ...]) -> None:
 
 
 def _cmd_origin_serve(args: argparse.Namespace) -> int:
-    _quiet_libraries()
+    quiet_libraries()
     from edge_index.config import ConfigError
     from edge_index.users import check_salt
     from origin.config import OriginSettings
@@ -262,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     keys_commands.add_parser(
         "generate", help="a new Ed25519 key pair for signing releases (JSON on stdout)"
     ).set_defaults(run=_cmd_keys_generate)
+
+    add_release_commands(commands)
 
     edge = commands.add_parser("edge", help="the edge index service")
     edge_commands = edge.add_subparsers(dest="edge_command", required=True)

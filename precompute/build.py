@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     import faiss
     from sentence_transformers import SentenceTransformer
 
+    from edge_index.release import LoadedRelease
     from precompute.mining import HotQuestion
 
 
@@ -164,6 +166,71 @@ def finetuned_embedder(
     return tuned, folder, info
 
 
+def content_sha256(rows: list[dict[str, Any]]) -> str:
+    """What a release answers (each phrasing's key, answer and cluster), hashed: the version's
+    suffix."""
+    content = hashlib.sha256()
+    for row in rows:
+        content.update(canonical_json([row["key"], row["answer"], row["cluster"]]))
+    return content.hexdigest()
+
+
+def write_release_files(
+    staging: Path,
+    rows: list[dict[str, Any]],
+    vectors: np.ndarray,
+    version: str,
+    profile: str,
+    config: BuildConfig,
+) -> tuple[list[dict[str, Any]], str]:
+    """The answer objects (with their proofs) and the FAISS and Parquet shards of ``rows``
+    (``vectors``: their embeddings, row for row) under ``staging``; (the manifest's shard
+    entries, the answers root). Fills each row's ``object_sha256``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    staging.mkdir(parents=True, exist_ok=True)
+    answers_root, proofs = tree([leaf(answer_fields(row, version, profile)) for row in rows])
+    for row, proof in zip(rows, proofs, strict=True):
+        data = answer_object(row, version, profile, proof)
+        row["object_sha256"] = sha256_hex(data)
+        target = staging / object_path(row["key"])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    shards = []
+    for shard, start in enumerate(range(0, len(rows), config.shard_rows)):
+        chunk = rows[start : start + config.shard_rows]
+        index = build_index(
+            vectors[start : start + config.shard_rows], factory_for(config, len(chunk)), config
+        )
+        index_path, rows_path = shard_paths(shard)
+        index_bytes = serialize_index(index)
+        (staging / index_path).parent.mkdir(parents=True, exist_ok=True)
+        (staging / index_path).write_bytes(index_bytes)
+        table = pa.Table.from_pylist(
+            [{**r, "id": i} for i, r in enumerate(chunk)], schema=row_schema()
+        )
+        pq.write_table(table, staging / rows_path, compression="zstd")
+        rows_bytes = (staging / rows_path).read_bytes()
+        shards.append(
+            {
+                "id": shard,
+                "count": len(chunk),
+                "index": {
+                    "path": index_path,
+                    "bytes": len(index_bytes),
+                    "sha256": sha256_hex(index_bytes),
+                },
+                "rows": {
+                    "path": rows_path,
+                    "bytes": len(rows_bytes),
+                    "sha256": sha256_hex(rows_bytes),
+                },
+            }
+        )
+    return shards, answers_root
+
+
 def release_version(now: datetime, content_sha256: str) -> str:
     """Sortable by time; the suffix tells two releases of the same second apart."""
     return f"{now.strftime('%Y%m%dT%H%M%SZ')}-{content_sha256[:8]}"
@@ -191,9 +258,6 @@ def build_release(
     ``embedder/`` -- the edge then embeds queries with it; ``embedder_info`` describes it.
     """
     import time
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     started = time.perf_counter()
     now = (now or datetime.now(UTC)).replace(microsecond=0)
@@ -229,19 +293,8 @@ def build_release(
                     "object_sha256": "",
                 }
             )
-    content = hashlib.sha256()
-    for row in rows:
-        content.update(canonical_json([row["key"], row["answer"], row["cluster"]]))
-    version = release_version(now, content.hexdigest())
-    staging.mkdir(parents=True, exist_ok=True)
-    answers_root, proofs = tree([leaf(answer_fields(row, version, profile)) for row in rows])
-    for row, proof in zip(rows, proofs, strict=True):
-        data = answer_object(row, version, profile, proof)
-        row["object_sha256"] = sha256_hex(data)
-        target = staging / object_path(row["key"])
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-
+    content = content_sha256(rows)
+    version = release_version(now, content)
     dim = int(embedder.get_embedding_dimension() or 0)
     factory = factory_for(config, len(rows))
     all_vectors = np.asarray(
@@ -255,36 +308,7 @@ def build_release(
         dtype=np.float32,
     ).reshape(len(rows), dim)
     calibration = calibrate_rows(rows, all_vectors, config)
-    shards = []
-    for shard, start in enumerate(range(0, len(rows), config.shard_rows)):
-        chunk = rows[start : start + config.shard_rows]
-        vectors = all_vectors[start : start + config.shard_rows]
-        index = build_index(vectors, factory_for(config, len(chunk)), config)
-        index_path, rows_path = shard_paths(shard)
-        index_bytes = serialize_index(index)
-        (staging / index_path).parent.mkdir(parents=True, exist_ok=True)
-        (staging / index_path).write_bytes(index_bytes)
-        table = pa.Table.from_pylist(
-            [{**r, "id": i} for i, r in enumerate(chunk)], schema=row_schema()
-        )
-        pq.write_table(table, staging / rows_path, compression="zstd")
-        rows_bytes = (staging / rows_path).read_bytes()
-        shards.append(
-            {
-                "id": shard,
-                "count": len(chunk),
-                "index": {
-                    "path": index_path,
-                    "bytes": len(index_bytes),
-                    "sha256": sha256_hex(index_bytes),
-                },
-                "rows": {
-                    "path": rows_path,
-                    "bytes": len(rows_bytes),
-                    "sha256": sha256_hex(rows_bytes),
-                },
-            }
-        )
+    shards, answers_root = write_release_files(staging, rows, all_vectors, version, profile, config)
     report.rows = len(rows)
     report.shards = len(shards)
     manifest = {
@@ -309,8 +333,9 @@ def build_release(
         "shards": shards,
         "objects": {"prefix": "a/", "count": len(rows), "integrity": "rows.object_sha256"},
         "counts": {"clusters": report.clusters, "rows": len(rows)},
+        "excluded_clusters": dict(sorted(report.excluded_clusters.items())),
         "expiry": {"ttl_days": config.ttl_days, "jitter": config.ttl_jitter},
-        "content_sha256": content.hexdigest(),
+        "content_sha256": content,
         "answers_root": answers_root,
         "created_at": now.isoformat(),
         **(extra or {}),
@@ -318,3 +343,71 @@ def build_release(
     (staging / "manifest.json").write_bytes(json.dumps(manifest, indent=2, sort_keys=True).encode())
     report.seconds = time.perf_counter() - started
     return manifest, report
+
+
+def derive_release(
+    staging: Path,
+    parent: LoadedRelease,
+    drop: Callable[[dict[str, Any]], bool],
+    extra: dict[str, Any],
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Write under ``staging`` a release like ``parent`` without the rows ``drop`` picks: the
+    same answers, expiry, embedder and calibrated decision, the index rebuilt from the parent's
+    own vectors (nothing is embedded or generated again); returns its manifest. ``extra`` (why,
+    and what was dropped) is added to the manifest."""
+    import copy
+
+    import faiss
+
+    now = (now or datetime.now(UTC)).replace(microsecond=0)
+    manifest = copy.deepcopy(parent.manifest)
+    profile = manifest["profile"]["name"]
+    rows: list[dict[str, Any]] = []
+    kept_vectors = []
+    for shard in parent.shards:
+        ivf = faiss.try_extract_index_ivf(shard.index)
+        if ivf is not None:
+            ivf.make_direct_map()  # IVF lists do not map ids to vectors until asked
+        vectors = shard.index.reconstruct_n(0, shard.index.ntotal)
+        for row, vector in zip(shard.rows.to_pylist(), vectors, strict=True):
+            if not drop(row):
+                rows.append(row)
+                kept_vectors.append(vector)
+    index = manifest["index"]
+    config = BuildConfig(
+        factory=index["factory"],
+        ef_construction=index["ef_construction"],
+        ef_search=index["ef_search"],
+        nprobe=index["nprobe"],
+    )
+    content = content_sha256(rows)
+    version = release_version(now, content)
+    dim = int(manifest["embedder"]["dim"])
+    matrix = np.asarray(kept_vectors, dtype=np.float32).reshape(len(rows), dim)
+    shards, answers_root = write_release_files(staging, rows, matrix, version, profile, config)
+    for path, data in parent.embedder_files.items():  # the same bytes the manifest lists
+        target = staging / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    dropped_clusters = len(_clusters(parent) - {r["cluster"] for r in rows})
+    excluded = dict(manifest.get("excluded_clusters", {}))
+    excluded["revoked"] = excluded.get("revoked", 0) + dropped_clusters
+    manifest.update(
+        version=version,
+        parent=parent.version,
+        shards=shards,
+        objects={"prefix": "a/", "count": len(rows), "integrity": "rows.object_sha256"},
+        counts={"clusters": len({r["cluster"] for r in rows}), "rows": len(rows)},
+        excluded_clusters=dict(sorted(excluded.items())),
+        content_sha256=content,
+        answers_root=answers_root,
+        created_at=now.isoformat(),
+        **extra,
+    )
+    (staging / "manifest.json").write_bytes(json.dumps(manifest, indent=2, sort_keys=True).encode())
+    return manifest
+
+
+def _clusters(release: LoadedRelease) -> set[str]:
+    return {c for shard in release.shards for c in shard.rows.column("cluster").to_pylist()}

@@ -193,6 +193,7 @@ def build_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
                 "run_id": work.run,
                 "runner": params.runner,
                 "log_range": {"since": params.since.isoformat(), "until": params.until.isoformat()},
+                "excluded_rows": dict(sorted(mined["excluded_rows"].items())),
                 "mining": {
                     "k": config.mining.k,
                     "top_n": config.mining.top_n,

@@ -152,7 +152,7 @@ def publish(
             **({"signed": json.loads(signature)} if signature else {}),
         }
         flipping = True
-        _flip(store, profile, new_pointer, etag)
+        flip_pointer(store, profile, new_pointer, etag)
     except BaseException as error:
         # once the pointer write has been sent its outcome may land later (a timed-out write
         # still in flight at S3): only a lost race is sure never to name this version
@@ -229,7 +229,7 @@ def _verifies(
     return True
 
 
-def _flip(store: Store, profile: str, new_pointer: dict[str, Any], etag: str | None) -> None:
+def flip_pointer(store: Store, profile: str, new_pointer: dict[str, Any], etag: str | None) -> None:
     """Replace ``current.json`` (read at ``etag``) with ``new_pointer``. A write whose outcome is
     unknown is settled by reading the pointer back: naming our release, it committed; changed to
     anything else, another publisher won; unchanged, it never happened and is tried again."""

@@ -6,10 +6,14 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.s3proxy import FaultyS3, faulty_s3
+
+if TYPE_CHECKING:
+    from edge_index.store import Store
 
 # nothing may come from a hub: every model is local
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -122,3 +126,13 @@ def s3_bucket(s3_endpoint: str) -> str:
     name = f"edgeqa-test-{uuid.uuid4().hex[:12]}"
     boto3.client("s3").create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    """A fresh store: a folder, then a bucket on the loopback S3 server."""
+    from edge_index.store import FileStore, open_store
+
+    if request.param == "file":
+        return FileStore(tmp_path / "store")
+    return open_store(f"s3://{request.getfixturevalue('s3_bucket')}/root")

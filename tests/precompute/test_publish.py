@@ -28,13 +28,6 @@ from tests.releases import build as _build
 from tests.s3proxy import FaultyS3
 
 
-@pytest.fixture(params=["file", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    if request.param == "file":
-        return FileStore(tmp_path / "store")
-    return open_store(f"s3://{request.getfixturevalue('s3_bucket')}/root")
-
-
 def test_publish_then_load_verifies_everything(embedder, store: Store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     manifest = _build(embedder, tmp_path / "r1", store, ttl_days=7.0)
     report = publish(store, tmp_path / "r1")

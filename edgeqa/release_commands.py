@@ -1,0 +1,183 @@
+"""``edgeqa release``: look at, compare, explain and roll back releases (``precompute/releases.py``,
+``edge_index/lookup.py`` ``explain``); each prints text, or JSON with ``--json``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import Any
+
+from edgeqa.libraries import quiet_libraries
+
+
+def add_release_commands(commands: Any) -> None:
+    """The ``release`` command and its subcommands, on ``edgeqa``'s subparsers."""
+    release = commands.add_parser(
+        "release", help="look at, compare, explain and roll back releases"
+    )
+    release_commands = release.add_subparsers(dest="release_command", required=True)
+
+    def release_command(name: str, help_: str, run: Callable[[argparse.Namespace], int]) -> Any:
+        command = release_commands.add_parser(name, help=help_)
+        command.add_argument("--store", default=None, help="store root (default: EDGEQA_STORE)")
+        command.add_argument(
+            "--profile", default=None, help="default: EDGEQA_PROFILE or the only one"
+        )
+        command.add_argument("--json", action="store_true", help="print JSON")
+        command.set_defaults(run=run)
+        return command
+
+    release_command("list", "the kept releases, the current one marked", _cmd_release_list)
+    show = release_command(
+        "show", "one release: counts, exclusions, calibration, top questions", _cmd_release_show
+    )
+    show.add_argument("version", nargs="?", default=None, help="default: the current one")
+    show.add_argument("--top", type=int, default=20, help="most asked questions to list")
+    diff = release_command("diff", "what changed between two releases", _cmd_release_diff)
+    diff.add_argument("old")
+    diff.add_argument("new")
+    explain = release_command(
+        "explain", "how the edge decides a question, step by step", _cmd_release_explain
+    )
+    explain.add_argument("question")
+    explain.add_argument("--version", default=None, help="default: the current release")
+    rollback = release_command(
+        "rollback", "make a kept release current again", _cmd_release_rollback
+    )
+    rollback.add_argument("version")
+
+
+def _release_context(args: argparse.Namespace) -> tuple[Any, Any, str]:
+    """(settings, store, profile) of an ``edgeqa release`` command."""
+    from edge_index.config import SharedSettings
+    from edge_index.store import open_store
+    from edge_index.watcher import resolve_profile
+
+    settings = SharedSettings.from_env(store=args.store, profile=args.profile)
+    store = open_store(settings.store)
+    return settings, store, resolve_profile(store, settings.profile or None)
+
+
+def _print(args: argparse.Namespace, value: Any, text: Callable[[Any], str]) -> None:
+    """``--json``: the value as JSON; else the human text."""
+    print(json.dumps(value, indent=2, default=str) if args.json else text(value))
+
+
+def _cmd_release_list(args: argparse.Namespace) -> int:
+    from precompute.releases import list_releases
+
+    _, store, profile = _release_context(args)
+    listed = list_releases(store, profile)
+
+    def text(rows: list[dict[str, Any]]) -> str:
+        lines = [f"{profile}: {len(rows)} kept release(s)"]
+        for r in rows:
+            c = r["calibration"]
+            lines.append(
+                f"{'*' if r['current'] else ' '} {r['version']}  created {r['created_at']}  "
+                f"parent {r['parent'] or '-'}  {r['entries']} entries  threshold {c['value']} "
+                f"(precision {c['precision']})  signed {r['signed_by'] or 'no'}"
+            )
+        return "\n".join(lines)
+
+    _print(args, listed, text)
+    return 0
+
+
+def _cmd_release_show(args: argparse.Namespace) -> int:
+    from precompute.releases import show_release
+
+    settings, store, profile = _release_context(args)
+    shown = show_release(store, profile, args.version, settings.public_keys, top=args.top)
+
+    def text(r: dict[str, Any]) -> str:
+        lines = [
+            f"{profile}/{r['version']}{' (current)' if r['current'] else ''}: created "
+            f"{r['created_at']}, parent {r['parent'] or '-'}, runner {r['runner']}",
+            f"counts: {r['counts']}",
+            f"excluded rows (mining): {r['excluded']['rows']}",
+            f"excluded clusters (generation, build): {r['excluded']['clusters']}",
+            f"calibration: {_calibration_line(r['calibration'])}",
+            f"embedder: {r['embedder']}",
+            "top questions:",
+        ]
+        lines += [f"  {q['hits']:>6} hits  {q['question']}" for q in r["top_questions"]]
+        return "\n".join(lines)
+
+    _print(args, shown, text)
+    return 0
+
+
+def _calibration_line(c: dict[str, Any]) -> str:
+    return (
+        f"threshold {c.get('value')}, margin {c.get('margin')}, agreement {c.get('agreement')}, "
+        f"precision {c.get('precision')}, hit rate {c.get('hit_rate')}, "
+        f"calibrated {c.get('calibrated')}"
+    )
+
+
+def _cmd_release_diff(args: argparse.Namespace) -> int:
+    from precompute.releases import diff_releases
+
+    settings, store, profile = _release_context(args)
+    diff = diff_releases(store, profile, args.old, args.new, settings.public_keys)
+
+    def text(d: dict[str, Any]) -> str:
+        lines = [f"{d['old']} -> {d['new']}: {d['counts']}"]
+        lines += [f"+ {c['question']}" for c in d["added"]]
+        lines += [f"- {c['question']}" for c in d["dropped"]]
+        lines += [f"~ {c['question']}" for c in d["changed"]]
+        old, new = d["calibration"]["old"], d["calibration"]["new"]
+        lines.append(f"calibration: {_calibration_line(old)}")
+        lines.append(f"         ->  {_calibration_line(new)}")
+        return "\n".join(lines)
+
+    _print(args, diff, text)
+    return 0
+
+
+def _cmd_release_explain(args: argparse.Namespace) -> int:
+    quiet_libraries()
+    from edge_index.embedder import load_embedder
+    from edge_index.watcher import load_index
+
+    settings, store, profile = _release_context(args)
+    embedder = load_embedder(settings.embedder, settings.device)
+    index = load_index(store, profile, embedder, settings.public_keys, args.version)
+    explained = index.explain(args.question)
+
+    def text(e: dict[str, Any]) -> str:
+        outcome = e["outcome"]
+        lines = [
+            f"{e['version']}: {e['query']!r} -> normalized {e['normalized']!r}, key {e['key']}",
+            f"exact tier: {'published' if e['exact']['published'] else 'not published'}"
+            + (" (expired)" if e["exact"]["expired"] else ""),
+            "nearest phrasings:",
+        ]
+        lines += [f"  {c['score']:.4f}  {c['question']}" for c in e["candidates"]]
+        if "features" in e:
+            f, d = e["features"], e["decision"]
+            lines.append(
+                f"score {f['score']:.4f} (>= {d['threshold']}), margin {f['margin']:.4f} "
+                f"(>= {d['margin']}), agreement {f['agreement']:.2f} (>= {d['agreement']})"
+            )
+        if "guard" in e:
+            lines.append(f"guard: {e['guard']}")
+        if outcome["hit"]:
+            lines.append(f"decision: {outcome['tier']} hit -> {outcome['question']!r}")
+        else:
+            lines.append(f"decision: miss ({outcome['reason']})")
+        return "\n".join(lines)
+
+    _print(args, explained, text)
+    return 0
+
+
+def _cmd_release_rollback(args: argparse.Namespace) -> int:
+    from precompute.releases import rollback
+
+    settings, store, profile = _release_context(args)
+    done = rollback(store, profile, args.version, settings.public_keys)
+    _print(args, done, lambda d: f"{profile}: {d['status']} ({d['previous']} -> {d['version']})")
+    return 0

@@ -1,0 +1,220 @@
+"""Operating published releases: list, show, diff and roll back (``edgeqa release ...``).
+
+What is read is verified as the edge verifies it (``load_release``: the hash chain, and the
+signature when public keys are given). A rollback is a pointer write like a publish's flip
+(``publish.flip_pointer``: conditional on the pointer read, settled by reading back when its
+outcome is unknown) to a version that is still kept; the pointer then carries that version's own
+signed statement, so browsers verify it as they verified it the first time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from edge_index.errors import EdgeQAError
+from edge_index.release import (
+    LoadedRelease,
+    ReleaseError,
+    list_versions,
+    load_release,
+    read_manifest,
+    read_pointer,
+    release_prefix,
+)
+from edge_index.signing import MAX_SIGNATURE_BYTES, SIGNATURE
+from edge_index.store import ObjectNotFoundError, Store
+from precompute.publish import flip_pointer
+
+ROW_FIELDS = ("key", "question", "answer", "cluster", "canonical", "hits", "users", "expires_at")
+
+
+class RollbackError(EdgeQAError, ValueError):
+    """The version cannot be made current: it is not kept (pruned, or never published)."""
+
+
+def _signature(store: Store, profile: str, version: str) -> dict[str, Any] | None:
+    try:
+        data = store.get(f"{release_prefix(profile, version)}/{SIGNATURE}", MAX_SIGNATURE_BYTES)
+    except ObjectNotFoundError:
+        return None
+    found = json.loads(data)
+    return found if isinstance(found, dict) else None
+
+
+def _calibration(manifest: dict[str, Any]) -> dict[str, Any]:
+    threshold = manifest.get("threshold", {})
+    names = ("value", "margin", "agreement", "calibrated", "precision", "hit_rate")
+    return {name: threshold.get(name) for name in names}
+
+
+def list_releases(store: Store, profile: str) -> list[dict[str, Any]]:
+    """Every kept version, oldest first: created, parent, entries, calibration, current."""
+    pointer, _ = read_pointer(store, profile)
+    current = pointer.get("version") if pointer else None
+    listed = []
+    for version in list_versions(store, profile):
+        manifest, _ = read_manifest(store, profile, version)
+        signed = _signature(store, profile, version)
+        listed.append(
+            {
+                "version": version,
+                "current": version == current,
+                "created_at": manifest.get("created_at"),
+                "parent": manifest.get("parent"),
+                "entries": manifest.get("counts", {}).get("rows"),
+                "clusters": manifest.get("counts", {}).get("clusters"),
+                "calibration": _calibration(manifest),
+                "signed_by": signed.get("key_id") if signed else None,
+                "derived": manifest.get("derived"),
+            }
+        )
+    return listed
+
+
+def _rows(release: LoadedRelease) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for shard in release.shards:
+        rows.extend(shard.rows.select(list(ROW_FIELDS)).to_pylist())
+    return rows
+
+
+def _load(
+    store: Store, profile: str, version: str | None, public_keys: Iterable[str]
+) -> LoadedRelease:
+    if version is None:
+        pointer, _ = read_pointer(store, profile)
+        if pointer is None:
+            raise ReleaseError(f"nothing published yet for profile {profile!r}")
+        version = str(pointer["version"])
+    return load_release(store, profile, version, public_keys=tuple(public_keys))
+
+
+def show_release(
+    store: Store,
+    profile: str,
+    version: str | None = None,
+    public_keys: Iterable[str] = (),
+    top: int = 20,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """One release (the current one when ``version`` is None): what went in and what was left
+    out at each stage, its calibration, its most asked questions, its profile."""
+    release = _load(store, profile, version, public_keys)
+    manifest = release.manifest
+    rows = _rows(release)
+    now = now or datetime.now(UTC)
+    pointer, _ = read_pointer(store, profile)
+    asked = sorted(rows, key=lambda r: (-int(r["hits"]), r["key"]))[:top]
+    return {
+        "version": release.version,
+        "current": bool(pointer and pointer.get("version") == release.version),
+        "created_at": manifest.get("created_at"),
+        "parent": manifest.get("parent"),
+        "derived": manifest.get("derived"),
+        "runner": manifest.get("runner"),
+        "log_range": manifest.get("log_range"),
+        "counts": {
+            **manifest.get("counts", {}),
+            "expired": sum(r["expires_at"] <= now for r in rows),
+        },
+        "excluded": {
+            "rows": manifest.get("excluded_rows", {}),  # mining (logs -> hot questions)
+            "clusters": manifest.get("excluded_clusters", {}),  # generation and build
+        },
+        "calibration": manifest.get("threshold", {}),
+        "profile": manifest.get("profile", {}),
+        "embedder": {k: v for k, v in manifest.get("embedder", {}).items() if k != "files"},
+        "index": manifest.get("index", {}),
+        "expiry": manifest.get("expiry", {}),
+        "signed_by": (_signature(store, profile, release.version) or {}).get("key_id"),
+        "top_questions": [
+            {k: r[k] for k in ("question", "hits", "users", "cluster", "canonical")} for r in asked
+        ],
+    }
+
+
+def _clusters(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    clusters: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        entry = clusters.setdefault(
+            row["cluster"], {"answer": row["answer"], "question": row["question"], "keys": set()}
+        )
+        entry["keys"].add(row["key"])
+        if row["canonical"]:
+            entry["question"] = row["question"]
+    return clusters
+
+
+def diff_releases(
+    store: Store,
+    profile: str,
+    old: str,
+    new: str,
+    public_keys: Iterable[str] = (),
+    limit: int = 50,
+) -> dict[str, Any]:
+    """What changed from ``old`` to ``new``, by cluster: added, dropped, answer changed, and
+    phrasings gained or lost by the clusters in both; the calibration before and after."""
+    before, after = (_load(store, profile, v, public_keys) for v in (old, new))
+    a, b = _clusters(_rows(before)), _clusters(_rows(after))
+    added = sorted(set(b) - set(a))
+    dropped = sorted(set(a) - set(b))
+    kept = sorted(set(a) & set(b))
+    changed = [c for c in kept if a[c]["answer"] != b[c]["answer"]]
+
+    def brief(entry: dict[str, Any], cluster: str) -> dict[str, Any]:
+        return {"cluster": cluster, "question": entry["question"], "phrasings": len(entry["keys"])}
+
+    return {
+        "old": old,
+        "new": new,
+        "counts": {
+            "added": len(added),
+            "dropped": len(dropped),
+            "changed": len(changed),
+            "unchanged": len(kept) - len(changed),
+            "phrasings_gained": sum(len(b[c]["keys"] - a[c]["keys"]) for c in kept),
+            "phrasings_lost": sum(len(a[c]["keys"] - b[c]["keys"]) for c in kept),
+        },
+        "added": [brief(b[c], c) for c in added[:limit]],
+        "dropped": [brief(a[c], c) for c in dropped[:limit]],
+        "changed": [
+            {**brief(b[c], c), "old_answer": a[c]["answer"], "new_answer": b[c]["answer"]}
+            for c in changed[:limit]
+        ],
+        "calibration": {
+            "old": _calibration(before.manifest),
+            "new": _calibration(after.manifest),
+        },
+    }
+
+
+def rollback(
+    store: Store, profile: str, version: str, public_keys: Iterable[str] = ()
+) -> dict[str, Any]:
+    """Make ``version`` (a kept release) current again: its manifest and shards verified, the
+    pointer flipped by a conditional write. ``RollbackError`` for a version that is not kept."""
+    pointer, etag = read_pointer(store, profile)
+    current = pointer.get("version") if pointer else None
+    if version not in list_versions(store, profile):
+        raise RollbackError(
+            f"{profile}/{version} is not a kept release (pruned, or never published); "
+            f"kept: {', '.join(list_versions(store, profile)) or 'none'}"
+        )
+    release = load_release(store, profile, version, public_keys=tuple(public_keys))
+    if version == current:
+        return {"version": version, "previous": current, "status": "already_current"}
+    signed = _signature(store, profile, version)
+    new_pointer = {
+        "version": version,
+        "manifest_sha256": release.manifest_sha256,
+        "published_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "parent": release.manifest.get("parent"),
+        "rolled_back_from": current,
+        **({"signed": signed} if signed else {}),
+    }
+    flip_pointer(store, profile, new_pointer, etag)
+    return {"version": version, "previous": current, "status": "rolled_back"}

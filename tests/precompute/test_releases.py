@@ -1,0 +1,173 @@
+"""``edgeqa release``: list, show, diff and rollback on a folder and on S3, and explain agreeing
+with the edge's own lookups."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from edge_index.release import ReleaseError, read_pointer
+from edge_index.service import create_app
+from edge_index.signing import LocalSigner, generate_keypair, signed_root
+from edge_index.store import FileStore, Store
+from edge_index.watcher import EDGE_METRICS, ReleaseWatcher, load_index
+from precompute.publish import publish
+from precompute.releases import (
+    RollbackError,
+    diff_releases,
+    list_releases,
+    rollback,
+    show_release,
+)
+from tests.releases import PROFILE, QUESTIONS, build
+from tests.serving import Server
+from tests.test_cli import _edgeqa
+
+NEW = "How do I order a new card?"
+
+
+def _two_releases(embedder: Any, store: Store, tmp: Path, signer: Any = None) -> tuple[str, str]:
+    build(embedder, tmp / "r1", store, tag="v1")
+    first = publish(store, tmp / "r1", signer=signer).version
+    # the second: one question dropped, one added, the first one's answer unchanged
+    build(
+        embedder,
+        tmp / "r2",
+        store,
+        tag="v2",
+        now=datetime(2026, 11, 30, tzinfo=UTC),
+        questions=(*QUESTIONS[:3], NEW),
+        answers={QUESTIONS[0]: f"v1: answer to {QUESTIONS[0]}"},
+    )
+    return first, publish(store, tmp / "r2", signer=signer).version
+
+
+def test_list_show_diff_and_rollback(embedder, store: Store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    private, public = generate_keypair()
+    first, second = _two_releases(embedder, store, tmp_path, LocalSigner(private))
+
+    listed = list_releases(store, PROFILE)
+    assert [r["version"] for r in listed] == [first, second]
+    assert [r["current"] for r in listed] == [False, True]
+    assert listed[1]["parent"] == first and listed[1]["entries"] == 4
+    assert listed[1]["signed_by"] and listed[1]["calibration"]["value"] is not None
+
+    shown = show_release(store, PROFILE, public_keys=(public,), top=2)
+    assert shown["version"] == second and shown["current"]
+    assert shown["counts"]["rows"] == 4 and shown["counts"]["expired"] == 0
+    assert len(shown["top_questions"]) == 2 and shown["profile"]["name"] == PROFILE
+    assert shown["excluded"]["clusters"] == {}  # every mined cluster had its answer
+    with pytest.raises(ReleaseError, match="trusted key"):
+        show_release(store, PROFILE, first, public_keys=(generate_keypair()[1],))
+
+    diff = diff_releases(store, PROFILE, first, second, (public,))
+    assert diff["counts"] == {
+        "added": 1,
+        "dropped": 1,
+        "changed": 2,
+        "unchanged": 1,
+        "phrasings_gained": 0,
+        "phrasings_lost": 0,
+    }
+    assert [c["question"] for c in diff["added"]] == [NEW]
+    assert [c["question"] for c in diff["dropped"]] == [QUESTIONS[3]]
+    assert {c["question"] for c in diff["changed"]} == set(QUESTIONS[1:3])
+
+    done = rollback(store, PROFILE, first, (public,))
+    assert done == {"version": first, "previous": second, "status": "rolled_back"}
+    pointer, _ = read_pointer(store, PROFILE)
+    assert pointer is not None and pointer["version"] == first
+    # browsers verify the rolled-back pointer as they did the first time
+    assert signed_root(pointer, PROFILE, (public,)) is not None
+    assert rollback(store, PROFILE, first)["status"] == "already_current"
+    with pytest.raises(RollbackError, match="not a kept release"):
+        rollback(store, PROFILE, "20200101T000000Z-00000000")
+    assert rollback(store, PROFILE, second)["status"] == "rolled_back"
+
+
+def test_release_commands_on_the_command_line(
+    embedder,  # type: ignore[no-untyped-def]
+    cli_env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    store = FileStore(tmp_path / "store")
+    first, second = _two_releases(embedder, store, tmp_path)
+    env = {**cli_env, "EDGEQA_STORE": str(store.root), "EDGEQA_PROFILE": PROFILE}
+    listed = _edgeqa(env, "release", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [r["version"] for r in json.loads(listed.stdout)] == [first, second]
+    assert f"* {second}" in _edgeqa(env, "release", "list").stdout
+    shown = _edgeqa(env, "release", "show", first)
+    assert shown.returncode == 0 and "top questions" in shown.stdout
+    diff = json.loads(_edgeqa(env, "release", "diff", first, second, "--json").stdout)
+    assert diff["counts"]["added"] == 1
+    explained = _edgeqa(env, "release", "explain", "how can I freeze my card")
+    assert explained.returncode == 0, explained.stderr
+    assert f"decision: semantic hit -> {QUESTIONS[0]!r}" in explained.stdout
+    assert "nearest phrasings:" in explained.stdout and "guard: passed" in explained.stdout
+    refused = _edgeqa(env, "release", "rollback", "nope")
+    assert refused.returncode == 2 and "not a kept release" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    rolled = _edgeqa(env, "release", "rollback", first)
+    assert rolled.returncode == 0 and "rolled_back" in rolled.stdout
+
+
+def _queries(rng: random.Random, published: tuple[str, ...], n: int) -> list[str]:
+    """Published questions reworded at random, and questions about other things."""
+    fillers = ["please", "quickly", "today", "again", "my", "the", "new", "online", "100", "UK"]
+    others = [
+        "What is the capital of France?",
+        "Tell me a joke about cats",
+        "How do I reset my password?",
+        "Where is the nearest branch?",
+        "Can I change my PIN?",
+    ]
+    out = []
+    for _ in range(n):
+        words = rng.choice(published + tuple(others)).rstrip("?").split()
+        for _ in range(rng.randint(0, 3)):
+            edit = rng.random()
+            if edit < 0.35 and len(words) > 2:
+                del words[rng.randrange(len(words))]
+            elif edit < 0.7:
+                words.insert(rng.randrange(len(words) + 1), rng.choice(fillers))
+            else:
+                i = rng.randrange(len(words))
+                words[i] = words[i].upper() if rng.random() < 0.5 else words[i].lower()
+        out.append(" ".join(words) + rng.choice(["?", "", "??", " ?"]))
+    return out
+
+
+def test_explain_agrees_with_the_edge_on_200_random_queries(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    store = FileStore(tmp_path / "store")
+    questions = (*QUESTIONS, "What is the daily limit for 100 pound withdrawals?", NEW)
+    build(embedder, tmp_path / "r1", store, questions=questions)
+    version = publish(store, tmp_path / "r1").version
+    watcher = ReleaseWatcher(store, PROFILE, embedder, 3600, metrics_prefix=EDGE_METRICS)
+    assert watcher.refresh()
+    index = load_index(store, PROFILE, embedder)  # what `edgeqa release explain` loads
+    seen: dict[str, int] = {}
+    with Server(create_app(watcher)) as server, httpx.Client(base_url=server.url) as client:
+        for query in _queries(random.Random(7), questions, 200):
+            explained = index.explain(query)
+            assert explained["version"] == version
+            answer = client.post("/v1/lookup", json={"q": query})
+            outcome = explained["outcome"]
+            if answer.status_code == 200:
+                hit = answer.json()
+                assert outcome["hit"], (query, hit, explained)
+                assert (outcome["tier"], outcome["key"]) == (hit["tier"], hit["key"]), query
+                seen[hit["tier"]] = seen.get(hit["tier"], 0) + 1
+            else:
+                assert answer.status_code == 404, answer.text
+                assert not outcome["hit"], (query, explained)
+                assert outcome["reason"] == answer.json()["reason"], query
+                seen["miss"] = seen.get("miss", 0) + 1
+    # the queries exercise every outcome
+    assert seen.get("exact", 0) > 5 and seen.get("semantic", 0) > 5 and seen.get("miss", 0) > 5
