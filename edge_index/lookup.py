@@ -44,7 +44,7 @@ class Hit:
 @dataclass(frozen=True)
 class Miss:
     # "no_release", "no_match", "below_threshold", "margin", "agreement", "guard:<check>",
-    # "expired"
+    # "expired", "revoked"
     reason: str
     version: str | None
     score: float | None = None
@@ -83,6 +83,9 @@ class ReleaseIndex:
         self.exact: dict[str, int] = {}
         self.shards: list[tuple[Any, int]] = []  # (faiss index, id offset)
         self.clock = clock
+        # phrasings taken down (``precompute/revocations.py``): never served, even before the
+        # release without them is loaded (``revoke``)
+        self.revoked: frozenset[str] = frozenset(manifest.get("revoked", {}).get("keys", ()))
         expires: list[np.ndarray] = []  # per shard: epoch seconds (no expiry: int64 max)
         ef_search = int(manifest.get("index", {}).get("ef_search", 128))
         for shard in release.shards:
@@ -148,9 +151,13 @@ class ReleaseIndex:
     def expired(self, row: int) -> bool:
         return bool(self.expires_at[row] <= self.clock())
 
+    def revoke(self, keys: frozenset[str]) -> None:
+        """Stop serving these phrasings now (a release without them is on its way)."""
+        self.revoked = self.revoked | keys
+
     def lookup_exact(self, key: str) -> Hit | None:
         row = self.exact.get(key)
-        if row is None or self.expired(row):
+        if row is None or self.expired(row) or key in self.revoked:
             return None
         return Hit("exact", key, self.questions[row], self.answers[row], 1.0, self.version)
 
@@ -193,6 +200,8 @@ class ReleaseIndex:
             return Miss(f"guard:{refused}", self.version, f.score)
         if self.expired(row):
             return Miss("expired", self.version, f.score)
+        if self.keys[row] in self.revoked:
+            return Miss("revoked", self.version, f.score)
         return Hit(
             "semantic",
             self.keys[row],
@@ -235,7 +244,11 @@ class ReleaseIndex:
             "normalized": normalized,
             "key": key,
             "version": self.version,
-            "exact": {"published": row is not None, "expired": row is not None and exact is None},
+            "exact": {
+                "published": row is not None,
+                "served": exact is not None,
+                "revoked": key in self.revoked,
+            },
             "candidates": nearest[:candidates],
             "decision": as_dict(self.decision),
             **trace,

@@ -355,6 +355,35 @@ def _checked(store: Store, prefix: str, entry: Any) -> bytes:
     return data
 
 
+def verified_manifest(
+    store: Store,
+    profile: str,
+    version: str | None = None,
+    expected_manifest_sha256: str | None = None,
+    public_keys: Iterable[str] = (),
+) -> tuple[dict[str, Any], str]:
+    """A release's manifest (the pointer's when ``version`` is None) and its sha256, checked
+    against the pointer and, given ``public_keys``, against its signature: what may be trusted
+    before anything the manifest names is fetched."""
+    if version is None:
+        pointer, _ = read_pointer(store, profile)
+        if pointer is None:
+            raise ReleaseError(f"nothing published yet for profile {profile!r}")
+        version = str(pointer["version"])
+        expected_manifest_sha256 = pointer.get("manifest_sha256")
+        if not isinstance(expected_manifest_sha256, str):
+            raise ReleaseError(f"{pointer_path(profile)} names no manifest_sha256")
+    if not _PLAIN_NAME.fullmatch(version):
+        raise ReleaseError(f"release version {version!r:.200} is not a plain name")
+    manifest, manifest_bytes = _manifest(store, profile, version)
+    manifest_sha = sha256_hex(manifest_bytes)
+    if expected_manifest_sha256 is not None and manifest_sha != expected_manifest_sha256:
+        raise ReleaseError(f"release {profile}/{version}: manifest.json does not match the pointer")
+    if public_keys:
+        _check_signature(store, profile, version, manifest, manifest_sha, tuple(public_keys))
+    return manifest, manifest_sha
+
+
 def load_release(
     store: Store,
     profile: str,
@@ -372,22 +401,10 @@ def load_release(
     """
     import pyarrow.parquet as pq
 
-    if version is None:
-        pointer, _ = read_pointer(store, profile)
-        if pointer is None:
-            raise ReleaseError(f"nothing published yet for profile {profile!r}")
-        version = str(pointer["version"])
-        expected_manifest_sha256 = pointer.get("manifest_sha256")
-        if not isinstance(expected_manifest_sha256, str):
-            raise ReleaseError(f"{pointer_path(profile)} names no manifest_sha256")
-    if not _PLAIN_NAME.fullmatch(version):
-        raise ReleaseError(f"release version {version!r:.200} is not a plain name")
-    manifest, manifest_bytes = _manifest(store, profile, version)
-    manifest_sha = sha256_hex(manifest_bytes)
-    if expected_manifest_sha256 is not None and manifest_sha != expected_manifest_sha256:
-        raise ReleaseError(f"release {profile}/{version}: manifest.json does not match the pointer")
-    if public_keys:  # before anything the manifest names is fetched
-        _check_signature(store, profile, version, manifest, manifest_sha, tuple(public_keys))
+    manifest, manifest_sha = verified_manifest(
+        store, profile, version, expected_manifest_sha256, public_keys
+    )
+    version = str(manifest["version"])
     prefix = release_prefix(profile, version)
     root = manifest.get("answers_root")
     if not isinstance(root, str):

@@ -16,13 +16,14 @@ import gc
 import logging
 import tempfile
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge_index.errors import EdgeQAError
 from edge_index.lookup import ReleaseIndex
-from edge_index.release import LoadedRelease, load_release, read_pointer
+from edge_index.release import LoadedRelease, load_release, read_pointer, verified_manifest
 from edge_index.store import Store, StoreError
 
 if TYPE_CHECKING:
@@ -98,6 +99,9 @@ class ReleaseWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._refresh_lock = threading.Lock()
+        # called with the revoked phrasings' keys as soon as a release lists them (the origin
+        # drops them from its online cache)
+        self.on_revoked: Callable[[frozenset[str]], None] | None = None
 
     @property
     def version(self) -> str | None:
@@ -122,6 +126,7 @@ class ReleaseWatcher:
             if wanted in (self.manifest_sha256, self._refused):
                 self.failures, self.store_error = 0, None  # the store answered; nothing new
                 return False
+            self._revoke_early(pointer)
             try:
                 index = load_index(self.store, self.profile, self.embedder, self.public_keys)
             except StoreError as error:  # the store failed (throttling, an outage): try again
@@ -137,6 +142,26 @@ class ReleaseWatcher:
             self.failures, self.store_error, self.refusal = 0, None, None
             self._serve(index, index.release.manifest_sha256)
             return True
+
+    def _revoke_early(self, pointer: dict[str, object]) -> None:
+        """Before a new release is loaded (seconds to minutes for a large one), apply the
+        revocations its verified manifest lists to the release still served: a revoked answer
+        stops within one poll. Any failure is left to the load that follows."""
+        try:
+            manifest, _ = verified_manifest(
+                self.store, str(self.profile), None, None, self.public_keys
+            )
+            if manifest.get("version") != pointer.get("version"):
+                return  # the pointer moved on meanwhile: the load settles it
+            keys = frozenset(manifest.get("revoked", {}).get("keys", ()))
+        except Exception:
+            return
+        index = self.index
+        if keys and index is not None and not keys <= index.revoked:
+            index.revoke(keys)
+            if self.on_revoked is not None:
+                self.on_revoked(keys)
+            log.info("%d revoked phrasings no longer served", len(keys))
 
     def _failed(self, error: Exception) -> None:
         self.failures += 1
@@ -199,6 +224,11 @@ class ReleaseWatcher:
         gc.collect()
         gc.freeze()
         log.info("serving release %s of %s (%d entries)", index.version, self.profile, len(index))
+        if self.on_revoked is not None:
+            try:
+                self.on_revoked(index.revoked)
+            except Exception:  # the release serves whatever a listener makes of it
+                log.exception("a listener failed on release %s", index.version)
 
     def age_s(self) -> float | None:
         index = self.index

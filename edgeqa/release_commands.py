@@ -46,15 +46,40 @@ def add_release_commands(commands: Any) -> None:
         "rollback", "make a kept release current again", _cmd_release_rollback
     )
     rollback.add_argument("version")
+    revoke = release_command(
+        "revoke",
+        "take a published answer down everywhere: recorded, and a release published without it",
+        _cmd_release_revoke,
+    )
+    which = revoke.add_mutually_exclusive_group(required=True)
+    which.add_argument("--question", help="a published phrasing (its cluster is revoked)")
+    which.add_argument("--key", help="a phrasing's key")
+    which.add_argument("--cluster", help="a cluster id (edgeqa release explain shows it)")
+    revoke.add_argument("--reason", required=True, help="why (kept in the audit log)")
+    revoke.add_argument("--by", default=None, help="who (default: the login name)")
+    unrevoke = release_command(
+        "unrevoke",
+        "end a revocation (the next nightly build may publish it again)",
+        _cmd_release_unrevoke,
+    )
+    ended = unrevoke.add_mutually_exclusive_group(required=True)
+    ended.add_argument("--id", dest="entry", help="the revocation's id")
+    ended.add_argument("--key", help="a revoked phrasing's key")
+    ended.add_argument("--cluster", help="the revoked cluster")
+    unrevoke.add_argument("--reason", required=True, help="why (kept in the audit log)")
+    unrevoke.add_argument("--by", default=None, help="who (default: the login name)")
 
 
-def _release_context(args: argparse.Namespace) -> tuple[Any, Any, str]:
-    """(settings, store, profile) of an ``edgeqa release`` command."""
+def _release_context(args: argparse.Namespace, writes: bool = False) -> tuple[Any, Any, str]:
+    """(settings, store, profile) of an ``edgeqa release`` command; ``writes``: the nightly
+    job's settings (the signing key, the releases kept)."""
     from edge_index.config import SharedSettings
     from edge_index.store import open_store
     from edge_index.watcher import resolve_profile
+    from precompute.config import PrecomputeSettings
 
-    settings = SharedSettings.from_env(store=args.store, profile=args.profile)
+    kind = PrecomputeSettings if writes else SharedSettings
+    settings = kind.from_env(store=args.store, profile=args.profile)
     store = open_store(settings.store)
     return settings, store, resolve_profile(store, settings.profile or None)
 
@@ -152,7 +177,8 @@ def _cmd_release_explain(args: argparse.Namespace) -> int:
         lines = [
             f"{e['version']}: {e['query']!r} -> normalized {e['normalized']!r}, key {e['key']}",
             f"exact tier: {'published' if e['exact']['published'] else 'not published'}"
-            + (" (expired)" if e["exact"]["expired"] else ""),
+            + (" (revoked)" if e["exact"]["revoked"] else "")
+            + (" (expired)" if e["exact"]["published"] and not e["exact"]["served"] else ""),
             "nearest phrasings:",
         ]
         lines += [f"  {c['score']:.4f}  {c['question']}" for c in e["candidates"]]
@@ -180,4 +206,56 @@ def _cmd_release_rollback(args: argparse.Namespace) -> int:
     settings, store, profile = _release_context(args)
     done = rollback(store, profile, args.version, settings.public_keys)
     _print(args, done, lambda d: f"{profile}: {d['status']} ({d['previous']} -> {d['version']})")
+    return 0
+
+
+def _operator(args: argparse.Namespace) -> str:
+    import getpass
+
+    return str(args.by or getpass.getuser())
+
+
+def _cmd_release_revoke(args: argparse.Namespace) -> int:
+    from precompute.revocations import revoke
+
+    settings, store, profile = _release_context(args, writes=True)
+    done = revoke(
+        store,
+        profile,
+        args.reason,
+        _operator(args),
+        question=args.question,
+        key=args.key,
+        cluster=args.cluster,
+        signer=settings.signer(),
+        public_keys=settings.public_keys,
+        keep=settings.keep_releases,
+    )
+
+    def text(d: dict[str, Any]) -> str:
+        return (
+            f"{profile}: revoked {d['id']} ({d['phrasings']} phrasing(s) of {d['question']!r}); "
+            f"recorded in {d['recorded_s']} s, {d['version']} published without it in "
+            f"{d['seconds']} s. Browsers drop it within their pointer TTL, the edge and the "
+            "origin at their next poll."
+        )
+
+    _print(args, done, text)
+    return 0
+
+
+def _cmd_release_unrevoke(args: argparse.Namespace) -> int:
+    from precompute.revocations import unrevoke
+
+    _, store, profile = _release_context(args, writes=True)
+    done = unrevoke(
+        store,
+        profile,
+        args.reason,
+        _operator(args),
+        entry=args.entry,
+        key=args.key,
+        cluster=args.cluster,
+    )
+    _print(args, done, lambda d: f"{profile}: ended {', '.join(d['ended'])}")
     return 0

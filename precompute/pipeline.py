@@ -50,6 +50,7 @@ from precompute.generate import (
 )
 from precompute.mining import HotQuestion, MiningReport, mine
 from precompute.publish import prune, publish
+from precompute.revocations import in_force, is_revoked
 from precompute.workarea import WorkArea
 
 if TYPE_CHECKING:
@@ -112,13 +113,22 @@ def mine_stage(params: RunParams, model: LoadedModel | None = None) -> dict[str,
     from origin.model import load_tokenizer
 
     config, settings = params.config, params.config.settings
+    tokenizer = model[1] if model else load_tokenizer(settings.model, settings.cache_dir)
+    profile = make_profile(settings, config.generation.quantization, tokenizer)
     stats = LogReadStats()
     rows = read_logs(open_store(params.logs_uri), params.since, params.until, stats)
     hot, mining = mine(rows, load_embedder(settings.embedder), config.mining, params.now)
-    tokenizer = model[1] if model else load_tokenizer(settings.model, settings.cache_dir)
-    profile = make_profile(settings, config.generation.quantization, tokenizer)
+    out = open_store(params.out_uri)
+    # a cluster holding a revoked phrasing stays out until it is unrevoked
+    revoked = is_revoked(in_force(out, profile.name))
+    dropped = [
+        h for h in hot if any(revoked({"key": p.key, "cluster": h.key}) for p in h.phrasings)
+    ]
+    if dropped:
+        hot = [h for h in hot if all(h is not d for d in dropped)]
+        mining.excluded_rows["revoked"] = sum(p.hits for h in dropped for p in h.phrasings)
     run = run_id(profile, [h.question for h in hot])
-    work = WorkArea(open_store(params.out_uri), profile.name, run)
+    work = WorkArea(out, profile.name, run)
     work.put_json("hot.json", [h.as_dict() for h in hot])
     work.put_json("profile.json", profile.inputs)
     count = len(partitions(hot, config.generation.partition_size))
@@ -194,6 +204,7 @@ def build_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
                 "runner": params.runner,
                 "log_range": {"since": params.since.isoformat(), "until": params.until.isoformat()},
                 "excluded_rows": dict(sorted(mined["excluded_rows"].items())),
+                "revoked": in_force(work.store, work.profile),
                 "mining": {
                     "k": config.mining.k,
                     "top_n": config.mining.top_n,

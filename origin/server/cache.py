@@ -56,6 +56,7 @@ class OnlineCache:
         self.rng = rng or random.Random()
         self._entries: OrderedDict[str, CachedAnswer] = OrderedDict()
         self._bytes = 0
+        self._revoked: Callable[[str], bool] = lambda key: False
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -96,7 +97,7 @@ class OnlineCache:
     def put(self, key: str, answer: str, completion_tokens: int, asker: str = "") -> bool:
         """Store an answer generated for ``asker``; False when caching is off or the entry
         alone exceeds the bound. The askers of an entry it replaces still count."""
-        if not self.enabled:
+        if not self.enabled or self._revoked(key):
             return False
         ttl = self.ttl_s * (1 + self.rng.uniform(-self.jitter, self.jitter))
         entry = CachedAnswer(answer, completion_tokens, self.clock() + ttl, {asker})
@@ -116,6 +117,16 @@ class OnlineCache:
                 self._remove(oldest)
                 self.evictions += 1
         return True
+
+    def revoke(self, revoked: Callable[[str], bool]) -> int:
+        """Drop every entry ``revoked`` picks and cache none it picks from now on (until the next
+        call: the served release lists the revocations in force); how many were dropped."""
+        with self._lock:
+            self._revoked = revoked
+            doomed = [key for key in self._entries if revoked(key)]
+            for key in doomed:
+                self._remove(key)
+        return len(doomed)
 
     def _remove(self, key: str) -> None:
         entry = self._entries.pop(key)

@@ -18,6 +18,7 @@ from edge_index.logs import LogWriter
 from edge_index.users import UserHasher, user_hasher
 from origin.config import OriginSettings
 from origin.runtime import Runtime
+from origin.server import tiers
 from origin.server.admission import Admission
 from origin.server.cache import OnlineCache
 from origin.server.metrics import OriginMetrics
@@ -69,6 +70,9 @@ class OriginServer:
                 runtime = self.load()
                 if runtime.releases is not None:
                     self.metrics.registry.register(runtime.releases.metrics.registry)
+                    runtime.releases.on_revoked = self.on_revoked
+                    if runtime.releases.index is not None:
+                        self.on_revoked(runtime.releases.index.revoked)
                     runtime.releases.start()
                 self.runtime = runtime
                 log.info("origin ready: serving %s", self.model_name)
@@ -79,6 +83,12 @@ class OriginServer:
         thread = threading.Thread(target=run, name="edgeqa-origin-load", daemon=True)
         thread.start()
         return thread
+
+    def on_revoked(self, keys: frozenset[str]) -> None:
+        """A release lists these revoked phrasings: the online cache drops them too."""
+        dropped = tiers.revoke_cached(self.cache, keys)
+        if dropped:
+            log.info("%d revoked online-cache entries dropped", dropped)
 
     def release_version(self) -> str | None:
         runtime = self.runtime

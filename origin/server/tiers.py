@@ -46,6 +46,13 @@ def scoped_key(key: str, key_id: str | None, tenant: str) -> str:
     return f"{key_id or ''}\x1f{tenant}\x1f{key}"
 
 
+def revoke_cached(cache: OnlineCache, keys: frozenset[str]) -> int:
+    """Apply the revocations a release lists (``precompute/revocations.py``) to the online
+    cache: the revoked questions' entries dropped, in every tenant's scope, and never cached
+    again while they are listed. How many entries were dropped."""
+    return cache.revoke(lambda scoped: scoped.rsplit("\x1f", 1)[-1] in keys)
+
+
 async def lookup(
     index: ReleaseIndex | None,
     cache: OnlineCache,

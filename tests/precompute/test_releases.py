@@ -116,6 +116,15 @@ def test_release_commands_on_the_command_line(
     assert "Traceback" not in refused.stderr
     rolled = _edgeqa(env, "release", "rollback", first)
     assert rolled.returncode == 0 and "rolled_back" in rolled.stdout
+    revoked = _edgeqa(
+        env, "release", "revoke", "--question", QUESTIONS[1], "--reason", "wrong", "--json"
+    )
+    assert revoked.returncode == 0, revoked.stderr
+    assert json.loads(revoked.stdout)["parent"] == first
+    missing = _edgeqa(env, "release", "revoke", "--question", QUESTIONS[1], "--reason", "again")
+    assert missing.returncode == 2 and "no phrasing" in missing.stderr  # gone already
+    ended = _edgeqa(env, "release", "unrevoke", "--cluster", "nope", "--reason", "x")
+    assert ended.returncode == 2 and "no revocation" in ended.stderr
 
 
 def _queries(rng: random.Random, published: tuple[str, ...], n: int) -> list[str]:

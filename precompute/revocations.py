@@ -1,0 +1,267 @@
+"""Revocations: a published answer taken down everywhere within seconds, and kept down.
+
+``revoke`` first records the revocation durably in the store, ``<profile>/revocations.json``,
+by a conditional write (two operators never lose each other's entry), with an audit entry: who,
+when, why. It then publishes a release derived from the current one without the revoked cluster
+— every phrasing of it and their answer objects (``build.derive_release``: nothing embedded or
+generated again) — signed and published like a nightly release. Readers take it up as any new
+release: browsers when their cached ``current.json`` expires (30 s on the CDN), the edge and the
+origin at their next poll (``EDGEQA_POLL_S``); the origin also drops the revoked keys from its
+online cache and never caches them again while the release lists them (its manifest's
+``revoked``). Every later nightly build leaves out a cluster holding a revoked phrasing and lists
+the revocations in force, until ``unrevoke``, which records the change but republishes nothing:
+the next nightly build may publish the question again.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from edge_index.errors import EdgeQAError
+from edge_index.keys import key as key_of
+from edge_index.release import LoadedRelease, load_release
+from edge_index.signing import Signer
+from edge_index.store import (
+    ObjectNotFoundError,
+    ObjectTooLargeError,
+    PreconditionFailedError,
+    Store,
+)
+from precompute.build import derive_release
+from precompute.publish import PublishConflictError, publish
+
+MAX_REVOCATIONS_BYTES = 16 << 20
+MAX_REASON_CHARS = 500
+_ATTEMPTS = 5  # conditional writes (and derived publishes) lost to a concurrent writer
+
+
+class RevocationError(EdgeQAError, ValueError):
+    """What to revoke is not in the current release, or the revocation list is unreadable."""
+
+
+def revocations_path(profile: str) -> str:
+    return f"{profile}/revocations.json"
+
+
+def read_revocations(store: Store, profile: str) -> tuple[dict[str, Any], str | None]:
+    """The revocation list (``{"revoked": [...], "audit": [...]}``) and its ETag (None before
+    the first revocation)."""
+    path = revocations_path(profile)
+    try:
+        data, etag = store.get_with_etag(path, max_bytes=MAX_REVOCATIONS_BYTES)
+    except ObjectNotFoundError:
+        return {"revoked": [], "audit": []}, None
+    except ObjectTooLargeError:
+        raise RevocationError(f"{path} is over {MAX_REVOCATIONS_BYTES} bytes") from None
+    try:
+        found = json.loads(data)
+        if not isinstance(found.get("revoked"), list) or not isinstance(found.get("audit"), list):
+            raise ValueError("no revoked or audit list")
+        for entry in found["revoked"]:
+            if not isinstance(entry.get("keys"), list) or not isinstance(entry.get("cluster"), str):
+                raise ValueError("an entry without keys or cluster")
+    except (ValueError, AttributeError, RecursionError) as error:
+        raise RevocationError(f"{path} is not a revocation list: {error}") from None
+    return found, etag
+
+
+def in_force(store: Store, profile: str) -> dict[str, Any]:
+    """The revocations in force, as a manifest lists them: ids, clusters and phrasing keys."""
+    revoked = read_revocations(store, profile)[0]["revoked"]
+    return {
+        "ids": sorted(r["id"] for r in revoked),
+        "clusters": sorted({r["cluster"] for r in revoked}),
+        "keys": sorted({k for r in revoked for k in r["keys"]}),
+    }
+
+
+def is_revoked(revoked: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
+    """A test of a row (or a cluster's phrasing keys) against ``in_force``'s lists."""
+    keys, clusters = set(revoked["keys"]), set(revoked["clusters"])
+    return lambda row: row["key"] in keys or row["cluster"] in clusters
+
+
+def _update(store: Store, profile: str, change: Callable[[dict[str, Any]], None]) -> None:
+    """Apply ``change`` to the revocation list by a conditional write; re-read and re-apply
+    when another writer got there first."""
+    for _ in range(_ATTEMPTS):
+        document, etag = read_revocations(store, profile)
+        change(document)
+        data = json.dumps(document, indent=1, sort_keys=True, ensure_ascii=False).encode()
+        try:
+            store.put_if(revocations_path(profile), data, etag)
+            return
+        except PreconditionFailedError:
+            continue
+    raise RevocationError(f"{revocations_path(profile)} kept changing under us; try again")
+
+
+def _target(
+    release: LoadedRelease, question: str | None, key: str | None, cluster: str | None
+) -> tuple[str, list[str], str]:
+    """(cluster, its phrasing keys, its canonical question) of what is to be revoked."""
+    if sum(x is not None for x in (question, key, cluster)) != 1:
+        raise RevocationError("name exactly one of a question, a key or a cluster")
+    if question is not None:
+        key = key_of(question)
+    columns = ["key", "cluster", "question", "canonical"]
+    rows = [r for s in release.shards for r in s.rows.select(columns).to_pylist()]
+    if cluster is None:
+        found = next((r for r in rows if r["key"] == key), None)
+        if found is None:
+            raise RevocationError(
+                f"the current release ({release.version}) has no phrasing with key {key}; "
+                "`edgeqa release explain` shows which phrasing a question matches"
+            )
+        cluster = found["cluster"]
+    members = [r for r in rows if r["cluster"] == cluster]
+    if not members:
+        raise RevocationError(f"the current release ({release.version}) has no cluster {cluster}")
+    canonical = next((r["question"] for r in members if r["canonical"]), members[0]["question"])
+    return cluster, sorted(r["key"] for r in members), canonical
+
+
+def record_revocation(
+    store: Store,
+    profile: str,
+    cluster: str,
+    keys: list[str],
+    question: str,
+    reason: str,
+    by: str,
+    at: str,
+) -> str:
+    """Add a revocation of ``cluster`` (its phrasing ``keys``) to the list in force, with its
+    audit entry; its id. A cluster revoked before keeps its entry, its keys widened."""
+    entry_id = f"r-{uuid.uuid4().hex[:12]}"
+
+    def record(document: dict[str, Any]) -> None:
+        nonlocal entry_id
+        same = next((r for r in document["revoked"] if r["cluster"] == cluster), None)
+        if same is not None:
+            entry_id = same["id"]
+            same["keys"] = sorted(set(same["keys"]) | set(keys))
+        else:
+            entry = {"id": entry_id, "cluster": cluster, "keys": sorted(keys), "question": question}
+            document["revoked"].append({**entry, "reason": reason, "by": by, "at": at})
+        document["audit"].append(
+            {"action": "revoke", "id": entry_id, "reason": reason, "by": by, "at": at}
+        )
+
+    _update(store, profile, record)
+    return entry_id
+
+
+def revoke(
+    store: Store,
+    profile: str,
+    reason: str,
+    by: str,
+    *,
+    question: str | None = None,
+    key: str | None = None,
+    cluster: str | None = None,
+    signer: Signer | None = None,
+    public_keys: Iterable[str] = (),
+    keep: int = 5,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> dict[str, Any]:
+    """Revoke the cluster of ``question``, ``key`` or ``cluster`` in the current release: record
+    it, then publish a release without it. Returns what was done, with timings."""
+    if not reason.strip() or len(reason) > MAX_REASON_CHARS:
+        raise RevocationError(f"a reason is required (at most {MAX_REASON_CHARS} characters)")
+    started = time.perf_counter()
+    keys = tuple(public_keys)
+    current = load_release(store, profile, public_keys=keys)
+    target, target_keys, canonical = _target(current, question, key, cluster)
+    at = now().isoformat(timespec="seconds")
+    entry_id = record_revocation(store, profile, target, target_keys, canonical, reason, by, at)
+    recorded_s = time.perf_counter() - started
+    published = _publish_without(store, profile, signer, keys, keep, entry_id, now)
+    return {
+        "id": entry_id,
+        "cluster": target,
+        "question": canonical,
+        "phrasings": len(target_keys),
+        "recorded_s": round(recorded_s, 3),
+        "seconds": round(time.perf_counter() - started, 3),
+        **published,
+    }
+
+
+def _publish_without(
+    store: Store,
+    profile: str,
+    signer: Signer | None,
+    public_keys: tuple[str, ...],
+    keep: int,
+    entry_id: str,
+    now: Callable[[], datetime],
+) -> dict[str, Any]:
+    """Publish the current release less every revocation in force; again from the new current
+    release when a nightly publish (or another revocation) flips the pointer first."""
+    for _ in range(_ATTEMPTS):
+        current = load_release(store, profile, public_keys=public_keys)
+        revoked = in_force(store, profile)
+        drop = is_revoked(revoked)
+        with tempfile.TemporaryDirectory(prefix="edgeqa-revoke-") as tmp:
+            staging = Path(tmp) / "release"
+            extra = {
+                "derived": {"from": current.version, "by": entry_id, "runner": "revoke"},
+                "revoked": revoked,
+            }
+            manifest = derive_release(staging, current, drop, extra, now())
+            try:
+                report = publish(store, staging, keep=keep, signer=signer)
+            except PublishConflictError:
+                continue
+        rows = manifest["counts"]["rows"]
+        return {"version": report.version, "parent": current.version, "rows": rows}
+    raise RevocationError(
+        "the current release kept changing; the revocation is recorded: run revoke again"
+    )
+
+
+def unrevoke(
+    store: Store,
+    profile: str,
+    reason: str,
+    by: str,
+    *,
+    entry: str | None = None,
+    key: str | None = None,
+    cluster: str | None = None,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> dict[str, Any]:
+    """End a revocation (by its id, a phrasing key, or its cluster): recorded, nothing
+    republished; the next nightly build may publish the question again."""
+    if not reason.strip() or len(reason) > MAX_REASON_CHARS:
+        raise RevocationError(f"a reason is required (at most {MAX_REASON_CHARS} characters)")
+    ended: list[str] = []
+
+    def record(document: dict[str, Any]) -> None:
+        ended.clear()
+        kept = []
+        for r in document["revoked"]:
+            if r["id"] == entry or r["cluster"] == cluster or key in r["keys"]:
+                ended.append(r["id"])
+            else:
+                kept.append(r)
+        if not ended:
+            raise RevocationError("no revocation in force matches")
+        document["revoked"] = kept
+        at = now().isoformat(timespec="seconds")
+        for found in ended:
+            document["audit"].append(
+                {"action": "unrevoke", "id": found, "reason": reason, "by": by, "at": at}
+            )
+
+    _update(store, profile, record)
+    return {"ended": ended}

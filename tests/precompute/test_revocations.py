@@ -1,0 +1,168 @@
+"""Revocations: recorded with an audit trail, published as a derived release without the revoked
+cluster, honoured by the origin's online cache and by every later nightly build."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edge_index.keys import key
+from edge_index.release import load_release, object_path, read_pointer, release_prefix
+from edge_index.signing import LocalSigner, generate_keypair, signed_root
+from edge_index.store import FileStore, Store
+from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
+from origin.server.cache import OnlineCache
+from origin.server.tiers import revoke_cached, scoped_key
+from precompute.publish import publish
+from precompute.revocations import (
+    RevocationError,
+    in_force,
+    read_revocations,
+    record_revocation,
+    revoke,
+    unrevoke,
+)
+from tests.releases import PROFILE, QUESTIONS, build
+
+PARAPHRASE = "How can I freeze my card?"
+
+
+def _published(embedder: Any, store: Store, tmp: Path, signer: Any = None) -> str:
+    # the first question asked in two phrasings: one cluster of two
+    build(embedder, tmp / "r1", store, questions=(*QUESTIONS, PARAPHRASE))
+    return publish(store, tmp / "r1", signer=signer).version
+
+
+def test_revoke_records_then_publishes_a_release_without_the_cluster(
+    embedder,  # type: ignore[no-untyped-def]
+    store: Store,
+    tmp_path: Path,
+) -> None:
+    private, public = generate_keypair()
+    first = _published(embedder, store, tmp_path, LocalSigner(private))
+    before = load_release(store, PROFILE)
+    rows = {r["key"]: r for s in before.shards for r in s.rows.to_pylist()}
+    cluster = rows[key(QUESTIONS[0])]["cluster"]
+    assert rows[key(PARAPHRASE)]["cluster"] == cluster  # the paraphrase is the same answer
+
+    done = revoke(
+        store,
+        PROFILE,
+        "wrong fee amount",
+        "alice",
+        question=PARAPHRASE,
+        signer=LocalSigner(private),
+        public_keys=(public,),
+    )
+    assert done["cluster"] == cluster and done["phrasings"] == 2 and done["parent"] == first
+    pointer, _ = read_pointer(store, PROFILE)
+    assert pointer is not None and pointer["version"] == done["version"] != first
+    assert signed_root(pointer, PROFILE, (public,)) is not None  # signed like a nightly release
+
+    after = load_release(store, PROFILE, check_objects=True, public_keys=(public,))
+    kept = {r["key"]: r for s in after.shards for r in s.rows.to_pylist()}
+    assert set(kept) == set(rows) - {key(QUESTIONS[0]), key(PARAPHRASE)}
+    assert all(kept[k]["answer"] == rows[k]["answer"] for k in kept)  # nothing regenerated
+    prefix = release_prefix(PROFILE, after.version)
+    assert not store.exists(f"{prefix}/{object_path(key(QUESTIONS[0]))}")
+    assert after.manifest["revoked"]["keys"] == sorted([key(QUESTIONS[0]), key(PARAPHRASE)])
+    assert after.manifest["derived"]["from"] == first
+    assert after.manifest["excluded_clusters"]["revoked"] == 1
+
+    # the edge no longer has it, by either tier
+    watcher = ReleaseWatcher(store, PROFILE, embedder, 3600, metrics_prefix=EDGE_METRICS)
+    assert watcher.refresh() and watcher.index is not None
+    for asked in (QUESTIONS[0], PARAPHRASE, "how do i freeze my card"):
+        assert watcher.index.explain(asked)["outcome"]["hit"] is False, asked
+    assert watcher.index.explain(QUESTIONS[1])["outcome"]["hit"] is True
+
+    # recorded, with who, when and why; revoking again widens the same entry
+    document, _ = read_revocations(store, PROFILE)
+    (entry,) = document["revoked"]
+    assert (entry["id"], entry["by"], entry["reason"]) == (done["id"], "alice", "wrong fee amount")
+    assert document["audit"][0]["action"] == "revoke"
+
+
+def test_revocation_errors_and_unrevoke(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    store = FileStore(tmp_path / "store")
+    _published(embedder, store, tmp_path)
+    with pytest.raises(RevocationError, match="no phrasing"):
+        revoke(store, PROFILE, "why", "bob", question="Never asked by anyone?")
+    with pytest.raises(RevocationError, match="reason"):
+        revoke(store, PROFILE, "  ", "bob", question=QUESTIONS[1])
+    with pytest.raises(RevocationError, match="exactly one"):
+        revoke(store, PROFILE, "why", "bob", question=QUESTIONS[1], key=key(QUESTIONS[1]))
+    done = revoke(store, PROFILE, "outdated", "bob", key=key(QUESTIONS[1]))
+    again = record_revocation(
+        store, PROFILE, done["cluster"], [key(QUESTIONS[1])], QUESTIONS[1], "again", "carol", "t"
+    )
+    assert again == done["id"] and len(in_force(store, PROFILE)["ids"]) == 1
+    with pytest.raises(RevocationError, match="no revocation"):
+        unrevoke(store, PROFILE, "oops", "bob", entry="r-000000000000")
+    assert unrevoke(store, PROFILE, "fixed upstream", "bob", key=key(QUESTIONS[1])) == {
+        "ended": [done["id"]]
+    }
+    document, _ = read_revocations(store, PROFILE)
+    assert document["revoked"] == []
+    assert [a["action"] for a in document["audit"]] == ["revoke", "revoke", "unrevoke"]
+    # a corrupt list is an error naming the file, never a silent "nothing revoked"
+    store.put(f"{PROFILE}/revocations.json", b'{"revoked": 3}')
+    with pytest.raises(RevocationError, match=r"revocations\.json"):
+        in_force(store, PROFILE)
+
+
+def test_the_origin_cache_drops_revoked_questions_and_never_caches_them_again(
+    embedder,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    store = FileStore(tmp_path / "store")
+    _published(embedder, store, tmp_path)
+    cache = OnlineCache(ttl_s=3600)
+    revoked, other = key(QUESTIONS[0]), key(QUESTIONS[1])
+    for tenant in ("", "acme"):
+        for k in (revoked, other):
+            assert cache.put(scoped_key(k, "key-1", tenant), "an answer", 3)
+    revoke(store, PROFILE, "wrong", "alice", question=QUESTIONS[0])
+    watcher = ReleaseWatcher(store, PROFILE, embedder, 3600, metrics_prefix=EDGE_METRICS)
+    assert watcher.refresh() and watcher.index is not None
+    assert revoke_cached(cache, watcher.index.revoked) == 2  # in every tenant's scope
+    assert cache.get(scoped_key(revoked, "key-1", "acme")) is None
+    assert cache.get(scoped_key(other, "key-1", "acme")) is not None
+    assert not cache.put(scoped_key(revoked, "key-2", ""), "generated again", 3)
+    assert json.loads(json.dumps(watcher.index.manifest["revoked"]))["keys"]
+
+
+def test_nightly_mining_leaves_revoked_clusters_out(embedded_model: Any, tmp_path: Path) -> None:
+    from datetime import date
+
+    from precompute.config import PipelineConfig
+    from precompute.pipeline import RunParams, mine_stage
+    from precompute.samplelogs import generate_rows, write_logs
+
+    until = date(2026, 11, 28)
+    logs, out = FileStore(tmp_path / "logs"), FileStore(tmp_path / "out")
+    write_logs(logs, generate_rows(until, intents=4, users=60, asks=300, tail_questions=0))
+    params = RunParams(
+        logs.uri,
+        out.uri,
+        until,
+        until,
+        PipelineConfig.from_env({}),
+        started=datetime(2026, 11, 29, tzinfo=UTC),
+    )
+    first = mine_stage(params, model=embedded_model)
+    hot = json.loads(out.get(f"{first['profile']}/work/{first['run']}/hot.json"))
+    assert len(hot) >= 2 and "revoked" not in first["excluded_rows"]
+    canonical = hot[0]["phrasings"][0]  # a cluster's id is its canonical phrasing's key
+    record_revocation(
+        out, first["profile"], canonical["key"], [canonical["key"]], "q", "r", "ops", "t"
+    )
+    second = mine_stage(params, model=embedded_model)
+    remaining = json.loads(out.get(f"{second['profile']}/work/{second['run']}/hot.json"))
+    clusters = [h["phrasings"][0]["key"] for h in hot]
+    assert [h["phrasings"][0]["key"] for h in remaining] == clusters[1:]
+    assert second["excluded_rows"]["revoked"] == hot[0]["hits"]
