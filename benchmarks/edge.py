@@ -118,7 +118,7 @@ def build_synthetic(base: ReleaseIndex, entries: int, seed: int = 0) -> ReleaseI
             return [False] * n_extra
         if name in ("users", "hits"):
             return [1] * n_extra
-        if name in ("generated_at", "expires_at"):
+        if name in ("generated_at", "expires_at", "checks"):
             return [base_rows[name][0]] * n_extra
         return list(range(len(real), entries))  # id
 

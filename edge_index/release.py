@@ -99,6 +99,8 @@ def row_schema() -> pa.Schema:
             ("cluster", pa.string()),  # key of the cluster's canonical phrasing
             ("canonical", pa.bool_()),
             ("object_sha256", pa.string()),
+            # the checks the entry passed, comma-separated (``edge_index.answers.CHECKS``)
+            ("checks", pa.string()),
         ]
     )
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edge_index.answers import CHECKS, answer_problem
 from edge_index.guard import Guard
 from edge_index.matcher import Calibration, Decision, calibrate
 from edge_index.proofs import leaf, tree
@@ -253,7 +254,9 @@ def build_release(
     """Write a complete release under ``staging``; returns its manifest.
 
     ``answers``: generated rows by the cluster's canonical key (``answer``, ``flag``,
-    ``generated_at``). Clusters whose answer is missing or flagged are left out and counted.
+    ``generated_at``, ``finish_reason`` when known). Clusters whose answer is missing, flagged, or
+    degenerate (``edge_index.answers``) are left out and counted as ``not_generated`` or
+    ``answer_<flag>``; every row records the checks it passed (``checks``).
     ``embedder_dir``: a (fine-tuned) sentence-transformers folder to ship inside the release under
     ``embedder/`` -- the edge then embeds queries with it; ``embedder_info`` describes it.
     """
@@ -268,7 +271,11 @@ def build_release(
         if generated is None:
             reason = "not_generated"
         else:
-            reason = f"answer_{generated['flag']}" if generated["flag"] else ""
+            # checked again: a partition generated before a check existed is held to it too
+            flag = generated["flag"] or answer_problem(
+                cluster.question, generated["answer"], generated.get("finish_reason")
+            )
+            reason = f"answer_{flag}" if flag else ""
         if reason:
             report.excluded_clusters[reason] = report.excluded_clusters.get(reason, 0) + 1
             continue
@@ -291,6 +298,7 @@ def build_release(
                     "cluster": cluster.key,
                     "canonical": phrasing is cluster.canonical,
                     "object_sha256": "",
+                    "checks": ",".join(CHECKS),
                 }
             )
     content = content_sha256(rows)

@@ -5,8 +5,10 @@ order). Each partition's answers are written as one Parquet file in the run's wo
 (``workarea.py``) as soon as it is done; a rerun (after a crash, or an Airflow retry) finds the
 finished ones and generates only the rest.
 
-An answer is flagged, and never published, when it is empty (``empty``), was cut off by
-``max_tokens`` (``truncated``), or the engine reported an error (``error``).
+An answer is flagged, and never published, when the engine reported an error (``error``) or it
+is degenerate (``edge_index.answers.answer_problem``): empty (``empty``), cut off by
+``max_tokens`` (``truncated``), a loop (``repetitive``), only a refusal (``refusal``), or in
+another language or script than the question (``language``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from edge_index.answers import answer_problem
 from edge_index.store import ObjectNotFoundError
 from origin.config import EngineSettings
 from origin.precision import EngineQuantization
@@ -109,14 +112,10 @@ def answer_schema() -> pa.Schema:
     )
 
 
-def flag_of(text: str, finish_reason: str | None, error: str | None) -> str:
+def flag_of(question: str, text: str, finish_reason: str | None, error: str | None) -> str:
     if error:
         return "error"
-    if not text.strip():
-        return "empty"
-    if finish_reason == "length":
-        return "truncated"
-    return ""
+    return answer_problem(question, text, finish_reason) or ""
 
 
 @dataclass
@@ -167,7 +166,7 @@ def generate_partition(
             "answer": r.text.strip(),
             "tokens": len(r.token_ids),
             "finish_reason": r.finish_reason,
-            "flag": flag_of(r.text, r.finish_reason, r.error),
+            "flag": flag_of(q, r.text, r.finish_reason, r.error),
             "generated_at": generated_at.replace(microsecond=0),
         }
         for k, q, r in zip(keys, questions, results, strict=True)

@@ -7,6 +7,8 @@ by reason:
    ``edge_miss``: an edge lookup that missed is not counted, the origin logs the same ask.
 2. ``multi_turn``: ``turns > 1`` rows never publish (the question depends on the conversation).
 3. ``pii``: a query with personal data (``edge_index.pii``) never publishes, counted per kind.
+   ``time_sensitive``: nor one whose answer changes with the time it is asked
+   (``edge_index.timeliness``: "today", "the latest", prices, weather, scores...), counted per kind.
 4. ``invalid_query``: empty or over-long after normalizing (the key spec refuses it).
    ``over_user_share``: past ``max_rows_per_user`` rows from one user, or ``max_rows_per_network``
    from one network, in the window, the rest of theirs do not count: no one identity or network
@@ -37,6 +39,7 @@ from edge_index.guard import numbers
 from edge_index.keys import InvalidQueryError, key, normalize
 from edge_index.pii import find_pii
 from edge_index.redaction import redacted_kinds
+from edge_index.timeliness import time_sensitive
 from precompute.config import MiningConfig
 
 if TYPE_CHECKING:
@@ -113,6 +116,7 @@ class MiningReport:
     rows: int = 0
     excluded_rows: dict[str, int] = field(default_factory=dict)
     pii_by_kind: dict[str, int] = field(default_factory=dict)
+    time_sensitive_by_kind: dict[str, int] = field(default_factory=dict)
     phrasings: int = 0
     excluded_phrasings: dict[str, int] = field(default_factory=dict)
     phrasings_kept: int = 0
@@ -155,6 +159,11 @@ def collect_phrasings(
             _exclude(report.excluded_rows, "pii")
             for kind in kinds:
                 _exclude(report.pii_by_kind, kind)
+            continue
+        timely = time_sensitive(query)
+        if timely:
+            _exclude(report.excluded_rows, "time_sensitive")
+            _exclude(report.time_sensitive_by_kind, timely)
             continue
         try:
             normalized = normalize(query)

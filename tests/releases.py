@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from edge_index.release import read_pointer
 from edge_index.store import Store
 from precompute.build import build_release
 from precompute.config import BuildConfig, MiningConfig
-from precompute.mining import mine
+from precompute.mining import HotQuestion, mine
 
 PROFILE = "test-profile"
 QUESTIONS = (
@@ -19,6 +20,17 @@ QUESTIONS = (
     "How long does a transfer take?",
     "How do I close my account?",
 )
+
+
+def hot_questions(embedder: Any, questions: Sequence[str], now: datetime) -> list[HotQuestion]:
+    """``questions`` mined as hot questions, each asked by 5 users at ``now``."""
+    rows = [
+        {"ts": now, "user": f"u{i}", "query": q, "turns": 1, "tier": "generated", "status": 200}
+        for q in questions
+        for i in range(5)
+    ]
+    hot, _ = mine(rows, embedder, MiningConfig(k=5), now)
+    return hot
 
 
 def build(
@@ -37,12 +49,7 @@ def build(
     Answers expire after ``ttl_days``: years by default, so a release built at a fixed date in
     the past is still served when the suite runs (tests of expiry set their own clock)."""
     now = now or datetime(2026, 11, 29, tzinfo=UTC)
-    rows = [
-        {"ts": now, "user": f"u{i}", "query": q, "turns": 1, "tier": "generated", "status": 200}
-        for q in questions
-        for i in range(5)
-    ]
-    hot, _ = mine(rows, embedder, MiningConfig(k=5), now)
+    hot = hot_questions(embedder, questions, now)
     generated = {
         h.key: {
             "answer": (answers or {}).get(h.question, f"{tag}: answer to {h.question}"),

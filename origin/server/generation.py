@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from edge_index.answers import uncacheable
 from origin.server.protocol import APIError, ParsedRequest
 from origin.server.responses import (
     DONE,
@@ -238,6 +239,15 @@ class Generation:
         finally:
             self.finish(streamed=False)
 
+    def _cache(self, cache_key: str, state: Outcome) -> None:
+        """Write a complete answer to the online cache, unless it must never be stored: a
+        time-sensitive question's, or a degenerate answer (each counted by reason)."""
+        reason = uncacheable(self.parsed.question, state.text, state.finish_reason)
+        if reason is not None:
+            self.server.metrics.observe_cache_skipped(reason)
+        elif state.finish_reason == "stop":
+            self.server.cache.put(cache_key, state.text, state.completion_tokens, self.user)
+
     # -- accounting -------------------------------------------------------------------------------
 
     def finish(self, streamed: bool) -> None:
@@ -259,8 +269,8 @@ class Generation:
         )
         if status == 200 and times is not None and times.finished is not None:
             server.admission.observe_service(times.finished - times.arrival)
-            if self.cache_key is not None and state.finish_reason == "stop":
-                server.cache.put(self.cache_key, state.text, state.completion_tokens, self.user)
+            if self.cache_key is not None:
+                self._cache(self.cache_key, state)
         ttft_ms = None
         if times is not None and times.first_token is not None:
             ttft_ms = (times.first_token - times.arrival) * 1000

@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from edge_index.answers import CACHE_SKIP_REASONS
+
 if TYPE_CHECKING:
     from origin.engine import Engine
     from origin.engine.request import RequestTimes
@@ -140,10 +142,17 @@ class OriginMetrics:
             "Requests whose client went away, or that timed out",
             ["reason"],
         )
+        self.cache_skipped = counter(
+            "edgeqa_origin_cache_skipped",
+            "Generated answers never written to the online cache, by reason",
+            ["reason"],
+        )
 
         # every reason exported from the start (at 0), so that rates and alerts see them
         for reason in REJECT_REASONS:
             self.rejected.labels(reason)
+        for reason in CACHE_SKIP_REASONS:
+            self.cache_skipped.labels(reason)
         for reason in ("client", "timeout"):
             self.cancelled.labels(reason)
 
@@ -155,6 +164,9 @@ class OriginMetrics:
     def observe_rejected(self, status: int, reason: str) -> None:
         self.rejected.labels(reason).inc()
         self.requests.labels("rejected", str(status)).inc()
+
+    def observe_cache_skipped(self, reason: str) -> None:
+        self.cache_skipped.labels(reason).inc()
 
     def observe_hit(self, tier: str, ttft_s: float) -> None:
         self.requests.labels(tier, "200").inc()

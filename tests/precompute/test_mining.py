@@ -65,6 +65,20 @@ def test_exclusions_are_counted_by_reason(embedder) -> None:  # type: ignore[no-
     assert report.pii_by_kind == {"email": 7, "card": 7}
 
 
+def test_a_time_sensitive_hot_question_is_never_published(embedder) -> None:  # type: ignore[no-untyped-def]
+    rows = _asks("What's the weather in London today?", _users(40, "a"))  # the hottest
+    rows += _asks("What is the Tesla stock price?", _users(20, "b"))
+    rows += _asks("明天会下雨吗？", _users(10, "c"))
+    rows += _asks("How do I freeze my card?", _users(6, "d"))
+    hot, report = mine(rows, embedder, MiningConfig(k=5), NOW)
+    assert [h.question for h in hot] == ["How do I freeze my card?"]
+    assert report.excluded_rows == {"time_sensitive": 70}
+    assert report.time_sensitive_by_kind == {"weather": 50, "price": 20}
+    # a question about the weather whose answer does not change publishes
+    hot, _ = mine(_asks("How does the weather affect deliveries?", _users(40)), embedder, None, NOW)
+    assert [h.question for h in hot] == ["How does the weather affect deliveries?"]
+
+
 def test_near_duplicates_cluster_under_the_most_common_phrasing(embedder) -> None:  # type: ignore[no-untyped-def]
     rows = _asks("How do I reset my password?", _users(9, "a"))
     rows += _asks("how do i reset my password", _users(3, "b"))  # same key as the first

@@ -26,6 +26,7 @@ import httpx
 import openai
 import pytest
 
+from edge_index.answers import CACHE_SKIP_REASONS, uncacheable
 from edge_index.logs import LogWriter, read_logs
 from edge_index.store import FileStore
 from edge_index.users import mint_user_token
@@ -221,10 +222,11 @@ def test_release_tiers_online_cache_and_what_never_caches(origin: Origin) -> Non
         content = first.json()["choices"][0]["message"]["content"]
         assert same.headers["x-edgeqa-tier"] == "generated"  # one asker so far
         assert elsewhere.headers["x-edgeqa-tier"] == "generated"  # another tenant's cache
-        if first.json()["choices"][0]["finish_reason"] == "stop":
+        finish = first.json()["choices"][0]["finish_reason"]
+        if finish == "stop" and uncacheable(NOVEL, content, finish) is None:
             assert again.headers["x-edgeqa-tier"] == "origin_cache"
             assert again.json()["choices"][0]["message"]["content"] == content
-        else:  # a cut answer is not cached
+        else:  # a cut or degenerate answer is not cached
             assert again.headers["x-edgeqa-tier"] == "generated"
         # browsers are not told the tier (with the timing, it says someone asked lately)
         seen = client.post("/v1/chat/completions", json=novel, headers={"origin": "https://x.test"})
@@ -517,6 +519,36 @@ def test_request_timeout(origin: Origin) -> None:
 # -- metrics, logs, health ------------------------------------------------------------------------
 
 
+def _samples(client: httpx.Client) -> dict[str, float]:
+    """The origin's Prometheus samples, by name with labels."""
+    samples = {}
+    for line in client.get("/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def test_time_sensitive_answers_are_never_cached_and_are_counted(origin: Origin) -> None:
+    question = "What's the weather in Lisbon today?"
+    skipped = 'edgeqa_origin_cache_skipped_total{reason="time_sensitive"}'
+    with origin.client() as client:
+        before = _samples(client)
+        tiers, finishes = [], []
+        for user in ("ann", "bob", "cy"):  # past EDGEQA_CACHE_MIN_USERS askers of one tenant
+            response = client.post(
+                "/v1/chat/completions", json=_chat(question, max_tokens=64), headers=_as(user)
+            )
+            assert response.status_code == 200
+            tiers.append(response.headers["x-edgeqa-tier"])
+            finishes.append(response.json()["choices"][0]["finish_reason"])
+        after = _samples(client)
+    assert tiers == ["generated"] * 3, finishes
+    assert after[skipped] - before.get(skipped, 0.0) == 3
+    for reason in CACHE_SKIP_REASONS:  # every reason exported, at 0 until it happens
+        assert f'edgeqa_origin_cache_skipped_total{{reason="{reason}"}}' in after
+
+
 def test_metrics_use_vllm_names_and_split_ttft(origin: Origin) -> None:
     with origin.client() as client:
         body = _chat("Name a color.", max_tokens=8, stream=True)
@@ -526,12 +558,7 @@ def test_metrics_use_vllm_names_and_split_ttft(origin: Origin) -> None:
         # from the first answer
         client.post("/v1/chat/completions", json=_chat("Name a color.", max_tokens=8, stop=["#"]))
         client.post("/v1/chat/completions", json=_chat(QUESTIONS[2]))
-        text = client.get("/metrics").text
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            samples[name] = float(value)
+        samples = _samples(client)
     label = f'{{model_name="{MODEL}"}}'
     for name in (
         "vllm:time_to_first_token_seconds_count",

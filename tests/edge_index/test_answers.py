@@ -1,0 +1,176 @@
+"""Degenerate answers: loops, refusals, other languages, empty and cut-off answers are caught;
+good answers, short or long, pass."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge_index.answers import CACHE_SKIP_REASONS, CHECKS, PROBLEMS, answer_problem, uncacheable
+
+CAPITAL = "What is the capital of France?"
+FREEZE = "How do I freeze my card?"
+TRANSFER = "How long does a bank transfer take?"
+CAPITAL_ZH = "法国的首都是哪里？"
+FREEZE_ZH = "怎么冻结我的银行卡？"
+
+# (question, answer, finish_reason, problem)
+CASES = [
+    # the embedded model's loop, and other loops
+    (
+        CAPITAL,
+        "La femme de France, le capital de la femme de France, la femme de France, le capital "
+        "de la femme de France, la femme de France.",
+        "stop",
+        "repetitive",
+    ),
+    (
+        CAPITAL,
+        "Paris is the capital. Paris is the capital. Paris is the capital.",
+        "stop",
+        "repetitive",
+    ),
+    (FREEZE, "Open the app. " * 12, "stop", "repetitive"),
+    (
+        FREEZE,
+        "You can freeze it in the app, the app, the app, the app, the app, the app.",
+        "stop",
+        "repetitive",
+    ),
+    (
+        TRANSFER,
+        "It takes one to two days, one to two days, one to two days, one to two days.",
+        "stop",
+        "repetitive",
+    ),
+    (FREEZE, "card card card card card card card card card card", "stop", "repetitive"),
+    (
+        CAPITAL_ZH,
+        "法国的首都是巴黎，巴黎是法国的首都，巴黎是法国的首都，巴黎是法国的首都。",
+        "stop",
+        "repetitive",
+    ),
+    (
+        FREEZE_ZH,
+        "请打开手机银行。请打开手机银行。请打开手机银行。请打开手机银行。",
+        "stop",
+        "repetitive",
+    ),
+    (
+        "What should I do if my card is stolen?",
+        "Call us. I'm sorry. I'm sorry. I'm sorry. I'm sorry. I'm sorry.",
+        "stop",
+        "repetitive",
+    ),
+    # refusals, and nothing else
+    (CAPITAL, "I'm sorry, I can't help with that.", "stop", "refusal"),
+    (FREEZE, "I am sorry, but I cannot assist with that request.", "stop", "refusal"),
+    (FREEZE, "As an AI language model, I do not have access to your account.", "stop", "refusal"),
+    (TRANSFER, "I don't know.", "stop", "refusal"),
+    (TRANSFER, "Unfortunately, I am unable to answer that question.", "stop", "refusal"),
+    (CAPITAL, "Sorry, I can't answer that. Please ask something else.", "stop", "refusal"),
+    (FREEZE_ZH, "抱歉，我无法回答这个问题。", "stop", "refusal"),
+    (CAPITAL_ZH, "作为一个人工智能，我不能提供这个信息。", "stop", "refusal"),
+    # empty, cut off
+    (CAPITAL, "", "stop", "empty"),
+    (CAPITAL, "   \n ", "stop", "empty"),
+    (CAPITAL, "...", "stop", "empty"),
+    (CAPITAL, "The capital of France is Paris, which is also its largest", "length", "truncated"),
+    (FREEZE, "To freeze your card, open", "length", "truncated"),
+    # another language or script
+    (CAPITAL, "La capitale de la France est Paris, une ville magnifique.", "stop", "language"),
+    (
+        FREEZE,
+        "Pour bloquer votre carte, ouvrez l'application et appuyez sur le bouton.",
+        "stop",
+        "language",
+    ),
+    (
+        TRANSFER,
+        "Una transferencia tarda de uno a dos días en llegar a la cuenta.",
+        "stop",
+        "language",
+    ),
+    (FREEZE, "要冻结您的银行卡，请打开手机银行。", "stop", "language"),
+    (FREEZE, "カードを凍結するには、アプリを開いてください。", "stop", "language"),
+    (CAPITAL_ZH, "The capital of France is Paris.", "stop", "language"),
+    (FREEZE_ZH, "Open the app and tap Freeze card.", "stop", "language"),
+    (CAPITAL_ZH, "Paris.", "stop", "language"),
+    (FREEZE, "Чтобы заблокировать карту, откройте приложение.", "stop", "language"),
+    # good answers: short, long, repeating a word as real answers do
+    (CAPITAL, "Paris.", "stop", None),
+    (CAPITAL, "Paris", None, None),
+    (CAPITAL, "Le Grand Paris is the capital of France.", "stop", None),
+    (CAPITAL, "The capital of France is Paris.", "stop", None),
+    (
+        FREEZE,
+        "To freeze your card, open the app, tap your card, then tap Freeze card. You can "
+        "unfreeze your card at any time from the same screen, and your card details stay the "
+        "same. While your card is frozen, card payments and cash withdrawals are declined.",
+        "stop",
+        None,
+    ),
+    (
+        TRANSFER,
+        "Transfers between UK accounts usually arrive within two hours. International "
+        "transfers take one to four working days, depending on the country and currency. "
+        "Transfers made after 5pm on a working day are sent the next working day.",
+        "stop",
+        None,
+    ),
+    (
+        "What should I do if my card is stolen?",
+        "I'm sorry to hear that. Freeze your card in the app straight away, then call us to "
+        "cancel it and order a replacement.",
+        "stop",
+        None,
+    ),
+    (
+        "How do I set up a direct debit?",
+        "1. Open the app. 2. Tap Payments. 3. Tap Direct debits. 4. Tap New direct debit and "
+        "enter the details. 5. Confirm with your passcode.",
+        "stop",
+        None,
+    ),
+    ("What is 2 + 2?", "4", "stop", None),
+    ("How do you say thank you in Japanese?", "ありがとう (arigatou).", "stop", None),
+    ("How do you say hello in Chinese?", "你好", "stop", None),
+    ("What does 'merci beaucoup' mean in English?", "It means thank you very much.", "stop", None),
+    (CAPITAL_ZH, "法国的首都是巴黎。", "stop", None),
+    (CAPITAL_ZH, "巴黎。", "stop", None),
+    (
+        FREEZE_ZH,
+        "打开手机银行，进入银行卡页面，点击冻结。冻结后，银行卡的消费和取现都会被拒绝，您可以随时在同一页面解冻。",
+        "stop",
+        None,
+    ),
+    ("怎么下载App？", "在应用商店搜索我们的App，然后点击下载安装。", "stop", None),
+    ("What is the chemical formula of water?", "H2O.", "stop", None),
+    (
+        "What is an ISA?",
+        "An ISA (Individual Savings Account) is a tax-free savings account. You can put up to "
+        "£20,000 a year into ISAs.",
+        "stop",
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(("question", "answer", "finish_reason", "problem"), CASES)
+def test_answer_problem(
+    question: str, answer: str, finish_reason: str | None, problem: str | None
+) -> None:
+    assert answer_problem(question, answer, finish_reason) == problem
+
+
+def test_cases_cover_every_problem_and_good_answers() -> None:
+    assert len(CASES) >= 40
+    assert {c[3] for c in CASES} == {*PROBLEMS, None}
+    assert sum(1 for c in CASES if c[3] is None) >= 15
+
+
+def test_uncacheable_adds_the_question_s_time_sensitivity() -> None:
+    good = "It is sunny and 21 degrees."
+    assert uncacheable("What's the weather in London today?", good, "stop") == "time_sensitive"
+    assert uncacheable(FREEZE, "Open the app and tap Freeze card.", "stop") is None
+    assert uncacheable(FREEZE, "I'm sorry, I can't help with that.", "stop") == "refusal"
+    assert set(CACHE_SKIP_REASONS) <= set(CHECKS)
