@@ -388,7 +388,7 @@ def read_logs(
     store: Store, since: date, until: date, stats: LogReadStats | None = None
 ) -> list[dict[str, Any]]:
     """Valid rows of the partitions ``since``..``until`` (inclusive), as dicts."""
-    import pyarrow.parquet as pq
+    from edge_index.store import parquet_table
 
     stats = stats if stats is not None else LogReadStats()
     rows: list[dict[str, Any]] = []
@@ -398,7 +398,7 @@ def read_logs(
                 continue
             stats.files += 1
             try:
-                table = pq.read_table(io.BytesIO(store.get(path)))
+                table = parquet_table(store.get(path))
             except Exception as error:  # not Parquet, truncated, unreadable
                 log.warning("skipping unreadable log file %s: %s", path, error)
                 stats.bad_files += 1

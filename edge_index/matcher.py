@@ -96,6 +96,10 @@ class Calibration:
     z: float
     calibrated: bool
     out_of_scope_hit_rate: float | None = None  # held-out-label lookups that hit
+    # [threshold, leave-one-out precision (None: no hit), hit rate] at the chosen margin and
+    # agreement, for thresholds 0.50 .. 0.99: what the chosen point trades (``edgeqa release
+    # show --html`` draws it)
+    curve: tuple[tuple[float, float | None, float], ...] = ()
 
     def as_manifest(self) -> dict[str, Any]:
         return {
@@ -115,6 +119,7 @@ class Calibration:
             ),
             "z": self.z,
             "method": "leave-one-out and leave-label-out on the release's phrasings, Wilson bounds",
+            "curve": [list(point) for point in self.curve],
         }
 
 
@@ -194,6 +199,25 @@ def wilson_upper(hits: int, total: int, z: float) -> float:
     return 1.0 - wilson_lower(total - hits, total, z)
 
 
+_THRESHOLDS = np.round(np.arange(0.50, 0.991, 0.01), 2)
+
+
+def _curve(
+    loo: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], decision: Decision
+) -> tuple[tuple[float, float | None, float], ...]:
+    """Leave-one-out precision and hit rate against the threshold, at ``decision``'s margin
+    and agreement (``loo``: ``leave_one_out``'s arrays for its vote_k)."""
+    score, margin, agree, correct = loo
+    allowed = (agree >= decision.agreement) & (margin >= decision.margin)
+    points = []
+    for t in _THRESHOLDS:
+        hit = allowed & (score >= t)
+        hits = int(hit.sum())
+        precision = round(int((hit & correct).sum()) / hits, 4) if hits else None
+        points.append((float(t), precision, round(hits / len(score), 4)))
+    return tuple(points)
+
+
 def calibrate(
     vectors: np.ndarray,
     labels: Sequence[Any],
@@ -226,12 +250,14 @@ def calibrate(
     for label in labels:
         counts[label] = counts.get(label, 0) + 1
     answerable = np.array([counts[label] > 1 for label in labels])
-    thresholds = np.round(np.arange(0.50, 0.991, 0.01), 2)
+    thresholds = _THRESHOLDS
     margins = np.round(np.arange(0.0, 0.301, 0.01), 2) if use_margin else np.array([-1.0])
     agreements = (0.0, 0.6, 0.8, 1.0) if use_agreement else (0.0,)
     best: tuple[float, Decision, float, float, float, float] | None = None
+    loos: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
     for vote_k in vote_ks if use_agreement else (VOTE_K,):
-        score, margin, agree, correct = leave_one_out(vectors, labels, texts, guard, vote_k=vote_k)
+        loos[vote_k] = leave_one_out(vectors, labels, texts, guard, vote_k=vote_k)
+        score, margin, agree, correct = loos[vote_k]
         if check_oos:
             o_score, o_margin, o_agree, _ = leave_one_out(
                 vectors, labels, texts, guard, held_out_labels=True, vote_k=vote_k
@@ -268,7 +294,8 @@ def calibrate(
                     )
     if best is None:
         decision = fallback or Decision()
-        score, margin, _, correct = leave_one_out(vectors, labels, texts, guard)
+        loo = leave_one_out(vectors, labels, texts, guard)
+        score, margin, _, correct = loo
         hit = (score >= decision.threshold) & (margin >= decision.margin)
         hits = int(hit.sum())
         right = int((hit & correct).sum())
@@ -282,6 +309,7 @@ def calibrate(
             n,
             z,
             calibrated=False,
+            curve=_curve(loo, Decision(decision.threshold, decision.margin)),
         )
     hit_rate, decision, precision, bound, recall, oos_rate = best
     return Calibration(
@@ -295,6 +323,7 @@ def calibrate(
         z,
         True,
         out_of_scope_hit_rate=oos_rate if check_oos else None,
+        curve=_curve(loos[decision.vote_k], decision),
     )
 
 

@@ -20,7 +20,6 @@ pickle) and its sizes to the caps below.
 
 from __future__ import annotations
 
-import io
 import json
 import re
 from collections.abc import Iterable
@@ -36,6 +35,7 @@ from edge_index.store import (
     ObjectTooLargeError,
     Store,
     StoreError,
+    parquet_table,
     sha256_hex,
 )
 
@@ -401,7 +401,6 @@ def load_release(
     unsigned release is then refused too); ``check_objects`` also fetches and checks every answer
     object.
     """
-    import pyarrow.parquet as pq
 
     manifest, manifest_sha = verified_manifest(
         store, profile, version, expected_manifest_sha256, public_keys
@@ -416,7 +415,7 @@ def load_release(
     for entry in shard_entries:
         try:
             index = deserialize_index(_checked(store, prefix, entry["index"]))
-            rows = pq.read_table(io.BytesIO(_checked(store, prefix, entry["rows"])))
+            rows = parquet_table(_checked(store, prefix, entry["rows"]))
         except (RuntimeError, OSError, ValueError) as error:  # faiss / arrow refusing the bytes
             if isinstance(error, ReleaseError | StoreError):
                 raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,9 @@ def add_release_commands(commands: Any) -> None:
     )
     show.add_argument("version", nargs="?", default=None, help="default: the current one")
     show.add_argument("--top", type=int, default=20, help="most asked questions to list")
+    show.add_argument(
+        "--html", default=None, help="also write a self-contained page (charts, tables) here"
+    )
     diff = release_command("diff", "what changed between two releases", _cmd_release_diff)
     diff.add_argument("old")
     diff.add_argument("new")
@@ -115,6 +119,20 @@ def _cmd_release_show(args: argparse.Namespace) -> int:
 
     settings, store, profile = _release_context(args)
     shown = show_release(store, profile, args.version, settings.public_keys, top=args.top)
+    if args.html:
+        from pathlib import Path
+
+        from edge_index.release import list_versions
+        from precompute.releases import diff_releases
+        from precompute.report import render_html
+
+        parent = shown["parent"]
+        diff = None
+        if parent in list_versions(store, profile):
+            keys = settings.public_keys
+            diff = diff_releases(store, profile, parent, shown["version"], keys)
+        Path(args.html).write_text(render_html(shown, diff), encoding="utf-8")
+        print(f"wrote {args.html}", file=sys.stderr)
 
     def text(r: dict[str, Any]) -> str:
         lines = [

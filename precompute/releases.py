@@ -10,6 +10,7 @@ signed statement, so browsers verify it as they verified it the first time.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -133,7 +134,28 @@ def show_release(
         "top_questions": [
             {k: r[k] for k in ("question", "hits", "users", "cluster", "canonical")} for r in asked
         ],
+        "top_clusters": _top_clusters(rows, top),
     }
+
+
+def _top_clusters(rows: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
+    """The most asked clusters: their answer and every phrasing, most asked first."""
+    by_cluster: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_cluster.setdefault(row["cluster"], []).append(row)
+    ranked = sorted(by_cluster.items(), key=lambda c: (-sum(r["hits"] for r in c[1]), c[0]))
+    return [
+        {
+            "cluster": cluster,
+            "hits": sum(r["hits"] for r in members),
+            "answer": members[0]["answer"],
+            "phrasings": [
+                {"question": r["question"], "hits": r["hits"], "canonical": r["canonical"]}
+                for r in sorted(members, key=lambda r: (-r["hits"], r["key"]))
+            ],
+        }
+        for cluster, members in ranked[:top]
+    ]
 
 
 def _clusters(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -160,10 +182,17 @@ def diff_releases(
     phrasings gained or lost by the clusters in both; the calibration before and after."""
     before, after = (_load(store, profile, v, public_keys) for v in (old, new))
     a, b = _clusters(_rows(before)), _clusters(_rows(after))
-    added = sorted(set(b) - set(a))
-    dropped = sorted(set(a) - set(b))
-    kept = sorted(set(a) & set(b))
-    changed = [c for c in kept if a[c]["answer"] != b[c]["answer"]]
+    # a cluster is the same one when its id is (its canonical phrasing) or, its canonical
+    # having changed, when it shares phrasings with it
+    owner = {k: c for c, entry in a.items() for k in entry["keys"]}
+    pairs: dict[str, str] = {}  # new cluster -> the old one
+    for c, entry in b.items():
+        shared = Counter(owner[k] for k in entry["keys"] if k in owner)
+        if c in a or shared:
+            pairs[c] = c if c in a else shared.most_common(1)[0][0]
+    added = sorted(set(b) - set(pairs))
+    dropped = sorted(set(a) - set(pairs.values()))
+    changed = [c for c in sorted(pairs) if a[pairs[c]]["answer"] != b[c]["answer"]]
 
     def brief(entry: dict[str, Any], cluster: str) -> dict[str, Any]:
         return {"cluster": cluster, "question": entry["question"], "phrasings": len(entry["keys"])}
@@ -175,14 +204,14 @@ def diff_releases(
             "added": len(added),
             "dropped": len(dropped),
             "changed": len(changed),
-            "unchanged": len(kept) - len(changed),
-            "phrasings_gained": sum(len(b[c]["keys"] - a[c]["keys"]) for c in kept),
-            "phrasings_lost": sum(len(a[c]["keys"] - b[c]["keys"]) for c in kept),
+            "unchanged": len(pairs) - len(changed),
+            "phrasings_gained": sum(len(b[c]["keys"] - a[o]["keys"]) for c, o in pairs.items()),
+            "phrasings_lost": sum(len(a[o]["keys"] - b[c]["keys"]) for c, o in pairs.items()),
         },
         "added": [brief(b[c], c) for c in added[:limit]],
         "dropped": [brief(a[c], c) for c in dropped[:limit]],
         "changed": [
-            {**brief(b[c], c), "old_answer": a[c]["answer"], "new_answer": b[c]["answer"]}
+            {**brief(b[c], c), "old_answer": a[pairs[c]]["answer"], "new_answer": b[c]["answer"]}
             for c in changed[:limit]
         ],
         "calibration": {

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge_index.store import Store
+from edge_index.store import Store, parquet_table
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -60,9 +60,8 @@ class WorkArea:
 
     def get_table(self, path: str) -> pa.Table:
         """Raises ``ObjectNotFoundError`` when ``path`` is not there."""
-        import pyarrow.parquet as pq
 
-        return pq.read_table(io.BytesIO(self.store.get(path)))
+        return parquet_table(self.store.get(path))
 
     def stage_release(self, folder: Path) -> None:
         """Upload a built release folder to ``release/`` (replacing what was there)."""

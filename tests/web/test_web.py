@@ -108,7 +108,7 @@ def test_the_page_and_its_config(stack: dict[str, Any]) -> None:
     assert preflight.headers["access-control-allow-origin"] in ("*", stack["origin"])
 
 
-def test_browser_asks_a_published_and_a_novel_question(stack: dict[str, Any]) -> None:
+def _skip_without_a_browser() -> None:
     missing = []
     if NODE is None:
         missing.append("Node.js")
@@ -118,6 +118,10 @@ def test_browser_asks_a_published_and_a_novel_question(stack: dict[str, Any]) ->
         missing.append("Chromium (apt-get install -y chromium)")
     if missing:
         pytest.skip("missing " + ", ".join(missing) + ": `make test` installs them as root")
+
+
+def test_browser_asks_a_published_and_a_novel_question(stack: dict[str, Any]) -> None:
+    _skip_without_a_browser()
     published, novel = QUESTIONS[0], "Name one planet of the solar system."
     done = subprocess.run(
         [str(NODE), "test/browser.mjs", stack["origin"], published, QUESTIONS[1], novel],
@@ -161,3 +165,50 @@ def test_the_python_client_takes_the_browser_s_path(stack: dict[str, Any]) -> No
     assert novel.answer.strip() and "".join(received) == novel.answer
     edge_only = EdgeQAClient(stack["origin"], "", stack["edge"], PROFILE).ask(QUESTIONS[0])
     assert (edge_only.tier, edge_only.source) == ("exact", "edge")
+
+
+def test_the_release_report_opens_offline_with_its_charts(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``edgeqa release show --html``: one self-contained page, charts drawn by Plotly, what
+    users typed shown as text, never as markup."""
+    from precompute.releases import diff_releases, show_release
+    from precompute.report import render_html
+
+    _skip_without_a_browser()
+    store = FileStore(tmp_path / "store")
+    build(embedder, tmp_path / "r1", store, tag="v1")
+    first = publish(store, tmp_path / "r1").version
+    hostile = "Is <script>alert(1)</script> my card blocked?"
+    questions = (*QUESTIONS, hostile)
+    build(
+        embedder,
+        tmp_path / "r2",
+        store,
+        tag="v2",
+        questions=questions,
+        now=datetime(2026, 11, 30, tzinfo=UTC),
+    )
+    second = publish(store, tmp_path / "r2").version
+    shown = show_release(store, PROFILE)
+    assert shown["calibration"]["curve"], "the manifest records the calibration curve"
+    shown["excluded"]["rows"] = {"below_k": 120, "pii": 7}  # as a nightly run reports them
+    page = tmp_path / "report.html"
+    page.write_text(render_html(shown, diff_releases(store, PROFILE, first, second)))
+    done = subprocess.run(
+        [str(NODE), "test/report.mjs", str(page)],
+        cwd=WEB,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "CHROMIUM": CHROMIUM},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["errors"] == [] and report["external"] == []
+    calibration, exclusions = report["charts"]
+    assert calibration["svgs"] >= 1 and calibration["traces"] >= 3, calibration
+    assert "threshold" in calibration["title"] and exclusions["traces"] >= 1, exclusions
+    text = report["text"]
+    assert hostile in text  # shown as the text it is
+    assert f"Release {second}" in text and "Most asked clusters" in text
+    assert f"{first} → {second}" in text and "1 added" in text
