@@ -16,6 +16,8 @@ to the target precision: ``calibrated_cosine`` (threshold only), ``+margin``, ``
 ``+guard`` (the base embedder with the full decision) and ``edgeqa``: all of it with the embedder
 fine-tuned on the cache rows (``--finetune-steps``, default 150, ~8 min on 2 idle CPU cores; shipped
 inside the release and recorded in its manifest). ``--finetune-steps 0``: ``edgeqa`` = ``+guard``.
+A calibrated system whose calibration cannot reach the target answers as the product would:
+exact hits only (``"semantic": false``), never on the uncalibrated fallback threshold.
 
 Prints one JSON object: {"config": {...}, "systems": {"<name>": {"threshold", "hit_rate",
 "precision", "oos_false_hit_rate", ...}}}
@@ -165,6 +167,7 @@ def evaluate(
                 in_scope_hits += 1
                 correct += label_of_answer[result.answer] == label
     return {
+        "semantic": index.semantic,
         "threshold": index.decision.threshold,
         "margin": index.decision.margin,
         "agreement": index.decision.agreement,
@@ -257,6 +260,7 @@ def main() -> None:
                     use_agreement=use_agreement,
                 )
                 variant = ReleaseIndex(index.release, model, cal.decision, off)
+                variant.semantic = cal.calibrated  # as the product: uncalibrated is exact only
                 systems[system] = evaluate(variant, queries, query_vectors, label_of_answer)
                 systems[system]["calibrated"] = cal.calibrated
         systems[name] = evaluate(index, queries, query_vectors, label_of_answer)

@@ -44,7 +44,7 @@ class Hit:
 @dataclass(frozen=True)
 class Miss:
     # "no_release", "no_match", "below_threshold", "margin", "agreement", "guard:<check>",
-    # "expired", "revoked"
+    # "expired", "revoked", "semantic_off" (the release's calibration failed: exact hits only)
     reason: str
     version: str | None
     score: float | None = None
@@ -71,7 +71,11 @@ class ReleaseIndex:
         self.version = release.version
         self.manifest = manifest
         self.embedder = embedder
-        self.decision = decision or decision_from_manifest(manifest.get("threshold", {}))
+        threshold = manifest.get("threshold", {})
+        self.decision = decision or decision_from_manifest(threshold)
+        # the semantic tier serves only a decision calibration showed to reach its target (or
+        # one a caller chose): an uncalibrated release answers exact hits only
+        self.semantic = decision is not None or bool(threshold.get("semantic", False))
         self.guard = guard if guard is not None else Guard(**manifest.get("guard", {}))
         self.k = k
         self.keys: list[str] = []
@@ -162,6 +166,8 @@ class ReleaseIndex:
         return Hit("exact", key, self.questions[row], self.answers[row], 1.0, self.version)
 
     def lookup_semantic(self, query: str, normalized: str | None = None) -> Hit | Miss:
+        if not self.semantic:  # not even embedded
+            return Miss("semantic_off", self.version)
         normalized = normalized if normalized is not None else normalize(query)
         vector = self.embed([normalized])
         scores, ids = self.search(vector, self.k)
@@ -177,6 +183,8 @@ class ReleaseIndex:
         """The semantic tier's decision on ``query``'s candidates; ``trace`` (when given) receives
         the features and the guard's verdict the decision was made on (``explain``)."""
         trace = trace if trace is not None else {}
+        if not self.semantic:
+            return Miss("semantic_off", self.version)
         answers = [int(self.answer_ids[i]) if i >= 0 else -1 for i in ids]
         f = features(scores.tolist(), answers, self.decision.vote_k)
         if f is None:

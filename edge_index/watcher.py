@@ -58,6 +58,12 @@ class ReleaseMetrics:
         self.entries = Gauge(
             f"{prefix}_entries", "Phrasings in the served release", registry=registry
         )
+        self.semantic = Gauge(
+            f"{prefix}_semantic_enabled",
+            "1 when the served release's semantic tier serves (its calibration reached the "
+            "target), 0 when it answers exact hits only",
+            registry=registry,
+        )
         self.loads = Counter(
             f"{prefix}_loads",
             "Release loads by result (ok, refused, retry)",
@@ -190,6 +196,7 @@ class ReleaseWatcher:
                 status="ok",
                 version=index.version,
                 entries=len(index),
+                semantic=index.semantic,
                 age_s=round(self.age_s() or 0.0, 1),
             )
         elif self.failures:
@@ -215,6 +222,10 @@ class ReleaseWatcher:
             self.metrics.info.remove(old.version)
         self.metrics.info.labels(index.version).set(1)
         self.metrics.entries.set(len(index))
+        self.metrics.semantic.set(int(index.semantic))
+        if not index.semantic:
+            reason = index.manifest.get("threshold", {}).get("semantic_off_reason")
+            log.warning("release %s: semantic tier off (%s)", index.version, reason)
         # the release's millions of objects are long-lived: keep them out of GC passes, which
         # would otherwise scan them in the middle of lookups. Unfrozen first: the old release
         # was frozen at its own swap, and its embedder's reference cycles (a shipped, fine-tuned

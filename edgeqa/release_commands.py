@@ -142,6 +142,12 @@ def _cmd_release_show(args: argparse.Namespace) -> int:
             f"excluded rows (mining): {r['excluded']['rows']}",
             f"excluded clusters (generation, build): {r['excluded']['clusters']}",
             f"calibration: {_calibration_line(r['calibration'])}",
+            "semantic tier: "
+            + (
+                "on"
+                if r["calibration"].get("semantic")
+                else f"OFF ({r['calibration'].get('semantic_off_reason')})"
+            ),
             f"embedder: {r['embedder']}",
             "top questions:",
         ]

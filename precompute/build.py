@@ -127,6 +127,25 @@ def calibrate_rows(
     )
 
 
+def semantic_decision(calibration: Calibration, config: BuildConfig) -> dict[str, Any]:
+    """The manifest's ``threshold``: the calibrated decision, and whether the semantic tier
+    serves (``semantic``) — never on a decision that calibration could not show to reach the
+    target precision, unless the build was told to (``semantic_uncalibrated``); the reason when
+    it is off."""
+    threshold = calibration.as_manifest()
+    on = calibration.calibrated or config.semantic_uncalibrated
+    threshold["semantic"] = on
+    threshold["semantic_off_reason"] = None
+    if not on:
+        threshold["semantic_off_reason"] = (
+            f"calibration could not show precision {config.target_precision} on "
+            f"{calibration.samples} phrasings (leave-one-out precision "
+            f"{calibration.precision:.4f}, lower bound {calibration.precision_lower_bound:.4f}): "
+            "exact tier only"
+        )
+    return threshold
+
+
 def _copy_embedder(folder: Path, staging: Path) -> list[dict[str, Any]]:
     import shutil
 
@@ -336,7 +355,7 @@ def build_release(
             "ef_search": config.ef_search,
             "nprobe": config.nprobe,
         },
-        "threshold": calibration.as_manifest(),
+        "threshold": semantic_decision(calibration, config),
         "guard": Guard().as_dict(),
         "shards": shards,
         "objects": {"prefix": "a/", "count": len(rows), "integrity": "rows.object_sha256"},

@@ -97,8 +97,13 @@ class BuildConfig:
     shard_rows: int = 2_000_000
     ttl_days: float = 7.0
     ttl_jitter: float = 0.2
-    threshold: float = 0.9  # the semantic tier's cosine threshold when calibration cannot reach
-    margin: float = 0.05  # ... the target (too few phrasings), with this margin
+    # when calibration cannot show the target precision (too few phrasings, or an embedder that
+    # does not separate them), the release's semantic tier is off: exact hits only. This
+    # decision is measured and reported then, and served only with ``semantic_uncalibrated``
+    # (a decision known good from elsewhere; the small releases of tests)
+    threshold: float = 0.9
+    margin: float = 0.05
+    semantic_uncalibrated: bool = False
     target_precision: float = 0.99
     calibration_rows: int = 20_000  # leave-one-out calibration on at most this many phrasings
     embed_batch: int = 256

@@ -217,7 +217,8 @@ def build_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
             embedder_info=embedder_info,
         )
         work.stage_release(Path(tmp) / "release")
-    return {"version": manifest["version"], "parent": parent, **report.as_dict()}
+    semantic = {k: manifest["threshold"][k] for k in ("semantic", "semantic_off_reason")}
+    return {"version": manifest["version"], "parent": parent, **semantic, **report.as_dict()}
 
 
 def validate_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
@@ -242,7 +243,8 @@ def validate_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
         failures.append(f"{empty} answers are empty")
     # leave-one-out precision of the semantic tier at the decision the release ships (measured
     # whenever some phrasings hit; an uncalibrated release measures its fallback decision)
-    if threshold.get("hit_rate") and float(threshold["precision"]) < gate.min_precision:
+    on = threshold.get("semantic")
+    if on and threshold.get("hit_rate") and float(threshold["precision"]) < gate.min_precision:
         failures.append(
             f"calibrated precision {threshold['precision']} is below {gate.min_precision}"
         )

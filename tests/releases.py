@@ -42,10 +42,13 @@ def build(
     questions: tuple[str, ...] = QUESTIONS,
     answers: dict[str, str] | None = None,
     ttl_days: float = 3650.0,
+    semantic_uncalibrated: bool = True,
     **build_kwargs: Any,
 ) -> dict[str, Any]:
     """Build a release of ``questions`` (each asked by 5 users) into ``staging``, on top of the
     store's current release; ``answers``: the answer per question (default: derived text).
+    Their semantic tier serves the fallback decision although a handful of phrasings cannot
+    calibrate it (``semantic_uncalibrated``; False: off, as a real build of so few would be).
     Answers expire after ``ttl_days``: years by default, so a release built at a fixed date in
     the past is still served when the suite runs (tests of expiry set their own clock)."""
     now = now or datetime(2026, 11, 29, tzinfo=UTC)
@@ -67,7 +70,7 @@ def build(
         "embedded",
         PROFILE,
         {"model": "test"},
-        BuildConfig(ttl_days=ttl_days),
+        BuildConfig(ttl_days=ttl_days, semantic_uncalibrated=semantic_uncalibrated),
         extra={"parent": pointer["version"] if pointer else None, "run_id": f"run-{tag}"},
         now=now,
         **build_kwargs,

@@ -353,3 +353,24 @@ def test_a_release_ships_its_finetuned_embedder(embedder, tmp_path: Path) -> Non
     assert state.refresh() and state.index.version != old
     gc.collect()
     assert first() is None
+
+
+def test_an_uncalibrated_release_serves_exact_hits_only(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Fail closed: a release whose calibration cannot show the target precision (here: four
+    questions, no paraphrases to measure with) publishes with its semantic tier off, and the edge
+    never applies the uncalibrated threshold."""
+    store = FileStore(tmp_path / "store")
+    manifest = build(embedder, tmp_path / "r1", store, semantic_uncalibrated=False)
+    threshold = manifest["threshold"]
+    assert threshold["calibrated"] is False and threshold["semantic"] is False
+    assert "exact tier only" in threshold["semantic_off_reason"]
+    publish(store, tmp_path / "r1")
+    state = ReleaseWatcher(store, PROFILE, embedder, 3600, metrics_prefix=EDGE_METRICS)
+    assert state.refresh() and state.health()["semantic"] is False
+    with Server(create_app(state)) as server, httpx.Client(base_url=server.url) as client:
+        assert client.post("/v1/lookup", json={"q": QUESTIONS[0]}).json()["tier"] == "exact"
+        # the paraphrase the fallback decision would have matched (see the test above)
+        miss = client.post("/v1/lookup", json={"q": "how can I freeze my card"})
+        assert miss.status_code == 404 and miss.json()["reason"] == "semantic_off"
+        metrics = client.get("/metrics").text
+        assert "edgeqa_edge_release_semantic_enabled 0.0" in metrics

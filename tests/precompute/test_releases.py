@@ -153,8 +153,11 @@ def _queries(rng: random.Random, published: tuple[str, ...], n: int) -> list[str
     return out
 
 
-def test_explain_agrees_with_the_edge_on_200_random_queries(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    store = FileStore(tmp_path / "store")
+def test_explain_agrees_with_the_edge_on_200_random_queries(
+    embedder,  # type: ignore[no-untyped-def]
+    store: Store,
+    tmp_path: Path,
+) -> None:
     questions = (*QUESTIONS, "What is the daily limit for 100 pound withdrawals?", NEW)
     build(embedder, tmp_path / "r1", store, questions=questions)
     version = publish(store, tmp_path / "r1").version
