@@ -59,6 +59,9 @@ class MiningConfig:
     # one identity's (one network's) rows that count in a window: past it, theirs are dropped
     max_rows_per_user: int = 500
     max_rows_per_network: int = 5000
+    # the parent run's evidence (asks) is carried forward while younger than this many
+    # half-lives (4: weight 1/16, 28 days at a 7-day half-life); 0: nothing is carried
+    carry_half_lives: float = 4.0
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -71,6 +74,8 @@ class MiningConfig:
             raise ConfigError("cluster_threshold must be in (0, 1]")
         if self.max_rows_per_user < 1 or self.max_rows_per_network < 1:
             raise ConfigError("max_rows_per_user and max_rows_per_network must be at least 1")
+        if self.carry_half_lives < 0:
+            raise ConfigError("carry_half_lives must not be negative")
 
 
 @dataclass(frozen=True)
@@ -79,12 +84,17 @@ class GenerationConfig:
     # the release's profile names the weights its answers came from
     quantization: EngineQuantization = "int8"
     partition_size: int = 64  # questions per checkpointed partition (one DAG task each)
+    # the parent release's answer to a cluster is reused (not generated again) while younger
+    # than this fraction of the build's ttl_days, so it has at least the rest to live; 0: never
+    reuse_ttl_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         if self.quantization not in ENGINE_QUANTIZATIONS:
             raise ConfigError(f"quantization must be one of {', '.join(ENGINE_QUANTIZATIONS)}")
         if self.partition_size < 1:
             raise ConfigError("partition_size must be at least 1")
+        if not 0 <= self.reuse_ttl_fraction <= 1:
+            raise ConfigError("reuse_ttl_fraction must be in [0, 1]")
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,15 @@ order). Each partition's answers are written as one Parquet file in the run's wo
 (``workarea.py``) as soon as it is done; a rerun (after a crash, or an Airflow retry) finds the
 finished ones and generates only the rest.
 
+Reuse: when the parent release (the one current when the run mined, of the same profile: the
+same model, weights, prompt and settings) already answers a cluster — its canonical phrasing, or
+else another of its phrasings, which that answer was served for — with an answer younger than
+``reuse_ttl_fraction`` of the TTL that passes today's checks, that answer and its
+``generated_at`` are taken instead of generating one (``reusable_answers``; ``reused_from`` names
+the release). So is an answer the parent's run generated and flagged (but for an engine error):
+the same profile, greedy, would give it back. Only the rest reach the engine, which is not even
+built when nothing is left.
+
 An answer is flagged, and never published, when the engine reported an error (``error``) or it
 is degenerate (``edge_index.answers.answer_problem``): empty (``empty``), cut off by
 ``max_tokens`` (``truncated``), a loop (``repetitive``), only a refusal (``refusal``), or in
@@ -17,9 +26,9 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from edge_index.answers import answer_problem
@@ -34,6 +43,7 @@ if TYPE_CHECKING:
 
     from origin.engine import Engine
     from origin.runtime import LoadedModel
+    from precompute.mining import HotQuestion
 
 # a mined question's prompt (system prompt, chat template, question) fits in this many tokens
 PROMPT_TOKENS = 512
@@ -68,10 +78,14 @@ def make_profile(
     return Profile(f"{slug}-{digest}", inputs)
 
 
-def run_id(profile: Profile, questions: Sequence[str]) -> str:
+def run_id(profile: Profile, questions: Sequence[str], parent: str | None = None) -> str:
+    """The run's work area: the profile, the mined questions and the release they build on (its
+    evidence and answers are carried forward, so the next night is another run)."""
     digest = hashlib.sha256(profile.name.encode())
     for question in questions:
         digest.update(b"\0" + question.encode())
+    if parent:
+        digest.update(b"\1" + parent.encode())
     return digest.hexdigest()[:16]
 
 
@@ -108,6 +122,7 @@ def answer_schema() -> pa.Schema:
             ("finish_reason", pa.string()),
             ("flag", pa.string()),
             ("generated_at", pa.timestamp("s", tz="UTC")),
+            ("reused_from", pa.string()),  # the release the answer was taken from; null: generated
         ]
     )
 
@@ -124,6 +139,7 @@ class GenerationReport:
     partitions_reused: int = 0
     answers: int = 0
     generated: int = 0
+    reused: int = 0  # taken from the parent release instead of generated
     tokens: int = 0
     seconds: float = 0.0
     flagged: dict[str, int] = field(default_factory=dict)
@@ -133,6 +149,10 @@ class GenerationReport:
         result["answers_per_s"] = round(self.generated / self.seconds, 3) if self.seconds else None
         result["tokens_per_s"] = round(self.tokens / self.seconds, 2) if self.seconds else None
         result["seconds"] = round(self.seconds, 2)
+        # what generating the reused answers would have cost at this run's measured seconds per
+        # answer (None when this run generated none: nothing was measured)
+        per_answer = self.seconds / self.generated if self.generated else None
+        result["seconds_saved"] = round(self.reused * per_answer, 2) if per_answer else None
         return result
 
     def count_flags(self, rows: Sequence[dict[str, Any]]) -> None:
@@ -142,25 +162,80 @@ class GenerationReport:
                 self.flagged[row["flag"]] = self.flagged.get(row["flag"], 0) + 1
 
 
+def reusable_answers(
+    hot: Iterable[HotQuestion],
+    published: Iterable[Mapping[str, Any]],
+    parent: str,
+    now: datetime,
+    max_age: timedelta,
+    flagged: Iterable[Mapping[str, Any]] = (),
+) -> list[dict[str, Any]]:
+    """The rows (``answer_schema``) of the clusters the parent already answered, each answer at
+    most ``max_age`` old at ``now``: the parent release's (``published`` rows) answer to the
+    canonical phrasing, or else to the first other phrasing it has, when it passes today's checks
+    on today's question; or else the answer its run generated for the same canonical phrasing and
+    flagged (``flagged``: the run's partition rows), flag and all, so it stays out of the release
+    without being generated again: greedy decoding with the same profile gives it back. An
+    engine ``error`` is never reused."""
+    by_key = {row["key"]: row for row in published}
+    unfit = {
+        row["key"]: row
+        for row in flagged
+        if row.get("flag") and row["flag"] != "error" and now - row["generated_at"] <= max_age
+    }
+    rows = []
+    for cluster in hot:
+        found = next((by_key[p.key] for p in cluster.phrasings if p.key in by_key), None)
+        flag = ""
+        if found is not None and (
+            now - found["generated_at"] > max_age
+            or answer_problem(cluster.question, found["answer"], None)
+        ):
+            found = None
+        if found is None and cluster.key in unfit:
+            found, flag = unfit[cluster.key], unfit[cluster.key]["flag"]
+        if found is None:
+            continue
+        rows.append(
+            {
+                "key": cluster.key,
+                "question": cluster.question,
+                "answer": found["answer"],
+                "tokens": 0,  # none generated for it in this run
+                "finish_reason": found.get("finish_reason"),
+                "flag": flag,
+                "generated_at": found["generated_at"],
+                "reused_from": parent,
+            }
+        )
+    return rows
+
+
 def generate_partition(
-    engine: Engine,
+    engine_factory: Callable[[], Engine],
     keys: Sequence[str],
     questions: Sequence[str],
     max_tokens: int,
     system_prompt: str | None,
     generated_at: datetime,
+    reused: Mapping[str, dict[str, Any]] | None = None,
 ) -> tuple[pa.Table, int]:
-    """Answers for one partition (a Parquet-ready table) and the tokens generated."""
+    """Answers for one partition (a Parquet-ready table) and the tokens generated: the
+    ``reused`` rows (by key) as they are, the rest generated (the engine built only then)."""
     import pyarrow as pa
 
     from origin.generate import chat_messages
     from origin.sampling import SamplingParams
 
-    params = SamplingParams(max_tokens=max_tokens)
-    prompts = [chat_messages(q, system_prompt) for q in questions]
-    results = engine.generate_many(prompts, params, progress=False)
-    rows = [
-        {
+    reused = reused or {}
+    todo = [(k, q) for k, q in zip(keys, questions, strict=True) if k not in reused]
+    results = []
+    if todo:
+        prompts = [chat_messages(q, system_prompt) for _, q in todo]
+        params = SamplingParams(max_tokens=max_tokens)
+        results = engine_factory().generate_many(prompts, params, progress=False)
+    generated = {
+        k: {
             "key": k,
             "question": q,
             "answer": r.text.strip(),
@@ -168,9 +243,11 @@ def generate_partition(
             "finish_reason": r.finish_reason,
             "flag": flag_of(q, r.text, r.finish_reason, r.error),
             "generated_at": generated_at.replace(microsecond=0),
+            "reused_from": None,
         }
-        for k, q, r in zip(keys, questions, results, strict=True)
-    ]
+        for (k, q), r in zip(todo, results, strict=True)
+    }
+    rows = [reused[k] if k in reused else generated[k] for k in keys]
     tokens = sum(len(r.token_ids) for r in results)
     return pa.Table.from_pylist(rows, schema=answer_schema()), tokens
 
@@ -185,11 +262,13 @@ def generate_all(
     generated_at: datetime | None = None,
     only: Sequence[int] | None = None,
     progress: bool = True,
+    reused: Mapping[str, dict[str, Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], GenerationReport]:
     """Answer every question (``settings``: max_tokens, system prompt), partition by partition,
     reusing finished partitions; ``only``: just these partition indexes (an Airflow mapped task
     does one each). ``generated_at``: the instant the answers are dated (the run's "as of", so
-    that re-running a night builds the same release; default now). Returns the rows of the
+    that re-running a night builds the same release; default now). ``reused``: answers taken as
+    they are instead of generated, by key (``reusable_answers``). Returns the rows of the
     partitions done, in order, and the report."""
     from tqdm import tqdm
 
@@ -198,6 +277,13 @@ def generate_all(
     question_parts = partitions(questions, partition_size)
     report.partitions = len(key_parts)
     engine: Engine | None = None
+
+    def built() -> Engine:
+        nonlocal engine
+        engine = engine or engine_factory()
+        return engine
+
+    reused = reused or {}
     rows: list[dict[str, Any]] = []
     bar = tqdm(total=len(questions), desc="generating", unit="answer", disable=not progress)
     for index in range(len(key_parts)) if only is None else only:
@@ -206,19 +292,24 @@ def generate_all(
             table = work.get_table(path)
             report.partitions_reused += 1
         except ObjectNotFoundError:
-            engine = engine or engine_factory()
+            if any(k not in reused for k in key_parts[index]):
+                built()  # not timed: the answers are
             started = time.perf_counter()
             table, tokens = generate_partition(
-                engine,
+                built,
                 key_parts[index],
                 question_parts[index],
                 settings.max_tokens,
                 settings.system_prompt,
                 generated_at or datetime.now(UTC),
+                reused,
             )
-            report.seconds += time.perf_counter() - started
+            taken = sum(1 for k in key_parts[index] if k in reused)
+            if taken < table.num_rows:  # the seconds measured are the generated answers'
+                report.seconds += time.perf_counter() - started
             report.tokens += tokens
-            report.generated += table.num_rows
+            report.reused += taken
+            report.generated += table.num_rows - taken
             work.put_table(path, table)  # checkpoint: this partition is done
         part_rows = table.to_pylist()
         report.count_flags(part_rows)
@@ -228,10 +319,15 @@ def generate_all(
     return rows, report
 
 
-def read_partitions(work: WorkArea, count: int) -> list[dict[str, Any]]:
+def read_partitions(work: WorkArea, count: int | None = None) -> list[dict[str, Any]]:
     """Every generated row of the run, in order; raises ``ObjectNotFoundError`` naming a
-    partition not generated yet."""
+    partition not generated yet. ``count`` None: the partitions there are."""
+    paths = (
+        [work.partition(index) for index in range(count)]
+        if count is not None
+        else work.store.list(work.partition(0).rsplit("/", 1)[0])
+    )
     rows: list[dict[str, Any]] = []
-    for index in range(count):
-        rows.extend(work.get_table(work.partition(index)).to_pylist())
+    for path in paths:
+        rows.extend(work.get_table(path).to_pylist())
     return rows

@@ -24,6 +24,14 @@ by reason:
 7. Ranking: over the cluster's distinct users, each contributes ``0.5 ** (age / half_life)`` of
    their latest ask — distinct users × recency decay, scaled down when they come from fewer
    networks than users. ``below_top_n``: clusters past ``top_n``.
+
+Carried evidence (``carry``): answers served from the CDN are never logged, so a published
+question would drop below ``k`` the night after and come back the night after that. Before rule 5,
+the phrasings the parent release's run mined (its private ``hot.json``: hashed users and networks
+with the time of their latest ask) are merged in, per user and per network, keeping the latest
+time; an ask older than ``carry_half_lives`` half-lives (weight ``0.5 ** carry_half_lives``, 1/16:
+28 days at the default 7-day half-life) is dropped, so a cluster nobody asks for fades out. The
+text rules (3-4) are applied to carried phrasings again; rules 5-7 apply to them as to logged ones.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ class Phrasing:
     hits: int
     latest_by_user: dict[str, datetime]
     networks: set[str] = field(default_factory=set)
+    latest_by_network: dict[str, datetime] = field(default_factory=dict)
 
     @property
     def askers(self) -> int:
@@ -70,13 +79,22 @@ class Phrasing:
             "hits": self.hits,
             "latest_by_user": {u: t.isoformat() for u, t in self.latest_by_user.items()},
             "networks": sorted(self.networks),
+            "latest_by_network": {n: t.isoformat() for n, t in self.latest_by_network.items()},
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Phrasing:
         latest = {u: datetime.fromisoformat(t) for u, t in d["latest_by_user"].items()}
         users, networks = set(d["users"]), set(d.get("networks", ()))
-        return cls(d["key"], d["normalized"], d["question"], users, d["hits"], latest, networks)
+        by_network = {
+            n: datetime.fromisoformat(t) for n, t in d.get("latest_by_network", {}).items()
+        }
+        if networks - set(by_network):  # mined before networks were dated: as old as the oldest ask
+            oldest = min(latest.values())
+            by_network.update({n: oldest for n in networks - set(by_network)})
+        return cls(
+            d["key"], d["normalized"], d["question"], users, d["hits"], latest, networks, by_network
+        )
 
 
 @dataclass
@@ -123,6 +141,12 @@ class MiningReport:
     clusters: int = 0
     merged_phrasings: int = 0
     published_clusters: int = 0
+    # carried evidence: the parent release it came from, its phrasings merged in (with at least
+    # one ask young enough), the (phrasing, user) asks they added to the logs', and those too old
+    carried_from: str | None = None
+    carried_phrasings: int = 0
+    carried_users: int = 0
+    expired_users: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -130,6 +154,26 @@ class MiningReport:
 
 def _exclude(counts: dict[str, int], reason: str, n: int = 1) -> None:
     counts[reason] = counts.get(reason, 0) + n
+
+
+def recency_weight(ts: datetime, now: datetime, half_life_days: float) -> float:
+    """What an ask counts for ``now``: ``0.5 ** (age / half_life)``, 1 for one not in the past."""
+    return math.pow(0.5, max((now - ts).total_seconds(), 0.0) / 86400 / half_life_days)
+
+
+def text_problem(query: str) -> tuple[str, list[str]] | None:
+    """Rules 3-4 on a question's text: (reason, kinds) when it may not be published."""
+    kinds = redacted_kinds(query) or find_pii(query)  # redacted when logged, or an old log
+    if kinds:
+        return "pii", list(kinds)
+    timely = time_sensitive(query)
+    if timely:
+        return "time_sensitive", [timely]
+    try:
+        normalize(query)
+    except InvalidQueryError:
+        return "invalid_query", []
+    return None
 
 
 def collect_phrasings(
@@ -154,22 +198,15 @@ def collect_phrasings(
             _exclude(report.excluded_rows, "multi_turn")
             continue
         query = str(row["query"])
-        kinds = redacted_kinds(query) or find_pii(query)  # redacted when logged, or an old log
-        if kinds:
-            _exclude(report.excluded_rows, "pii")
+        problem = text_problem(query)
+        if problem:
+            reason, kinds = problem
+            _exclude(report.excluded_rows, reason)
+            by_kind = report.pii_by_kind if reason == "pii" else report.time_sensitive_by_kind
             for kind in kinds:
-                _exclude(report.pii_by_kind, kind)
+                _exclude(by_kind, kind)
             continue
-        timely = time_sensitive(query)
-        if timely:
-            _exclude(report.excluded_rows, "time_sensitive")
-            _exclude(report.time_sensitive_by_kind, timely)
-            continue
-        try:
-            normalized = normalize(query)
-        except InvalidQueryError:
-            _exclude(report.excluded_rows, "invalid_query")
-            continue
+        normalized = normalize(query)
         user = str(row["user"])
         network = str(row.get("network") or "")  # "" in logs written before networks were
         per_user[user] += 1
@@ -186,16 +223,69 @@ def collect_phrasings(
             phrasing = by_key[k] = Phrasing(k, normalized, query.strip(), set(), 0, {})
             forms[k] = Counter()
         ts = row["ts"]
-        phrasing.users.add(user)
-        phrasing.networks.add(network or f"user:{user}")
         phrasing.hits += 1
-        if user not in phrasing.latest_by_user or ts > phrasing.latest_by_user[user]:
-            phrasing.latest_by_user[user] = ts
+        network = network or f"user:{user}"
+        phrasing.users.add(user)
+        phrasing.networks.add(network)
+        _keep_latest(phrasing.latest_by_user, user, ts)
+        _keep_latest(phrasing.latest_by_network, network, ts)
         forms[k][" ".join(query.split())] += 1
     for k, phrasing in by_key.items():
         # most common raw form; ties broken by text so that reruns agree
         phrasing.question = min(forms[k].items(), key=lambda item: (-item[1], item[0]))[0]
     return by_key
+
+
+def _keep_latest(times: dict[str, datetime], name: str, ts: datetime) -> bool:
+    """Keep ``name``'s latest time; True if ``name`` is new."""
+    new = name not in times
+    if new or ts > times[name]:
+        times[name] = ts
+    return new
+
+
+def carry(
+    by_key: dict[str, Phrasing],
+    parent: Iterable[Phrasing],
+    report: MiningReport,
+    config: MiningConfig,
+    now: datetime,
+) -> None:
+    """Merge the parent run's phrasings into the logged ones (``by_key``), per user and per
+    network, keeping the latest ask; asks older than ``carry_half_lives`` half-lives are dropped.
+    A carried phrasing absent from the logs enters with 0 hits (hits are this window's asks)."""
+    if config.carry_half_lives <= 0:
+        return
+    floor = math.pow(0.5, config.carry_half_lives)
+
+    def young(times: dict[str, datetime]) -> dict[str, datetime]:
+        return {
+            name: ts
+            for name, ts in times.items()
+            if recency_weight(ts, now, config.half_life_days) >= floor
+        }
+
+    for old in parent:
+        problem = text_problem(old.question)  # today's rules, which may be stricter
+        if problem:
+            _exclude(report.excluded_phrasings, problem[0])
+            continue
+        users = young(old.latest_by_user)
+        report.expired_users += len(old.latest_by_user) - len(users)
+        if not users:
+            continue
+        report.carried_phrasings += 1
+        phrasing = by_key.get(old.key)
+        if phrasing is None:
+            phrasing = by_key[old.key] = Phrasing(
+                old.key, old.normalized, old.question, set(), 0, {}
+            )
+        for user, ts in users.items():
+            report.carried_users += _keep_latest(phrasing.latest_by_user, user, ts)
+            phrasing.users.add(user)
+        for network, ts in young(old.latest_by_network).items():
+            _keep_latest(phrasing.latest_by_network, network, ts)
+            phrasing.networks.add(network)
 
 
 def cluster(
@@ -245,18 +335,22 @@ def mine(
     embedder: SentenceTransformer | None,
     config: MiningConfig | None = None,
     now: datetime | None = None,
+    carried: Iterable[Phrasing] = (),
 ) -> tuple[list[HotQuestion], MiningReport]:
-    """The hot questions to answer, best first, and the report of what was excluded and why."""
+    """The hot questions to answer, best first, and the report of what was excluded and why.
+    ``carried``: the parent run's phrasings, whose evidence is merged in (``carry``)."""
     config = config or MiningConfig()
     now = now or datetime.now(UTC)
     report = MiningReport()
     by_key = collect_phrasings(rows, report, config)
+    carry(by_key, carried, report, config, now)
     report.phrasings = len(by_key)
     kept = []
     for phrasing in by_key.values():
         if phrasing.askers < config.k:
             _exclude(report.excluded_phrasings, "below_k")
-            _exclude(report.excluded_rows, "below_k", phrasing.hits)
+            if phrasing.hits:  # a carried phrasing may have no row in this window
+                _exclude(report.excluded_rows, "below_k", phrasing.hits)
         else:
             kept.append(phrasing)
     report.phrasings_kept = len(kept)
@@ -267,13 +361,11 @@ def mine(
         for member in members:
             networks |= member.networks
             for user, ts in member.latest_by_user.items():
-                if user not in latest or ts > latest[user]:
-                    latest[user] = ts
+                _keep_latest(latest, user, ts)
         askers = min(len(latest), len(networks)) if networks else len(latest)
-        score = sum(
-            math.pow(0.5, max((now - ts).total_seconds(), 0.0) / 86400 / config.half_life_days)
-            for ts in latest.values()
-        ) * (askers / max(len(latest), 1))  # many users from few networks weigh as few
+        score = sum(recency_weight(ts, now, config.half_life_days) for ts in latest.values()) * (
+            askers / max(len(latest), 1)
+        )  # many users from few networks weigh as few
         canonical = members[0]  # most distinct users, then most asks (cluster order)
         hot.append(
             HotQuestion(
@@ -290,7 +382,8 @@ def mine(
     if len(hot) > config.top_n:
         dropped = hot[config.top_n :]
         _exclude(report.excluded_phrasings, "below_top_n", sum(len(h.phrasings) for h in dropped))
-        _exclude(report.excluded_rows, "below_top_n", sum(h.hits for h in dropped))
+        if any(h.hits for h in dropped):
+            _exclude(report.excluded_rows, "below_top_n", sum(h.hits for h in dropped))
         hot = hot[: config.top_n]
     report.published_clusters = len(hot)
     return hot, report

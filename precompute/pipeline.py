@@ -9,8 +9,10 @@ reads what the previous ones left in the run's work area (``workarea.py``) and r
 JSON-able dict (the DAG passes it on as XCom), so every path runs the same code, the quality gate
 included.
 
-- ``mine_stage``: read the logs of the window, mine the hot questions, decide the profile and the
-  run id (a digest of the profile and the questions), save both; the partitions to generate.
+- ``mine_stage``: read the logs of the window, mine the hot questions with the evidence carried
+  from the parent release's run (the current release: ``mining.carry``), decide the profile, the
+  run id (a digest of the profile, the questions and the parent) and which of the parent's answers
+  are reused (``generate.reusable_answers``), save them; the partitions to generate.
 - ``generate_stage``: answer one partition (or all), checkpointed in the store.
 - ``build_stage``: the release (FAISS shards, answer objects, manifest; the embedder fine-tuned
   first when asked) from the generated partitions, staged in the work area.
@@ -27,34 +29,45 @@ yields the same version and content.
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_index.errors import EdgeQAError
 from edge_index.logs import LogReadStats, read_logs
-from edge_index.release import read_pointer, release_prefix
-from edge_index.store import ObjectNotFoundError, open_store
+from edge_index.release import (
+    LoadedRelease,
+    ReleaseError,
+    load_release,
+    read_pointer,
+    release_prefix,
+)
+from edge_index.store import ObjectNotFoundError, Store, open_store
 from precompute.config import PipelineConfig
 from precompute.generate import (
+    answer_schema,
     generate_all,
     make_profile,
     nightly_engine,
     partitions,
     read_partitions,
+    reusable_answers,
     run_id,
 )
-from precompute.mining import HotQuestion, MiningReport, mine
+from precompute.mining import HotQuestion, MiningReport, Phrasing, mine
 from precompute.publish import prune, publish
 from precompute.revocations import in_force, is_revoked
 from precompute.workarea import WorkArea
 
 if TYPE_CHECKING:
     from origin.runtime import LoadedModel
+
+log = logging.getLogger(__name__)
 
 STAGES = ("mine", "generate", "build", "validate", "publish", "prune")
 Mined = Mapping[str, Any]  # what mine_stage returned: profile, run, partitions, ...
@@ -101,6 +114,43 @@ def _hot(work: WorkArea) -> list[HotQuestion]:
     return [HotQuestion.from_dict(item) for item in work.get_json("hot.json")]
 
 
+def current_release(store: Store, profile: str) -> LoadedRelease | None:
+    """The release a run builds on: the current one (None before the first, or when it does not
+    load: the run then carries and reuses nothing, and may replace it)."""
+    try:
+        pointer, _ = read_pointer(store, profile)
+        return load_release(store, profile) if pointer else None
+    except ReleaseError:
+        log.warning("the current release of %s does not load; nothing is carried", profile)
+        return None
+
+
+def _parent_work(store: Store, parent: LoadedRelease | None) -> WorkArea | None:
+    """The work area of the run that built ``parent`` (a derived release names its source's)."""
+    run = parent.manifest.get("run_id") if parent else None
+    if parent is None or not isinstance(run, str):
+        return None
+    return WorkArea(store, parent.manifest["profile"]["name"], run)
+
+
+def parent_phrasings(store: Store, parent: LoadedRelease | None) -> list[Phrasing]:
+    """What the parent release's run mined (its work area's ``hot.json``, never published): the
+    phrasings with their hashed users and networks and the time of each one's latest ask. None
+    when the run's work area is gone (pruned, or a release made elsewhere)."""
+    work = _parent_work(store, parent)
+    try:
+        items = work.get_json("hot.json") if work else []
+    except ObjectNotFoundError:
+        return []
+    return [p for item in items for p in HotQuestion.from_dict(item).phrasings]
+
+
+def parent_flagged(store: Store, parent: LoadedRelease | None) -> list[dict[str, Any]]:
+    """The answers the parent release's run generated and flagged (never published)."""
+    work = _parent_work(store, parent)
+    return [row for row in read_partitions(work) if row["flag"]] if work else []
+
+
 def excluded_rows(stats: LogReadStats, mining: MiningReport) -> dict[str, int]:
     """Log rows left out of the release, by reason: malformed ones, then mining's reasons."""
     excluded = {"malformed": stats.malformed_rows} if stats.malformed_rows else {}
@@ -109,6 +159,8 @@ def excluded_rows(stats: LogReadStats, mining: MiningReport) -> dict[str, int]:
 
 
 def mine_stage(params: RunParams, model: LoadedModel | None = None) -> dict[str, Any]:
+    import pyarrow as pa
+
     from edge_index.embedder import load_embedder
     from origin.model import load_tokenizer
 
@@ -117,8 +169,11 @@ def mine_stage(params: RunParams, model: LoadedModel | None = None) -> dict[str,
     profile = make_profile(settings, config.generation.quantization, tokenizer)
     stats = LogReadStats()
     rows = read_logs(open_store(params.logs_uri), params.since, params.until, stats)
-    hot, mining = mine(rows, load_embedder(settings.embedder), config.mining, params.now)
     out = open_store(params.out_uri)
+    parent = current_release(out, profile.name)
+    carried = parent_phrasings(out, parent)
+    hot, mining = mine(rows, load_embedder(settings.embedder), config.mining, params.now, carried)
+    mining.carried_from = parent.version if carried and parent else None
     # a cluster holding a revoked phrasing stays out until it is unrevoked
     revoked = is_revoked(in_force(out, profile.name))
     dropped = [
@@ -126,16 +181,27 @@ def mine_stage(params: RunParams, model: LoadedModel | None = None) -> dict[str,
     ]
     if dropped:
         hot = [h for h in hot if all(h is not d for d in dropped)]
-        mining.excluded_rows["revoked"] = sum(p.hits for h in dropped for p in h.phrasings)
-    run = run_id(profile, [h.question for h in hot])
+        hits = sum(p.hits for h in dropped for p in h.phrasings)  # 0: carried evidence only
+        if hits:
+            mining.excluded_rows["revoked"] = hits
+    run = run_id(profile, [h.question for h in hot], parent.version if parent else None)
     work = WorkArea(out, profile.name, run)
     work.put_json("hot.json", [h.as_dict() for h in hot])
     work.put_json("profile.json", profile.inputs)
+    reused = []
+    if parent is not None and config.generation.reuse_ttl_fraction > 0:
+        published = [r for shard in parent.shards for r in shard.rows.to_pylist()]
+        max_age = timedelta(days=config.build.ttl_days * config.generation.reuse_ttl_fraction)
+        flagged = parent_flagged(out, parent)
+        reused = reusable_answers(hot, published, parent.version, params.now, max_age, flagged)
+    work.put_table(work.reused, pa.Table.from_pylist(reused, schema=answer_schema()))
     count = len(partitions(hot, config.generation.partition_size))
     return {
         "profile": profile.name,
         "run": run,
+        "parent": parent.version if parent else None,
         "questions": len(hot),
+        "reusable": len(reused),
         "partitions": list(range(count)),
         "logs": {**stats.__dict__, "rows": len(rows)},
         "excluded_rows": excluded_rows(stats, mining),
@@ -155,6 +221,10 @@ def generate_stage(
     config, settings = params.config, params.config.settings
     work = _work(params, mined)
     hot = _hot(work)
+    try:
+        reused = {r["key"]: r for r in work.get_table(work.reused).to_pylist()}
+    except ObjectNotFoundError:  # mined before answers were reused
+        reused = {}
     _, report = generate_all(
         lambda: nightly_engine(settings, config.generation.quantization, model),
         work,
@@ -165,6 +235,7 @@ def generate_stage(
         generated_at=params.now,
         only=None if partition is None else [partition],
         progress=progress,
+        reused=reused,
     )
     return {"partition": partition, **report.as_dict()}
 
@@ -209,6 +280,7 @@ def build_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
                     "k": config.mining.k,
                     "top_n": config.mining.top_n,
                     "half_life_days": config.mining.half_life_days,
+                    "carry_half_lives": config.mining.carry_half_lives,
                     "cluster_threshold": config.mining.cluster_threshold,
                 },
             },

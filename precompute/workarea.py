@@ -2,11 +2,13 @@
 
     <profile>/work/<run>/hot.json              the mined questions (mine)
     <profile>/work/<run>/profile.json          what the answers depend on (mine)
+    <profile>/work/<run>/reused.parquet        the parent release's answers taken as they are (mine)
     <profile>/work/<run>/gen/<nnnnn>.parquet   one generated partition each (generate)
     <profile>/work/<run>/release/...           the built release, staged (build)
 
-``run`` is a digest of the profile and the mined questions, so the same input always maps to the
-same work area: a rerun (an Airflow retry, the same night again) finds what is done and reuses it.
+``run`` is a digest of the profile, the mined questions and the parent release, so the same input
+always maps to the same work area: a rerun (an Airflow retry, the same night again before it is
+published) finds what is done and reuses it.
 Stages may run on different machines; the store is all they share.
 """
 
@@ -41,6 +43,11 @@ class WorkArea:
     def release(self) -> str:
         """Where the built release is staged before it is published."""
         return f"{self.prefix}/release"
+
+    @property
+    def reused(self) -> str:
+        """The parent release's answers this run takes instead of generating (``answer_schema``)."""
+        return f"{self.prefix}/reused.parquet"
 
     def partition(self, index: int) -> str:
         return f"{self.prefix}/gen/{index:05d}.parquet"

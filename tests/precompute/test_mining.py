@@ -9,7 +9,7 @@ import pytest
 
 from edge_index.keys import key
 from precompute.config import MiningConfig
-from precompute.mining import mine
+from precompute.mining import Phrasing, mine
 
 NOW = datetime(2026, 11, 29, tzinfo=UTC)
 
@@ -111,6 +111,65 @@ def test_ranking_is_distinct_users_times_recency(embedder) -> None:  # type: ign
     assert report.excluded_phrasings == {"below_top_n": 1}
     assert report.excluded_rows == {"below_top_n": 5}
     assert report.published_clusters == 2
+
+
+def _carried(rows: list[dict], embedder: Any, k: int = 5) -> list[Phrasing]:
+    """What last night's run mined from ``rows``, as its hot.json gives it back."""
+    hot, _ = mine(rows, embedder, MiningConfig(k=k), NOW - timedelta(days=1))
+    return [Phrasing.from_dict(p.as_dict()) for h in hot for p in h.phrasings]
+
+
+def test_carried_evidence_keeps_a_question_above_k_until_it_fades(embedder) -> None:  # type: ignore[no-untyped-def]
+    carried = _carried(_asks("How do I freeze my card?", _users(5), days_ago=2), embedder)
+    # tonight's logs: the question was answered from the CDN, never logged
+    tonight = _asks("What are your opening hours?", _users(5, "v"), days_ago=0.5)
+    hot, report = mine(tonight, embedder, MiningConfig(k=5), NOW, carried)
+    assert [h.question for h in hot] == ["What are your opening hours?", "How do I freeze my card?"]
+    freeze = hot[1]
+    assert (freeze.users, freeze.hits) == (5, 0)  # hits: this window's asks
+    assert freeze.score == pytest.approx(5 * 0.5 ** (2 / 7))  # decayed like any old ask
+    assert (report.carried_phrasings, report.carried_users, report.expired_users) == (1, 5, 0)
+    assert report.excluded_phrasings == {}
+
+    # merged per user, keeping each one's latest ask: 3 of them ask again, 1 new user
+    again = _asks("How do I freeze my card?", ["u0", "u1", "u2", "new"], days_ago=0.25)
+    hot, report = mine(again, embedder, MiningConfig(k=5), NOW, carried)
+    (freeze,) = hot
+    assert (freeze.users, freeze.hits, report.carried_users) == (6, 4, 2)
+    assert freeze.canonical.latest_by_user["u0"] == NOW - timedelta(days=0.25)
+    assert freeze.canonical.latest_by_user["u4"] == NOW - timedelta(days=2)
+
+    # 4 half-lives after the asks the evidence still counts; a day later it is gone
+    at_cutoff = NOW + timedelta(days=26)
+    hot, _ = mine([], embedder, MiningConfig(k=5), at_cutoff, carried)
+    assert [h.question for h in hot] == ["How do I freeze my card?"]
+    hot, report = mine([], embedder, MiningConfig(k=5), at_cutoff + timedelta(days=1), carried)
+    assert hot == [] and report.carried_phrasings == 0 and report.expired_users == 5
+    # carrying nothing at all
+    hot, _ = mine([], embedder, MiningConfig(k=5, carry_half_lives=0), NOW, carried)
+    assert hot == []
+
+
+def test_carried_evidence_obeys_the_rules_of_tonight(embedder) -> None:  # type: ignore[no-untyped-def]
+    # five users behind one network: one asker (published last night with k=1)
+    one_network = _asks("How do I close my account?", _users(5), network="n1")
+    # two networks whose only ask is old: the users are young enough, one network is not
+    two_networks = _asks("Can I get a paper statement?", _users(5, "p"), days_ago=1, network="n2")
+    two_networks += _asks("Can I get a paper statement?", ["p0"], days_ago=40, network="n3")
+    carried = _carried(one_network + two_networks, embedder, k=1)
+    # a rule added since: this question is time-sensitive now
+    stale = Phrasing(
+        key("What is the weather today?"),
+        "what is the weather today?",
+        "What is the weather today?",
+        {"w"},
+        3,
+        {"w": NOW},
+    )
+    hot, report = mine([], embedder, MiningConfig(k=2), NOW, [*carried, stale])
+    assert hot == []
+    assert report.excluded_phrasings == {"below_k": 2, "time_sensitive": 1}
+    assert report.excluded_rows == {}  # no row of tonight's logs was left out
 
 
 def test_config_is_validated() -> None:

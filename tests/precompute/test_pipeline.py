@@ -214,3 +214,74 @@ def test_nothing_to_publish_leaves_the_store_untouched(embedded_model: Any, tmp_
     report = run_pipeline(params, model=embedded_model)
     assert report["status"] == "nothing_to_publish" and report["version"] is None
     assert read_pointer(out, report["profile"]) == (None, None)
+
+
+def test_the_next_night_reuses_answers_and_keeps_what_the_cdn_served(
+    embedded_model: Any, tmp_path: Path
+) -> None:
+    """Night 2 (the window a day later, one cluster's asks all answered by the CDN, so absent
+    from the logs) builds on night 1's release: its answers are reused, the unlogged cluster
+    stays published on carried evidence, a revoked one does not come back; 30 days later the
+    unlogged cluster has faded out."""
+    from datetime import UTC, datetime, timedelta
+    from datetime import time as day_time
+
+    from precompute.config import PipelineConfig
+    from precompute.pipeline import RunParams, run_pipeline
+    from precompute.revocations import revoke
+
+    rows = generate_rows(UNTIL, intents=8, users=120, asks=600, tail_questions=10)
+    config = PipelineConfig.from_env(
+        {}, max_tokens=128, quantization=fast_weights(), ttl_days=3650.0
+    )
+    out = FileStore(tmp_path / "out")
+
+    def night(until: date, logged: list[dict[str, Any]]) -> tuple[dict[str, Any], dict]:
+        logs = FileStore(tmp_path / f"logs-{until}")
+        write_logs(logs, logged)
+        started = datetime.combine(until, day_time.max, UTC)
+        params = RunParams(
+            logs.uri, out.uri, until - timedelta(days=6), until, config, started=started
+        )
+        report = run_pipeline(params, model=embedded_model)
+        clusters: dict[str, set[str]] = defaultdict(set)
+        for shard in load_release(out, report["profile"]).shards:
+            for row in shard.rows.to_pylist():
+                clusters[row["cluster"]].add(row["key"])
+        return report, clusters
+
+    first, published = night(UNTIL, rows)
+    assert first["status"] == "published" and first["generation"]["reused"] == 0
+    served, revoked = sorted(published)[:2]  # two clusters: one served by the CDN, one revoked
+    revoke(out, first["profile"], "wrong answer", "test", cluster=revoked)
+    unlogged = published[served] | published[revoked]
+    tonight = [r for r in rows if r["key"] not in unlogged]
+    assert len(tonight) < len(rows)
+
+    second, now_published = night(UNTIL + timedelta(days=1), tonight)
+    assert second["run_id"] != first["run_id"]  # another night: nothing resumed, reused
+    generation = second["generation"]
+    assert generation["partitions_reused"] == 0
+    assert generation["reused"] / generation["answers"] >= 0.95
+    # every phrasing of night 1 but the revoked cluster's (a cluster's canonical phrasing, its
+    # id, may change with the window)
+    keys = set().union(*published.values())
+    assert set().union(*now_published.values()) == keys - published[revoked]
+    mining = second["mining"]
+    assert mining["carried_from"] == read_pointer(out, first["profile"])[0]["parent"]
+    assert mining["carried_phrasings"] >= len(unlogged) and mining["carried_users"] > 0
+    release = load_release(out, second["profile"])
+    by_key = {r["key"]: r for s in release.shards for r in s.rows.to_pylist()}
+    assert {by_key[k]["hits"] for k in published[served]} == {0}  # no ask logged tonight
+    assert all(
+        by_key[k]["generated_at"]
+        == datetime.combine(UNTIL, day_time.max, UTC).replace(microsecond=0)
+        for k in by_key
+    )  # night 1's answers, dated as generated
+
+    # a month on, the other questions still asked (their asks logged 30 days later)
+    later = [{**r, "ts": r["ts"] + timedelta(days=30)} for r in tonight]
+    third, faded = night(UNTIL + timedelta(days=30), later)
+    assert set().union(*faded.values()) == keys - unlogged
+    assert third["mining"]["expired_users"] > 0
+    assert third["generation"]["reused"] == third["generation"]["answers"]
