@@ -13,7 +13,9 @@ Kinds (``find_pii`` returns those found, in this order):
   passport and tax numbers);
 - ``phone``: ``+`` and 8–15 digits, or digits with phone separators shaped like a phone number:
   a parenthesised area code, a trunk ``0`` (``020 7946 0958``, ``06 12 34 56 78``,
-  ``010-12345678``), North American ``212-555-0147``, Chinese mobile ``138 0013 8000``;
+  ``010-12345678``, ``(0755) 1234 5678``), North American ``212-555-0147``, China's country code
+  without its ``+`` (``86 10 1234 5678``), a Chinese mobile (``138 0013 8000``, ``138-0013-8000``,
+  or 11 digits ``1[3-9]...`` written together, in a Chinese sentence or not);
 - ``url_secret``: a URL carrying credentials (``user:pass@``) or a query parameter named like a
   secret (token, key, secret, password, signature, code, session, auth...);
 - ``jwt``: a JSON Web Token (``eyJ...`` header, payload, signature: three base64url segments);
@@ -29,7 +31,9 @@ dates (``2024-03-15``, ``15/03/2024``), times, versions (``3.12.1``, ``10.0.1904
 decimals, IPv4 addresses (a decision: the ones asked about are private, loopback or well-known
 service addresses, and a question is published only once k distinct users typed it), lists of
 years, round or evenly spaced numbers (``100 200 300``), round amounts in thousands, toll-free
-and UK non-geographic numbers (``1-800-...``, ``0800 ...``, ``0300 ...``), ZIP+4, ISBNs
+and UK non-geographic numbers (``1-800-...``, ``0800 ...``, ``0300 ...``), Chinese service
+lines (``400-820-8820``, ``4008208820``: companies'; short ones such as ``95588`` are short
+numbers), ZIP+4, ISBNs
 (labelled or hyphenated ``978-...``, checksum valid), hex digests and UUIDs, CVE ids, DOIs, Unix
 timestamps in a question that says so, and long operands of arithmetic (``2^32 = 4294967296``).
 Any other bare run of 9+ digits is an identifier ("is 2147483647 prime?" is not published):
@@ -112,9 +116,11 @@ _DOI = re.compile(r"\b10\.[0-9]{4,9}/[^\s\"<>]++")
 _ZIP4 = re.compile(r"(?<![0-9+-])[0-9]{5}-[0-9]{4}(?![0-9]|-[0-9])")
 _TOLL_FREE = re.compile(
     r"(?<![0-9])(?:(?:1[ .-]?)?(?:\(8(?:00|33|44|55|66|77|88)\) ?|8(?:00|33|44|55|66|77|88)[ .-])"
-    r"[0-9]{3}[ .-][0-9]{4}|0[38][0-9]{2} [0-9]{3} [0-9]{4})(?![0-9])"
+    r"[0-9]{3}[ .-][0-9]{4}|0[38][0-9]{2} [0-9]{3} [0-9]{4}"
+    r"|[48]00[ -]?[0-9]{3}[ -]?[0-9]{4})(?![0-9])"  # Chinese service lines: 400-820-8820
 )
 
+_CN_MOBILE = re.compile(r"(?<![0-9])1[3-9][0-9]{9}(?![0-9])")  # written without spaces
 _PHONE_PLUS = re.compile(r"(?<![0-9+)])(?<![0-9)] )\+ ?[0-9](?:[ .()/-]{0,2}[0-9]){7,14}(?![0-9])")
 _PHONE_SEP = r"(?: ?[.-] ?| {1,2})"
 _PHONE = re.compile(
@@ -353,6 +359,8 @@ def _phone_shaped(groups: list[str], parenthesised: bool) -> bool:
         return 11 <= digits <= 17
     if first.startswith("0") and len(first) >= 2:  # trunk prefix
         return 10 <= digits <= 13
+    if first == "86" and len(groups) > 2:  # China's country code without the "+": 86 10 1234 5678
+        return 12 <= digits <= 13
     lengths = [len(g) for g in groups]
     if lengths == [1, 3, 3, 4] and first == "1":
         groups, lengths = groups[1:], lengths[1:]
@@ -428,6 +436,7 @@ def find_pii(text: str) -> list[str]:
     claim("phone", _PHONE, _phone_in)
     claim("national_id", _LABELLED_NUMBER, _always)
     timestamps = _TIME_WORD.search(rest) is not None  # once: the text may hold many numbers
+    claim("phone", _CN_MOBILE, lambda m: _id_in(m, timestamps))
     claim("national_id", _RUN, lambda m: _id_in(m, timestamps))
     return [kind for kind in KINDS if kind in found]
 

@@ -349,7 +349,68 @@ def positives() -> list[tuple[str, str]]:
         ],
         secrets,
     )
+    add("phone", ZH_PHONE_QUESTIONS, zh_phone_numbers())
+    ids = [cn_id(regions[i % len(regions)]) for i in range(6)]
+    add(
+        "national_id",
+        ZH_ID_QUESTIONS,
+        [
+            grouped(ids[0], [6, 4, 4, 4], " "),
+            grouped(ids[1], [6, 8, 4], "-"),
+            grouped(ids[2], [3, 3, 4, 4, 4], " "),
+            ids[3],
+            translate(grouped(ids[4], [6, 4, 4, 4], "\u3000"), FULL_WIDTH),
+            grouped(ids[5], [4, 4, 4, 4, 2], " "),
+        ],
+    )
     return cases
+
+
+ZH_PHONE_QUESTIONS = [
+    "我的手机号是{}",
+    "请打{}联系我",
+    "{}是谁的电话？一直打给我",
+    "帮我把预留手机号改成{}",
+    "座机{}打不通怎么办",
+    "客服回电请打{}，谢谢",
+]
+ZH_ID_QUESTIONS = [
+    "身份证号码：{}",
+    "{}这个身份证号能开户吗",
+    "帮我查一下身份证{}绑定了几张卡",
+]
+
+
+def zh_phone_numbers() -> list[str]:
+    """Mainland mobiles (1[3-9]x xxxx xxxx) and landlines (area code 10, 2x or 3-digit)."""
+
+    def mobile() -> str:
+        return RNG.choice(["13", "15", "17", "18", "19"]) + digits(9)
+
+    def local() -> str:
+        return str(RNG.randint(2, 8)) + digits(7)
+
+    m = [mobile() for _ in range(8)]
+    return [
+        m[0],
+        grouped(m[1], [3, 4, 4], " "),
+        grouped(m[2], [3, 4, 4], "-"),
+        "+86 " + grouped(m[3], [3, 4, 4], " "),
+        "+86-" + grouped(m[4], [3, 4, 4], "-"),
+        "0086 " + m[5],
+        "86 " + grouped(m[6], [3, 4, 4], " "),
+        translate(grouped(m[7], [3, 4, 4], " "), FULL_WIDTH),
+        "010-" + local(),
+        "(0755) " + grouped(local(), [4, 4], " "),
+        "+86 10 " + grouped(local(), [4, 4], " "),
+        "0755-" + grouped(local(), [4, 4], "-"),
+        "021 " + grouped(local(), [4, 4], " "),
+        "（010）" + local(),
+        "010－" + local() + "转123",
+        "+86 (21) " + grouped(local(), [4, 4], " "),
+        "86-755-" + local(),
+        "0571 " + grouped(local(), [4, 4], " "),
+    ]
 
 
 EMAIL_QUESTIONS = [
@@ -699,6 +760,37 @@ NEGATIVES = [
     "Was kostet ein Ticket für 49 Euro im Monat?",
     "¿Cuánto son 1.500 dólares en pesos?",
     "Combien font 3 × 7 ?",
+    # Chinese questions with amounts, dates, counts, service numbers and codes
+    "我转了5000元，为什么只到账4990元？",
+    "2024年3月15日的账单在哪里看",
+    "信用卡额度20000够吗",
+    "10086是什么号码",
+    "95588是工行的客服电话吗",
+    "12306怎么退票",
+    "400-820-8820是哪家公司的客服",
+    "4008208820是什么电话",
+    "存款利率2.15%还是2.6%",
+    "双11下单3件能退吗",
+    "邮编100101是北京哪里",
+    "身高175体重70算胖吗",
+    "订单123456怎么还没发货",
+    "转账100000元要多久到账",
+    "2023年到2024年房价涨了多少",
+    "1000万日元等于多少人民币",
+    "房贷30年100万月供多少",
+    "余额1234.56元为什么不能取",
+    "5月20日到6月1日能办卡吗",
+    "早上8:30到下午5:00营业吗",
+    "转账2笔共3000元，手续费多少",
+    "1380元的账单能分3期吗",
+    "价格从138涨到158",
+    "高铁G1234晚点了吗",
+    "第3期账单什么时候出",
+    "120和110哪个是急救电话",
+    "验证码是6位还是4位",
+    "ETC每月扣费15.5元正常吗",
+    "2024-06-18 10:30的转账失败了",
+    "一年期定存1.65%，存50000元利息多少",
     # big numbers that people ask about
     "What is 1000000007 used for in competitive programming?",
     "Is 2147483647 prime?",

@@ -151,6 +151,56 @@ def test_numbers_that_are_not_personal_pass(text: str) -> None:
     assert find_pii(text) == []
 
 
+# issue 17: Chinese phone numbers and resident ID numbers, in Chinese sentences
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("我的手机号是13800138000", "phone"),
+        ("手机 138 0013 8000 收不到验证码", "phone"),
+        ("请打139-1234-5678联系我", "phone"),
+        ("+86 138 0013 8000是我的号码", "phone"),
+        ("0086 13800138000", "phone"),
+        ("座机010-12345678打不通", "phone"),
+        ("电话(0755) 1234 5678", "phone"),
+        ("电话（0755）12345678", "phone"),  # full-width parentheses
+        ("+86 10 1234 5678", "phone"),
+        ("86-10-12345678", "phone"),
+        ("打021 6123 4567找我", "phone"),
+        ("电话：010－12345678转123", "phone"),
+        ("手机１３８００１３８０００", "phone"),  # full-width digits
+        ("我的身份证号是11010519491231002X能开户吗", "national_id"),
+        ("身份证号码：110105 1949 1231 002X", "national_id"),
+        ("身份证 1101 0519 4912 3100 2X 怎么查", "national_id"),
+        ("身份证110105-19491231-002X绑定了几张卡", "national_id"),
+    ],
+)
+def test_chinese_personal_data_is_found(text: str, kind: str) -> None:
+    assert find_pii(text) == [kind]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "我转了5000元，为什么只到账4990元？",
+        "2024年3月15日的账单",
+        "信用卡额度20000够吗",
+        "10086是什么号码",
+        "95588是工行的电话吗",
+        "400-820-8820是哪家公司的客服",
+        "4008208820是什么电话",
+        "邮编100101是哪里",
+        "订单123456怎么还没发货",
+        "房贷30年100万月供多少",
+        "余额1234.56元",
+        "转账2笔共3000元",
+        "价格从138涨到158",
+        "What is 2^34 = 17179869184?",  # 11 digits from 17: an operand, not a mobile
+    ],
+)
+def test_chinese_ordinary_numbers_pass(text: str) -> None:
+    assert find_pii(text) == []
+
+
 def test_every_kind_is_listed() -> None:
     assert set(KINDS) == {
         "email",
