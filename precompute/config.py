@@ -251,11 +251,14 @@ RUN_OPTIONS = (
         0.01,
     ),
     RunOption(
+        "min_rows", "gate", "min_rows", int, "quality gate: refuse a release with fewer rows", 1
+    ),
+    RunOption(
         "min_precision",
         "gate",
         "min_precision",
         float,
-        "quality gate: the semantic tier's calibrated precision must reach this",
+        "quality gate: the semantic tier's calibrated precision must reach this (when it serves)",
         0,
         1,
     ),

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import date
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -208,11 +208,9 @@ def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
     }
 
     # and the same quality gate: refused, it says why, exits non-zero and publishes nothing (the
-    # same night again: its partitions are reused, only mine and build run). A target above any
-    # release's precision: this small release may calibrate to a precision of 1.0
-    assert from_cli["threshold"]["precision"] <= 1.0
+    # same night again: its answers are reused, only mine and build run)
     refused = subprocess.run(
-        [*done.args, "--min-precision", "1.01"],
+        [*done.args, "--min-rows", "100000"],
         env=env,
         capture_output=True,
         text=True,
@@ -220,9 +218,9 @@ def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
         check=False,
     )
     assert refused.returncode == 2, refused.stderr[-3000:]
-    assert "refused: calibrated precision" in refused.stderr and "Traceback" not in refused.stderr
+    assert "refused: the release has" in refused.stderr and "Traceback" not in refused.stderr
     report = json.loads(refused.stdout)
-    assert report["status"] == "refused" and "below 1.01" in report["refused"]
+    assert report["status"] == "refused" and "at least 100000 required" in report["refused"]
     assert read_pointer(open_store(cli), profiles[0])[0] == cli_pointer  # untouched
 
 
@@ -269,8 +267,13 @@ def test_rerunning_an_interval_reuses_partitions_and_builds_the_same_release(
 ) -> None:
     params, mined, built = first_night
     again, regenerated, rebuilt = _run(params)
-    assert again["run"] == mined["run"]
-    assert all(g["generated"] == 0 and g["partitions_reused"] == 1 for g in regenerated)
+    # a new run (its parent is now the first night's release) that generates nothing: every
+    # answer is the published one
+    assert again["run"] != mined["run"]
+    assert all(g["generated"] == 0 for g in regenerated)
+    assert sum(g["reused"] for g in regenerated) == built["clusters"] + sum(
+        built["excluded_clusters"].values()
+    )
     # the same content, built as of the same instant: the same version
     assert rebuilt["version"] == built["version"] and rebuilt["rows"] == built["rows"]
     second = publish_stage(params, mined)
@@ -295,11 +298,19 @@ def test_the_quality_gate_refuses_and_keeps_the_previous_release(first_night: An
     def gate(p: RunParams, **values: Any) -> RunParams:
         return replace(p, config=p.config.replace(gate=values))
 
-    # a stricter precision target than the release reached
-    refused(gate(params, min_precision=1.01), mined, "precision")
-    # the next nights' logs hold a third of the questions: the release would shrink
-    later = gate(replace(params, since=date(2026, 11, 29), until=date(2026, 12, 1)), max_shrink=0.1)
-    write_logs(store, generate_rows(date(2026, 12, 1), days=3, intents=2, users=60, asks=300))
+    # too few rows (this small release cannot calibrate its semantic tier, so the precision target
+    # does not apply to it: it serves exact hits only)
+    refused(gate(params, min_rows=10**6), mined, "rows")
+    # six weeks on (past the four half-lives yesterday's askers are carried for), the logs hold a
+    # third of the questions: the release would shrink
+    six_weeks = replace(
+        params,
+        since=date(2027, 1, 8),
+        until=date(2027, 1, 10),
+        started=datetime(2027, 1, 11, tzinfo=UTC),
+    )
+    later = gate(six_weeks, max_shrink=0.1)
+    write_logs(store, generate_rows(date(2027, 1, 10), days=3, intents=2, users=60, asks=300))
     shrunk, _, _ = _run(later)
     refused(later, shrunk, "shrinks")
     # an empty answer in the staged rows
