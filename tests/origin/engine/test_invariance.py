@@ -24,9 +24,11 @@ def _failed(reports: dict[str, dict], quantization: str) -> list[str]:  # type: 
     ]
 
 
-# above AVX2 (an AVX2-only CPU, AVX-512, AVX-512 BF16, AMX) and uncapped; SSE41 is ATen's scalar
-# level, which no x86 CPU the kernels target runs
-CAPS = [cap for cap in supported_caps() if cap != "SSE41"]
+# fp32 under each vector width this CPU has: AVX2 (an AVX2-only CPU) and uncapped (AVX-512 here).
+# The caps above AVX512_CORE (BF16, AMX) add bf16 and int8 instructions only, so for these fp32
+# probes they run the uncapped kernels again; the bf16 probe runs uncapped, on AMX where the CPU
+# has it. SSE41 is ATen's scalar level, which no x86 CPU the kernels target runs.
+CAPS = [cap for cap in supported_caps() if cap == "AVX2"] + [""]
 PRECISIONS = ("bf16", "int8", "w8a8")
 
 
