@@ -93,18 +93,23 @@ class EdgeQAClient:
                 return done("exact", "cdn", found["answer"], time.perf_counter())
         if self.edge:
             # POST: the question stays out of URLs and so out of access logs
-            hit = self._json("POST", f"{self.edge}/v1/lookup", {"q": question})
+            hit = self._json("POST", f"{self.edge}/v1/lookup", {"q": question}, self.user_headers)
             if hit is not None and isinstance(hit.get("answer"), str):
                 on_text(hit["answer"])
                 return done(hit["tier"], "edge", hit["answer"], time.perf_counter())
         return self._generate(question, on_text, done)
 
     def _json(
-        self, method: str, url: str, body: dict[str, str] | None = None
+        self,
+        method: str,
+        url: str,
+        body: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> dict[str, Any] | None:
-        """The JSON object at ``url`` when it answers 200 with one; None otherwise."""
+        """The JSON object at ``url`` when it answers 200 with one; None otherwise. ``headers``:
+        the user token goes to the services that count askers, never to the CDN."""
         try:
-            response = self.http.request(method, url, json=body, headers=self.user_headers)
+            response = self.http.request(method, url, json=body, headers=headers)
             found = response.json() if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
