@@ -154,11 +154,12 @@ class ReleaseWatcher:
         revocations its verified manifest lists to the release still served: a revoked answer
         stops within one poll. Any failure is left to the load that follows."""
         try:
+            version, sha = pointer.get("version"), pointer.get("manifest_sha256")
+            if not isinstance(version, str) or not isinstance(sha, str):
+                return  # the load refuses it
             manifest, _ = verified_manifest(
-                self.store, str(self.profile), None, None, self.public_keys
+                self.store, str(self.profile), version, sha, self.public_keys
             )
-            if manifest.get("version") != pointer.get("version"):
-                return  # the pointer moved on meanwhile: the load settles it
             keys = frozenset(manifest.get("revoked", {}).get("keys", ()))
         except Exception:
             return

@@ -120,11 +120,10 @@ def _skip_without_a_browser() -> None:
         pytest.skip("missing " + ", ".join(missing) + ": `make test` installs them as root")
 
 
-def test_browser_asks_a_published_and_a_novel_question(stack: dict[str, Any]) -> None:
-    _skip_without_a_browser()
-    published, novel = QUESTIONS[0], "Name one planet of the solar system."
+def _in_chromium(script: str, *args: str) -> dict[str, Any]:
+    """The JSON a ``web/test`` script driving headless Chromium prints last."""
     done = subprocess.run(
-        [str(NODE), "test/browser.mjs", stack["origin"], published, QUESTIONS[1], novel],
+        [str(NODE), f"test/{script}", *args],
         cwd=WEB,
         capture_output=True,
         text=True,
@@ -133,7 +132,13 @@ def test_browser_asks_a_published_and_a_novel_question(stack: dict[str, Any]) ->
         env={**os.environ, "CHROMIUM": CHROMIUM},
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_browser_asks_a_published_and_a_novel_question(stack: dict[str, Any]) -> None:
+    _skip_without_a_browser()
+    published, novel = QUESTIONS[0], "Name one planet of the solar system."
+    report = _in_chromium("browser.mjs", stack["origin"], published, QUESTIONS[1], novel)
     assert report["errors"] == []
     first, replaced, second = report["results"]
     assert first["tier"] == "exact" and "cdn" in first["label"], first
@@ -193,17 +198,7 @@ def test_the_release_report_opens_offline_with_its_charts(embedder, tmp_path: Pa
     shown["excluded"]["rows"] = {"below_k": 120, "pii": 7}  # as a nightly run reports them
     page = tmp_path / "report.html"
     page.write_text(render_html(shown, diff_releases(store, PROFILE, first, second)))
-    done = subprocess.run(
-        [str(NODE), "test/report.mjs", str(page)],
-        cwd=WEB,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "CHROMIUM": CHROMIUM},
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = _in_chromium("report.mjs", str(page))
     assert report["errors"] == [] and report["external"] == []
     calibration, exclusions = report["charts"]
     assert calibration["svgs"] >= 1 and calibration["traces"] >= 3, calibration
