@@ -31,6 +31,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from decimal import Decimal
+from itertools import pairwise
 
 from edge_index.pii import fold
 
@@ -252,16 +253,73 @@ _NOT_CONTENT = _STOP | _NEGATIONS | _ZH_STOP | set(_ZH_NEGATORS)
 NEGATION_OVERLAP = 0.6  # content-word Jaccard from which a negation mismatch refuses
 
 
+def _content_word(word: str) -> str | None:
+    """``word`` (folded, lower case) as a content word, None for a function word."""
+    if word.endswith("n't"):
+        stem = word[:-3]
+        word = {"wo": "will", "ca": "can", "sha": "shall"}.get(stem, stem)
+    return None if word in _NOT_CONTENT else word
+
+
 def _content(text: str) -> set[str]:
     words = set()
     for raw in _words(text):
-        word = raw
-        if word.endswith("n't"):
-            stem = word[:-3]
-            word = {"wo": "will", "ca": "can", "sha": "shall"}.get(stem, stem)
-        if word not in _NOT_CONTENT:
+        word = _content_word(raw)
+        if word is not None:
             words.add(word[:-1] if len(word) > 3 and word.endswith("s") else word)  # works/work
     return words
+
+
+_HAN_RUN = re.compile(rf"[{_HAN}]+")
+_SPACE_BEFORE_MARK = re.compile(r"\s+([,.;:?!])")
+# a comma left before another mark or at the end ("reset it, asap?" without "asap")
+_LOOSE_COMMA = re.compile(r"[,;:，、]+(?=[,.;:?!，、。？！]|$)")
+
+
+def content_tokens(text: str) -> set[str]:
+    """The tokens of ``text`` that say something about who typed it: what the nightly mining's
+    token-level k counts (``precompute/mining.py``: a text is published only when each of its
+    content tokens was typed by k distinct people). Read as the key spec's ``normalize`` reads
+    it (NFKC, lower case; digits of other scripts as ASCII, as ``pii.fold``):
+
+    - each word of a script that separates words by spaces, exactly as written (no stemming:
+      "cards" is not "card"), unless it is a function word (``_STOP``, the negations, "don't");
+    - each Han character that is not a function character (``_ZH_STOP``, the negators), and each
+      pair of adjacent such characters: Chinese has no spaces, and a name is two or three
+      characters, each of which may be common on its own (王, 小, 明);
+    - every number, by value (``numbers``: "1,000" is "1000", 三千 is "3000"), and every named
+      entity (``entities``: "$", "usd" for 美元, a capitalised word), function word or not.
+    """
+    folded = fold(text).lower().replace("’", "'")
+    tokens = {w for w in map(_content_word, _WORD.findall(folded)) if w is not None}
+    for run in _HAN_RUN.findall(folded):
+        content = [c if c not in _NOT_CONTENT else "" for c in run]
+        tokens.update(a + b for a, b in pairwise(content) if a and b)
+    tokens.update(numbers(text))
+    tokens.update(entities(text))
+    return tokens
+
+
+def remove_tokens(text: str, tokens: set[str]) -> str:
+    """``text`` (as ``pii.fold`` reads it, case kept) without the words that are one of
+    ``tokens`` (as ``content_tokens`` spells them) and the Han characters that are one or are in
+    a pair that is one, spaces tidied. What is left may hold tokens ``text`` did not (two
+    characters brought together): read it again with ``content_tokens``."""
+    folded = fold(text)
+    pieces, last = [], 0
+    for match in _WORD.finditer(folded):
+        start, end = match.span()
+        word = match.group().lower().replace("’", "'")
+        if _HAN_CHAR.match(word):
+            pairs = {folded[max(start - 1, 0) : end], folded[start : end + 1]}
+            drop = word in tokens or bool(pairs & tokens)
+        else:
+            drop = word in tokens or _content_word(word) in tokens
+        pieces.append(folded[last:start] if drop else folded[last:end])
+        last = end
+    pieces.append(folded[last:])
+    tidy = _SPACE_BEFORE_MARK.sub(r"\1", " ".join("".join(pieces).split()))
+    return _LOOSE_COMMA.sub("", tidy).lstrip(" ,.;:，、")
 
 
 @dataclass(frozen=True)

@@ -13,37 +13,51 @@ by reason:
    ``over_user_share``: past ``max_rows_per_user`` rows from one user, or ``max_rows_per_network``
    from one network, in the window, the rest of theirs do not count: no one identity or network
    fills the night's release.
-5. ``below_k``: a phrasing (one key) asked by fewer than ``k`` distinct askers is dropped; its
-   askers are the fewer of its distinct users and its distinct networks (the viewer's /24 or /48,
-   ``edge_index/users.py``), so neither one identity nor one network counts twice. Applied per
-   phrasing, before clustering, so that every text that reaches the edge was typed by at least
-   ``k`` people.
-6. Near-duplicate phrasings that passed are clustered (embedder + FAISS inner product, cosine >=
-   ``cluster_threshold``, numbers must match); the cluster is answered once, its canonical
-   question being its most common phrasing (most distinct users, then most asks).
-7. Ranking: over the cluster's distinct users, each contributes ``0.5 ** (age / half_life)`` of
+5. Clustering: every phrasing that passed (one key each) is embedded, and near-duplicates are
+   grouped greedily, most asked first (embedder + FAISS inner product, cosine >=
+   ``cluster_threshold``, numbers must match). A cluster is one question, answered once.
+6. ``below_k``: a cluster asked by fewer than ``k`` distinct askers is dropped, every wording
+   of it. Its askers are counted over all its wordings, each identity once however many of them
+   it typed: the fewer of its distinct users and its distinct networks (the viewer's /24 or /48,
+   ``edge_index/users.py``), so neither one identity nor one network counts twice.
+7. Token-level k (what may be published as text): a content token
+   (``edge_index.guard.content_tokens``: words but function words, Han characters and pairs of
+   them, numbers, named entities) is k-safe when the wordings holding it were typed by at least
+   ``k`` askers of the cluster (counted as in rule 6). A wording is published (its key, its row,
+   its answer object) only if all its tokens are k-safe; the others are held back
+   (``rare_tokens``), though their askers counted in rule 6. The canonical question, which the
+   answer is generated from, is the most asked published wording; when no wording is k-safe, it
+   is built from k-safe tokens (``safe_question``: the wording that loses the smallest share of
+   its tokens, without them), or the cluster is dropped (``no_k_safe_text``). So nothing
+   published holds a token that fewer than ``k`` people typed: a name, an account detail, a
+   rare circumstance.
+8. Ranking: over the cluster's distinct users, each contributes ``0.5 ** (age / half_life)`` of
    their latest ask — distinct users × recency decay, scaled down when they come from fewer
    networks than users. ``below_top_n``: clusters past ``top_n``.
 
+Each cluster that reached k has a row in ``MiningReport.cluster_rows`` (``HotQuestion.
+report_row``): its askers, the wordings published, those held back (by key) and why.
+
 Carried evidence (``carry``): answers served from the CDN are never logged, so a published
 question would drop below ``k`` the night after and come back the night after that. Before rule 5,
-the phrasings the parent release's run mined (its private ``hot.json``: hashed users and networks
-with the time of their latest ask) are merged in, per user and per network, keeping the latest
-time; an ask older than ``carry_half_lives`` half-lives (weight ``0.5 ** carry_half_lives``, 1/16:
-28 days at the default 7-day half-life) is dropped, so a cluster nobody asks for fades out. The
-text rules (3-4) are applied to carried phrasings again; rules 5-7 apply to them as to logged ones.
+the wordings of the clusters the parent release's run mined, published or held back (its private
+``hot.json``: hashed users and networks with the time of their latest ask) are merged in, per
+user and per network, keeping the latest time; an ask older than ``carry_half_lives`` half-lives
+(weight ``0.5 ** carry_half_lives``, 1/16: 28 days at the default 7-day half-life) is dropped,
+so a cluster nobody asks for fades out. The text rules (3-4) are applied to carried phrasings
+again; rules 5-8 apply to them as to logged ones.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from edge_index.guard import numbers
+from edge_index.guard import content_tokens, numbers, remove_tokens
 from edge_index.keys import InvalidQueryError, key, normalize
 from edge_index.pii import find_pii
 from edge_index.redaction import redacted_kinds
@@ -68,7 +82,7 @@ class Phrasing:
     @property
     def askers(self) -> int:
         """Distinct people, as far as the logs can tell: users and networks, the fewer."""
-        return min(len(self.users), len(self.networks)) if self.networks else len(self.users)
+        return askers(self.users, self.networks)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -99,13 +113,20 @@ class Phrasing:
 
 @dataclass
 class HotQuestion:
-    """A cluster of phrasings answered once."""
+    """A cluster of wordings answered once. ``phrasings``: those published, canonical first;
+    ``held_back``: those asked but not published, as a content token of theirs was typed by
+    fewer than k of the cluster's askers (``rare_tokens``: how many, by wording key). Their
+    askers count all the same. ``synthesized``: no wording was k-safe, and the canonical
+    question was built from k-safe tokens (``safe_question``): typed by no one as it is."""
 
     canonical: Phrasing
-    phrasings: list[Phrasing]  # canonical first
-    users: int
+    phrasings: list[Phrasing]  # published, canonical first
+    users: int  # the cluster's askers: distinct users and networks (the fewer), each once
     hits: int
     score: float
+    held_back: list[Phrasing] = field(default_factory=list)
+    rare_tokens: dict[str, int] = field(default_factory=dict)
+    synthesized: bool = False
 
     @property
     def key(self) -> str:
@@ -115,9 +136,42 @@ class HotQuestion:
     def question(self) -> str:
         return self.canonical.question
 
+    @property
+    def wordings(self) -> list[Phrasing]:
+        """What people typed: the published wordings (not a built question) and the held back."""
+        typed = self.phrasings[1:] if self.synthesized else self.phrasings
+        return [*typed, *self.held_back]
+
+    def report_row(self, status: str) -> dict[str, Any]:
+        """The run's row for this cluster: how many askers, which wordings were published, which
+        held back and why (by key: their text is what must not leave the work area)."""
+        return {
+            "cluster": self.key,
+            "status": status,
+            "identities": self.users,
+            "question": self.question,
+            "synthesized": self.synthesized,
+            "published": [
+                {"key": p.key, "question": p.question, "identities": p.askers}
+                for p in self.phrasings
+            ],
+            "held_back": [
+                {
+                    "key": p.key,
+                    "reason": "rare_tokens",
+                    "rare_tokens": self.rare_tokens.get(p.key, 0),
+                    "identities": p.askers,
+                }
+                for p in self.held_back
+            ],
+        }
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "phrasings": [p.as_dict() for p in self.phrasings],  # canonical first
+            "held_back": [p.as_dict() for p in self.held_back],
+            "rare_tokens": self.rare_tokens,
+            "synthesized": self.synthesized,
             "users": self.users,
             "hits": self.hits,
             "score": self.score,
@@ -126,7 +180,16 @@ class HotQuestion:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HotQuestion:
         phrasings = [Phrasing.from_dict(p) for p in d["phrasings"]]
-        return cls(phrasings[0], phrasings, d["users"], d["hits"], d["score"])
+        return cls(
+            phrasings[0],
+            phrasings,
+            d["users"],
+            d["hits"],
+            d["score"],
+            [Phrasing.from_dict(p) for p in d.get("held_back", ())],  # mined before it was kept
+            dict(d.get("rare_tokens", {})),
+            bool(d.get("synthesized", False)),
+        )
 
 
 @dataclass
@@ -137,19 +200,32 @@ class MiningReport:
     time_sensitive_by_kind: dict[str, int] = field(default_factory=dict)
     phrasings: int = 0
     excluded_phrasings: dict[str, int] = field(default_factory=dict)
-    phrasings_kept: int = 0
     clusters: int = 0
     merged_phrasings: int = 0
+    qualifying_clusters: int = 0  # asked by at least k identities
     published_clusters: int = 0
+    phrasings_kept: int = 0  # wordings published as typed
+    held_back_phrasings: int = 0  # wordings of published clusters held back (rare tokens)
+    synthesized_questions: int = 0  # clusters published under a question built from k-safe tokens
     # carried evidence: the parent release it came from, its phrasings merged in (with at least
     # one ask young enough), the (phrasing, user) asks they added to the logs', and those too old
     carried_from: str | None = None
     carried_phrasings: int = 0
     carried_users: int = 0
     expired_users: int = 0
+    # one row per cluster that reached k (``HotQuestion.report_row``): kept in the run's work
+    # area, not in the run report
+    cluster_rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def count(self, hot: list[HotQuestion]) -> None:
+        """The counts of what ``hot`` publishes."""
+        self.published_clusters = len(hot)
+        self.phrasings_kept = sum(len(h.phrasings) - h.synthesized for h in hot)
+        self.held_back_phrasings = sum(len(h.held_back) for h in hot)
+        self.synthesized_questions = sum(h.synthesized for h in hot)
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "cluster_rows"}
 
 
 def _exclude(counts: dict[str, int], reason: str, n: int = 1) -> None:
@@ -330,6 +406,79 @@ def cluster(
     return clusters
 
 
+def askers(users: Collection[str], networks: Collection[str]) -> int:
+    """Distinct people, as far as the logs can tell: users and networks, the fewer (no networks:
+    evidence from before they were logged)."""
+    return min(len(users), len(networks)) if networks else len(users)
+
+
+@dataclass
+class Evidence:
+    """Who typed each content token (``edge_index.guard.content_tokens``) of a cluster's
+    wordings: the users and networks of every wording holding it, each counted once."""
+
+    tokens: dict[str, set[str]]  # wording key -> its content tokens
+    users: dict[str, set[str]]  # token -> users of the wordings holding it
+    networks: dict[str, set[str]]
+
+    @classmethod
+    def of(cls, members: Iterable[Phrasing]) -> Evidence:
+        evidence = cls({}, {}, {})
+        for member in members:
+            tokens = evidence.tokens[member.key] = content_tokens(member.question)
+            for token in tokens:
+                evidence.users.setdefault(token, set()).update(member.users)
+                evidence.networks.setdefault(token, set()).update(member.networks)
+        return evidence
+
+    def safe(self, k: int) -> set[str]:
+        """The tokens typed by at least ``k`` askers of the cluster."""
+        return {t for t, users in self.users.items() if askers(users, self.networks[t]) >= k}
+
+
+def safe_question(text: str, safe: set[str]) -> str | None:
+    """``text`` without its content tokens not in ``safe`` (``guard.remove_tokens``), when what
+    is left is made of ``safe`` tokens only, keeps at least half of ``text``'s content tokens
+    and all its numbers ("the limit for 100" never becomes "the limit for"), and passes the text
+    rules; else None."""
+    tokens = content_tokens(text)
+    question = remove_tokens(text, tokens - safe)
+    left = content_tokens(question)
+    if (
+        not tokens
+        or not left <= safe
+        or 2 * len(left & tokens) < len(tokens)
+        or numbers(question) != numbers(text)
+        or text_problem(question)
+    ):
+        return None
+    return question
+
+
+def _split(
+    members: list[Phrasing], k: int, taken: set[str]
+) -> tuple[list[Phrasing], list[Phrasing], dict[str, int], bool] | None:
+    """What a cluster that reached k publishes: its k-safe wordings (every content token typed
+    by ``k`` of the cluster's askers), canonical first; the wordings held back, with how many
+    rare tokens each holds; and whether the canonical question was built from k-safe tokens
+    (no wording is k-safe). None when no question can be built (``no_k_safe_text``).
+    ``taken``: keys in use, which a built question may not take."""
+    evidence = Evidence.of(members)
+    safe = evidence.safe(k)
+    published = [m for m in members if evidence.tokens[m.key] <= safe]
+    held_back = [m for m in members if not evidence.tokens[m.key] <= safe]
+    rare = {m.key: len(evidence.tokens[m.key] - safe) for m in held_back}
+    if published:
+        return published, held_back, rare, False
+    # the wording that loses the smallest share of its tokens; the most asked among equals
+    for member in sorted(members, key=lambda m: rare[m.key] / len(evidence.tokens[m.key])):
+        question = safe_question(member.question, safe)
+        if question is not None and key(question) not in taken:
+            built = Phrasing(key(question), normalize(question), question, set(), 0, {})
+            return [built], held_back, rare, True
+    return None
+
+
 def mine(
     rows: Iterable[dict[str, Any]],
     embedder: SentenceTransformer | None,
@@ -345,45 +494,97 @@ def mine(
     by_key = collect_phrasings(rows, report, config)
     carry(by_key, carried, report, config, now)
     report.phrasings = len(by_key)
-    kept = []
-    for phrasing in by_key.values():
-        if phrasing.askers < config.k:
-            _exclude(report.excluded_phrasings, "below_k")
-            if phrasing.hits:  # a carried phrasing may have no row in this window
-                _exclude(report.excluded_rows, "below_k", phrasing.hits)
-        else:
-            kept.append(phrasing)
-    report.phrasings_kept = len(kept)
+    taken = set(by_key)
     hot = []
-    for members in cluster(kept, embedder, config):
+    for members in cluster(list(by_key.values()), embedder, config):
+        report.clusters += 1
+        report.merged_phrasings += len(members) - 1
         latest: dict[str, datetime] = {}
         networks: set[str] = set()
         for member in members:
             networks |= member.networks
             for user, ts in member.latest_by_user.items():
                 _keep_latest(latest, user, ts)
-        askers = min(len(latest), len(networks)) if networks else len(latest)
+        users = askers(latest, networks)  # each identity once, whichever wordings it typed
+        if users < config.k:
+            _exclude_wordings(report, members, "below_k")
+            continue
+        report.qualifying_clusters += 1
+        split = _split(members, config.k, taken)
+        if split is None:
+            _exclude_wordings(report, members, "no_k_safe_text")
+            report.cluster_rows.append(
+                {
+                    "cluster": None,
+                    "status": "no_k_safe_text",
+                    "identities": users,
+                    "published": [],
+                    "held_back": [{"key": m.key, "reason": "rare_tokens"} for m in members],
+                }
+            )
+            continue
+        published, held_back, rare, synthesized = split
+        taken.add(published[0].key)
         score = sum(recency_weight(ts, now, config.half_life_days) for ts in latest.values()) * (
-            askers / max(len(latest), 1)
+            users / max(len(latest), 1)
         )  # many users from few networks weigh as few
-        canonical = members[0]  # most distinct users, then most asks (cluster order)
         hot.append(
             HotQuestion(
-                canonical=canonical,
-                phrasings=members,
-                users=askers,
+                canonical=published[0],
+                phrasings=published,
+                users=users,
                 hits=sum(m.hits for m in members),
                 score=score,
+                held_back=held_back,
+                rare_tokens=rare,
+                synthesized=synthesized,
             )
         )
-        report.merged_phrasings += len(members) - 1
-    report.clusters = len(hot)
     hot.sort(key=lambda h: (-h.score, -h.users, h.key))
-    if len(hot) > config.top_n:
-        dropped = hot[config.top_n :]
-        _exclude(report.excluded_phrasings, "below_top_n", sum(len(h.phrasings) for h in dropped))
-        if any(h.hits for h in dropped):
-            _exclude(report.excluded_rows, "below_top_n", sum(h.hits for h in dropped))
-        hot = hot[: config.top_n]
-    report.published_clusters = len(hot)
+    for dropped in hot[config.top_n :]:
+        _exclude_wordings(report, dropped.wordings, "below_top_n")
+        report.cluster_rows.append(dropped.report_row("below_top_n"))
+    hot = hot[: config.top_n]
+    for h in hot:
+        _exclude_wordings(report, h.held_back, "rare_tokens")
+        report.cluster_rows.append(h.report_row("selected"))
+    report.count(hot)
     return hot, report
+
+
+def _exclude_wordings(report: MiningReport, wordings: Iterable[Phrasing], reason: str) -> None:
+    """Count ``wordings`` as excluded by ``reason``, and their rows (a carried wording may have
+    none in this window)."""
+    wordings = list(wordings)
+    for counts, n in (
+        (report.excluded_phrasings, len(wordings)),
+        (report.excluded_rows, sum(w.hits for w in wordings)),
+    ):
+        if n:
+            _exclude(counts, reason, n)
+
+
+def drop_clusters(
+    hot: list[HotQuestion], drop: Callable[[HotQuestion], bool], report: MiningReport, reason: str
+) -> list[HotQuestion]:
+    """``hot`` without the clusters ``drop`` picks after mining (``revoked``): all their wordings
+    and rows are then counted under ``reason``, the held-back ones' no longer as ``rare_tokens``."""
+    kept = []
+    for h in hot:
+        if not drop(h):
+            kept.append(h)
+            continue
+        for counts, n in (
+            (report.excluded_phrasings, len(h.held_back)),
+            (report.excluded_rows, sum(w.hits for w in h.held_back)),
+        ):
+            if n:
+                counts["rare_tokens"] -= n
+                if not counts["rare_tokens"]:
+                    del counts["rare_tokens"]
+        _exclude_wordings(report, h.wordings, reason)
+        for row in report.cluster_rows:
+            if row["cluster"] == h.key:
+                row["status"] = reason
+    report.count(kept)
+    return kept

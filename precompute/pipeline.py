@@ -59,7 +59,7 @@ from precompute.generate import (
     reusable_answers,
     run_id,
 )
-from precompute.mining import HotQuestion, MiningReport, Phrasing, mine
+from precompute.mining import HotQuestion, MiningReport, Phrasing, drop_clusters, mine
 from precompute.publish import prune, publish
 from precompute.revocations import in_force, is_revoked
 from precompute.workarea import WorkArea
@@ -135,14 +135,15 @@ def _parent_work(store: Store, parent: LoadedRelease | None) -> WorkArea | None:
 
 def parent_phrasings(store: Store, parent: LoadedRelease | None) -> list[Phrasing]:
     """What the parent release's run mined (its work area's ``hot.json``, never published): the
-    phrasings with their hashed users and networks and the time of each one's latest ask. None
-    when the run's work area is gone (pruned, or a release made elsewhere)."""
+    wordings of its clusters, published or held back, with their hashed users and networks and
+    the time of each one's latest ask. None when the run's work area is gone (pruned, or a
+    release made elsewhere)."""
     work = _parent_work(store, parent)
     try:
         items = work.get_json("hot.json") if work else []
     except ObjectNotFoundError:
         return []
-    return [p for item in items for p in HotQuestion.from_dict(item).phrasings]
+    return [p for item in items for p in HotQuestion.from_dict(item).wordings]
 
 
 def parent_flagged(store: Store, parent: LoadedRelease | None) -> list[dict[str, Any]]:
@@ -176,17 +177,16 @@ def mine_stage(params: RunParams, model: LoadedModel | None = None) -> dict[str,
     mining.carried_from = parent.version if carried and parent else None
     # a cluster holding a revoked phrasing stays out until it is unrevoked
     revoked = is_revoked(in_force(out, profile.name))
-    dropped = [
-        h for h in hot if any(revoked({"key": p.key, "cluster": h.key}) for p in h.phrasings)
-    ]
-    if dropped:
-        hot = [h for h in hot if all(h is not d for d in dropped)]
-        hits = sum(p.hits for h in dropped for p in h.phrasings)  # 0: carried evidence only
-        if hits:
-            mining.excluded_rows["revoked"] = hits
+    hot = drop_clusters(
+        hot,
+        lambda h: any(revoked({"key": p.key, "cluster": h.key}) for p in h.phrasings),
+        mining,
+        "revoked",
+    )
     run = run_id(profile, [h.question for h in hot], parent.version if parent else None)
     work = WorkArea(out, profile.name, run)
     work.put_json("hot.json", [h.as_dict() for h in hot])
+    work.put_json("clusters.json", mining.cluster_rows)
     work.put_json("profile.json", profile.inputs)
     reused = []
     if parent is not None and config.generation.reuse_ttl_fraction > 0:
@@ -205,7 +205,7 @@ def mine_stage(params: RunParams, model: LoadedModel | None = None) -> dict[str,
         "partitions": list(range(count)),
         "logs": {**stats.__dict__, "rows": len(rows)},
         "excluded_rows": excluded_rows(stats, mining),
-        "mining": mining.as_dict(),
+        "mining": {**mining.as_dict(), "cluster_report": f"{work.prefix}/clusters.json"},
     }
 
 

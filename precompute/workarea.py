@@ -1,6 +1,8 @@
 """A run's work area in the output store: what one stage leaves for the next.
 
     <profile>/work/<run>/hot.json              the mined questions (mine)
+    <profile>/work/<run>/clusters.json         a row per cluster that reached k: askers, wordings
+                                               published and held back, and why (mine)
     <profile>/work/<run>/profile.json          what the answers depend on (mine)
     <profile>/work/<run>/reused.parquet        the parent release's answers taken as they are (mine)
     <profile>/work/<run>/gen/<nnnnn>.parquet   one generated partition each (generate)

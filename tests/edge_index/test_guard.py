@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edge_index.guard import Guard, entities, negated, numbers
+from edge_index.guard import Guard, content_tokens, entities, negated, numbers, remove_tokens
 
 
 @pytest.mark.parametrize(
@@ -182,3 +182,31 @@ def test_chinese_parts() -> None:
 
 def test_identical_symbols_pass() -> None:
     assert Guard().check("I paid $5 in fees", "I paid $5 in fees") is None
+
+
+def test_content_tokens_are_what_k_anonymity_counts() -> None:
+    # words as normalize() folds them, function words left out, no stemming
+    assert content_tokens("How do I reset my Online Banking passwords?") == {
+        "reset",
+        "online",
+        "banking",
+        "passwords",
+    }
+    assert content_tokens("I don't have it") == set()  # function words only
+    # a name is a token whatever its case; numbers by value and as written; symbols and codes
+    assert {"jan", "kowalski"} <= content_tokens("my landlord jan kowalski kept my deposit")
+    assert content_tokens("Can I send $1,000 in USD?") >= {"send", "$", "1", "000", "1000", "usd"}
+    assert content_tokens("ＵＳＤ ５") == {"usd", "5"}  # full width folded
+    # Chinese: each content character and each pair of adjacent ones; function characters not
+    assert content_tokens("王小明的卡") == {"王", "小", "明", "王小", "小明", "卡"}
+    assert "美元" in content_tokens("用美元付款") and "usd" in content_tokens("用美元付款")
+    assert content_tokens("三千") >= {"3000"}
+
+
+def test_remove_tokens_takes_out_words_and_characters() -> None:
+    assert remove_tokens("My landlord Jan Kowalski kept my deposit.", {"jan", "kowalski"}) == (
+        "My landlord kept my deposit."
+    )
+    assert remove_tokens("How do I reset it, asap?", {"asap"}) == "How do I reset it?"
+    assert remove_tokens("我的卡丢了王芳", {"王芳"}) == "我的卡丢了"
+    assert remove_tokens("王芳的卡", {"王"}) == "芳的卡"

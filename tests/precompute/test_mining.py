@@ -9,7 +9,7 @@ import pytest
 
 from edge_index.keys import key
 from precompute.config import MiningConfig
-from precompute.mining import Phrasing, mine
+from precompute.mining import Phrasing, drop_clusters, mine, safe_question
 
 NOW = datetime(2026, 11, 29, tzinfo=UTC)
 
@@ -176,3 +176,124 @@ def test_config_is_validated() -> None:
     for bad in ({"k": 0}, {"top_n": 0}, {"half_life_days": 0}, {"cluster_threshold": 1.5}):
         with pytest.raises(ValueError):
             MiningConfig(**bad)  # type: ignore[arg-type]
+
+
+def _ask_each(wordings: dict[str, list[str]], **extra: Any) -> list[dict]:
+    """Each wording asked once by each of its users."""
+    return [row for query, users in wordings.items() for row in _asks(query, users, **extra)]
+
+
+def test_k_counts_the_people_who_asked_a_question_in_any_wording(embedder) -> None:  # type: ignore[no-untyped-def]
+    # 20 people, 5 wordings, no wording typed by k of them: published, every wording of it
+    reset = [
+        "How do I reset my password?",
+        "how can I reset my password",
+        "How do I reset my password please",
+        "how to reset my password?",
+        "Reset my password",
+    ]
+    people = _users(20, "r")
+    rows = _ask_each({w: people[4 * i : 4 * i + 4] for i, w in enumerate(reset)})
+    rows += _asks(reset[0], people[:4])  # asked again: one identity counts once all the same
+    # 3 people, 3 wordings: not published
+    freeze = ["How do I freeze my card?", "how can I freeze my card", "how to freeze my card"]
+    rows += _ask_each({w: [f"f{i}"] for i, w in enumerate(freeze)})
+    hot, report = mine(rows, embedder, MiningConfig(k=5), NOW)
+    (question,) = hot
+    assert question.question == reset[0] and question.users == 20 and question.hits == 24
+    assert sorted(p.question for p in question.phrasings) == sorted(reset)
+    assert question.held_back == [] and not question.synthesized
+    assert report.excluded_phrasings == {"below_k": 3}
+    assert report.excluded_rows == {"below_k": 3}
+    assert report.qualifying_clusters == report.published_clusters == 1
+    assert report.phrasings_kept == 5
+    # the rule it replaces, k per wording, published nothing here
+    assert all(p.askers < 5 for p in question.phrasings)
+
+
+def test_a_name_typed_by_fewer_than_k_people_is_never_published(embedder) -> None:  # type: ignore[no-untyped-def]
+    named = "my landlord Jan Kowalski kept my deposit"
+    wordings = {
+        "My landlord kept my deposit, what can I do?": _users(3, "a"),
+        "my landlord kept my deposit": _users(2, "b"),
+        "My landlord kept my deposit. What can I do?": _users(2, "c"),
+        named: _users(4, "n"),  # the most asked wording, by 4 people: still fewer than k
+    }
+    # loose enough that the named wording joins the cluster (cosine 0.72 to 0.77 with the rest)
+    config = MiningConfig(k=5, cluster_threshold=0.7)
+    hot, report = mine(_ask_each(wordings), embedder, config, NOW)
+    (question,) = hot
+    assert question.users == 11  # the named wording's askers count: its cluster qualifies
+    assert [p.question for p in question.held_back] == [named]
+    assert question.rare_tokens == {key(named): 2}  # jan, kowalski
+    assert named not in [p.question for p in question.phrasings]
+    assert question.question == "My landlord kept my deposit, what can I do?"
+    for p in question.phrasings:
+        assert "jan" not in p.normalized and "kowalski" not in p.normalized
+    assert report.excluded_phrasings == {"rare_tokens": 1}
+    assert report.excluded_rows == {"rare_tokens": 4}
+    assert report.held_back_phrasings == 1
+    (row,) = report.cluster_rows
+    assert row["status"] == "selected" and row["identities"] == 11
+    assert [w["key"] for w in row["held_back"]] == [key(named)]
+    assert row["held_back"][0]["reason"] == "rare_tokens"
+    assert "Kowalski" not in str(row)  # held-back wordings are reported by key, not text
+    assert len(row["published"]) == 3
+    # typed by one person, in a cluster of its own: below k, as before
+    hot, report = mine(_asks(named, ["x"]), embedder, MiningConfig(k=5), NOW)
+    assert hot == [] and report.excluded_phrasings == {"below_k": 1}
+
+
+def test_a_cluster_with_no_k_safe_wording_publishes_a_question_of_k_safe_tokens(embedder) -> None:  # type: ignore[no-untyped-def]
+    wordings = {
+        "How do I reset my online password?": _users(2, "a"),
+        "How do I reset my banking password?": _users(2, "b"),
+        "How do I reset my app password?": _users(2, "c"),
+    }
+    config = MiningConfig(k=5, cluster_threshold=0.65)
+    hot, report = mine(_ask_each(wordings), embedder, config, NOW)
+    (question,) = hot
+    assert question.synthesized and question.users == 6
+    assert question.question == "How do I reset my password?"  # reset, password: 6 people
+    assert [p.question for p in question.phrasings] == ["How do I reset my password?"]
+    assert question.canonical.users == set() and question.canonical.hits == 0
+    assert sorted(p.question for p in question.held_back) == sorted(wordings)
+    assert question.wordings == question.held_back  # the built question is nobody's wording
+    assert report.synthesized_questions == 1 and report.phrasings_kept == 0
+    assert report.excluded_rows == {"rare_tokens": 6}
+    # nothing can be built when too little is left: skipped, and counted
+    wordings = {
+        "Lisbon Alfama Baixa branch?": _users(2, "a"),
+        "Porto Ribeira Boavista branch?": _users(2, "b"),
+        "Faro Lagos Tavira branch?": _users(2, "c"),
+    }
+    config = MiningConfig(k=5, cluster_threshold=0.5)
+    hot, report = mine(_ask_each(wordings), embedder, config, NOW)
+    assert hot == [] and report.qualifying_clusters == 1
+    assert report.excluded_phrasings == {"no_k_safe_text": 3}
+    assert report.excluded_rows == {"no_k_safe_text": 6}
+    assert [r["status"] for r in report.cluster_rows] == ["no_k_safe_text"]
+
+
+def test_safe_question_keeps_numbers_and_half_of_the_tokens() -> None:
+    assert safe_question("How do I reset my online password?", {"reset", "password"}) == (
+        "How do I reset my password?"
+    )
+    # a number that would go: the question would mean something else
+    assert safe_question("What is the limit for 100 pounds?", {"limit", "pounds"}) is None
+    assert safe_question("Lisbon Alfama branch hours", {"branch"}) is None  # 1 of 4 left
+    assert safe_question("我的朋友王小明的卡丢了", {"朋", "友", "朋友", "卡", "丢"}) is None
+    assert safe_question("我的卡丢了王芳", {"卡", "丢", "卡丢"}) == "我的卡丢了"
+
+
+def test_revoked_clusters_count_every_wording_as_revoked(embedder) -> None:  # type: ignore[no-untyped-def]
+    rows = _ask_each(
+        {"How do I close my account?": _users(5), "how do I close my account asap": ["x"]}
+    )
+    hot, report = mine(rows, embedder, MiningConfig(k=5), NOW)
+    assert report.excluded_rows == {"rare_tokens": 1}  # asap: one person
+    assert drop_clusters(hot, lambda h: True, report, "revoked") == []
+    assert report.excluded_rows == {"revoked": 6}
+    assert report.excluded_phrasings == {"revoked": 2}
+    assert report.published_clusters == 0
+    assert [r["status"] for r in report.cluster_rows] == ["revoked"]
