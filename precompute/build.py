@@ -171,6 +171,8 @@ def finetuned_embedder(
 
     if sum(1 for h in hot if len(h.phrasings) >= 2) < 2:
         return embedder, None, None
+    # published wordings only: the tuned weights ship in the release, and a held-back wording
+    # (a token fewer than k people typed) must not leave the work area through them
     texts = [p.normalized for h in hot for p in h.phrasings]
     labels = [h.key for h in hot for p in h.phrasings]
     tuned = finetune(copy.deepcopy(embedder), texts, labels, steps=steps)
