@@ -202,7 +202,8 @@ def run_demo(
         _say(
             out,
             "   personal data and multi-turn rows are never published; below_k: fewer than k "
-            "distinct users asked",
+            "distinct people asked the question, in any wording; rare_tokens: a wording holding "
+            "a word fewer than k of them typed (they counted; the text is held back)",
         )
         seconds = time.perf_counter() - started
         _say(out, f"6. the web page: {urls['origin']}/  (demo finished in {seconds:.0f} s)")
