@@ -155,15 +155,7 @@ class HotQuestion:
                 {"key": p.key, "question": p.question, "identities": p.askers}
                 for p in self.phrasings
             ],
-            "held_back": [
-                {
-                    "key": p.key,
-                    "reason": "rare_tokens",
-                    "rare_tokens": self.rare_tokens.get(p.key, 0),
-                    "identities": p.askers,
-                }
-                for p in self.held_back
-            ],
+            "held_back": _held_back_rows(self.held_back, self.rare_tokens),
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -192,6 +184,13 @@ class HotQuestion:
         )
 
 
+def _held_back_rows(wordings: Iterable[Phrasing], rare: dict[str, int]) -> list[dict[str, Any]]:
+    return [
+        {"key": p.key, "reason": "rare_tokens", "rare_tokens": rare[p.key], "identities": p.askers}
+        for p in wordings
+    ]
+
+
 @dataclass
 class MiningReport:
     rows: int = 0
@@ -217,7 +216,7 @@ class MiningReport:
     # area, not in the run report
     cluster_rows: list[dict[str, Any]] = field(default_factory=list)
 
-    def count(self, hot: list[HotQuestion]) -> None:
+    def count_published(self, hot: list[HotQuestion]) -> None:
         """The counts of what ``hot`` publishes."""
         self.published_clusters = len(hot)
         self.phrasings_kept = sum(len(h.phrasings) - h.synthesized for h in hot)
@@ -457,11 +456,11 @@ def safe_question(text: str, safe: set[str]) -> str | None:
 
 def _split(
     members: list[Phrasing], k: int, taken: set[str]
-) -> tuple[list[Phrasing], list[Phrasing], dict[str, int], bool] | None:
+) -> tuple[list[Phrasing], list[Phrasing], dict[str, int], bool]:
     """What a cluster that reached k publishes: its k-safe wordings (every content token typed
-    by ``k`` of the cluster's askers), canonical first; the wordings held back, with how many
-    rare tokens each holds; and whether the canonical question was built from k-safe tokens
-    (no wording is k-safe). None when no question can be built (``no_k_safe_text``).
+    by ``k`` of the cluster's askers), canonical first, or else a question built from k-safe
+    tokens, or else nothing (``no_k_safe_text``); the wordings held back, with how many rare
+    tokens each holds; and whether the canonical question was built.
     ``taken``: keys in use, which a built question may not take."""
     evidence = Evidence.of(members)
     safe = evidence.safe(k)
@@ -476,7 +475,7 @@ def _split(
         if question is not None and key(question) not in taken:
             built = Phrasing(key(question), normalize(question), question, set(), 0, {})
             return [built], held_back, rare, True
-    return None
+    return [], held_back, rare, False
 
 
 def mine(
@@ -510,20 +509,21 @@ def mine(
             _exclude_wordings(report, members, "below_k")
             continue
         report.qualifying_clusters += 1
-        split = _split(members, config.k, taken)
-        if split is None:
+        published, held_back, rare, synthesized = _split(members, config.k, taken)
+        if not published:
             _exclude_wordings(report, members, "no_k_safe_text")
             report.cluster_rows.append(
                 {
                     "cluster": None,
                     "status": "no_k_safe_text",
                     "identities": users,
+                    "question": None,
+                    "synthesized": False,
                     "published": [],
-                    "held_back": [{"key": m.key, "reason": "rare_tokens"} for m in members],
+                    "held_back": _held_back_rows(held_back, rare),
                 }
             )
             continue
-        published, held_back, rare, synthesized = split
         taken.add(published[0].key)
         score = sum(recency_weight(ts, now, config.half_life_days) for ts in latest.values()) * (
             users / max(len(latest), 1)
@@ -548,7 +548,7 @@ def mine(
     for h in hot:
         _exclude_wordings(report, h.held_back, "rare_tokens")
         report.cluster_rows.append(h.report_row("selected"))
-    report.count(hot)
+    report.count_published(hot)
     return hot, report
 
 
@@ -586,5 +586,5 @@ def drop_clusters(
         for row in report.cluster_rows:
             if row["cluster"] == h.key:
                 row["status"] = reason
-    report.count(kept)
+    report.count_published(kept)
     return kept

@@ -299,7 +299,9 @@ def test_a_cluster_with_no_k_safe_wording_publishes_a_question_of_k_safe_tokens(
     assert hot == [] and report.qualifying_clusters == 1
     assert report.excluded_phrasings == {"no_k_safe_text": 3}
     assert report.excluded_rows == {"no_k_safe_text": 6}
-    assert [r["status"] for r in report.cluster_rows] == ["no_k_safe_text"]
+    (row,) = report.cluster_rows
+    assert row["status"] == "no_k_safe_text" and row["identities"] == 6
+    assert [w["rare_tokens"] for w in row["held_back"]] == [3, 3, 3]  # all but "branch"
 
 
 def test_safe_question_keeps_numbers_and_half_of_the_tokens() -> None:
