@@ -94,7 +94,9 @@ def main() -> None:
         args.max_tokens, args.sample = 64, 4
     settings = PrecomputeSettings.from_env(max_tokens=args.max_tokens)
     until = datetime.now(UTC).date()
-    hot, _ = mine(generate_rows(until, days=7), load_embedder(), MiningConfig(), None)
+    hot, _ = mine(
+        generate_rows(until, days=7), load_embedder(), MiningConfig(cluster_threshold=0.9), None
+    )
     questions = [h.question for h in hot]
     model = load_model(settings.model, "cpu", "float32", settings.cache_dir)
     systems = {

@@ -48,9 +48,11 @@ from typing import Any
 import numpy as np
 
 from edge_index import tiers
+from edge_index.config import SharedSettings
 from edge_index.embedder import load_embedder
 from edge_index.guard import Guard
 from edge_index.keys import InvalidQueryError, key_of_normalized, normalize
+from edge_index.languages import language_of
 from edge_index.lookup import Hit, ReleaseIndex
 from edge_index.matcher import Decision, calibrate
 from edge_index.release import load_release
@@ -84,12 +86,21 @@ def read_rows(path: Path, where: str | None) -> list[tuple[str, str]]:
     return rows
 
 
+def answer_for(label: str, labels: list[str], language: str) -> str:
+    """The placeholder answer of ``label``, in the cache's language (an answer in another
+    script than its question is flagged and never published: ``edge_index/answers.py``)."""
+    if language == "zh":
+        return f"这是第{labels.index(label) + 1}类问题的答案。"
+    return f"answer for {label}"
+
+
 def cache_release(
     rows: list[tuple[str, str]],
     embedder: Any,
     name: str,
     tmp: Path,
     target: float,
+    language: str = "en",
     embedder_dir: Path | None = None,
     embedder_info: dict[str, Any] | None = None,
 ) -> tuple[ReleaseIndex, dict[str, Any], list[dict[str, Any]], np.ndarray]:
@@ -114,9 +125,11 @@ def cache_release(
         phrasings[label].append(Phrasing(k, normalized_of[k], text_of[k], set(), 1, {}))
     now = datetime.now(UTC).replace(microsecond=0)
     hot, answers = [], {}
+    labels = sorted({label for _, label in rows})
     for label, group in sorted(phrasings.items()):
         hot.append(HotQuestion(group[0], group, 0, len(group), 0.0))
-        answers[group[0].key] = {"answer": f"answer for {label}", "flag": "", "generated_at": now}
+        answer = answer_for(label, labels, language)
+        answers[group[0].key] = {"answer": answer, "flag": "", "generated_at": now}
     store = FileStore(tmp / "store")
     manifest, _ = build_release(
         tmp / "release",
@@ -216,21 +229,31 @@ def main() -> None:
     parser.add_argument(
         "--finetune-steps", type=int, default=150, help="embedder tuning steps; 0: none"
     )
-    parser.add_argument("--embedder", default="embedded")
+    parser.add_argument(
+        "--embedder",
+        default=None,
+        help="default: the one the product picks for the cache's language (EDGEQA_EMBEDDER)",
+    )
     args = parser.parse_args()
 
     started = time.perf_counter()
     cache = read_rows(args.cache, args.cache_where)
     queries = read_rows(args.queries, args.queries_where)
-    embedder = load_embedder(args.embedder, device="cpu")
+    # the language profile the product would put these questions in, and its embedder
+    language = Counter(language_of(text) for text, _ in cache).most_common(1)[0][0]
+    spec = args.embedder or SharedSettings.from_env().embedders.get(language, "embedded")
+    embedder = load_embedder(spec, device="cpu")
     systems: dict[str, dict[str, Any]] = {}
+    labels = sorted({label for _, label in cache})
+    label_of_answer = {answer_for(label, labels, language): label for label in labels}
 
-    def run(model: Any, name: str, tmp: Path, ablations: bool, **ship: Any) -> ReleaseIndex:
-        embedder_name = args.embedder if not ship else f"{args.embedder}+finetune"
+    def run(
+        model: Any, name: str, tmp: Path, ablations: bool, prefix: str = "", **ship: Any
+    ) -> ReleaseIndex:
+        embedder_name = spec if not ship else f"{spec}+finetune"
         index, manifest, rows, vectors = cache_release(
-            cache, model, embedder_name, tmp, args.target_precision, **ship
+            cache, model, embedder_name, tmp, args.target_precision, language, **ship
         )
-        label_of_answer = {f"answer for {label}": label for _, label in cache}
         normalized = []
         for text, _ in queries:
             try:
@@ -242,13 +265,15 @@ def main() -> None:
             off = Guard(numbers=False, negations=False, entities=False)
             for t in (0.8, 0.9):
                 plain = ReleaseIndex(index.release, model, Decision(t, -1.0, 0.0), off)
-                systems[f"cosine_{t}"] = evaluate(plain, queries, query_vectors, label_of_answer)
+                systems[f"{prefix}cosine_{t}"] = evaluate(
+                    plain, queries, query_vectors, label_of_answer
+                )
             labels = [r["cluster"] for r in rows]
             texts = [r["question"] for r in rows]
             for system, use_margin, use_agreement in (
-                ("calibrated_cosine", False, False),
-                ("+margin", True, False),
-                ("+agreement", True, True),
+                (f"{prefix}calibrated_cosine", False, False),
+                (f"{prefix}+margin", True, False),
+                (f"{prefix}+agreement", True, True),
             ):
                 cal = calibrate(
                     vectors,
@@ -271,6 +296,14 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         index = run(embedder, "+guard", Path(tmp) / "base", ablations=True)
+        if spec != "embedded":  # side by side: what the English embedder would have done
+            run(
+                load_embedder("embedded", device="cpu"),
+                "minilm:+guard",
+                Path(tmp) / "minilm",
+                ablations=True,
+                prefix="minilm:",
+            )
         if args.pairs:
             systems["+guard"]["pairs"] = pairs_report(
                 args.pairs, embedder, index.decision, index.guard
@@ -288,7 +321,7 @@ def main() -> None:
             tuned.save(str(folder))
             info = {
                 "finetuned": {
-                    "base": args.embedder,
+                    "base": spec,
                     "steps": args.finetune_steps,
                     "examples": len(texts),
                     "seconds": round(tune_s, 1),
@@ -318,6 +351,8 @@ def main() -> None:
                     "queries_rows": len(queries),
                     "oos_queries": sum(1 for _, label in queries if label == OOS),
                     "target_precision": args.target_precision,
+                    "language": language,
+                    "embedder": spec,
                     "seconds": round(time.perf_counter() - started, 1),
                 },
                 "systems": systems,

@@ -1,5 +1,9 @@
 """Nightly edge release: mine the request logs, answer the hot questions, publish to the edge.
 
+One DAG per language profile in ``EDGEQA_LANGUAGES`` (``nightly_edge_release_en``,
+``nightly_edge_release_zh``): each mines its language's questions only (``languages.py``: CJK
+questions are ``zh``) and publishes that profile's release with that language's embedder.
+
 mine -> generate (one mapped task per partition, pool ``gpu_a10``) -> build -> validate -> publish
 -> prune: the stages of ``precompute.pipeline`` (``STAGES``), in its order, each task one call.
 The stages keep their state in the output store, so tasks may run on different workers. The
@@ -22,7 +26,7 @@ from typing import Any
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from precompute.config import RUN_OPTIONS
+from precompute.config import RUN_OPTIONS, PrecomputeSettings
 
 GPU_POOL = "gpu_a10"
 _JSON_TYPES = {int: "integer", float: "number", str: "string"}
@@ -55,27 +59,43 @@ def _run_params() -> Any:
     config = PipelineConfig.from_env(**{o.name: p[o.name] for o in RUN_OPTIONS})
     since = until - timedelta(days=p["window_days"] - 1)
     # every task of the run builds as of the same instant: a rerun builds the same release
-    return RunParams(p["logs_uri"], p["out_uri"], since, until, config, "airflow", started=end)
+    return RunParams(
+        p["logs_uri"],
+        p["out_uri"],
+        since,
+        until,
+        config,
+        "airflow",
+        started=end,
+        language=p["language"],
+    )
 
 
-@dag(
-    dag_id="nightly_edge_release",
-    schedule="0 2 * * *",  # 02:00 UTC, after the day's logs are flushed
-    start_date=datetime(2026, 11, 1, tzinfo=UTC),
-    catchup=False,
-    max_active_runs=1,
-    tags=["edgeqa", "precompute", "edge"],
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=5)},
-    params={
-        "logs_uri": Param("s3://edgeqa-prod/store", type="string", description="request logs"),
-        "out_uri": Param("s3://edgeqa-prod/store", type="string", description="releases"),
-        "profile": Param("", type="string", description="expected profile ('' = any)"),
-        "window_days": Param(7, type="integer", minimum=1, description="days of logs mined"),
-        **{option.name: _param(option) for option in RUN_OPTIONS},
-    },
-    doc_md=__doc__,
-)
-def nightly_edge_release() -> None:
+_PARAMS = {
+    "logs_uri": Param("s3://edgeqa-prod/store", type="string", description="request logs"),
+    "out_uri": Param("s3://edgeqa-prod/store", type="string", description="releases"),
+    "profile": Param("", type="string", description="expected profile ('' = any)"),
+    "window_days": Param(7, type="integer", minimum=1, description="days of logs mined"),
+    **{option.name: _param(option) for option in RUN_OPTIONS},
+}
+
+
+def nightly_edge_release(language: str) -> Any:
+    """The DAG of ``language``'s profile."""
+    return dag(
+        dag_id=f"nightly_edge_release_{language}",
+        schedule="0 2 * * *",  # 02:00 UTC, after the day's logs are flushed
+        start_date=datetime(2026, 11, 1, tzinfo=UTC),
+        catchup=False,
+        max_active_runs=1,
+        tags=["edgeqa", "precompute", "edge"],
+        default_args={"retries": 2, "retry_delay": timedelta(minutes=5)},
+        params={**_PARAMS, "language": Param(language, type="string", enum=[language])},
+        doc_md=__doc__,
+    )(_pipeline)()
+
+
+def _pipeline() -> None:
     # task arguments are XComArgs when wired below and plain values when the task runs: Any
     @task
     def mine() -> dict[str, Any]:
@@ -127,4 +147,5 @@ def nightly_edge_release() -> None:
     prune(mined, publish(mined, validate(mined, built)))
 
 
-nightly_edge_release()
+for _language in PrecomputeSettings.from_env().language_list:
+    globals()[f"nightly_edge_release_{_language}"] = nightly_edge_release(_language)

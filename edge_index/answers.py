@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+from edge_index.languages import script_of
 from edge_index.pii import fold
 from edge_index.timeliness import time_sensitive
 
@@ -39,7 +40,6 @@ _LOOP_MIN_WORDS = 8
 
 # a word, or one CJK character (those scripts do not separate words by spaces)
 _WORD = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]|[^\W_]+")
-_LETTER = re.compile(r"[^\W\d_]")
 _SENTENCE = re.compile(r"[^.!?。！？\n]+[.!?。！？]*")
 _REFUSAL = re.compile(
     r"^(?:(?:i'?m|i am) (?:so |very |really )?sorry\b|(?:my )?apologies\b|unfortunately\b"
@@ -115,30 +115,6 @@ def _refusal(text: str) -> bool:
     return len(rest) < 6  # an apology, then an answer, passes
 
 
-def _script(text: str) -> str | None:
-    """The script most of ``text``'s letters are in: ``cjk``, ``latin``, ``cyrillic``, ... ."""
-    counts: Counter[str] = Counter()
-    for letter in _LETTER.findall(text):
-        code = ord(letter)
-        if code < 0x250:
-            counts["latin"] += 1
-        elif 0x400 <= code < 0x530:
-            counts["cyrillic"] += 1
-        elif 0x590 <= code < 0x600:
-            counts["hebrew"] += 1
-        elif 0x600 <= code < 0x780:
-            counts["arabic"] += 1
-        elif 0x900 <= code < 0xE00:
-            counts["indic"] += 1
-        elif 0x3040 <= code < 0xA000 or 0xAC00 <= code < 0xD7B0 or 0xF900 <= code < 0xFB00:
-            counts["cjk"] += 1
-        else:
-            counts["other"] += 1
-    if not counts:
-        return None
-    return counts.most_common(1)[0][0]
-
-
 def _language(words: list[str], minimum: float) -> str | None:
     """The Latin-script language whose stop words ``words`` use most, when clearly so."""
     scores: dict[str, float] = {}
@@ -156,7 +132,7 @@ def _language(words: list[str], minimum: float) -> str | None:
 def _other_language(question: str, answer: str) -> bool:
     if _TRANSLATION.search(question):
         return False
-    asked, answered = _script(question), _script(answer)
+    asked, answered = script_of(question), script_of(answer)
     if asked is None or answered is None:
         return False
     if asked != answered:

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -35,6 +35,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from edge_index.embedder import DEFAULT_CACHE_DIR
 from edge_index.errors import EdgeQAError
 from edge_index.keys import MAX_QUERY_CHARS
 
@@ -42,7 +43,6 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 MIN_SECRET_CHARS = 32  # EDGEQA_IDENTITY_SECRET: an HS256 key
 
 PREFIX = "EDGEQA_"
-DEFAULT_CACHE_DIR = Path.home() / ".cache" / "edgeqa"
 DEFAULT_STORE = "file://./var/store"
 
 Device = Literal["auto", "cpu", "cuda"]
@@ -158,9 +158,14 @@ class SharedSettings(Settings):
     """What the edge service, the origin and the nightly job all read."""
 
     store: str = Field(DEFAULT_STORE, description="root of releases and logs")
-    profile: str = Field("", description="'' = the store's only profile, once one is published")
+    # the release profiles served: '' = for each language, the store's newest profile of that
+    # language; or a comma-separated list of profile names to choose from
+    profile: str = ""
+    # the language profiles built and served (a question goes to one by its script)
+    languages: str = "en,zh"
     poll_s: float = Field(30.0, ge=0.1)
-    embedder: str = "embedded"
+    # auto (each language its default), one embedder for all, or language=embedder pairs
+    embedder: str = "auto"
     device: Device = "auto"
     cache_dir: Path = DEFAULT_CACHE_DIR
     # the secret of the user hashes in request logs; "" = a random one per process
@@ -187,6 +192,39 @@ class SharedSettings(Settings):
         from edge_index.signing import parse_public_keys
 
         return parse_public_keys(self.release_public_keys)
+
+    @field_validator("languages", mode="after")
+    @classmethod
+    def _languages(cls, value: str) -> str:
+        from edge_index.languages import parse_languages
+
+        parse_languages(value)
+        return value
+
+    @property
+    def language_list(self) -> tuple[str, ...]:
+        from edge_index.languages import parse_languages
+
+        return parse_languages(self.languages)
+
+    @property
+    def profile_names(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.profile.split(",") if p.strip())
+
+    @model_validator(mode="after")
+    def _embedders(self) -> Self:
+        try:
+            self.embedders  # noqa: B018 (parsed for its errors)
+        except ValueError as error:
+            raise ValueError(f"EDGEQA_EMBEDDER: {error}") from None
+        return self
+
+    @property
+    def embedders(self) -> dict[str, str]:
+        """The embedder spec of each language (``EDGEQA_EMBEDDER``)."""
+        from edge_index.embedder import parse_embedders
+
+        return parse_embedders(self.embedder, self.language_list)
 
     @field_validator("identity_secret", mode="after")
     @classmethod

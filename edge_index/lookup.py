@@ -45,6 +45,7 @@ class Hit:
 class Miss:
     # "no_release", "no_match", "below_threshold", "margin", "agreement", "guard:<check>",
     # "expired", "revoked", "semantic_off" (the release's calibration failed: exact hits only)
+    # "language_not_served" (no profile of the question's language here)
     reason: str
     version: str | None
     score: float | None = None

@@ -97,8 +97,8 @@ class Calibration:
     calibrated: bool
     out_of_scope_hit_rate: float | None = None  # held-out-label lookups that hit
     # [threshold, leave-one-out precision (None: no hit), hit rate] at the chosen margin and
-    # agreement, for thresholds 0.50 .. 0.99: what the chosen point trades (``edgeqa release
-    # show --html`` draws it)
+    # agreement, at each threshold of the calibration grid: what the chosen point trades
+    # (``edgeqa release show --html`` draws it)
     curve: tuple[tuple[float, float | None, float], ...] = ()
 
     def as_manifest(self) -> dict[str, Any]:
@@ -199,7 +199,20 @@ def wilson_upper(hits: int, total: int, z: float) -> float:
     return 1.0 - wilson_lower(total - hits, total, z)
 
 
-_THRESHOLDS = np.round(np.arange(0.50, 0.991, 0.01), 2)
+GRID_POINTS = 101  # candidate thresholds per calibration
+
+
+def threshold_grid(scores: np.ndarray, points: int = GRID_POINTS) -> np.ndarray:
+    """The thresholds calibration tries, ascending: quantiles of the embedder's own
+    leave-one-out nearest-neighbour ``scores`` on the release's phrasings (every embedder
+    spreads its cosines differently: all-MiniLM-L6-v2's paraphrases sit near 0.8,
+    multilingual-e5's unrelated questions above 0.8), so the grid is as fine where this
+    embedder's scores are as anywhere, and never tries a threshold no phrasing scores."""
+    finite = scores[np.isfinite(scores)]
+    if finite.size == 0:
+        return np.array([1.0])
+    quantiles = np.quantile(finite, np.linspace(0.0, 1.0, points))
+    return np.unique(np.round(quantiles.astype(np.float64), 4))
 
 
 def _curve(
@@ -210,7 +223,7 @@ def _curve(
     score, margin, agree, correct = loo
     allowed = (agree >= decision.agreement) & (margin >= decision.margin)
     points = []
-    for t in _THRESHOLDS:
+    for t in threshold_grid(score):
         hit = allowed & (score >= t)
         hits = int(hit.sum())
         precision = round(int((hit & correct).sum()) / hits, 4) if hits else None
@@ -250,7 +263,6 @@ def calibrate(
     for label in labels:
         counts[label] = counts.get(label, 0) + 1
     answerable = np.array([counts[label] > 1 for label in labels])
-    thresholds = _THRESHOLDS
     margins = np.round(np.arange(0.0, 0.301, 0.01), 2) if use_margin else np.array([-1.0])
     agreements = (0.0, 0.6, 0.8, 1.0) if use_agreement else (0.0,)
     best: tuple[float, Decision, float, float, float, float] | None = None
@@ -258,6 +270,7 @@ def calibrate(
     for vote_k in vote_ks if use_agreement else (VOTE_K,):
         loos[vote_k] = leave_one_out(vectors, labels, texts, guard, vote_k=vote_k)
         score, margin, agree, correct = loos[vote_k]
+        thresholds = threshold_grid(score)
         if check_oos:
             o_score, o_margin, o_agree, _ = leave_one_out(
                 vectors, labels, texts, guard, held_out_labels=True, vote_k=vote_k

@@ -42,7 +42,7 @@ from edge_index.keys import MAX_QUERY_CHARS, InvalidQueryError, key_of_normalize
 from edge_index.logs import LogWriter, open_log_writer
 from edge_index.lookup import Hit, Miss
 from edge_index.users import UserHasher, user_hasher
-from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
+from edge_index.watcher import EDGE_METRICS, Releases, ReleaseWatcher
 
 log = logging.getLogger(__name__)
 
@@ -79,36 +79,53 @@ def _error(status: int, field: str, reason: str, message: str) -> JSONResponse:
 
 async def _posted_query(
     request: Request, max_query_chars: int
-) -> tuple[str | None, Response | None]:
-    """``q`` of a POSTed ``{"q": ...}`` (a question kept out of URLs and so out of access logs);
-    or the 4xx that refuses the body."""
+) -> tuple[str | None, Any, Response | None]:
+    """``q`` and ``profile`` of a POSTed ``{"q": ..., "profile": ...}`` (a question kept out of
+    URLs and so out of access logs); or the 4xx that refuses the body."""
     limit = max_query_chars * 4 + 1024  # the longest question, UTF-8 and JSON-escaped, and room
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            return None, _error(413, "body", "too_large", f"the body exceeds {limit} bytes")
+            return None, None, _error(413, "body", "too_large", f"the body exceeds {limit} bytes")
         chunks.append(chunk)
     try:
         body = json.loads(b"".join(chunks))
     except (ValueError, RecursionError):
-        return None, _error(400, "body", "invalid", 'the body must be JSON: {"q": "..."}')
+        return None, None, _error(400, "body", "invalid", 'the body must be JSON: {"q": "..."}')
     if not isinstance(body, dict):
-        return None, _error(400, "body", "invalid", 'the body must be a JSON object: {"q": "..."}')
+        message = 'the body must be a JSON object: {"q": "..."}'
+        return None, None, _error(400, "body", "invalid", message)
     query = body.get("q")
     if query is not None and not isinstance(query, str):
-        return None, _error(400, "q", "invalid", "q must be a string")
-    return query, None
+        return None, None, _error(400, "q", "invalid", "q must be a string")
+    return query, body.get("profile"), None
+
+
+def _profile_problem(profile: Any, releases: Releases) -> Response | None:
+    """The 400 for a ``profile`` that is not one this service serves; None when it is (or none
+    was named)."""
+    if profile is None or profile == "":
+        return None
+    served = sorted(p for p in releases.profiles().values() if p)
+    if not isinstance(profile, str) or profile not in served:
+        message = f"profile must be one this service serves: {', '.join(served) or 'none yet'}"
+        return _error(400, "profile", "unknown", message)
+    return None
 
 
 def create_app(
-    watcher: ReleaseWatcher,
+    releases: Releases | ReleaseWatcher,
     logs: LogWriter | None = None,
     max_query_chars: int = MAX_QUERY_CHARS,
     users: UserHasher | None = None,
 ) -> Starlette:
+    """The service over ``releases`` (one watcher: a single profile)."""
+    if isinstance(releases, ReleaseWatcher):
+        releases = Releases.of(releases)
+    served = releases
     metrics = EdgeMetrics()
-    metrics.registry.register(watcher.metrics.registry)
+    metrics.registry.register(served.metrics.registry)
     if logs is not None:
         metrics.registry.register(logs.registry)
     users = users or UserHasher()
@@ -121,6 +138,7 @@ def create_app(
         tier: str,
         status: int,
         started: float,
+        profile: str | None,
     ) -> None:
         if logs is None:
             return
@@ -137,7 +155,7 @@ def create_app(
                 tier=tier,
                 status=status,
                 latency_ms=(time.perf_counter() - started) * 1000,
-                profile=watcher.profile,
+                profile=profile,
             )
         except Exception:  # logging must never fail a lookup
             log.exception("could not log a lookup")
@@ -145,31 +163,40 @@ def create_app(
     async def lookup(request: Request) -> Response:
         started = time.perf_counter()
         if request.method == "POST":
-            query, refused = await _posted_query(request, max_query_chars)
+            query, profile, refused = await _posted_query(request, max_query_chars)
             if refused is not None:
                 metrics.lookups.labels("none", "rejected").inc()
                 return refused
         else:
-            query = request.query_params.get("q")
+            query, profile = request.query_params.get("q"), request.query_params.get("profile")
         if query is None:
             metrics.lookups.labels("none", "rejected").inc()
             return _error(400, "q", "missing", "query parameter q is required")
+        refused = _profile_problem(profile, served)
+        if refused is not None:
+            metrics.lookups.labels("none", "rejected").inc()
+            return refused
         try:
             normalized = normalize(query, max_query_chars)
         except InvalidQueryError as error:
             metrics.lookups.labels("none", "rejected").inc()
-            record(request, query[:max_query_chars], "", "", "rejected", 400, started)
+            record(request, query[:max_query_chars], "", "", "rejected", 400, started, None)
             return _error(400, error.field, error.reason, str(error))
-        index = watcher.index  # one release for the whole lookup, even if a swap happens now
+        watcher = served.for_question(query, profile)
+        # one release for the whole lookup, even if a swap happens now
+        index = watcher.index if watcher is not None else None
+        served_profile = watcher.profile if watcher is not None else None
         key = key_of_normalized(normalized)
         result = await tiers.lookup(index, query, normalized, key)
+        if watcher is None and isinstance(result, Miss):
+            result = Miss("language_not_served", None)
         # the tier that decided: a hit's, else the last one tried
         tier = result.tier if isinstance(result, Hit) else "semantic" if index else "none"
         if index is not None:
             metrics.latency.labels(tier).observe(time.perf_counter() - started)
         if isinstance(result, Miss):
             metrics.lookups.labels(tier, "miss").inc()
-            record(request, query, normalized, key, "miss", 404, started)
+            record(request, query, normalized, key, "miss", 404, started, served_profile)
             body: dict[str, Any] = {
                 "miss": True,
                 "version": result.version,
@@ -178,7 +205,7 @@ def create_app(
             headers = {"x-edgeqa-tier": "miss", "cache-control": "no-store"}
             return JSONResponse(body, 404, headers=headers if index else None)
         metrics.lookups.labels(tier, "hit").inc()
-        record(request, query, normalized, key, result.tier, 200, started)
+        record(request, query, normalized, key, result.tier, 200, started, served_profile)
         return JSONResponse(
             {
                 "answer": result.answer,
@@ -187,21 +214,22 @@ def create_app(
                 "tier": result.tier,
                 "version": result.version,
                 "key": result.key,
+                "profile": served_profile,
             },
             headers={"x-edgeqa-tier": result.tier, "cache-control": "public, max-age=60"},
         )
 
     async def health(request: Request) -> Response:
-        return JSONResponse(watcher.health())
+        return JSONResponse(served.health())
 
     async def ready(request: Request) -> Response:
-        state = watcher.health()
+        state = served.health()
         return JSONResponse(state, 200 if state["status"] == "ok" else 503)
 
     async def metrics_endpoint(request: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        watcher.observe_age()
+        served.observe_age()
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def not_found(request: Request, exc: Exception) -> Response:
@@ -214,7 +242,7 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         # uvicorn re-raises SIGTERM once it has shut down: flush here, not after run() returns
-        watcher.stop()
+        served.stop()
         if logs is not None:
             await run_in_threadpool(logs.close)
 
@@ -245,28 +273,19 @@ def serve(settings: EdgeSettings, host: str, port: int, log_requests: bool = Tru
     import faiss
     import uvicorn
 
-    from edge_index.embedder import load_embedder
     from edge_index.store import open_store
 
     # one query per search: FAISS's OpenMP pool would only fight torch's for the cores
     faiss.omp_set_num_threads(1)
     store = open_store(settings.store)
-    embedder = load_embedder(settings.embedder, settings.device)
-    watcher = ReleaseWatcher(
-        store,
-        settings.profile,
-        embedder,
-        settings.poll_s,
-        metrics_prefix=EDGE_METRICS,
-        public_keys=settings.public_keys,
-    )
+    releases = Releases.from_settings(settings, EDGE_METRICS, store=store)
     logs = open_log_writer(store, "edge", settings) if log_requests else None
-    watcher.start()
-    app = create_app(watcher, logs, settings.max_query_chars, user_hasher(settings))
+    releases.start()
+    app = create_app(releases, logs, settings.max_query_chars, user_hasher(settings))
     try:
         # who the viewer is comes from EDGEQA_TRUSTED_PROXIES (users.py), never uvicorn's guess
         uvicorn.run(app, host=host, port=port, log_level="warning", proxy_headers=False)
     finally:
-        watcher.stop()
+        releases.stop()
         if logs is not None:
             logs.close()

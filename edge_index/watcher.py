@@ -22,12 +22,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge_index.errors import EdgeQAError
+from edge_index.languages import DEFAULT_LANGUAGE, language_of
 from edge_index.lookup import ReleaseIndex
-from edge_index.release import LoadedRelease, load_release, read_pointer, verified_manifest
-from edge_index.store import Store, StoreError
+from edge_index.release import (
+    LoadedRelease,
+    ReleaseError,
+    load_release,
+    read_manifest,
+    read_pointer,
+    verified_manifest,
+)
+from edge_index.store import ObjectNotFoundError, Store, StoreError
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
+
+    from edge_index.config import SharedSettings
 
 log = logging.getLogger(__name__)
 
@@ -41,61 +51,84 @@ ORIGIN_METRICS = "edgeqa_origin_release"  # the origin's
 
 
 class ReleaseMetrics:
-    """The served release, and loads by result (``ok``, ``refused``, ``retry``), under
-    ``<prefix>_*``, in a registry of their own that the owning service registers in its
-    ``/metrics`` registry."""
+    """The served release of each language profile, and loads by result (``ok``, ``refused``,
+    ``retry``), under ``<prefix>_*`` with a ``language`` label, in a registry of their own that
+    the owning service registers in its ``/metrics`` registry."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, languages: tuple[str, ...] = (DEFAULT_LANGUAGE,)) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge
 
         self.registry = registry = CollectorRegistry()
         self.info = Gauge(
-            f"{prefix}_info", "The release being served (value 1)", ["version"], registry=registry
+            f"{prefix}_info",
+            "The release being served (value 1)",
+            ["language", "version"],
+            registry=registry,
         )
         self.age = Gauge(
-            f"{prefix}_age_seconds", "Seconds since the served release was built", registry=registry
+            f"{prefix}_age_seconds",
+            "Seconds since the served release was built",
+            ["language"],
+            registry=registry,
         )
         self.entries = Gauge(
-            f"{prefix}_entries", "Phrasings in the served release", registry=registry
+            f"{prefix}_entries", "Phrasings in the served release", ["language"], registry=registry
         )
         self.semantic = Gauge(
             f"{prefix}_semantic_enabled",
             "1 when the served release's semantic tier serves (its calibration reached the "
             "target), 0 when it answers exact hits only",
+            ["language"],
             registry=registry,
         )
         self.loads = Counter(
             f"{prefix}_loads",
             "Release loads by result (ok, refused, retry)",
-            ["result"],
+            ["language", "result"],
             registry=registry,
         )
-        for result in ("ok", "refused", "retry"):
-            self.loads.labels(result)
+        for language in languages:
+            for result in ("ok", "refused", "retry"):
+                self.loads.labels(language, result)
 
 
 class ReleaseWatcher:
+    """One profile's served release (see the module's docstring)."""
+
     def __init__(
         self,
         store: Store,
         profile: str | None,
-        embedder: SentenceTransformer,
+        embedder: SentenceTransformer | Callable[[], SentenceTransformer],
         poll_s: float = 30.0,
         *,
-        metrics_prefix: str,
+        metrics_prefix: str = "",
+        metrics: ReleaseMetrics | None = None,
+        language: str | None = None,
+        candidates: tuple[str, ...] = (),
+        embedder_spec: str | None = None,
         warm_up: int = 64,
         public_keys: tuple[str, ...] = (),
     ) -> None:
-        """``metrics_prefix``: the names the owning service exports the release metrics under
-        (``EDGE_METRICS``, ``ORIGIN_METRICS``); ``public_keys``: a release must be signed by one
-        of them (``signing.py``), or is refused; () = signatures are not checked."""
+        """``profile``: the profile served; None: found in the store (``resolve_profile``: of
+        ``language`` among ``candidates`` when given). ``embedder``: the model, or a function
+        that loads it (called once, when the first release is found); ``embedder_spec``: what
+        ``EDGEQA_EMBEDDER`` names for it (a release embedded with another is refused).
+        ``metrics`` (shared by the watchers of one service) or ``metrics_prefix``: the names
+        the owning service exports the release metrics under (``EDGE_METRICS``,
+        ``ORIGIN_METRICS``); ``public_keys``: a release must be signed by one of them
+        (``signing.py``), or is refused; () = signatures are not checked."""
         self.store = store
         self.public_keys = public_keys
-        self.profile = profile or None  # None: the store's only profile, once one is published
-        self.embedder = embedder
+        self.profile = profile or None  # None: found in the store, once one is published
+        self.language = language
+        self.candidates = candidates
+        self.embedder_spec = embedder_spec
+        self._embedder = embedder
         self.poll_s = poll_s
         self.warm_up = warm_up  # semantic lookups run on a new release before it serves
-        self.metrics = ReleaseMetrics(metrics_prefix)
+        self.label = language or DEFAULT_LANGUAGE  # the metrics' language label
+        self.metrics = metrics or ReleaseMetrics(metrics_prefix, (self.label,))
         self.index: ReleaseIndex | None = None
         self.manifest_sha256: str | None = None
         self._refused: str | None = None  # manifest sha of a refused release: not retried
@@ -114,12 +147,19 @@ class ReleaseWatcher:
         index = self.index
         return index.version if index is not None else None
 
+    @property
+    def embedder(self) -> SentenceTransformer:
+        """The query embedder (loaded on first use when given as a loader)."""
+        if callable(self._embedder) and not hasattr(self._embedder, "encode"):
+            self._embedder = self._embedder()
+        return self._embedder  # type: ignore[return-value]
+
     def refresh(self) -> bool:
         """Load the pointer's release if it is new; True when a new one is now served."""
         with self._refresh_lock:
             if self.profile is None:
                 try:
-                    self.profile = resolve_profile(self.store, None)
+                    self.profile = resolve_profile(self.store, None, self.language, self.candidates)
                 except NoProfileError as error:
                     log.info("%s", error)
                     return False
@@ -134,15 +174,17 @@ class ReleaseWatcher:
                 return False
             self._revoke_early(pointer)
             try:
-                index = load_index(self.store, self.profile, self.embedder, self.public_keys)
+                index = load_index(
+                    self.store, self.profile, self.embedder, self.public_keys, self.embedder_spec
+                )
             except StoreError as error:  # the store failed (throttling, an outage): try again
                 self._failed(error)
-                self.metrics.loads.labels("retry").inc()
+                self.metrics.loads.labels(self.label, "retry").inc()
                 return False
             except Exception as error:  # the release itself is bad (or cannot be used here)
                 self._refused = wanted
                 self.refusal = f"release {pointer.get('version')}: {error}"
-                self.metrics.loads.labels("refused").inc()
+                self.metrics.loads.labels(self.label, "refused").inc()
                 log.error("refusing %s; still serving %s", self.refusal, self.version or "nothing")
                 return False
             self.failures, self.store_error, self.refusal = 0, None, None
@@ -191,7 +233,7 @@ class ReleaseWatcher:
         """``ok`` while a release is served, else ``degraded`` (alive, every lookup a miss) with
         the reason: ``no_release`` (nothing published), ``refused`` or ``store_unreachable``."""
         index = self.index
-        state: dict[str, object] = {"profile": self.profile}
+        state: dict[str, object] = {"profile": self.profile, "language": self.label}
         if index is not None:
             state.update(
                 status="ok",
@@ -218,12 +260,12 @@ class ReleaseWatcher:
         old = self.index
         self.index = index  # one reference assignment: lookups in flight keep the old one
         self.manifest_sha256 = manifest_sha256
-        self.metrics.loads.labels("ok").inc()
+        self.metrics.loads.labels(self.label, "ok").inc()
         if old is not None:
-            self.metrics.info.remove(old.version)
-        self.metrics.info.labels(index.version).set(1)
-        self.metrics.entries.set(len(index))
-        self.metrics.semantic.set(int(index.semantic))
+            self.metrics.info.remove(self.label, old.version)
+        self.metrics.info.labels(self.label, index.version).set(1)
+        self.metrics.entries.labels(self.label).set(len(index))
+        self.metrics.semantic.labels(self.label).set(int(index.semantic))
         if not index.semantic:
             reason = index.manifest.get("threshold", {}).get("semantic_off_reason")
             log.warning("release %s: semantic tier off (%s)", index.version, reason)
@@ -253,7 +295,7 @@ class ReleaseWatcher:
         """Set the age gauge (called at scrape time)."""
         age = self.age_s()
         if age is not None:
-            self.metrics.age.set(age)
+            self.metrics.age.labels(self.label).set(age)
 
     def _run(self) -> None:
         while not self._stop.wait(self.next_poll_s()):
@@ -285,42 +327,205 @@ def load_index(
     profile: str,
     embedder: SentenceTransformer,
     public_keys: tuple[str, ...] = (),
+    embedder_spec: str | None = None,
     version: str | None = None,
 ) -> ReleaseIndex:
     """A release (the pointer's when ``version`` is None), verified and ready for lookups, as
     the edge and the origin serve it (``edgeqa release explain`` uses the same)."""
     release = load_release(store, profile, version, public_keys=public_keys)
-    return ReleaseIndex(release, embedder_for(release, embedder))
+    return ReleaseIndex(release, embedder_for(release, embedder, embedder_spec))
 
 
-def embedder_for(release: LoadedRelease, default: SentenceTransformer) -> SentenceTransformer:
-    """The release's own embedder when it ships one (fine-tuned), else ``default``, which must
-    produce vectors of the release's dimension."""
-    from edge_index.embedder import load_embedder
+def embedder_for(
+    release: LoadedRelease, default: SentenceTransformer, spec: str | None = None
+) -> SentenceTransformer:
+    """The release's own embedder when it ships one (fine-tuned), else ``default`` (what
+    ``spec`` names), which must be the one the release was embedded with: the same built-in
+    name (``embedded``, ``multilingual``), and in any case vectors of the release's dimension."""
+    from edge_index.embedder import BUILT_IN, load_embedder
 
+    recorded = release.manifest["embedder"]
     # the files are read once, at load: the folder goes when the embedder is in memory
     with tempfile.TemporaryDirectory(prefix="edgeqa-embedder-") as scratch:
         folder = release.write_embedder(Path(scratch))
         embedder = load_embedder(str(folder)) if folder else default
-    dim = embedder.get_embedding_dimension()
-    if dim != release.manifest["embedder"]["dim"]:
+    name = recorded.get("name")
+    if not folder and spec is not None and name != spec and (name in BUILT_IN or spec in BUILT_IN):
         raise ValueError(
-            f"the release was embedded with {release.manifest['embedder']['name']!r} "
-            f"({release.manifest['embedder']['dim']}-d), the edge's embedder is {dim}-d"
+            f"the release was embedded with {name!r}, this service embeds its language's "
+            f"questions with {spec!r} (EDGEQA_EMBEDDER)"
+        )
+    dim = embedder.get_embedding_dimension()
+    if dim != recorded["dim"]:
+        raise ValueError(
+            f"the release was embedded with {name!r} ({recorded['dim']}-d), the edge's embedder "
+            f"is {dim}-d"
         )
     return embedder
 
 
-def resolve_profile(store: Store, profile: str | None) -> str:
-    """The configured profile, or the store's only one."""
+def store_profiles(store: Store) -> list[str]:
+    """The profiles the store holds a pointer for."""
+    return sorted({p.split("/", 1)[0] for p in store.list() if p.endswith("/current.json")})
+
+
+def profile_language(store: Store, profile: str) -> tuple[str, str] | None:
+    """The language of ``profile``'s current release (``en`` for a release made before
+    languages) and its version; None when it has no pointer. Not verified: this only routes; the
+    release is verified when it loads."""
+    pointer, _ = read_pointer(store, profile)
+    version = pointer.get("version") if pointer else None
+    if not isinstance(version, str):
+        return None
+    manifest, _ = read_manifest(store, profile, version)
+    inputs = manifest.get("profile", {}).get("inputs", {})
+    language = inputs.get("language", DEFAULT_LANGUAGE) if isinstance(inputs, dict) else None
+    return (str(language), version)
+
+
+def resolve_profile(
+    store: Store,
+    profile: str | None,
+    language: str | None = None,
+    candidates: tuple[str, ...] = (),
+) -> str:
+    """The profile to serve: ``profile`` when given; else, with ``language``, the newest of that
+    language's profiles (among ``candidates`` when given, else all the store holds); without,
+    the store's only profile."""
     if profile:
         return profile
-    profiles = sorted({p.split("/", 1)[0] for p in store.list() if p.endswith("/current.json")})
-    if len(profiles) == 1:
-        return profiles[0]
-    if not profiles:
+    names = list(candidates) or store_profiles(store)
+    if language is not None:
+        found = []
+        for name in names:
+            try:
+                described = profile_language(store, name)
+            except (ReleaseError, ObjectNotFoundError, ValueError):
+                continue  # refused when it is served, not here
+            if described is not None and described[0] == language:
+                found.append((described[1], name))
+        if found:
+            return max(found)[1]  # versions sort by the time they were built
+        raise NoProfileError(
+            f"no {language} release published in {store.uri} yet"
+            + (f" among {sorted(names)}" if candidates else "")
+        )
+    if len(names) == 1:
+        return names[0]
+    if not names:
         raise NoProfileError(
             f"no release published in {store.uri} yet: set EDGEQA_PROFILE (or --profile) to wait "
             "for one"
         )
-    raise NoProfileError(f"{store.uri} holds several profiles {profiles}: set EDGEQA_PROFILE")
+    raise NoProfileError(
+        f"{store.uri} holds several profiles {names}: name one (EDGEQA_PROFILE, --profile) or "
+        "its language (--language)"
+    )
+
+
+class Releases:
+    """What an edge or an origin answers from: one ``ReleaseWatcher`` per language profile
+    (``EDGEQA_LANGUAGES``), each with its language's embedder (``EDGEQA_EMBEDDER``, loaded when
+    its first release is found), sharing one ``ReleaseMetrics``. A question goes to its
+    language's watcher (``languages.language_of``), or to the one serving the profile it names."""
+
+    def __init__(self, watchers: dict[str, ReleaseWatcher], metrics: ReleaseMetrics) -> None:
+        if not watchers:
+            raise ValueError("no language to serve")
+        self.watchers = watchers
+        self.metrics = metrics
+
+    @classmethod
+    def of(cls, watcher: ReleaseWatcher) -> Releases:
+        """One watcher (a test's, a pinned profile's) as the releases of its language."""
+        return cls({watcher.label: watcher}, watcher.metrics)
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: SharedSettings,
+        metrics_prefix: str,
+        embedders: dict[str, SentenceTransformer] | None = None,
+        store: Store | None = None,
+    ) -> Releases:
+        """The releases ``settings`` name; ``embedders``: already loaded ones by spec."""
+        from edge_index.embedder import load_embedder
+        from edge_index.store import open_store
+
+        store = store or open_store(settings.store)
+        languages = settings.language_list
+        metrics = ReleaseMetrics(metrics_prefix, languages)
+        loaded: dict[str, SentenceTransformer] = dict(embedders or {})
+        lock = threading.Lock()
+
+        def loader(spec: str) -> Callable[[], SentenceTransformer]:
+            def load() -> SentenceTransformer:
+                with lock:  # two languages naming one embedder share it
+                    if spec not in loaded:
+                        loaded[spec] = load_embedder(spec, settings.device, settings.cache_dir)
+                    return loaded[spec]
+
+            return load
+
+        watchers = {
+            language: ReleaseWatcher(
+                store,
+                None,
+                loader(settings.embedders[language]),
+                settings.poll_s,
+                metrics=metrics,
+                language=language,
+                candidates=settings.profile_names,
+                embedder_spec=settings.embedders[language],
+                public_keys=settings.public_keys,
+            )
+            for language in languages
+        }
+        return cls(watchers, metrics)
+
+    def for_question(self, question: str, profile: str | None = None) -> ReleaseWatcher | None:
+        """The watcher that answers ``question``: the one serving ``profile`` when named (None
+        if none does), else its language's (None when that language is not served)."""
+        if profile:
+            return next((w for w in self.watchers.values() if w.profile == profile), None)
+        return self.watchers.get(language_of(question))
+
+    @property
+    def primary(self) -> ReleaseWatcher:
+        return next(iter(self.watchers.values()))
+
+    def profiles(self) -> dict[str, str | None]:
+        """The profile each language serves (None until one is found)."""
+        return {language: w.profile for language, w in self.watchers.items()}
+
+    def health(self) -> dict[str, object]:
+        """One watcher's ``health()`` when one language is served; else ``ok`` while every
+        language with a published release serves it (and one does), with each language's."""
+        states = {language: w.health() for language, w in self.watchers.items()}
+        if len(states) == 1:
+            return next(iter(states.values()))
+        serving = [s for s in states.values() if s["status"] == "ok"]
+        failing = [
+            s for s in states.values() if s["status"] != "ok" and s.get("reason") != "no_release"
+        ]
+        state: dict[str, object] = {"status": "ok" if serving and not failing else "degraded"}
+        if state["status"] != "ok":
+            state["reason"] = failing[0]["reason"] if failing else "no_release"
+        state["languages"] = states
+        return state
+
+    def observe_age(self) -> None:
+        for watcher in self.watchers.values():
+            watcher.observe_age()
+
+    def set_on_revoked(self, listener: Callable[[frozenset[str]], None]) -> None:
+        for watcher in self.watchers.values():
+            watcher.on_revoked = listener
+
+    def start(self) -> None:
+        for watcher in self.watchers.values():
+            watcher.start()
+
+    def stop(self) -> None:
+        for watcher in self.watchers.values():
+            watcher.stop()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_index.errors import EdgeQAError
+from edge_index.languages import LANGUAGES
 from edgeqa import __version__
 from edgeqa.libraries import quiet_libraries
 from edgeqa.release_commands import add_release_commands
@@ -112,14 +113,15 @@ def _date(text: str) -> date:
 def _cmd_precompute_run(args: argparse.Namespace) -> int:
     quiet_libraries()
     from precompute.config import RUN_OPTIONS, PipelineConfig
-    from precompute.pipeline import QualityGateError, RunParams, run_pipeline
+    from precompute.pipeline import QualityGateError, RunParams, run_languages
 
     until = args.until or datetime.now(UTC).date()
     since = args.since or until - timedelta(days=6)
     config = PipelineConfig.from_env(**{o.name: getattr(args, o.name) for o in RUN_OPTIONS})
     params = RunParams(args.logs, args.out, since, until, config, runner="cli")
+    languages = (args.language,) if args.language else config.settings.language_list
     try:
-        report = run_pipeline(params, progress=True)
+        report = run_languages(params, languages, progress=True)
     except QualityGateError as error:
         print(json.dumps(error.report, indent=2, default=str))
         raise
@@ -247,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, help="store root to publish releases to")
     run.add_argument("--since", type=_date, default=None, help="first log day (default: until-6)")
     run.add_argument("--until", type=_date, default=None, help="last log day (default: today UTC)")
+    run.add_argument(
+        "--language",
+        choices=LANGUAGES,
+        default=None,
+        help="build this language profile only (default: each of EDGEQA_LANGUAGES in turn)",
+    )
     _add_run_options(run)
     run.set_defaults(run=_cmd_precompute_run)
 

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from edge_index.keys import key
+from edge_index.languages import language_of
 from edge_index.release import answer_object_problem
 from edge_index.signing import signed_root
 
@@ -35,9 +36,11 @@ class Answered:
 class EdgeQAClient:
     """``cdn``: where releases are read (CloudFront); ``edge``: the edge index service;
     ``origin``: the origin server. ``cdn`` and ``edge`` may be empty (those layers skipped).
-    ``public_keys``: the keys releases are signed with (``EDGEQA_RELEASE_PUBLIC_KEYS``); an
-    answer object from the CDN is shown only when it proves itself against a release one of
-    them signed, so without them the CDN is skipped."""
+    ``profiles``: the release profile of each language (``/config.json``'s), a question's chosen
+    by its script (``edge_index.languages.language_of``); ``profile``: one profile for every
+    question instead. ``public_keys``: the keys releases are signed with
+    (``EDGEQA_RELEASE_PUBLIC_KEYS``); an answer object from the CDN is shown only when it proves
+    itself against a release one of them signed, so without them the CDN is skipped."""
 
     def __init__(
         self,
@@ -50,28 +53,37 @@ class EdgeQAClient:
         public_keys: tuple[str, ...] = (),
         pointer_ttl_s: float = 30.0,
         client: httpx.Client | None = None,
+        profiles: dict[str, str] | None = None,
     ) -> None:
         self.origin, self.cdn, self.edge, self.profile = origin, cdn, edge, profile
+        self.profiles = dict(profiles or {})
         self.api_key = api_key
         # the signed user token the deployment's backend minted (docs/security.md#identity)
         self.user_headers = {"x-edgeqa-user": user_token} if user_token else {}
         self.public_keys = public_keys
         self.pointer_ttl_s = pointer_ttl_s
         self.http = client or httpx.Client(timeout=120)
-        # ((version, answers root) or None, read at)
-        self._pointer: tuple[tuple[str, str] | None, float] | None = None
+        # by profile: ((version, answers root) or None, read at)
+        self._pointers: dict[str, tuple[tuple[str, str] | None, float]] = {}
 
-    def current_release(self) -> tuple[str, str] | None:
-        """(version, answers root) of the current release when its pointer is signed by one of
-        ``public_keys``; None when not, or when the CDN is down (the other layers answer)."""
-        if not self.cdn or not self.profile or not self.public_keys:
+    def profile_for(self, question: str) -> str:
+        """The profile ``question`` is looked up under ("" when none is known)."""
+        return self.profile or self.profiles.get(language_of(question), "")
+
+    def current_release(self, profile: str | None = None) -> tuple[str, str] | None:
+        """(version, answers root) of ``profile``'s current release (default: ``profile``'s)
+        when its pointer is signed by one of ``public_keys``; None when not, or when the CDN is
+        down (the other layers answer)."""
+        profile = profile if profile is not None else self.profile
+        if not self.cdn or not profile or not self.public_keys:
             return None
-        if self._pointer and time.monotonic() - self._pointer[1] < self.pointer_ttl_s:
-            return self._pointer[0]
-        pointer = self._json("GET", f"{self.cdn}/{self.profile}/current.json")
-        root = signed_root(pointer, self.profile, self.public_keys)
+        cached = self._pointers.get(profile)
+        if cached and time.monotonic() - cached[1] < self.pointer_ttl_s:
+            return cached[0]
+        pointer = self._json("GET", f"{self.cdn}/{profile}/current.json")
+        root = signed_root(pointer, profile, self.public_keys)
         release = (str(pointer["version"]), root) if pointer and root else None
-        self._pointer = (release, time.monotonic())
+        self._pointers[profile] = (release, time.monotonic())
         return release
 
     def ask(self, question: str, on_text: Callable[[str], None] | None = None) -> Answered:
@@ -83,17 +95,19 @@ class EdgeQAClient:
         def done(tier: str, source: str, answer: str, first_byte: float) -> Answered:
             return Answered(question, tier, source, answer, (first_byte - started) * 1000, k)
 
-        release = self.current_release()
+        profile = self.profile_for(question)
+        release = self.current_release(profile)
         if release:
             version, root = release
-            found = self._json("GET", f"{self.cdn}/{self.profile}/releases/{version}/a/{k}.json")
-            problem = answer_object_problem(found, k, self.profile, version, time.time(), root)
+            found = self._json("GET", f"{self.cdn}/{profile}/releases/{version}/a/{k}.json")
+            problem = answer_object_problem(found, k, profile, version, time.time(), root)
             if found is not None and problem is None:
                 on_text(found["answer"])
                 return done("exact", "cdn", found["answer"], time.perf_counter())
         if self.edge:
             # POST: the question stays out of URLs and so out of access logs
-            hit = self._json("POST", f"{self.edge}/v1/lookup", {"q": question}, self.user_headers)
+            body = {"q": question, **({"profile": self.profile} if self.profile else {})}
+            hit = self._json("POST", f"{self.edge}/v1/lookup", body, self.user_headers)
             if hit is not None and isinstance(hit.get("answer"), str):
                 on_text(hit["answer"])
                 return done(hit["tier"], "edge", hit["answer"], time.perf_counter())

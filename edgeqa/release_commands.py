@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from edge_index.languages import DEFAULT_LANGUAGE, LANGUAGES, language_of
 from edgeqa.libraries import quiet_libraries
 
 
@@ -23,7 +24,15 @@ def add_release_commands(commands: Any) -> None:
         command = release_commands.add_parser(name, help=help_)
         command.add_argument("--store", default=None, help="store root (default: EDGEQA_STORE)")
         command.add_argument(
-            "--profile", default=None, help="default: EDGEQA_PROFILE or the only one"
+            "--profile",
+            default=None,
+            help="default: EDGEQA_PROFILE, else the newest of --language, else the only one",
+        )
+        command.add_argument(
+            "--language",
+            choices=LANGUAGES,
+            default=None,
+            help="the language profile (explain: the question's own by default)",
         )
         command.add_argument("--json", action="store_true", help="print JSON")
         command.set_defaults(run=run)
@@ -85,7 +94,13 @@ def _release_context(args: argparse.Namespace, writes: bool = False) -> tuple[An
     kind = PrecomputeSettings if writes else SharedSettings
     settings = kind.from_env(store=args.store, profile=args.profile)
     store = open_store(settings.store)
-    return settings, store, resolve_profile(store, settings.profile or None)
+    names = settings.profile_names
+    if len(names) == 1:
+        return settings, store, names[0]
+    language = args.language
+    if language is None and getattr(args, "question", None):
+        language = language_of(args.question)
+    return settings, store, resolve_profile(store, None, language, names)
 
 
 def _print(args: argparse.Namespace, value: Any, text: Callable[[Any], str]) -> None:
@@ -189,11 +204,13 @@ def _cmd_release_diff(args: argparse.Namespace) -> int:
 def _cmd_release_explain(args: argparse.Namespace) -> int:
     quiet_libraries()
     from edge_index.embedder import load_embedder
-    from edge_index.watcher import load_index
+    from edge_index.watcher import load_index, profile_language
 
     settings, store, profile = _release_context(args)
-    embedder = load_embedder(settings.embedder, settings.device)
-    index = load_index(store, profile, embedder, settings.public_keys, args.version)
+    language = profile_language(store, profile)
+    spec = settings.embedders.get(language[0] if language else DEFAULT_LANGUAGE, "embedded")
+    embedder = load_embedder(spec, settings.device, settings.cache_dir)
+    index = load_index(store, profile, embedder, settings.public_keys, spec, args.version)
     explained = index.explain(args.question)
 
     def text(e: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from edge_index.watcher import ReleaseWatcher
+    from edge_index.watcher import Releases
     from origin.engine import Engine, EngineConfig
 
 LoadedModel = tuple["PreTrainedModel", "PreTrainedTokenizerBase"]
@@ -70,7 +70,7 @@ class Runtime:
     engine: Engine
     default_max_tokens: int
     default_temperature: float
-    releases: ReleaseWatcher | None = None
+    releases: Releases | None = None
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -91,16 +91,9 @@ def load_runtime(
     engine = build_engine(settings, model).start()
     releases = None
     if settings.origin_tiers:
-        from edge_index.embedder import load_embedder
-        from edge_index.store import open_store
-        from edge_index.watcher import ORIGIN_METRICS, ReleaseWatcher
+        from edge_index.watcher import ORIGIN_METRICS, Releases
 
-        releases = ReleaseWatcher(
-            open_store(settings.store),
-            settings.profile,
-            embedder or load_embedder(settings.embedder, settings.device),
-            settings.poll_s,
-            metrics_prefix=ORIGIN_METRICS,
-            public_keys=settings.public_keys,
-        )
+        # ``embedder``: an already loaded one, for the languages whose spec is the first's
+        loaded = {settings.embedders[settings.language_list[0]]: embedder} if embedder else {}
+        releases = Releases.from_settings(settings, ORIGIN_METRICS, loaded)
     return Runtime(engine, settings.max_tokens, settings.temperature, releases)

@@ -123,7 +123,10 @@ def calibrate_rows(
         [rows[i]["question"] for i in chosen],
         Guard(),
         target_precision=config.target_precision,
-        fallback=Decision(threshold=config.threshold, margin=config.margin),
+        fallback=Decision(
+            threshold=0.9 if config.threshold is None else config.threshold,
+            margin=0.05 if config.margin is None else config.margin,
+        ),
     )
 
 

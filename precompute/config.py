@@ -54,7 +54,9 @@ class MiningConfig:
     k: int = 5
     top_n: int = 10_000
     half_life_days: float = 7.0
-    cluster_threshold: float = 0.9
+    # wordings at or above this cosine are one question; None: the embedder's own
+    # (``edge_index.embedder.score_scale``), else estimated from the night's scores
+    cluster_threshold: float | None = None
     embed_batch: int = 256
     # one identity's (one network's) rows that count in a window: past it, theirs are dropped
     max_rows_per_user: int = 500
@@ -70,7 +72,7 @@ class MiningConfig:
             raise ConfigError("top_n must be at least 1")
         if self.half_life_days <= 0:
             raise ConfigError("half_life_days must be positive")
-        if not 0 < self.cluster_threshold <= 1:
+        if self.cluster_threshold is not None and not 0 < self.cluster_threshold <= 1:
             raise ConfigError("cluster_threshold must be in (0, 1]")
         if self.max_rows_per_user < 1 or self.max_rows_per_network < 1:
             raise ConfigError("max_rows_per_user and max_rows_per_network must be at least 1")
@@ -87,6 +89,9 @@ class GenerationConfig:
     # the parent release's answer to a cluster is reused (not generated again) while younger
     # than this fraction of the build's ttl_days, so it has at least the rest to live; 0: never
     reuse_ttl_fraction: float = 0.5
+    # a JSON Lines file of operator answers ({"question", "answer"}; precompute/curated.py)
+    # published for the mined questions they answer instead of generated ones; "": none
+    curated_answers: str = ""
 
     def __post_init__(self) -> None:
         if self.quantization not in ENGINE_QUANTIZATIONS:
@@ -111,8 +116,9 @@ class BuildConfig:
     # does not separate them), the release's semantic tier is off: exact hits only. This
     # decision is measured and reported then, and served only with ``semantic_uncalibrated``
     # (a decision known good from elsewhere; the small releases of tests)
-    threshold: float = 0.9
-    margin: float = 0.05
+    # None: the embedder's measured decision (``edge_index.embedder.score_scale``), else 0.9/0.05
+    threshold: float | None = None
+    margin: float | None = None
     semantic_uncalibrated: bool = False
     target_precision: float = 0.99
     calibration_rows: int = 20_000  # leave-one-out calibration on at most this many phrasings
@@ -241,6 +247,14 @@ RUN_OPTIONS = (
         choices=ENGINE_QUANTIZATIONS,
     ),
     RunOption("partition_size", "generation", "partition_size", int, "questions per partition", 1),
+    RunOption(
+        "answers",
+        "generation",
+        "curated_answers",
+        str,
+        "JSON Lines of operator answers ({question, answer}, a path or s3:// URI) published for "
+        "the mined questions they answer instead of generated ones",
+    ),
     RunOption("keep", "settings", "keep_releases", int, "releases kept for rollback", 2),
     RunOption(
         "ttl_days",

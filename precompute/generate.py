@@ -32,6 +32,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from edge_index.answers import answer_problem
+from edge_index.languages import DEFAULT_LANGUAGE
 from edge_index.store import ObjectNotFoundError
 from origin.config import EngineSettings
 from origin.precision import EngineQuantization
@@ -58,10 +59,17 @@ class Profile:
 
 
 def make_profile(
-    settings: EngineSettings, quantization: EngineQuantization, tokenizer: PreTrainedTokenizerBase
+    settings: EngineSettings,
+    quantization: EngineQuantization,
+    tokenizer: PreTrainedTokenizerBase,
+    language: str = DEFAULT_LANGUAGE,
 ) -> Profile:
+    """The profile of ``language``'s releases: the model, its prompt and settings, the language
+    and the embedder its questions are matched with (``<model>-<language>-<digest>``)."""
     template = str(getattr(tokenizer, "chat_template", "") or "")
     inputs = {
+        "language": language,
+        "embedder": settings.embedders[language],
         "model": settings.model,
         "vocab_size": len(tokenizer),
         "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
@@ -75,17 +83,22 @@ def make_profile(
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:10]
     slug = "smollm2-135m" if settings.model == "embedded" else settings.model
     slug = re.sub(r"[^a-z0-9]+", "-", slug.lower().rsplit("/", 1)[-1]).strip("-")[:40] or "model"
-    return Profile(f"{slug}-{digest}", inputs)
+    return Profile(f"{slug}-{language}-{digest}", inputs)
 
 
-def run_id(profile: Profile, questions: Sequence[str], parent: str | None = None) -> str:
-    """The run's work area: the profile, the mined questions and the release they build on (its
-    evidence and answers are carried forward, so the next night is another run)."""
+def run_id(
+    profile: Profile, questions: Sequence[str], parent: str | None = None, curated: str = ""
+) -> str:
+    """The run's work area: the profile, the mined questions, the release they build on (its
+    evidence and answers are carried forward, so the next night is another run) and the curated
+    answers file's digest (``curated.py``)."""
     digest = hashlib.sha256(profile.name.encode())
     for question in questions:
         digest.update(b"\0" + question.encode())
     if parent:
         digest.update(b"\1" + parent.encode())
+    if curated:
+        digest.update(b"\2" + curated.encode())
     return digest.hexdigest()[:16]
 
 

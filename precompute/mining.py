@@ -363,6 +363,24 @@ def carry(
             phrasing.networks.add(network)
 
 
+CLUSTER_Z = 6.8  # all-MiniLM-L6-v2 on banking77: median 0.21 + 6.8 x MAD 0.10 = its 0.9
+
+
+def estimated_cluster_threshold(vectors: Any, sample: int = 2000) -> float:
+    """For an embedder without a measured scale (a folder): the night's pairwise cosines'
+    median plus ``CLUSTER_Z`` robust deviations (MAD), clipped to [0.85, 0.99] — most pairs are
+    different questions, so this sits where only their far tail reaches."""
+    import numpy as np
+
+    picked = vectors[:: max(1, len(vectors) // sample)][:sample]
+    if len(picked) < 8:
+        return 0.99
+    scores = (picked @ picked.T)[np.triu_indices(len(picked), 1)]
+    median = float(np.median(scores))
+    spread = float(np.median(np.abs(scores - median)))
+    return float(min(0.99, max(0.85, median + CLUSTER_Z * spread)))
+
+
 def cluster(
     phrasings: list[Phrasing], embedder: SentenceTransformer | None, config: MiningConfig
 ) -> list[list[Phrasing]]:
@@ -385,7 +403,10 @@ def cluster(
     ).astype(np.float32)
     index = faiss.IndexFlatIP(vectors.shape[1])
     index.add(vectors)
-    lims, _scores, ids = index.range_search(vectors, config.cluster_threshold)
+    threshold = config.cluster_threshold
+    if threshold is None:
+        threshold = estimated_cluster_threshold(vectors)
+    lims, _scores, ids = index.range_search(vectors, threshold)
     assigned = [False] * len(order)
     clusters = []
     for i, head in enumerate(order):

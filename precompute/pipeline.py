@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_index.errors import EdgeQAError
+from edge_index.languages import DEFAULT_LANGUAGE, LANGUAGES, language_of
 from edge_index.logs import LogReadStats, read_logs
 from edge_index.release import (
     LoadedRelease,
@@ -49,6 +50,7 @@ from edge_index.release import (
 )
 from edge_index.store import ObjectNotFoundError, Store, open_store
 from precompute.config import PipelineConfig
+from precompute.curated import CURATED, curated_rows, read_curated
 from precompute.generate import (
     answer_schema,
     generate_all,
@@ -93,8 +95,12 @@ class RunParams:
     runner: str = "cli"
     # when the run started (the DAG: its data interval's end); fixed for every stage of the run
     started: datetime = field(default_factory=lambda: datetime.now(UTC))
+    # the language profile built: only the questions of this language are mined (``languages``)
+    language: str = DEFAULT_LANGUAGE
 
     def __post_init__(self) -> None:
+        if self.language not in LANGUAGES:
+            raise EdgeQAError(f"unknown language {self.language!r} (known: {', '.join(LANGUAGES)})")
         if self.since > self.until:
             raise EdgeQAError(f"the log window starts ({self.since}) after it ends ({self.until})")
 
@@ -159,6 +165,22 @@ def excluded_rows(stats: LogReadStats, mining: MiningReport) -> dict[str, int]:
     return excluded
 
 
+def scaled(config: PipelineConfig, spec: str) -> PipelineConfig:
+    """``config`` with the thresholds it leaves open (None) set to embedder ``spec``'s measured
+    scale (``edge_index.embedder.score_scale``); an embedder without one keeps them open."""
+    from edge_index.embedder import score_scale
+
+    scale = score_scale(spec)
+    if scale is None:
+        return config
+    mining = {"cluster_threshold": scale.cluster_threshold}
+    build = {"threshold": scale.threshold, "margin": scale.margin}
+    return config.replace(
+        mining={k: v for k, v in mining.items() if getattr(config.mining, k) is None},
+        build={k: v for k, v in build.items() if getattr(config.build, k) is None},
+    )
+
+
 def mine_stage(params: RunParams, model: LoadedModel | None = None) -> dict[str, Any]:
     import pyarrow as pa
 
@@ -167,13 +189,17 @@ def mine_stage(params: RunParams, model: LoadedModel | None = None) -> dict[str,
 
     config, settings = params.config, params.config.settings
     tokenizer = model[1] if model else load_tokenizer(settings.model, settings.cache_dir)
-    profile = make_profile(settings, config.generation.quantization, tokenizer)
+    profile = make_profile(settings, config.generation.quantization, tokenizer, params.language)
     stats = LogReadStats()
     rows = read_logs(open_store(params.logs_uri), params.since, params.until, stats)
+    # this run's language only: every other language's questions are another profile's
+    rows = [row for row in rows if language_of(str(row["query"])) == params.language]
     out = open_store(params.out_uri)
     parent = current_release(out, profile.name)
     carried = parent_phrasings(out, parent)
-    hot, mining = mine(rows, load_embedder(settings.embedder), config.mining, params.now, carried)
+    spec = settings.embedders[params.language]
+    embedder = load_embedder(spec, cache_dir=settings.cache_dir)
+    hot, mining = mine(rows, embedder, scaled(config, spec).mining, params.now, carried)
     mining.carried_from = parent.version if carried and parent else None
     # a cluster holding a revoked phrasing stays out until it is unrevoked
     revoked = is_revoked(in_force(out, profile.name))
@@ -183,17 +209,26 @@ def mine_stage(params: RunParams, model: LoadedModel | None = None) -> dict[str,
         mining,
         "revoked",
     )
-    run = run_id(profile, [h.question for h in hot], parent.version if parent else None)
+    curated: dict[str, dict[str, str]] = {}
+    curated_sha = ""
+    if config.generation.curated_answers:
+        curated, curated_sha = read_curated(config.generation.curated_answers)
+    run = run_id(
+        profile, [h.question for h in hot], parent.version if parent else None, curated_sha
+    )
     work = WorkArea(out, profile.name, run)
     work.put_json("hot.json", [h.as_dict() for h in hot])
     work.put_json("clusters.json", mining.cluster_rows)
     work.put_json("profile.json", profile.inputs)
-    reused = []
+    # the operator's answers first, then the parent's still fresh ones
+    reused = curated_rows(hot, curated, params.now)
     if parent is not None and config.generation.reuse_ttl_fraction > 0:
         published = [r for shard in parent.shards for r in shard.rows.to_pylist()]
         max_age = timedelta(days=config.build.ttl_days * config.generation.reuse_ttl_fraction)
         flagged = parent_flagged(out, parent)
-        reused = reusable_answers(hot, published, parent.version, params.now, max_age, flagged)
+        done = {row["key"] for row in reused}
+        fresh = reusable_answers(hot, published, parent.version, params.now, max_age, flagged)
+        reused += [row for row in fresh if row["key"] not in done]
     work.put_table(work.reused, pa.Table.from_pylist(reused, schema=answer_schema()))
     count = len(partitions(hot, config.generation.partition_size))
     return {
@@ -202,6 +237,7 @@ def mine_stage(params: RunParams, model: LoadedModel | None = None) -> dict[str,
         "parent": parent.version if parent else None,
         "questions": len(hot),
         "reusable": len(reused),
+        "curated": sum(1 for row in reused if row["reused_from"] == CURATED),
         "partitions": list(range(count)),
         "logs": {**stats.__dict__, "rows": len(rows)},
         "excluded_rows": excluded_rows(stats, mining),
@@ -253,19 +289,21 @@ def build_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
         raise EdgeQAError(f"a partition is not generated: run generate first ({error})") from None
     pointer, _ = read_pointer(work.store, work.profile)
     parent = pointer["version"] if pointer else None
-    embedder = load_embedder(settings.embedder)
+    spec = settings.embedders[params.language]
+    embedder = load_embedder(spec, cache_dir=settings.cache_dir)
+    config = scaled(config, spec)
     with tempfile.TemporaryDirectory(prefix="edgeqa-build-") as tmp:
         embedder_dir, embedder_info = None, None
         if config.finetune_steps:
             embedder, embedder_dir, embedder_info = finetuned_embedder(
-                embedder, settings.embedder, hot, config.finetune_steps, Path(tmp) / "embedder"
+                embedder, spec, hot, config.finetune_steps, Path(tmp) / "embedder"
             )
         manifest, report = build_release(
             Path(tmp) / "release",
             hot,
             {r["key"]: r for r in rows},
             embedder,
-            settings.embedder,
+            spec,
             work.profile,
             work.get_json("profile.json"),
             config.build,
@@ -419,3 +457,31 @@ def run_pipeline(
     report["version"] = report["publish"]["version"]
     assert list(report["timings_s"]) == list(STAGES), "run_pipeline must run STAGES in order"
     return report
+
+
+def run_languages(
+    params: RunParams,
+    languages: tuple[str, ...],
+    model: LoadedModel | None = None,
+    progress: bool = False,
+    on_stage: Callable[[str, dict[str, Any], float], None] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """``run_pipeline`` for each language profile in turn (``params.language`` replaced); the
+    reports by language. Each language is its own release: one refused by the gate does not
+    stop the next; ``QualityGateError`` is raised after all ran, its ``report`` holding all."""
+    import dataclasses
+
+    reports: dict[str, dict[str, Any]] = {}
+    refused: list[str] = []
+    for language in languages:
+        run = dataclasses.replace(params, language=language)
+        try:
+            reports[language] = run_pipeline(run, model, progress, on_stage)
+        except QualityGateError as error:
+            reports[language] = error.report or {"status": "refused", "refused": str(error)}
+            refused.append(f"{language}: {error}")
+    if refused:
+        failed = QualityGateError("; ".join(refused))
+        failed.report = reports
+        raise failed
+    return reports

@@ -68,6 +68,14 @@ def embedder():  # type: ignore[no-untyped-def]
     return load_embedder("embedded")
 
 
+@pytest.fixture(scope="session")
+def multilingual_embedder(model_cache_dir: Path):  # type: ignore[no-untyped-def]
+    """multilingual-e5-small, converted once into the session's cache dir (the CLI's too)."""
+    from edge_index.embedder import load_embedder
+
+    return load_embedder("multilingual", device="cpu", cache_dir=model_cache_dir)
+
+
 @pytest.fixture()
 def cli_env(model_cache_dir: Path) -> dict[str, str]:
     """Environment for running the ``edgeqa`` console script against the session's cache."""

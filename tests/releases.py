@@ -29,7 +29,7 @@ def hot_questions(embedder: Any, questions: Sequence[str], now: datetime) -> lis
         for q in questions
         for i in range(5)
     ]
-    hot, _ = mine(rows, embedder, MiningConfig(k=5), now)
+    hot, _ = mine(rows, embedder, MiningConfig(cluster_threshold=0.9, k=5), now)
     return hot
 
 
@@ -43,6 +43,9 @@ def build(
     answers: dict[str, str] | None = None,
     ttl_days: float = 3650.0,
     semantic_uncalibrated: bool = True,
+    profile: str = PROFILE,
+    language: str | None = None,
+    embedder_name: str = "embedded",
     **build_kwargs: Any,
 ) -> dict[str, Any]:
     """Build a release of ``questions`` (each asked by 5 users) into ``staging``, on top of the
@@ -50,7 +53,10 @@ def build(
     Their semantic tier serves the fallback decision although a handful of phrasings cannot
     calibrate it (``semantic_uncalibrated``; False: off, as a real build of so few would be).
     Answers expire after ``ttl_days``: years by default, so a release built at a fixed date in
-    the past is still served when the suite runs (tests of expiry set their own clock)."""
+    the past is still served when the suite runs (tests of expiry set their own clock).
+    ``profile``, ``language`` (recorded in the profile's inputs when given) and
+    ``embedder_name`` (what ``EDGEQA_EMBEDDER`` calls ``embedder``) as a nightly run records
+    them."""
     now = now or datetime(2026, 11, 29, tzinfo=UTC)
     hot = hot_questions(embedder, questions, now)
     generated = {
@@ -61,15 +67,15 @@ def build(
         }
         for h in hot
     }
-    pointer, _ = read_pointer(store, PROFILE)
+    pointer, _ = read_pointer(store, profile)
     manifest, _ = build_release(
         staging,
         hot,
         generated,
         embedder,
-        "embedded",
-        PROFILE,
-        {"model": "test"},
+        embedder_name,
+        profile,
+        {"model": "test", **({"language": language} if language else {})},
         BuildConfig(ttl_days=ttl_days, semantic_uncalibrated=semantic_uncalibrated),
         extra={"parent": pointer["version"] if pointer else None, "run_id": f"run-{tag}"},
         now=now,

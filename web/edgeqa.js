@@ -17,6 +17,23 @@
 
 export const MAX_QUERY_CHARS = 2048;
 
+// Language profiles (edge_index/languages.py; tests/vectors/languages.json): a question is
+// looked up under its language's release profile: "zh" when CJK letters (Han, kana, hangul) are
+// at least as many as all its other letters, else "en". Letters as Python's [^\W\d_].
+const LETTER = /[\p{L}\p{Nl}\p{No}]/gu;
+const isCjk = (c) => (c >= 0x3040 && c < 0xa000) || (c >= 0xac00 && c < 0xd7b0) ||
+  (c >= 0xf900 && c < 0xfb00) || (c >= 0x20000 && c < 0x32000);
+
+export function languageOf(text) {
+  let cjk = 0;
+  let other = 0;
+  for (const letter of String(text).match(LETTER) ?? []) {
+    if (isCjk(letter.codePointAt(0))) cjk += 1;
+    else other += 1;
+  }
+  return cjk > 0 && cjk >= other ? "zh" : "en";
+}
+
 // The Unicode White_Space property, spelled out (JavaScript's \s also matches U+FEFF).
 const WHITESPACE =
   "\u0009\u000a\u000b\u000c\u000d\u0020\u0085\u00a0\u1680" +
@@ -167,18 +184,26 @@ export async function checkAnswerObject(object, { key, profile, version, root, n
 }
 
 export class EdgeQAClient {
-  // cdn: base URL of the release store (CloudFront); profile: the release profile;
-  // edge: the edge index service; origin: the origin server. Any of cdn/edge may be empty.
+  // cdn: base URL of the release store (CloudFront); profiles: the release profile of each
+  // language (/config.json's), a question's chosen by languageOf; profile: one profile for
+  // every question instead; edge: the edge index service; origin: the origin server. Any of
+  // cdn/edge may be empty.
   // userToken: the signed user token your backend minted (docs/security.md#identity), if any.
   // releasePublicKeys: the keys releases are signed with (EDGEQA_RELEASE_PUBLIC_KEYS, base64);
   // without them the CDN tier is skipped: an answer object is shown only when it proves itself.
-  constructor({ cdn = "", profile = "", edge = "", origin = "", model = "", apiKey = "",
-                userToken = "", releasePublicKeys = [], pointerTtlMs = 30000,
+  constructor({ cdn = "", profile = "", profiles = {}, edge = "", origin = "", model = "",
+                apiKey = "", userToken = "", releasePublicKeys = [], pointerTtlMs = 30000,
                 fetch = globalThis.fetch.bind(globalThis) } = {}) {
-    Object.assign(this, { cdn, profile, edge, origin, model, apiKey, userToken, pointerTtlMs });
+    Object.assign(this, { cdn, profile, profiles, edge, origin, model, apiKey, userToken,
+                          pointerTtlMs });
     this.releasePublicKeys = releasePublicKeys;
     this.fetch = fetch;
-    this.pointer = null; // { release: { version, root } | null, at }
+    this.pointers = new Map(); // profile -> { release: { version, root } | null, at }
+  }
+
+  // The profile `question` is looked up under ("" when none is known).
+  profileFor(question) {
+    return this.profile || this.profiles?.[languageOf(question)] || "";
   }
 
   userHeaders() {
@@ -187,22 +212,22 @@ export class EdgeQAClient {
 
   // The current release, { version, root }, when its pointer is signed by a trusted key; null
   // when there is none, it is not signed, or the CDN is down (the other tiers still answer).
-  async currentRelease() {
-    if (!this.cdn || !this.profile || !this.releasePublicKeys.length) return null;
-    if (this.pointer && now() - this.pointer.at < this.pointerTtlMs) return this.pointer.release;
+  async currentRelease(profile = this.profile) {
+    if (!this.cdn || !profile || !this.releasePublicKeys.length) return null;
+    const cached = this.pointers.get(profile);
+    if (cached && now() - cached.at < this.pointerTtlMs) return cached.release;
     let release = null;
     try {
-      const response = await this.fetch(`${this.cdn}/${this.profile}/current.json`);
+      const response = await this.fetch(`${this.cdn}/${profile}/current.json`);
       if (response.ok) {
         const pointer = await response.json();
-        const root = await signedRoot(
-          pointer, { profile: this.profile, publicKeys: this.releasePublicKeys });
+        const root = await signedRoot(pointer, { profile, publicKeys: this.releasePublicKeys });
         if (root !== null) release = { version: pointer.version, root };
       }
     } catch {
       return null;
     }
-    this.pointer = { release, at: now() };
+    this.pointers.set(profile, { release, at: now() });
     return release;
   }
 
@@ -218,17 +243,17 @@ export class EdgeQAClient {
       return result;
     };
 
-    const release = await this.currentRelease();
+    const profile = this.profileFor(question);
+    const release = await this.currentRelease(profile);
     if (release) {
       try {
         const { version, root } = release;
-        const url = `${this.cdn}/${this.profile}/releases/${version}/a/${k}.json`;
+        const url = `${this.cdn}/${profile}/releases/${version}/a/${k}.json`;
         const response = await this.fetch(url, { signal });
         if (response.ok) {
           const firstByte = now();
           const object = await response.json();
-          const problem = await checkAnswerObject(
-            object, { key: k, profile: this.profile, version, root });
+          const problem = await checkAnswerObject(object, { key: k, profile, version, root });
           if (problem === null) {
             onText(object.answer);
             return done("exact", "cdn", object.answer, firstByte);
@@ -243,7 +268,9 @@ export class EdgeQAClient {
       try {
         const response = await this.fetch(
           `${this.edge}/v1/lookup`,  // POST: the question stays out of URLs and access logs
-          { method: "POST", signal, body: JSON.stringify({ q: question }),
+          { method: "POST", signal,
+            body: JSON.stringify(this.profile ? { q: question, profile: this.profile }
+                                              : { q: question }),
             headers: { "content-type": "application/json", ...this.userHeaders() } });
         if (response.status === 200) {
           const firstByte = now();

@@ -163,7 +163,8 @@ async def look_up(
     runtime = server.runtime
     if runtime is None:
         return None
-    index = runtime.releases.index if runtime.releases is not None else None
+    watcher = runtime.releases.for_question(parsed.question) if runtime.releases else None
+    index = watcher.index if watcher is not None else None
     try:
         return await tiers.lookup(
             index,

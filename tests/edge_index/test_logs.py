@@ -290,7 +290,12 @@ def test_personal_data_is_redacted_before_it_is_written(tmp_path: Path) -> None:
     redacted = next(r for r in rows if r["query"].startswith("[personal"))
     assert redacted["query"] == "[personal data: email, card]"
     assert redacted["normalized"] == "" and redacted["key"] == ""
-    _, report = mine(rows, None, MiningConfig(k=1), datetime.combine(DAY, datetime.min.time(), UTC))
+    _, report = mine(
+        rows,
+        None,
+        MiningConfig(cluster_threshold=0.9, k=1),
+        datetime.combine(DAY, datetime.min.time(), UTC),
+    )
     assert report.excluded_rows["pii"] == 1 and report.pii_by_kind == {"email": 1, "card": 1}
 
 

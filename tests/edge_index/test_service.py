@@ -66,7 +66,8 @@ def test_tiers_errors_health_and_metrics(embedder, s3_store: Store, tmp_path: Pa
         body = exact.json()
         assert body["tier"] == "exact" and body["version"] == version
         assert body["answer"] == "v1: answer to How do I freeze my card?"
-        assert set(body) == {"answer", "question", "score", "tier", "version", "key"}
+        assert set(body) == {"answer", "question", "score", "tier", "version", "key", "profile"}
+        assert body["profile"] == PROFILE
         assert exact.headers["x-edgeqa-tier"] == "exact"
 
         semantic = client.get("/v1/lookup", params={"q": "how can I freeze my card"})
@@ -109,7 +110,7 @@ def test_tiers_errors_health_and_metrics(embedder, s3_store: Store, tmp_path: Pa
         assert 'edgeqa_edge_lookups_total{outcome="hit",tier="exact"} 2.0' in metrics
         assert 'edgeqa_edge_lookups_total{outcome="hit",tier="semantic"} 1.0' in metrics
         assert 'edgeqa_edge_lookups_total{outcome="rejected",tier="none"} 8.0' in metrics
-        assert f'edgeqa_edge_release_info{{version="{version}"}} 1.0' in metrics
+        assert f'edgeqa_edge_release_info{{language="en",version="{version}"}} 1.0' in metrics
         assert "edgeqa_edge_lookup_seconds_bucket" in metrics
         assert "edgeqa_edge_release_age_seconds" in metrics
 
@@ -181,7 +182,7 @@ def test_corrupt_release_is_refused_and_the_old_one_keeps_serving(
         response = client.get("/v1/lookup", params={"q": QUESTIONS[0]})
         assert response.status_code == 200 and response.json()["version"] == old
         metrics = client.get("/metrics").text
-        assert 'edgeqa_edge_release_loads_total{result="refused"} 1.0' in metrics
+        assert 'edgeqa_edge_release_loads_total{language="en",result="refused"} 1.0' in metrics
 
 
 def test_a_store_outage_is_retried_not_refused(
@@ -208,9 +209,9 @@ def test_a_store_outage_is_retried_not_refused(
         assert client.get("/health").json()["status"] == "ok"
         assert client.get("/ready").status_code == 200
         metrics = client.get("/metrics").text
-        assert 'edgeqa_edge_release_loads_total{result="retry"} 1.0' in metrics
-        assert 'edgeqa_edge_release_loads_total{result="ok"} 1.0' in metrics
-        assert f'edgeqa_edge_release_info{{version="{version}"}} 1.0' in metrics
+        assert 'edgeqa_edge_release_loads_total{language="en",result="retry"} 1.0' in metrics
+        assert 'edgeqa_edge_release_loads_total{language="en",result="ok"} 1.0' in metrics
+        assert f'edgeqa_edge_release_info{{language="en",version="{version}"}} 1.0' in metrics
 
 
 def test_expired_answers_are_not_served(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -373,4 +374,4 @@ def test_an_uncalibrated_release_serves_exact_hits_only(embedder, tmp_path: Path
         miss = client.post("/v1/lookup", json={"q": "how can I freeze my card"})
         assert miss.status_code == 404 and miss.json()["reason"] == "semantic_off"
         metrics = client.get("/metrics").text
-        assert "edgeqa_edge_release_semantic_enabled 0.0" in metrics
+        assert 'edgeqa_edge_release_semantic_enabled{language="en"} 0.0' in metrics

@@ -104,7 +104,7 @@ def _asks(embedder: Any, tmp_path: Path, askers: list[dict[str, str]]) -> bool:
         for r in read_logs(store, today - timedelta(days=1), today)
     ]
     assert len(rows) == len(askers)
-    hot, _ = mine(rows, None, MiningConfig(k=5), datetime.now(UTC))
+    hot, _ = mine(rows, None, MiningConfig(cluster_threshold=0.9, k=5), datetime.now(UTC))
     return any(h.question == QUESTION for h in hot)
 
 
@@ -134,6 +134,6 @@ def test_one_identity_cannot_fill_a_night() -> None:
         {**base, "user": "attacker", "network": "n0", "query": f"Buy cheap thing number {i}?"}
         for i in range(50)
     ]
-    config = MiningConfig(k=1, max_rows_per_user=10)
+    config = MiningConfig(cluster_threshold=0.9, k=1, max_rows_per_user=10)
     hot, report = mine(flood, None, config, now)
     assert len(hot) == 10 and report.excluded_rows["over_user_share"] == 40

@@ -170,3 +170,44 @@ def test_damaged_conversion_is_redone(model_cache_dir: Path, tmp_path: Path) -> 
     )
     assert is_complete(folder)
     assert os.path.getsize(folder / "model.safetensors") == size
+
+
+def test_a_qwen2_folder_plugs_in_as_the_model_of_a_chinese_profile(
+    embedded_model, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """What a deployment serving Chinese does (docs/origin.md#models): point EDGEQA_MODEL (or
+    --model) at a Qwen2-family folder; the lean runner serves it, and the zh profile names it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from origin.config import EngineSettings
+    from origin.engine.runner import LlamaRunner
+    from origin.runtime import build_engine
+    from precompute.generate import make_profile
+
+    _, tokenizer = embedded_model  # any tokenizer with a chat template
+    config = AutoConfig.for_model(
+        "qwen2",
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+    torch.manual_seed(0)
+    folder = tmp_path / "tiny-qwen2-zh"
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+    settings = EngineSettings.from_env({"EDGEQA_MODEL": str(folder), "EDGEQA_DEVICE": "cpu"})
+    model, loaded = load_model(settings.model, "cpu", "float32")
+    assert model.config.model_type == "qwen2"
+    text = answer(model, loaded, "如何重置网上银行密码？", SamplingParams(max_tokens=6))
+    assert isinstance(text, str)  # random weights: any text, but the whole path runs
+    engine = build_engine(settings, (model, loaded))
+    assert isinstance(engine.runner, LlamaRunner)  # the lean runner, not the generic one
+    profile = make_profile(settings, "none", loaded, "zh")
+    assert profile.name.startswith("tiny-qwen2-zh-zh-")
+    assert profile.inputs["model"] == str(folder) and profile.inputs["language"] == "zh"
+    assert profile.inputs["embedder"] == "multilingual"

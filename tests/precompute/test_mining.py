@@ -46,7 +46,7 @@ def test_k_distinct_users_each_counted_once(embedder) -> None:  # type: ignore[n
     rows = _asks("How do I freeze my card?", _users(5))
     rows += _asks("What are your opening hours?", ["same"] * 40)  # one user, many asks
     rows += _asks("What are your opening hours?", _users(3, "v"))  # 4 distinct in all
-    hot, report = mine(rows, embedder, MiningConfig(k=5), NOW)
+    hot, report = mine(rows, embedder, MiningConfig(cluster_threshold=0.9, k=5), NOW)
     assert [h.question for h in hot] == ["How do I freeze my card?"]
     assert report.excluded_phrasings == {"below_k": 1}
     assert report.excluded_rows == {"below_k": 43}
@@ -60,7 +60,7 @@ def test_exclusions_are_counted_by_reason(embedder) -> None:  # type: ignore[no-
     rows += _asks("How do I close my account?", _users(3, "w"), status=500, tier="error")
     rows += _asks("   ???  ", _users(6))
     rows += _asks("How do I close my account?", _users(4, "m"), tier="miss", status=404)
-    hot, report = mine(rows, embedder, MiningConfig(k=5), NOW)
+    hot, report = mine(rows, embedder, MiningConfig(cluster_threshold=0.9, k=5), NOW)
     assert [h.question for h in hot] == ["How do I close my account?"]
     assert hot[0].users == 6  # the failed requests' users do not count
     assert report.excluded_rows == {
@@ -78,7 +78,7 @@ def test_a_time_sensitive_hot_question_is_never_published(embedder) -> None:  # 
     rows += _asks("What is the Tesla stock price?", _users(20, "b"))
     rows += _asks("明天会下雨吗？", _users(10, "c"))
     rows += _asks("How do I freeze my card?", _users(6, "d"))
-    hot, report = mine(rows, embedder, MiningConfig(k=5), NOW)
+    hot, report = mine(rows, embedder, MiningConfig(cluster_threshold=0.9, k=5), NOW)
     assert [h.question for h in hot] == ["How do I freeze my card?"]
     assert report.excluded_rows == {"time_sensitive": 70}
     assert report.time_sensitive_by_kind == {"weather": 50, "price": 20}
@@ -93,7 +93,7 @@ def test_near_duplicates_cluster_under_the_most_common_phrasing(embedder) -> Non
     rows += _asks("How can I reset my password?", _users(6, "c"))
     rows += _asks("What is the daily limit for 100 pound notes?", _users(5, "d"))
     rows += _asks("What is the daily limit for 200 pound notes?", _users(5, "e"))
-    hot, report = mine(rows, embedder, MiningConfig(k=5), NOW)
+    hot, report = mine(rows, embedder, MiningConfig(cluster_threshold=0.9, k=5), NOW)
     by_key = {h.key: h for h in hot}
     reset = by_key[key("How do I reset my password?")]
     assert reset.question == "How do I reset my password?"  # 9 of its 12 asks used this form
@@ -112,7 +112,7 @@ def test_ranking_is_distinct_users_times_recency(embedder) -> None:  # type: ign
     rows = _asks("How do I order a new card?", _users(10, "a"), days_ago=30)  # many, old
     rows += _asks("What is my sort code?", _users(6, "b"), days_ago=0.5)  # fewer, recent
     rows += _asks("How do I activate my card?", _users(5, "c"), days_ago=60)
-    config = MiningConfig(k=5, top_n=2, half_life_days=7)
+    config = MiningConfig(cluster_threshold=0.9, k=5, top_n=2, half_life_days=7)
     hot, report = mine(rows, embedder, config, NOW)
     assert [h.question for h in hot] == ["What is my sort code?", "How do I order a new card?"]
     assert hot[0].score == pytest.approx(6 * 0.5 ** (0.5 / 7))
@@ -123,7 +123,7 @@ def test_ranking_is_distinct_users_times_recency(embedder) -> None:  # type: ign
 
 def _carried(rows: list[dict], embedder: Any, k: int = 5) -> list[Phrasing]:
     """What last night's run mined from ``rows``, as its hot.json gives it back."""
-    hot, _ = mine(rows, embedder, MiningConfig(k=k), NOW - timedelta(days=1))
+    hot, _ = mine(rows, embedder, MiningConfig(cluster_threshold=0.9, k=k), NOW - timedelta(days=1))
     return [p for h in hot for p in HotQuestion.from_dict(h.as_dict()).wordings]
 
 
@@ -131,7 +131,7 @@ def test_carried_evidence_keeps_a_question_above_k_until_it_fades(embedder) -> N
     carried = _carried(_asks("How do I freeze my card?", _users(5), days_ago=2), embedder)
     # tonight's logs: the question was answered from the CDN, never logged
     tonight = _asks("What are your opening hours?", _users(5, "v"), days_ago=0.5)
-    hot, report = mine(tonight, embedder, MiningConfig(k=5), NOW, carried)
+    hot, report = mine(tonight, embedder, MiningConfig(cluster_threshold=0.9, k=5), NOW, carried)
     assert [h.question for h in hot] == ["What are your opening hours?", "How do I freeze my card?"]
     freeze = hot[1]
     assert (freeze.users, freeze.hits) == (5, 0)  # hits: this window's asks
@@ -141,7 +141,7 @@ def test_carried_evidence_keeps_a_question_above_k_until_it_fades(embedder) -> N
 
     # merged per user, keeping each one's latest ask: 3 of them ask again, 1 new user
     again = _asks("How do I freeze my card?", ["u0", "u1", "u2", "new"], days_ago=0.25)
-    hot, report = mine(again, embedder, MiningConfig(k=5), NOW, carried)
+    hot, report = mine(again, embedder, MiningConfig(cluster_threshold=0.9, k=5), NOW, carried)
     (freeze,) = hot
     assert (freeze.users, freeze.hits, report.carried_users) == (6, 4, 2)
     assert freeze.canonical.latest_by_user["u0"] == NOW - timedelta(days=0.25)
@@ -149,12 +149,20 @@ def test_carried_evidence_keeps_a_question_above_k_until_it_fades(embedder) -> N
 
     # 4 half-lives after the asks the evidence still counts; a day later it is gone
     at_cutoff = NOW + timedelta(days=26)
-    hot, _ = mine([], embedder, MiningConfig(k=5), at_cutoff, carried)
+    hot, _ = mine([], embedder, MiningConfig(cluster_threshold=0.9, k=5), at_cutoff, carried)
     assert [h.question for h in hot] == ["How do I freeze my card?"]
-    hot, report = mine([], embedder, MiningConfig(k=5), at_cutoff + timedelta(days=1), carried)
+    hot, report = mine(
+        [],
+        embedder,
+        MiningConfig(cluster_threshold=0.9, k=5),
+        at_cutoff + timedelta(days=1),
+        carried,
+    )
     assert hot == [] and report.carried_phrasings == 0 and report.expired_users == 5
     # carrying nothing at all
-    hot, _ = mine([], embedder, MiningConfig(k=5, carry_half_lives=0), NOW, carried)
+    hot, _ = mine(
+        [], embedder, MiningConfig(cluster_threshold=0.9, k=5, carry_half_lives=0), NOW, carried
+    )
     assert hot == []
 
 
@@ -169,7 +177,7 @@ def test_held_back_wordings_are_carried_with_their_askers(embedder) -> None:  # 
         "How do I close my account?",
         "how do I close my account asap",
     ]
-    hot, report = mine([], embedder, MiningConfig(k=5), NOW, carried)
+    hot, report = mine([], embedder, MiningConfig(cluster_threshold=0.9, k=5), NOW, carried)
     (question,) = hot
     assert question.users == 5 and question.hits == 0
     assert [p.question for p in question.phrasings] == ["How do I close my account?"]
@@ -193,7 +201,9 @@ def test_carried_evidence_obeys_the_rules_of_tonight(embedder) -> None:  # type:
         3,
         {"w": NOW},
     )
-    hot, report = mine([], embedder, MiningConfig(k=2), NOW, [*carried, stale])
+    hot, report = mine(
+        [], embedder, MiningConfig(cluster_threshold=0.9, k=2), NOW, [*carried, stale]
+    )
     assert hot == []
     assert report.excluded_phrasings == {"below_k": 2, "time_sensitive": 1}
     assert report.excluded_rows == {}  # no row of tonight's logs was left out
@@ -225,7 +235,7 @@ def test_k_counts_the_people_who_asked_a_question_in_any_wording(embedder) -> No
     # 3 people, 3 wordings: not published
     freeze = ["How do I freeze my card?", "how can I freeze my card", "how to freeze my card"]
     rows += _ask_each({w: [f"f{i}"] for i, w in enumerate(freeze)})
-    hot, report = mine(rows, embedder, MiningConfig(k=5), NOW)
+    hot, report = mine(rows, embedder, MiningConfig(cluster_threshold=0.9, k=5), NOW)
     (question,) = hot
     assert question.question == reset[0] and question.users == 20 and question.hits == 24
     assert sorted(p.question for p in question.phrasings) == sorted(reset)
@@ -267,7 +277,7 @@ def test_a_name_typed_by_fewer_than_k_people_is_never_published(embedder) -> Non
     assert "Kowalski" not in str(row)  # held-back wordings are reported by key, not text
     assert len(row["published"]) == 3
     # typed by one person, in a cluster of its own: below k, as before
-    hot, report = mine(_asks(named, ["x"]), embedder, MiningConfig(k=5), NOW)
+    hot, report = mine(_asks(named, ["x"]), embedder, MiningConfig(cluster_threshold=0.9, k=5), NOW)
     assert hot == [] and report.excluded_phrasings == {"below_k": 1}
 
 
@@ -319,7 +329,7 @@ def test_revoked_clusters_count_every_wording_as_revoked(embedder) -> None:  # t
     rows = _ask_each(
         {"How do I close my account?": _users(5), "how do I close my account asap": ["x"]}
     )
-    hot, report = mine(rows, embedder, MiningConfig(k=5), NOW)
+    hot, report = mine(rows, embedder, MiningConfig(cluster_threshold=0.9, k=5), NOW)
     assert report.excluded_rows == {"rare_tokens": 1}  # asap: one person
     assert drop_clusters(hot, lambda h: True, report, "revoked") == []
     assert report.excluded_rows == {"revoked": 6}
@@ -393,7 +403,7 @@ def test_questions_spread_over_wordings_publish_and_no_rare_token_does(
     questions are published (k per wording: none), and no published text (keys, rows' question
     and normalized, answer objects) holds a token fewer than k people typed."""
     rows, questions = _spread_logs(seed=19)
-    hot, report = mine(rows, embedder, MiningConfig(k=5), NOW)
+    hot, report = mine(rows, embedder, MiningConfig(cluster_threshold=0.9, k=5), NOW)
     typed = {p.key: label for label, wordings in enumerate(questions) for p in _keyed(wordings)}
     covered = {typed[p.key] for h in hot for p in h.wordings if p.key in typed}
     assert len(covered) / len(questions) >= 0.9, (len(covered), report.as_dict())

@@ -40,7 +40,14 @@ def test_key_spec_vectors_under_node() -> None:
     if NODE is None:
         pytest.skip("Node.js is missing: apt-get install -y nodejs")
     done = subprocess.run(
-        [NODE, "--test", "test/keys.test.mjs", "test/answers.test.mjs", "test/proofs.test.mjs"],
+        [
+            NODE,
+            "--test",
+            "test/keys.test.mjs",
+            "test/answers.test.mjs",
+            "test/proofs.test.mjs",
+            "test/languages.test.mjs",
+        ],
         cwd=WEB,
         capture_output=True,
         text=True,

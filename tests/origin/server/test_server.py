@@ -30,7 +30,7 @@ from edge_index.answers import CACHE_SKIP_REASONS, uncacheable
 from edge_index.logs import LogWriter, read_logs
 from edge_index.store import FileStore
 from edge_index.users import mint_user_token
-from edge_index.watcher import ORIGIN_METRICS, ReleaseWatcher
+from edge_index.watcher import ORIGIN_METRICS, Releases, ReleaseWatcher
 from origin.config import OriginSettings
 from origin.engine import Engine, EngineConfig
 from origin.runtime import Runtime
@@ -89,7 +89,9 @@ def origin(embedded_model, embedder, tmp_path_factory) -> Iterator[Origin]:  # t
         model, tokenizer, EngineConfig(max_num_seqs=8, max_model_len=512, speculative="suffix")
     ).start()
     # as origin.runtime.load_runtime builds it
-    releases = ReleaseWatcher(store, PROFILE, embedder, poll_s=3600, metrics_prefix=ORIGIN_METRICS)
+    releases = Releases.of(
+        ReleaseWatcher(store, PROFILE, embedder, poll_s=3600, metrics_prefix=ORIGIN_METRICS)
+    )
     logs = LogWriter(store, source="origin", flush_interval_s=3600)
     server = OriginServer(_config(store), lambda: Runtime(engine, 48, 0.0, releases), logs)
     with Server(create_app(server)) as running:
@@ -578,10 +580,11 @@ def test_metrics_use_vllm_names_and_split_ttft(origin: Origin) -> None:
     assert samples["vllm:num_requests_waiting" + label] >= 0
     assert samples['edgeqa_origin_requests_total{status="200",tier="exact"}'] >= 1
     assert samples['edgeqa_origin_requests_total{status="200",tier="generated"}'] >= 1
-    assert samples[f'edgeqa_origin_release_info{{version="{origin.server.release_version()}"}}']
+    version = origin.server.release_version()
+    assert samples[f'edgeqa_origin_release_info{{language="en",version="{version}"}}']
     # the origin's release watcher reports its loads (a refused release is visible here too)
-    assert samples['edgeqa_origin_release_loads_total{result="ok"}'] >= 1
-    assert 'edgeqa_origin_release_loads_total{result="refused"}' in samples
+    assert samples['edgeqa_origin_release_loads_total{language="en",result="ok"}'] >= 1
+    assert 'edgeqa_origin_release_loads_total{language="en",result="refused"}' in samples
     # every series the shipped Grafana dashboard plots is exported
     dashboard = json.loads(
         (Path(__file__).parents[3] / "docs" / "grafana-dashboard.json").read_text()

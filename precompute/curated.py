@@ -1,0 +1,122 @@
+"""Answers an operator supplies (an FAQ), published for the mined questions they answer.
+
+A platform team often has authoritative answers to its commonest questions, or serves a language
+its model cannot answer well (the embedded SmolLM2-135M writes no usable Chinese). ``--answers``
+(``GenerationConfig.curated_answers``) names a JSON Lines file, local or in a store
+(``s3://bucket/path/answers.jsonl``), one ``{"question": ..., "answer": ...}`` per line. A mined
+cluster with a phrasing whose key (the key spec: the same question once normalized) is a curated
+question's is answered with the curated answer instead of a generated one: its row in the run is
+a reused one, ``reused_from: "curated"``, dated at the run. Nothing else changes: the cluster is
+mined (k distinct users, no personal data, one turn) like any other, the answer passes the same
+checks before it is published (``edge_index/answers.py``), and a question nobody asked is never
+published because it is curated.
+
+The file is refused as a whole, naming the line, when a line is not such an object, a question is
+invalid under the key spec, or a question or answer carries personal data (``pii.py``): what is
+published must never depend on a half-read file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from edge_index.errors import EdgeQAError
+from edge_index.keys import InvalidQueryError, key
+from edge_index.pii import find_pii
+
+CURATED = "curated"  # reused_from of a curated answer
+MAX_BYTES = 64 * 1024 * 1024
+MAX_ANSWER_CHARS = 16_000
+
+
+class CuratedAnswersError(EdgeQAError, ValueError):
+    """The curated answers file cannot be used (it names the line)."""
+
+
+def read_bytes(uri: str) -> bytes:
+    """The file at ``uri``: a path, ``file://...`` or ``s3://bucket/key``."""
+    from edge_index.store import open_store
+
+    parsed = urlparse(uri)
+    if parsed.scheme == "s3":
+        folder, _, name = parsed.path.lstrip("/").rpartition("/")
+        return open_store(f"s3://{parsed.netloc}/{folder}").get(name, max_bytes=MAX_BYTES)
+    path = Path(parsed.path if parsed.scheme == "file" else uri).expanduser()
+    if path.stat().st_size > MAX_BYTES:
+        raise CuratedAnswersError(f"{uri} is larger than {MAX_BYTES} bytes")
+    return path.read_bytes()
+
+
+def parse_curated(data: bytes, name: str = "answers") -> dict[str, dict[str, str]]:
+    """``{key: {"question", "answer"}}`` of a JSON Lines file; ``CuratedAnswersError`` naming
+    the first bad line."""
+    curated: dict[str, dict[str, str]] = {}
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CuratedAnswersError(f"{name} is not UTF-8") from None
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{name} line {number}"
+        try:
+            item = json.loads(line)
+        except ValueError:
+            raise CuratedAnswersError(f"{where} is not JSON") from None
+        if not isinstance(item, dict):
+            raise CuratedAnswersError(f'{where} must be {{"question": ..., "answer": ...}}')
+        question, answer = item.get("question"), item.get("answer")
+        if not isinstance(question, str) or not isinstance(answer, str) or not answer.strip():
+            raise CuratedAnswersError(f"{where}: question and answer must be non-empty strings")
+        if len(answer) > MAX_ANSWER_CHARS:
+            raise CuratedAnswersError(f"{where}: the answer exceeds {MAX_ANSWER_CHARS} characters")
+        try:
+            k = key(question)
+        except InvalidQueryError as error:
+            raise CuratedAnswersError(f"{where}: {error}") from None
+        for field, value in (("question", question), ("answer", answer)):
+            kinds = find_pii(value)
+            if kinds:
+                raise CuratedAnswersError(f"{where}: the {field} carries personal data {kinds}")
+        curated[k] = {"question": question, "answer": answer}
+    return curated
+
+
+def read_curated(uri: str) -> tuple[dict[str, dict[str, str]], str]:
+    """The curated answers at ``uri`` and the sha256 of the file (a run depends on it)."""
+    try:
+        data = read_bytes(uri)
+    except FileNotFoundError:
+        raise CuratedAnswersError(f"no curated answers file at {uri}") from None
+    return parse_curated(data, uri), hashlib.sha256(data).hexdigest()
+
+
+def curated_rows(
+    hot: Iterable[Any], curated: dict[str, dict[str, str]], now: datetime
+) -> list[dict[str, Any]]:
+    """The rows (``generate.answer_schema``) of the mined clusters (``HotQuestion``) a curated
+    answer answers: its canonical phrasing's, or else the first other phrasing's."""
+    rows = []
+    for cluster in hot:
+        found = next((curated[p.key] for p in cluster.phrasings if p.key in curated), None)
+        if found is None:
+            continue
+        rows.append(
+            {
+                "key": cluster.key,
+                "question": cluster.question,
+                "answer": found["answer"],
+                "tokens": 0,
+                "finish_reason": "stop",
+                "flag": "",
+                "generated_at": now,
+                "reused_from": CURATED,
+            }
+        )
+    return rows
