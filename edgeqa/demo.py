@@ -29,6 +29,8 @@ from edge_index.store import FileStore
 from edgeqa.client import Answered, EdgeQAClient
 from edgeqa.local import LocalServer, port_is_free
 
+# an unseen wording of a published Chinese question (cosine 0.994 to 怎么冻结我的银行卡？)
+ZH_PARAPHRASE = "如何冻结银行卡"
 # what the scripted session asks: hot questions and paraphrases (edge tiers), then novel ones
 SESSION = (
     "How do I freeze my card?",  # hot, published: exact at the CDN
@@ -38,7 +40,27 @@ SESSION = (
     "What is the capital of France?",  # novel: generated at the origin
     "What is the capital of France?",  # asked again: the origin's online cache
     "My card 4111 1111 1111 1111 was declined, why?",  # personal data: never cached
+    # Chinese: the zh profile (multilingual-e5-small), its answers the operator's
+    "怎么冻结我的银行卡？",  # hot, published: exact at the CDN, from the zh release
+    ZH_PARAPHRASE,  # unseen wording: semantic at the edge, from the zh profile
+    "密码输错四次会锁卡吗？",  # like a published question but another number: a miss, generated
 )
+# the Chinese sample logs: every question, asked mostly in its first wording, by enough people
+# that most wordings reach k on their own (multilingual-e5 merges only near-identical wordings)
+ZH_SAMPLE: dict[str, Any] = {
+    "days": 7,
+    "intents": 14,
+    "users": 200,
+    "asks": 900,
+    "zipf_s": 0.6,
+    "spread_intents": 0,
+    "aside_rows": 0,
+    "pii_rows": 0,
+    "multi_turn_rows": 0,
+    "failed_rows": 0,
+    "tail_questions": 0,
+    "seed": 1,
+}
 # the demo's users are synthetic: a fixed salt (a deployment sets its own secret); its session
 # is one person, so the online cache serves a repeat without waiting for k askers; its releases
 # are signed with a key made for this run, and served only with its signature
@@ -57,28 +79,49 @@ def _say(out: TextIO, text: str) -> None:
 
 def build_release(
     store: FileStore, out: TextIO, max_tokens: int, quantization: str | None = None
-) -> dict[str, Any]:
-    """Sample logs, then the nightly pipeline; its run report. ``quantization``: the weights
-    the answers are generated with (None: the nightly job's default)."""
+) -> dict[str, dict[str, Any]]:
+    """Sample logs (English and Chinese), then the nightly pipeline once per language; the run
+    reports by language. ``quantization``: the weights the answers are generated with (None:
+    the nightly job's default)."""
     import os
 
     from precompute.config import PipelineConfig
-    from precompute.pipeline import RunParams, run_pipeline
-    from precompute.samplelogs import generate_rows, write_logs
+    from precompute.pipeline import RunParams, run_languages
+    from precompute.samplelogs import ZH_INTENTS, curated_answers, generate_rows, write_logs
 
     until = datetime.now(UTC).date() - timedelta(days=1)
-    rows = generate_rows(until, days=7)
-    write_logs(store, rows)
-    _say(out, f"1. sample request logs: {len(rows)} rows over 7 days -> {store.uri}/logs/")
-    config = PipelineConfig.from_env(
-        {**DEMO_ENV, **os.environ}, max_tokens=max_tokens, quantization=quantization
+    english = generate_rows(until, days=7)
+    chinese = generate_rows(until, questions=ZH_INTENTS, **ZH_SAMPLE)
+    write_logs(store, english + chinese)
+    _say(
+        out,
+        f"1. sample request logs: {len(english)} English and {len(chinese)} Chinese rows over "
+        f"7 days -> {store.uri}/logs/",
     )
+    # the embedded model writes no usable Chinese: the Chinese questions get the operator's
+    # answers (precompute/curated.py), as a team serving a language its model cannot would
+    answers = store.root / "curated-answers.jsonl"
+    answers.write_text(curated_answers(), encoding="utf-8")
+    config = PipelineConfig.from_env(
+        {**DEMO_ENV, **os.environ},
+        max_tokens=max_tokens,
+        quantization=quantization,
+        answers=str(answers),
+    ).replace(build={"semantic_uncalibrated": True})
     params = RunParams(store.uri, store.uri, until - timedelta(days=6), until, config, "demo")
-    _say(out, "2. nightly pipeline (the DAG's stages):")
+    _say(out, "2. nightly pipeline (the DAG's stages), once per language profile:")
+    _say(
+        out,
+        "   (a release this small cannot calibrate its semantic tier; the demo serves each "
+        "embedder's measured decision, as BuildConfig.semantic_uncalibrated allows)",
+    )
 
     def said(stage: str, result: dict[str, Any], seconds: float) -> None:
         lines = {
-            "mine": lambda r: f"{r['questions']} questions to answer, profile {r['profile']}",
+            "mine": lambda r: (
+                f"{r['questions']} questions to answer ({r.get('curated', 0)} curated), "
+                f"profile {r['profile']}"
+            ),
             "generate": lambda r: f"{r['answers']} answers, {r.get('tokens_per_s') or 0} tok/s",
             "build": lambda r: (
                 f"{r['rows']} phrasings in {r['shards']} shard(s), version {r['version']}"
@@ -92,7 +135,8 @@ def build_release(
         }
         _say(out, f"   {stage:<9} {lines[stage](result)} ({seconds:.1f} s)")
 
-    return run_pipeline(params, on_stage=said)
+    assert len(ZH_INTENTS) == ZH_SAMPLE["intents"]
+    return run_languages(params, ("en", "zh"), on_stage=said)
 
 
 def cdn_app(root: Path) -> Any:
@@ -111,47 +155,48 @@ def cdn_app(root: Path) -> Any:
 
 @contextmanager
 def services(
-    store: FileStore, profile: str, ports: tuple[int, int, int] | None = None
+    store: FileStore, profiles: dict[str, str], ports: tuple[int, int, int] | None = None
 ) -> Iterator[dict[str, str]]:
-    """The CDN, the edge service and the origin on loopback; their URLs."""
+    """The CDN, the edge service and the origin on loopback, serving ``profiles`` (by
+    language); their URLs."""
     import os
 
     from edge_index.embedder import load_embedder
     from edge_index.logs import open_log_writer
     from edge_index.service import create_app as edge_app
     from edge_index.users import user_hasher
-    from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
+    from edge_index.watcher import EDGE_METRICS, Releases
     from origin.config import OriginSettings
     from origin.runtime import load_runtime
     from origin.server import OriginServer, create_app
 
     settings = OriginSettings.from_env({**DEMO_ENV, **os.environ}).replace(
-        store=store.uri, profile=profile, poll_s=5.0
+        store=store.uri,
+        profile=",".join(profiles.values()),
+        languages=",".join(profiles),
+        poll_s=5.0,
     )
     wanted = ports or (0, 0, 0)
     cdn_port, edge_port, origin_port = (p if p and port_is_free(p) else None for p in wanted)
-    embedder = load_embedder(settings.embedder, settings.device)
+    # each language's embedder, loaded once for the edge and the origin
+    embedders = {
+        spec: load_embedder(spec, settings.device, settings.cache_dir)
+        for spec in set(settings.embedders.values())
+    }
     with ExitStack() as stack:
         cdn = stack.enter_context(LocalServer(cdn_app(store.root), port=cdn_port))
-        watcher = ReleaseWatcher(
-            store,
-            profile,
-            embedder,
-            settings.poll_s,
-            metrics_prefix=EDGE_METRICS,
-            public_keys=settings.public_keys,
-        )
-        watcher.start()
-        stack.callback(watcher.stop)
+        releases = Releases.from_settings(settings, EDGE_METRICS, embedders, store)
+        releases.start()
+        stack.callback(releases.stop)
         edge_logs = open_log_writer(store, "edge", settings)
         users = user_hasher(settings)
         edge = stack.enter_context(
-            LocalServer(edge_app(watcher, edge_logs, users=users), port=edge_port)
+            LocalServer(edge_app(releases, edge_logs, users=users), port=edge_port)
         )
         settings = settings.replace(cdn_url=cdn.url, edge_url=edge.url)
         server = OriginServer(
             settings,
-            lambda: load_runtime(settings, embedder=embedder),
+            lambda: load_runtime(settings, embedders=embedders),
             open_log_writer(store, "origin", settings),
             users=users,
         )
@@ -164,13 +209,32 @@ def services(
         yield {"cdn": cdn.url, "edge": edge.url, "origin": origin.url}
 
 
+def _columns(char: str) -> int:
+    import unicodedata
+
+    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+
+
+def _cell(text: str, width: int) -> str:
+    """``text`` cut and padded to ``width`` terminal columns (a CJK character takes two)."""
+    out, used = [], 0
+    for char in text:
+        if used + _columns(char) > width:
+            break
+        out.append(char)
+        used += _columns(char)
+    return "".join(out) + " " * (width - used)
+
+
 def _table(rows: list[Answered], out: TextIO) -> None:
     _say(out, f"   {'question':<48} {'tier':<13} {'source':<7} {'first byte':>11}  answer")
     for r in rows:
         answer = " ".join(r.answer.split())
-        answer = answer[:56] + ("…" if len(answer) > 56 else "")
+        cut = sum(_columns(c) for c in answer) > 56
+        answer = _cell(answer, 56).rstrip() + ("…" if cut else "")
         ms = r.first_byte_ms
-        _say(out, f"   {r.question[:48]:<48} {r.tier:<13} {r.source:<7} {ms:>8.1f} ms  {answer}")
+        question = _cell(r.question, 48)
+        _say(out, f"   {question} {r.tier:<13} {r.source:<7} {ms:>8.1f} ms  {answer}")
 
 
 def run_demo(
@@ -186,14 +250,19 @@ def run_demo(
     root = workdir.resolve() / "store"
     shutil.rmtree(root, ignore_errors=True)
     store = FileStore(root)
-    result = build_release(store, out, max_tokens, quantization)
-    profile = result["profile"]
+    reports = build_release(store, out, max_tokens, quantization)
+    profiles = {language: report["profile"] for language, report in reports.items()}
+    result: dict[str, Any] = {**reports["en"], "languages": reports, "profiles": profiles}
     ports = (8002, 8001, 8000) if serve else None
-    with services(store, profile, ports) as urls:
+    with services(store, profiles, ports) as urls:
         _say(out, f"3. serving: CDN {urls['cdn']}  edge {urls['edge']}  origin {urls['origin']}")
         _say(out, "4. a client session (CDN exact object -> edge lookup -> origin stream):")
         client = EdgeQAClient(
-            urls["origin"], urls["cdn"], urls["edge"], profile, public_keys=(_PUBLIC_KEY,)
+            urls["origin"],
+            urls["cdn"],
+            urls["edge"],
+            public_keys=(_PUBLIC_KEY,),
+            profiles=profiles,
         )
         answered = [client.ask(q) for q in SESSION]
         _table(answered, out)

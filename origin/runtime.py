@@ -84,7 +84,7 @@ class Runtime:
 def load_runtime(
     settings: OriginSettings,
     model: LoadedModel | None = None,
-    embedder: SentenceTransformer | None = None,
+    embedders: dict[str, SentenceTransformer] | None = None,
 ) -> Runtime:
     """The origin's runtime: the engine (started), and the release watcher (not started: the
     server starts it once its metrics are registered) when ``origin_tiers`` is on."""
@@ -93,7 +93,6 @@ def load_runtime(
     if settings.origin_tiers:
         from edge_index.watcher import ORIGIN_METRICS, Releases
 
-        # ``embedder``: an already loaded one, for the languages whose spec is the first's
-        loaded = {settings.embedders[settings.language_list[0]]: embedder} if embedder else {}
-        releases = Releases.from_settings(settings, ORIGIN_METRICS, loaded)
+        # ``embedders``: already loaded ones, by spec (the demo shares the edge's)
+        releases = Releases.from_settings(settings, ORIGIN_METRICS, embedders)
     return Runtime(engine, settings.max_tokens, settings.temperature, releases)

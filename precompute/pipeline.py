@@ -198,7 +198,8 @@ def mine_stage(params: RunParams, model: LoadedModel | None = None) -> dict[str,
     parent = current_release(out, profile.name)
     carried = parent_phrasings(out, parent)
     spec = settings.embedders[params.language]
-    embedder = load_embedder(spec, cache_dir=settings.cache_dir)
+    # a language without a question tonight (and none carried) needs no embedder
+    embedder = load_embedder(spec, cache_dir=settings.cache_dir) if rows or carried else None
     hot, mining = mine(rows, embedder, scaled(config, spec).mining, params.now, carried)
     mining.carried_from = parent.version if carried and parent else None
     # a cluster holding a revoked phrasing stays out until it is unrevoked

@@ -122,6 +122,108 @@ INTENTS: tuple[tuple[str, ...], ...] = (
         "where can I find my sort code",
     ),
 )
+# Chinese support questions of the same bank (written for edgeqa), each in 3-4 wordings,
+# the first the most common. Pairs that differ by a number or a negation only (three vs two
+# wrong PINs, one- vs three-year deposits, can vs cannot use a card abroad) must never answer
+# each other. The embedded LLM writes no usable Chinese: the demo publishes ZH_ANSWERS, the
+# operator's answers (precompute/curated.py), for them.
+ZH_INTENTS: tuple[tuple[str, ...], ...] = (
+    (
+        "怎么重置网银登录密码？",
+        "网银密码忘了怎么办",
+        "我忘记登录密码了，怎么重新设置？",
+        "手机银行密码怎么重置",
+    ),
+    (
+        "跨行转账多久能到账？",
+        "跨行转账一般要多长时间",
+        "转给别的银行的钱什么时候能到？",
+        "跨行汇款到账要多久",
+    ),
+    (
+        "怎么冻结我的银行卡？",
+        "银行卡怎么临时冻结",
+        "帮我把借记卡冻结一下",
+        "如何暂时锁定我的卡",
+    ),
+    (
+        "银行卡被偷了怎么办？",
+        "我的卡被人偷了，该怎么处理",
+        "钱包连卡一起被偷了怎么办",
+        "卡被盗了要怎么挂失",
+    ),
+    (
+        "怎么修改我的联系地址？",
+        "账户上的家庭住址在哪里改",
+        "我搬家了，怎么更新地址",
+        "如何变更预留的通讯地址",
+    ),
+    (
+        "为什么我的卡被拒付了？",
+        "刷卡付款被拒绝是什么原因",
+        "付款时银行卡显示交易被拒怎么回事",
+    ),
+    (
+        "网点的营业时间是几点到几点？",
+        "支行几点开门",
+        "你们营业厅什么时候上班",
+    ),
+    (
+        "境外汇款要收手续费吗？",
+        "往国外转账收费吗",
+        "跨境汇款的手续费是多少",
+    ),
+    (
+        "密码输错三次会锁卡吗？",
+        "连续输错三次密码卡会被锁吗",
+        "输错3次密码会不会被冻结",
+    ),
+    (
+        "密码输错两次会锁卡吗？",
+        "连续输错两次密码卡会被锁吗",
+        "输错2次密码会不会被冻结",
+    ),
+    (
+        "一年期定期存款利率是多少？",
+        "定期存一年利息是多少",
+        "1年定期的年利率多少",
+        "存一年定期利率怎么算",
+    ),
+    (
+        "三年期定期存款利率是多少？",
+        "定期存三年利息是多少",
+        "3年定期的年利率多少",
+        "存三年定期利率怎么算",
+    ),
+    (
+        "我的卡能在国外用吗？",
+        "出国旅游银行卡可以刷吗",
+        "这张卡支持境外消费吗",
+        "借记卡在国外能用吗",
+    ),
+    (
+        "我的卡为什么不能在国外用？",
+        "在国外刷卡一直不成功是什么原因",
+        "出国后银行卡用不了怎么办",
+        "为什么借记卡在国外不能用",
+    ),
+)
+ZH_ANSWERS: tuple[str, ...] = (
+    "在登录页点击“忘记密码”，用预留手机号接收验证码并验证身份后，即可设置新的网银登录密码。新密码请勿与支付密码相同。",
+    "跨行转账通过网上银行或手机银行提交后，一般实时或两小时内到账；选择普通到账或在非工作时间提交的，通常在下一个工作日到账。",
+    "登录手机银行，进入“卡片管理”，选择要冻结的卡并点击“临时冻结”即可；也可以拨打客服热线办理。解冻在同一页面操作。",
+    "请立即在手机银行或拨打客服热线办理挂失，冻结卡片防止盗刷；如有可疑交易请及时报警并保留凭证，再到网点补办新卡。",
+    "登录手机银行，进入“我的”—“个人信息”即可修改联系地址；部分账户需要携带身份证件到任一网点办理。",
+    "交易被拒常见原因有：余额不足、超出单笔或单日限额、卡片已冻结或过期、密码错误，或风控系统拦截了可疑交易。可在手机银行查看原因或联系客服。",
+    "大多数网点周一至周五营业，周末部分网点也提供服务。具体营业时间请在手机银行的“网点查询”中查看所在网点。",
+    "境外汇款一般收取汇款手续费和电报费，具体金额按汇款金额和币种计算；收款行和中转行也可能另行扣费。提交前页面会显示预计费用。",
+    "当日连续输错三次密码，银行卡会被暂时锁定，次日零点自动解锁；如需立即使用，可携带身份证件到网点重置密码。",
+    "连续输错两次密码不会锁卡，但再输错一次就会被当日锁定。如果记不清密码，建议先通过手机银行重置密码。",
+    "一年期定期存款的利率以办理当日银行公布的挂牌利率为准，可在手机银行“存款”页面或网点查询；到期利息等于本金乘以年利率。",
+    "三年期定期存款的利率以办理当日银行公布的挂牌利率为准，通常高于一年期；利息按本金乘以年利率再乘以三年计算。",
+    "带有银联、Visa或万事达标识的银行卡可以在境外使用。出国前请在手机银行开通境外交易功能，并了解境外取现和消费的手续费。",
+    "卡片在境外无法使用，常见原因是未开通境外交易功能、当地商户不受理该卡组织，或交易被风控拦截。可在手机银行开通境外交易或联系客服。",
+)
 NEAR_DUPLICATES = 3  # the first wordings of each question, which cluster together
 # what one person adds to a hot question: never published (fewer than k typed it)
 ASIDES = (" asap", " quickly", "?? urgent", ", I am Anna Kowalczyk")
@@ -153,7 +255,7 @@ def spread_askers(
 def generate_rows(
     until: date,
     days: int = 7,
-    intents: int = len(INTENTS),
+    intents: int | None = None,
     users: int = 400,
     asks: int = 3000,
     zipf_s: float = 1.1,
@@ -165,16 +267,18 @@ def generate_rows(
     tail_questions: int = 60,
     salt: bytes = b"edgeqa-sample-salt",
     seed: int = 0,
+    questions: Sequence[Sequence[str]] = INTENTS,
 ) -> list[dict[str, Any]]:
     """Log rows (the origin's columns) for ``days`` days ending ``until``, shuffled.
 
+    ``questions``: the wordings of each question (``INTENTS``; ``ZH_INTENTS`` for Chinese).
     ``asks`` go to the first ``intents`` questions but the last ``spread_intents`` of them
     (default: a quarter), with Zipf popularity over questions, and within a question over its
     wordings (the first most often). Each of the ``spread_intents`` is asked by 7 or 10 people
     of the pool, spread over its near-duplicate wordings (at most 4 each: no wording reaches k=5
     on its own). ``aside_rows``: one person each adds an aside to a Zipf question's wording."""
     rng = random.Random(seed)
-    chosen = INTENTS[:intents]
+    chosen = list(questions)[: len(questions) if intents is None else intents]
     spread = len(chosen) // 4 if spread_intents is None else spread_intents
     zipf, spread_questions = chosen[: len(chosen) - spread], chosen[len(chosen) - spread :]
     weights = [1.0 / (rank + 1) ** zipf_s for rank in range(len(zipf))]
@@ -233,6 +337,20 @@ def generate_rows(
         rows.append(row(f"Can I open account type number {n} in branch {n % 7}?", pool[n % users]))
     rng.shuffle(rows)
     return rows
+
+
+def curated_answers(
+    questions: Sequence[Sequence[str]] = ZH_INTENTS, answers: Sequence[str] = ZH_ANSWERS
+) -> str:
+    """The operator's answers (``precompute/curated.py``'s JSON Lines) to every wording of
+    ``questions``."""
+    import json
+
+    return "".join(
+        json.dumps({"question": wording, "answer": answer}, ensure_ascii=False) + "\n"
+        for wordings, answer in zip(questions, answers, strict=True)
+        for wording in wordings
+    )
 
 
 def write_logs(store: Store, rows: Sequence[dict[str, Any]], max_rows: int = 500) -> int:

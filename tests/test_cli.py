@@ -5,6 +5,7 @@ import subprocess
 from pathlib import Path
 
 from edgeqa import __version__
+from edgeqa.demo import ZH_PARAPHRASE
 from tests.conftest import fast_weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,8 +94,23 @@ def test_demo_runs_the_product_end_to_end(cli_env: dict[str, str], tmp_path: Pat
         )
         if m
     ]
-    assert len(session) == 7, text
+    assert len(session) == 10, text
     tiers = {tier for tier, _, _ in session}
+
+    def answered(question: str) -> tuple[str, str]:
+        line = next(line for line in text.splitlines() if line.strip().startswith(question))
+        found = re.search(r" (\w+) +(cdn|edge|origin) +[\d.]+ ms  ", line)
+        assert found, line
+        return found.group(1), found.group(2)
+
+    # the zh profile: its published question exact at the CDN, an unseen wording semantic at
+    # the edge, the same question with another number a miss everywhere (generated)
+    assert answered("怎么冻结我的银行卡？") == ("exact", "cdn"), text
+    assert answered(ZH_PARAPHRASE) == ("semantic", "edge"), text
+    assert answered("密码输错四次会锁卡吗？") == ("generated", "origin"), text
+    assert answered("Could you tell me how to freeze my card") == ("semantic", "edge"), text
+    curated = re.search(r"\((\d+) curated\), profile smollm2-135m-zh-\w+", text)
+    assert curated and int(curated.group(1)) > 0, text
     assert {"exact", "generated", "origin_cache"} <= tiers, text
     assert ("exact", "cdn") in {(tier, source) for tier, source, _ in session}, text
     assert "excluded from the release" in text and "pii" in text and "multi_turn" in text

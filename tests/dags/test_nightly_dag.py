@@ -173,6 +173,8 @@ def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
             "edgeqa",
             "precompute",
             "run",
+            "--language",
+            "en",
             "--logs",
             uri,
             "--out",
@@ -219,7 +221,7 @@ def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
     )
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert "refused: the release has" in refused.stderr and "Traceback" not in refused.stderr
-    report = json.loads(refused.stdout)
+    report = json.loads(refused.stdout)["en"]
     assert report["status"] == "refused" and "at least 100000 required" in report["refused"]
     assert read_pointer(open_store(cli), profiles[0])[0] == cli_pointer  # untouched
 

@@ -54,6 +54,8 @@ def test_precompute_run_publishes_what_the_rules_allow(
             "edgeqa",
             "precompute",
             "run",
+            "--language",
+            "en",
             "--logs",
             f"s3://{s3_bucket}/logs-root",
             "--out",
@@ -74,7 +76,9 @@ def test_precompute_run_publishes_what_the_rules_allow(
         timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
+    reports = json.loads(result.stdout)
+    assert list(reports) == ["en"]
+    report = reports["en"]
     assert report["status"] == "published"
 
     out = open_store(f"s3://{s3_bucket}/edge")
