@@ -232,17 +232,23 @@ def mine_stage(params: RunParams, model: LoadedModel | None = None) -> dict[str,
         reused += [row for row in fresh if row["key"] not in done]
     work.put_table(work.reused, pa.Table.from_pylist(reused, schema=answer_schema()))
     count = len(partitions(hot, config.generation.partition_size))
+    answered = sum(1 for row in reused if row["reused_from"] == CURATED)
     return {
         "profile": profile.name,
         "run": run,
         "parent": parent.version if parent else None,
         "questions": len(hot),
         "reusable": len(reused),
-        "curated": sum(1 for row in reused if row["reused_from"] == CURATED),
+        "curated": answered,
         "partitions": list(range(count)),
         "logs": {**stats.__dict__, "rows": len(rows)},
         "excluded_rows": excluded_rows(stats, mining),
-        "mining": {**mining.as_dict(), "cluster_report": f"{work.prefix}/clusters.json"},
+        # the run report's ``mining`` (docs/precompute.md#curated-answers: ``mining.curated``)
+        "mining": {
+            **mining.as_dict(),
+            "curated": answered,
+            "cluster_report": f"{work.prefix}/clusters.json",
+        },
     }
 
 

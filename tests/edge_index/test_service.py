@@ -375,3 +375,209 @@ def test_an_uncalibrated_release_serves_exact_hits_only(embedder, tmp_path: Path
         assert miss.status_code == 404 and miss.json()["reason"] == "semantic_off"
         metrics = client.get("/metrics").text
         assert 'edgeqa_edge_release_semantic_enabled{language="en"} 0.0' in metrics
+
+
+ZH_QUESTIONS = (
+    "如何冻结我的银行卡？",
+    "网点的营业时间是几点？",
+    "跨行转账多久能到账？",
+    "怎么修改我的联系地址？",
+)
+# answered in Chinese: a Chinese question answered in Latin letters is flagged (``language``)
+ZH_ANSWERS = {
+    ZH_QUESTIONS[0]: "请在手机银行的“卡片管理”中选择冻结，或致电客服。",
+    ZH_QUESTIONS[1]: "网点营业时间为周一至周五上午九点到下午五点。",
+    ZH_QUESTIONS[2]: "跨行转账通常在两个工作日内到账。",
+    ZH_QUESTIONS[3]: "请登录网上银行，在个人资料中修改联系地址。",
+}
+# e5 cosine to ZH_QUESTIONS[0]: 0.997 through encode, 0.9995 as the edge scores it (the other
+# questions: <= 0.85); the fallback decision (0.9, margin 0.05) lets it through
+ZH_PARAPHRASE = "怎么冻结我的银行卡"
+
+
+def _publish_languages(
+    embedder: Any,
+    multilingual_embedder: Any,
+    store: Store,
+    tmp: Path,
+) -> tuple[str, str]:
+    """An English release (test-en, MiniLM) and a Chinese one (test-zh, multilingual-e5)."""
+    build(embedder, tmp / "en", store, profile="test-en", language="en")
+    build(
+        multilingual_embedder,
+        tmp / "zh",
+        store,
+        profile="test-zh",
+        language="zh",
+        embedder_name="multilingual",
+        questions=ZH_QUESTIONS,
+        answers=ZH_ANSWERS,
+    )
+    return publish(store, tmp / "en").version, publish(store, tmp / "zh").version
+
+
+def _releases(
+    store: Store,
+    model_cache_dir: Path,
+    embedders: dict[str, Any],
+    **env: str,
+) -> Any:
+    from edge_index.config import EdgeSettings
+    from edge_index.watcher import Releases
+
+    settings = EdgeSettings.from_env(
+        {
+            "EDGEQA_STORE": store.uri,
+            "EDGEQA_CACHE_DIR": str(model_cache_dir),
+            "EDGEQA_POLL_S": "3600",
+            **env,
+        }
+    )
+    return Releases.from_settings(settings, EDGE_METRICS, embedders=embedders, store=store)
+
+
+def test_each_question_is_answered_from_its_language_profile(
+    embedder,  # type: ignore[no-untyped-def]
+    multilingual_embedder,
+    model_cache_dir: Path,
+    tmp_path: Path,
+) -> None:
+    from starlette.testclient import TestClient
+
+    store = FileStore(tmp_path / "store")
+    en_version, zh_version = _publish_languages(embedder, multilingual_embedder, store, tmp_path)
+    embedders = {"embedded": embedder, "multilingual": multilingual_embedder}
+    releases = _releases(store, model_cache_dir, embedders)
+    releases.start()
+    try:
+        assert releases.profiles() == {"en": "test-en", "zh": "test-zh"}
+        with TestClient(create_app(releases)) as client:
+            exact = client.get("/v1/lookup", params={"q": ZH_QUESTIONS[0]})
+            assert exact.status_code == 200, exact.text
+            body = exact.json()
+            assert body["tier"] == "exact" and body["profile"] == "test-zh"
+            assert body["version"] == zh_version
+            assert body["answer"] == ZH_ANSWERS[ZH_QUESTIONS[0]]
+
+            semantic = client.post("/v1/lookup", json={"q": ZH_PARAPHRASE})
+            assert semantic.status_code == 200, semantic.text
+            body = semantic.json()
+            assert body["tier"] == "semantic" and body["profile"] == "test-zh"
+            assert body["question"] == ZH_QUESTIONS[0] and body["score"] > 0.99
+
+            english = client.get("/v1/lookup", params={"q": QUESTIONS[1]})
+            assert english.status_code == 200, english.text
+            assert english.json()["profile"] == "test-en"
+            assert english.json()["version"] == en_version
+
+            # a profile named: looked up there (test-en's version), whatever the script
+            named = client.get("/v1/lookup", params={"q": ZH_QUESTIONS[0], "profile": "test-en"})
+            assert named.status_code == 404, named.text
+            assert named.json()["version"] == en_version
+            posted = client.post("/v1/lookup", json={"q": QUESTIONS[1], "profile": "test-zh"})
+            assert posted.status_code == 404 and posted.json()["version"] == zh_version
+
+            unknown = client.get("/v1/lookup", params={"q": QUESTIONS[1], "profile": "test-fr"})
+            assert unknown.status_code == 400 and unknown.json()["error"]["field"] == "profile"
+            assert "test-en, test-zh" in unknown.json()["error"]["message"]
+            unknown = client.post("/v1/lookup", json={"q": QUESTIONS[1], "profile": 5})
+            assert unknown.status_code == 400 and unknown.json()["error"]["field"] == "profile"
+
+            health = client.get("/health").json()
+            assert health["status"] == "ok"
+            languages = health["languages"]
+            assert set(languages) == {"en", "zh"}
+            assert languages["en"]["status"] == "ok" and languages["zh"]["status"] == "ok"
+            assert languages["zh"]["profile"] == "test-zh"
+            assert languages["zh"]["version"] == zh_version
+            assert languages["zh"]["entries"] == len(ZH_QUESTIONS)
+
+            metrics = client.get("/metrics").text
+            entries = f'edgeqa_edge_release_entries{{language="zh"}} {float(len(ZH_QUESTIONS))}'
+            assert entries in metrics
+            assert (
+                f'edgeqa_edge_release_info{{language="zh",version="{zh_version}"}} 1.0' in metrics
+            )
+            assert (
+                f'edgeqa_edge_release_info{{language="en",version="{en_version}"}} 1.0' in metrics
+            )
+    finally:
+        releases.stop()
+
+    only_en = _releases(store, model_cache_dir, embedders, EDGEQA_LANGUAGES="en")
+    only_en.start()
+    try:
+        assert only_en.profiles() == {"en": "test-en"}
+        with TestClient(create_app(only_en)) as client:
+            miss = client.get("/v1/lookup", params={"q": ZH_QUESTIONS[0]})
+            assert miss.status_code == 404, miss.text
+            assert miss.json() == {"miss": True, "version": None, "reason": "language_not_served"}
+            assert client.get("/v1/lookup", params={"q": QUESTIONS[1]}).status_code == 200
+            health = client.get("/health").json()  # one language: that watcher's health
+            assert health["status"] == "ok" and health["profile"] == "test-en"
+    finally:
+        only_en.stop()
+
+
+def test_a_release_embedded_with_another_embedder_is_refused(
+    embedder,  # type: ignore[no-untyped-def]
+    multilingual_embedder,
+    tmp_path: Path,
+) -> None:
+    store = FileStore(tmp_path / "store")
+    _publish_languages(embedder, multilingual_embedder, store, tmp_path)
+    # MiniLM is 384-d like e5: only the recorded name tells the two apart
+    state = ReleaseWatcher(
+        store, "test-zh", embedder, embedder_spec="embedded", metrics_prefix=EDGE_METRICS
+    )
+    assert state.refresh() is False and state.index is None
+    health = state.health()
+    assert health["status"] == "degraded" and health["reason"] == "refused"
+    assert "'multilingual'" in health["error"] and "'embedded'" in health["error"]
+    assert state.refresh() is False  # not retried until the pointer changes
+    # the embedder the release names loads it
+    right = ReleaseWatcher(
+        store,
+        "test-zh",
+        multilingual_embedder,
+        embedder_spec="multilingual",
+        metrics_prefix=EDGE_METRICS,
+    )
+    assert right.refresh() is True and right.health()["status"] == "ok"
+
+
+def test_resolve_profile_by_language(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    store = FileStore(tmp_path / "store")
+    with pytest.raises(NoProfileError, match="no en release"):
+        resolve_profile(store, None, "en")
+    # en-old: built before languages were recorded (no language in its inputs: English)
+    _publish(embedder, store, tmp_path, "old", 20, profile="en-old")
+    manifest = _current_manifest(store, "en-old")
+    assert "language" not in manifest["profile"]["inputs"]
+    assert resolve_profile(store, None, "en") == "en-old"
+    _publish(embedder, store, tmp_path, "new", 21, profile="en-new", language="en")
+    # a zh profile (routing reads the manifest only: MiniLM vectors are fine here)
+    _publish(embedder, store, tmp_path, "zh", 22, profile="zh-only", language="zh")
+    assert resolve_profile(store, None, "en") == "en-new"  # the newest en release
+    assert resolve_profile(store, None, "zh") == "zh-only"
+    assert resolve_profile(store, None, "en", ("en-old", "zh-only")) == "en-old"
+    assert resolve_profile(store, None, "en", ("en-old", "en-new")) == "en-new"
+    # a newer release of the older profile makes it the newest
+    _publish(embedder, store, tmp_path, "old2", 23, profile="en-old")
+    assert resolve_profile(store, None, "en") == "en-old"
+    assert resolve_profile(store, "pinned", "en") == "pinned"  # a named profile is served as is
+    with pytest.raises(NoProfileError, match="among"):
+        resolve_profile(store, None, "zh", ("en-old", "en-new"))
+    with pytest.raises(NoProfileError, match="among"):
+        resolve_profile(store, None, "en", ("missing",))
+    with pytest.raises(NoProfileError, match="several profiles"):
+        resolve_profile(store, None)  # no language, several profiles: which one is not known
+
+
+def _current_manifest(store: Store, profile: str) -> dict[str, Any]:
+    from edge_index.release import read_manifest, read_pointer
+
+    pointer, _ = read_pointer(store, profile)
+    assert pointer is not None
+    manifest, _ = read_manifest(store, profile, pointer["version"])
+    return manifest

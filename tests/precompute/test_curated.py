@@ -1,0 +1,272 @@
+"""Curated answers: the operator's JSON Lines file, the rows it answers, and a zh run using it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, date, datetime, timedelta
+from datetime import time as day_time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from edge_index.keys import key, normalize
+from edge_index.release import load_release, read_pointer
+from edge_index.store import FileStore
+from edge_index.users import hash_user
+from precompute.curated import (
+    CURATED,
+    CuratedAnswersError,
+    curated_rows,
+    parse_curated,
+    read_curated,
+)
+from precompute.generate import answer_schema
+from precompute.mining import HotQuestion, Phrasing
+from precompute.samplelogs import write_logs
+from tests.conftest import fast_weights
+
+NOW = datetime(2026, 11, 28, 12, tzinfo=UTC)
+
+
+def _jsonl(*items: Any) -> str:
+    """One line per item: a dict or list as JSON, a str as it is."""
+    return "\n".join(i if isinstance(i, str) else json.dumps(i, ensure_ascii=False) for i in items)
+
+
+def test_parse_curated_reads_question_and_answer_by_key() -> None:
+    data = _jsonl(
+        {"question": "How do I freeze my card?", "answer": "Use Cards > Freeze in the app."},
+        "",
+        "   ",
+        {"question": "如何冻结我的银行卡？", "answer": "请在手机银行中冻结。", "note": "ignored"},
+    ).encode()
+    curated = parse_curated(data + b"\n\n")
+    assert curated == {
+        key("How do I freeze my card?"): {
+            "question": "How do I freeze my card?",
+            "answer": "Use Cards > Freeze in the app.",
+        },
+        key("如何冻结我的银行卡？"): {
+            "question": "如何冻结我的银行卡？",
+            "answer": "请在手机银行中冻结。",
+        },
+    }
+    # a question is found by its key: the same question typed otherwise is the same entry
+    assert key("  how do I FREEZE my card??") in curated
+    assert key("如何冻结我的银行卡") in curated
+    assert parse_curated(b"") == {} and parse_curated(b"\n \n") == {}
+
+
+GOOD = {"question": "What are your opening hours?", "answer": "9 to 5, Monday to Friday."}
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "line 3 is not JSON"),
+        ("[1, 2]", 'line 3 must be {"question": ..., "answer": ...}'),
+        ('"just a string"', "line 3 must be"),
+        ({"question": "How do I close my account?"}, "line 3: question and answer must be"),
+        ({"question": "How do I close my account?", "answer": " \t"}, "line 3: question and"),
+        ({"question": "How do I close my account?", "answer": 5}, "line 3: question and"),
+        ({"answer": "Call us."}, "line 3: question and answer must be non-empty strings"),
+        ({"question": "", "answer": "Call us."}, "line 3: "),
+        ({"question": " ?? ", "answer": "Call us."}, "line 3: "),
+        ({"question": "How do I close my account?", "answer": "x" * 16_001}, "line 3: the answer"),
+        (
+            {"question": "Why was 4111 1111 1111 1111 declined?", "answer": "Call us."},
+            "line 3: the question carries personal data ['card']",
+        ),
+        (
+            {"question": "How do I contact support?", "answer": "Write to jane.doe@example.com."},
+            "line 3: the answer carries personal data ['email']",
+        ),
+        (
+            {"question": "如何联系客服？", "answer": "请拨打 138 0013 8000。"},
+            "line 3: the answer carries personal data ['phone']",
+        ),
+    ],
+)
+def test_parse_curated_refuses_a_bad_line_naming_it(line: Any, message: str) -> None:
+    data = _jsonl(GOOD, "", line, GOOD).encode()
+    with pytest.raises(CuratedAnswersError) as caught:
+        parse_curated(data, "faq.jsonl")
+    assert str(caught.value).startswith("faq.jsonl line 3")
+    assert message in str(caught.value)
+
+
+def test_parse_curated_refuses_a_file_that_is_not_utf8() -> None:
+    data = (
+        _jsonl(GOOD).encode() + b"\n" + '{"question": "caf\xe9?", "answer": "x"}'.encode("latin-1")
+    )
+    with pytest.raises(CuratedAnswersError, match=r"faq\.jsonl is not UTF-8"):
+        parse_curated(data, "faq.jsonl")
+
+
+def test_read_curated_returns_the_answers_and_the_file_digest(tmp_path: Path) -> None:
+    path = tmp_path / "faq.jsonl"
+    data = _jsonl(
+        GOOD, {"question": "跨行转账多久能到账？", "answer": "通常两个工作日内。"}
+    ).encode()
+    path.write_bytes(data)
+    curated, sha = read_curated(str(path))
+    assert sha == hashlib.sha256(data).hexdigest()
+    assert curated == parse_curated(data)
+    assert read_curated(path.as_uri()) == (curated, sha)  # file://...
+    with pytest.raises(CuratedAnswersError, match="no curated answers file"):
+        read_curated(str(tmp_path / "missing.jsonl"))
+    path.write_bytes(data + b"\nnot json\n")
+    with pytest.raises(CuratedAnswersError, match=r"faq\.jsonl line 3 is not JSON"):
+        read_curated(str(path))
+
+
+def _phrasing(question: str, users: int = 5) -> Phrasing:
+    people = {f"u{i}" for i in range(users)}
+    return Phrasing(
+        key(question), normalize(question), question, people, users, dict.fromkeys(people, NOW)
+    )
+
+
+def _cluster(*questions: str) -> HotQuestion:
+    phrasings = [_phrasing(q) for q in questions]
+    return HotQuestion(phrasings[0], phrasings, users=5, hits=5 * len(questions), score=5.0)
+
+
+def test_curated_rows_answer_the_clusters_a_curated_question_is_in() -> None:
+    freeze = _cluster("How do I freeze my card?", "how can I freeze my card")
+    hours = _cluster("What are your opening hours?", "when are you open")
+    close = _cluster("How do I close my account?", "I want to close my account")
+    curated = parse_curated(
+        _jsonl(
+            # a non-canonical phrasing of freeze
+            {"question": "How can I freeze my card?", "answer": "Cards > Freeze."},
+            # both phrasings of close: the canonical one's answer
+            {"question": "i want to close my account", "answer": "Not this one."},
+            {"question": "how do i close my account", "answer": "Call us to close it."},
+            # asked by nobody: no row
+            {"question": "Do you sell gold?", "answer": "No."},
+        ).encode()
+    )
+    rows = curated_rows([freeze, hours, close], curated, NOW)
+    assert [row["key"] for row in rows] == [freeze.key, close.key]  # hours: none curated
+    first, second = rows
+    assert first == {
+        "key": freeze.key,
+        "question": "How do I freeze my card?",  # the cluster's, not the curated wording
+        "answer": "Cards > Freeze.",
+        "tokens": 0,
+        "finish_reason": "stop",
+        "flag": "",
+        "generated_at": NOW,
+        "reused_from": CURATED,
+    }
+    assert second["answer"] == "Call us to close it." and second["reused_from"] == "curated"
+    # rows of the generated answers' schema (the pipeline saves them as reused.parquet)
+    assert pa.Table.from_pylist(rows, schema=answer_schema()).num_rows == 2
+    assert curated_rows([hours], curated, NOW) == []
+    assert curated_rows([freeze], {}, NOW) == []
+
+
+# the zh run: three Chinese questions, each asked by k=5 people; two answered by the operator
+UNTIL = date(2026, 11, 28)
+ZH_ASKED = ("如何冻结我的银行卡？", "跨行转账多久能到账？", "怎么修改我的联系地址？")
+ZH_CURATED = {
+    # typed without the question mark: the same key
+    "如何冻结我的银行卡": "请在手机银行的“卡片管理”中选择冻结，或致电客服。",
+    "跨行转账多久能到账？": "跨行转账通常在两个工作日内到账。",
+}
+
+
+def _log_rows(questions: tuple[str, ...], users: int) -> list[dict[str, Any]]:
+    start = datetime.combine(UNTIL, day_time(8), UTC)
+    rows = []
+    for n, question in enumerate(questions):
+        for i in range(users):
+            rows.append(
+                {
+                    "ts": start + timedelta(minutes=7 * n + i),
+                    "request_id": f"{n:04d}{i:012d}",
+                    "user": hash_user(f"person-{n}-{i}", b"test-salt"),
+                    "tenant": "demo",
+                    "query": question,
+                    "normalized": normalize(question),
+                    "key": key(question),
+                    "turns": 1,
+                    "tier": "generated",
+                    "status": 200,
+                    "latency_ms": 120.0,
+                    "ttft_ms": 40.0,
+                    "profile": "",
+                }
+            )
+    return rows
+
+
+def test_a_zh_run_publishes_the_curated_answers(
+    embedded_model: Any,
+    multilingual_embedder: Any,  # converted into model_cache_dir once, for the run to load
+    model_cache_dir: Path,
+    tmp_path: Path,
+) -> None:
+    from precompute.config import PipelineConfig
+    from precompute.pipeline import RunParams, run_pipeline
+
+    logs, out = FileStore(tmp_path / "logs"), FileStore(tmp_path / "out")
+    # an English question asked as often: another profile's, not mined tonight
+    english = _log_rows(("How do I freeze my card?",), 5)
+    assert write_logs(logs, _log_rows(ZH_ASKED, 5) + english) == 20
+    answers = tmp_path / "answers.jsonl"
+    curated_lines = [{"question": q, "answer": a} for q, a in ZH_CURATED.items()]
+    answers.write_text(_jsonl(*curated_lines) + "\n", encoding="utf-8")
+    config = PipelineConfig.from_env(
+        {"EDGEQA_CACHE_DIR": str(model_cache_dir), "EDGEQA_MIN_USERS": "5"},
+        answers=str(answers),
+        max_tokens=8,
+        quantization=fast_weights(),
+        ttl_days=3650.0,
+    )
+    params = RunParams(
+        logs.uri,
+        out.uri,
+        UNTIL,
+        UNTIL,
+        config,
+        started=datetime.combine(UNTIL, day_time.max, UTC),
+        language="zh",
+    )
+    stages: dict[str, dict[str, Any]] = {}
+    report = run_pipeline(
+        params, model=embedded_model, on_stage=lambda n, r, s: stages.update({n: r})
+    )
+
+    assert report["status"] == "published", report
+    assert "-zh-" in report["profile"]
+    assert report["logs"]["rows"] == 15  # the zh questions' rows only
+    assert report["mining"]["curated"] == 2 and stages["mine"]["curated"] == 2
+    assert report["mining"]["published_clusters"] == 3
+    assert report["generation"]["reused"] == 2 and report["generation"]["generated"] == 1
+
+    pointer, _ = read_pointer(out, report["profile"])
+    assert pointer is not None and pointer["version"] == report["version"]
+    release = load_release(out, report["profile"])
+    manifest = release.manifest
+    assert manifest["profile"]["inputs"]["language"] == "zh"
+    assert manifest["profile"]["inputs"]["embedder"] == "multilingual"
+    assert manifest["embedder"]["name"] == "multilingual"
+    rows = {r["key"]: r for shard in release.shards for r in shard.rows.to_pylist()}
+    for question, answer in ZH_CURATED.items():
+        row = rows[key(question)]
+        assert row["answer"] == answer  # verbatim
+        assert row["question"] in ZH_ASKED  # as people typed it
+    # the third, answered by SmolLM2 in 8 tokens (poor Chinese): flagged and held back, or
+    # published; either way the release holds nothing else
+    generated = key(ZH_ASKED[2])
+    assert set(rows) - {key(q) for q in ZH_CURATED} <= {generated}
+    excluded = report["build"]["excluded_clusters"]
+    assert report["build"]["clusters"] == 2 + (generated in rows)
+    assert (generated in rows) == (not excluded), excluded
+    if excluded:  # held back for its answer (what generation flagged, or the build's checks)
+        assert sum(excluded.values()) == 1 and next(iter(excluded)).startswith("answer_")
