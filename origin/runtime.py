@@ -72,6 +72,12 @@ class Runtime:
     default_temperature: float
     releases: Releases | None = None
 
+    def __post_init__(self) -> None:
+        from edge_index.watcher import Releases, ReleaseWatcher
+
+        if isinstance(self.releases, ReleaseWatcher):  # one profile's (a test's, a benchmark's)
+            self.releases = Releases.of(self.releases)
+
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
         return self.engine.tokenizer

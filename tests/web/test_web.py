@@ -19,7 +19,7 @@ from edge_index.release import object_path, release_prefix
 from edge_index.service import create_app as edge_app
 from edge_index.signing import LocalSigner, generate_keypair
 from edge_index.store import FileStore
-from edge_index.watcher import EDGE_METRICS, ORIGIN_METRICS, ReleaseWatcher
+from edge_index.watcher import EDGE_METRICS, ORIGIN_METRICS, Releases, ReleaseWatcher
 from edgeqa.client import EdgeQAClient
 from edgeqa.demo import cdn_app
 from origin.config import OriginSettings
@@ -55,7 +55,7 @@ def test_key_spec_vectors_under_node() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "# pass 5" in done.stdout and "# fail 0" in done.stdout
+    assert "# pass 6" in done.stdout and "# fail 0" in done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,9 @@ def stack(embedded_model, embedder, tmp_path_factory) -> Iterator[dict[str, Any]
                     "EDGEQA_RELEASE_PUBLIC_KEYS": public,
                 }
             )
-            releases = ReleaseWatcher(store, PROFILE, embedder, 3600, metrics_prefix=ORIGIN_METRICS)
+            releases = Releases.of(
+                ReleaseWatcher(store, PROFILE, embedder, 3600, metrics_prefix=ORIGIN_METRICS)
+            )
             server = OriginServer(config, lambda: Runtime(engine.start(), 32, 0.0, releases))
             with Server(create_app(server)) as origin:
                 wait_healthy(origin.url)
@@ -102,7 +104,7 @@ def test_the_page_and_its_config(stack: dict[str, Any]) -> None:
     assert config == {
         "cdn": stack["cdn"],
         "edge": stack["edge"],
-        "profile": PROFILE,
+        "profiles": {"en": PROFILE},
         "model": "SmolLM2-135M-Instruct",
         "releasePublicKeys": [stack["key"]],
     }
