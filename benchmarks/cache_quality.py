@@ -59,8 +59,8 @@ from edge_index.release import load_release
 from edge_index.store import FileStore
 from precompute.build import build_release
 from precompute.config import BuildConfig
-from precompute.mining import HotQuestion, Phrasing
 from precompute.publish import publish
+from precompute.questions import HotQuestion, Phrasing
 
 LABEL_COLUMNS = ("label", "category", "intent")
 OOS = "oos"

@@ -47,8 +47,8 @@ from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from edgeqa.local import LocalServer
 from precompute.build import build_index, build_release, factory_for
 from precompute.config import BuildConfig
-from precompute.mining import HotQuestion, Phrasing
 from precompute.publish import publish
+from precompute.questions import HotQuestion, Phrasing
 
 
 def real_questions() -> tuple[list[str], list[str]]:

@@ -87,8 +87,8 @@ def _release_context(args: argparse.Namespace, writes: bool = False) -> tuple[An
     """(settings, store, profile) of an ``edgeqa release`` command; ``writes``: the nightly
     job's settings (the signing key, the releases kept)."""
     from edge_index.config import SharedSettings
+    from edge_index.profiles import resolve_profile
     from edge_index.store import open_store
-    from edge_index.watcher import resolve_profile
     from precompute.config import PrecomputeSettings
 
     kind = PrecomputeSettings if writes else SharedSettings
@@ -204,7 +204,7 @@ def _cmd_release_diff(args: argparse.Namespace) -> int:
 def _cmd_release_explain(args: argparse.Namespace) -> int:
     quiet_libraries()
     from edge_index.embedder import load_embedder
-    from edge_index.watcher import load_index, profile_language
+    from edge_index.profiles import load_index, profile_language
 
     settings, store, profile = _release_context(args)
     language = profile_language(store, profile)

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
     from edge_index.release import LoadedRelease
-    from precompute.mining import HotQuestion
+    from precompute.questions import HotQuestion
 
 
 @dataclass

@@ -29,6 +29,7 @@ from urllib.parse import urlparse
 from edge_index.errors import EdgeQAError
 from edge_index.keys import InvalidQueryError, key
 from edge_index.pii import find_pii
+from precompute.generate import reused_row
 
 CURATED = "curated"  # reused_from of a curated answer
 MAX_BYTES = 64 * 1024 * 1024
@@ -107,16 +108,5 @@ def curated_rows(
         found = next((curated[p.key] for p in cluster.phrasings if p.key in curated), None)
         if found is None:
             continue
-        rows.append(
-            {
-                "key": cluster.key,
-                "question": cluster.question,
-                "answer": found["answer"],
-                "tokens": 0,
-                "finish_reason": "stop",
-                "flag": "",
-                "generated_at": now,
-                "reused_from": CURATED,
-            }
-        )
+        rows.append(reused_row(cluster, found["answer"], now, CURATED))
     return rows

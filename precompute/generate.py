@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
     from origin.engine import Engine
     from origin.runtime import LoadedModel
-    from precompute.mining import HotQuestion
+    from precompute.questions import HotQuestion
 
 # a mined question's prompt (system prompt, chat template, question) fits in this many tokens
 PROMPT_TOKENS = 512
@@ -175,6 +175,28 @@ class GenerationReport:
                 self.flagged[row["flag"]] = self.flagged.get(row["flag"], 0) + 1
 
 
+def reused_row(
+    cluster: HotQuestion,
+    answer: str,
+    generated_at: datetime,
+    reused_from: str,
+    finish_reason: str | None = "stop",
+    flag: str = "",
+) -> dict[str, Any]:
+    """A row (``answer_schema``) answering ``cluster`` with an answer taken, not generated, in
+    this run: from the parent release, or the operator's (``curated.py``)."""
+    return {
+        "key": cluster.key,
+        "question": cluster.question,
+        "answer": answer,
+        "tokens": 0,  # none generated for it in this run
+        "finish_reason": finish_reason,
+        "flag": flag,
+        "generated_at": generated_at,
+        "reused_from": reused_from,
+    }
+
+
 def reusable_answers(
     hot: Iterable[HotQuestion],
     published: Iterable[Mapping[str, Any]],
@@ -210,16 +232,14 @@ def reusable_answers(
         if found is None:
             continue
         rows.append(
-            {
-                "key": cluster.key,
-                "question": cluster.question,
-                "answer": found["answer"],
-                "tokens": 0,  # none generated for it in this run
-                "finish_reason": found.get("finish_reason"),
-                "flag": flag,
-                "generated_at": found["generated_at"],
-                "reused_from": parent,
-            }
+            reused_row(
+                cluster,
+                found["answer"],
+                found["generated_at"],
+                parent,
+                found.get("finish_reason"),
+                flag,
+            )
         )
     return rows
 

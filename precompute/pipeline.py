@@ -28,7 +28,6 @@ yields the same version and content.
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 import time
@@ -42,13 +41,9 @@ from edge_index.errors import EdgeQAError
 from edge_index.languages import DEFAULT_LANGUAGE, LANGUAGES, language_of
 from edge_index.logs import LogReadStats, read_logs
 from edge_index.release import (
-    LoadedRelease,
-    ReleaseError,
-    load_release,
     read_pointer,
-    release_prefix,
 )
-from edge_index.store import ObjectNotFoundError, Store, open_store
+from edge_index.store import ObjectNotFoundError, open_store
 from precompute.config import PipelineConfig
 from precompute.curated import CURATED, curated_rows, read_curated
 from precompute.generate import (
@@ -61,8 +56,10 @@ from precompute.generate import (
     reusable_answers,
     run_id,
 )
-from precompute.mining import HotQuestion, MiningReport, Phrasing, drop_clusters, mine
+from precompute.mining import MiningReport, drop_clusters, mine
+from precompute.parent import current_release, parent_flagged, parent_phrasings, parent_rows
 from precompute.publish import prune, publish
+from precompute.questions import HotQuestion
 from precompute.revocations import in_force, is_revoked
 from precompute.workarea import WorkArea
 
@@ -118,44 +115,6 @@ def _work(params: RunParams, mined: Mined) -> WorkArea:
 
 def _hot(work: WorkArea) -> list[HotQuestion]:
     return [HotQuestion.from_dict(item) for item in work.get_json("hot.json")]
-
-
-def current_release(store: Store, profile: str) -> LoadedRelease | None:
-    """The release a run builds on: the current one (None before the first, or when it does not
-    load: the run then carries and reuses nothing, and may replace it)."""
-    try:
-        pointer, _ = read_pointer(store, profile)
-        return load_release(store, profile) if pointer else None
-    except ReleaseError:
-        log.warning("the current release of %s does not load; nothing is carried", profile)
-        return None
-
-
-def _parent_work(store: Store, parent: LoadedRelease | None) -> WorkArea | None:
-    """The work area of the run that built ``parent`` (a derived release names its source's)."""
-    run = parent.manifest.get("run_id") if parent else None
-    if parent is None or not isinstance(run, str):
-        return None
-    return WorkArea(store, parent.manifest["profile"]["name"], run)
-
-
-def parent_phrasings(store: Store, parent: LoadedRelease | None) -> list[Phrasing]:
-    """What the parent release's run mined (its work area's ``hot.json``, never published): the
-    wordings of its clusters, published or held back, with their hashed users and networks and
-    the time of each one's latest ask. None when the run's work area is gone (pruned, or a
-    release made elsewhere)."""
-    work = _parent_work(store, parent)
-    try:
-        items = work.get_json("hot.json") if work else []
-    except ObjectNotFoundError:
-        return []
-    return [p for item in items for p in HotQuestion.from_dict(item).wordings]
-
-
-def parent_flagged(store: Store, parent: LoadedRelease | None) -> list[dict[str, Any]]:
-    """The answers the parent release's run generated and flagged (never published)."""
-    work = _parent_work(store, parent)
-    return [row for row in read_partitions(work) if row["flag"]] if work else []
 
 
 def excluded_rows(stats: LogReadStats, mining: MiningReport) -> dict[str, int]:
@@ -355,7 +314,7 @@ def validate_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
     failures = []
     if rows < gate.min_rows:
         failures.append(f"the release has {rows} rows (at least {gate.min_rows} required)")
-    empty = _empty_answers(work, manifest)
+    empty = work.staged_empty_answers(manifest)
     if empty:
         failures.append(f"{empty} answers are empty")
     # leave-one-out precision of the semantic tier at the decision the release ships (measured
@@ -365,33 +324,14 @@ def validate_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
         failures.append(
             f"calibrated precision {threshold['precision']} is below {gate.min_precision}"
         )
-    parent_rows = _parent_rows(work, manifest.get("parent"))
-    if parent_rows and rows < (1 - gate.max_shrink) * parent_rows:
+    before = parent_rows(work, manifest.get("parent"))
+    if before and rows < (1 - gate.max_shrink) * before:
         failures.append(
-            f"the release shrinks from {parent_rows} to {rows} rows "
-            f"(more than {gate.max_shrink:.0%})"
+            f"the release shrinks from {before} to {rows} rows (more than {gate.max_shrink:.0%})"
         )
     if failures:
         raise QualityGateError(f"release {manifest['version']} refused: " + "; ".join(failures))
-    return {**result, "status": "passed", "parent_rows": parent_rows, "empty_answers": empty}
-
-
-def _parent_rows(work: WorkArea, parent: str | None) -> int | None:
-    if not parent:
-        return None
-    try:
-        data = work.store.get(f"{release_prefix(work.profile, parent)}/manifest.json")
-    except ObjectNotFoundError:
-        return None
-    return int(json.loads(data)["counts"]["rows"])
-
-
-def _empty_answers(work: WorkArea, manifest: dict[str, Any]) -> int:
-    empty = 0
-    for shard in manifest.get("shards", []):
-        table = work.get_table(f"{work.release}/{shard['rows']['path']}")
-        empty += sum(1 for a in table.column("answer").to_pylist() if not (a or "").strip())
-    return empty
+    return {**result, "status": "passed", "parent_rows": before, "empty_answers": empty}
 
 
 def publish_stage(params: RunParams, mined: Mined) -> dict[str, Any]:

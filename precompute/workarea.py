@@ -83,6 +83,14 @@ class WorkArea:
         manifest: dict[str, Any] = json.loads(self.store.get(f"{self.release}/manifest.json"))
         return manifest
 
+    def staged_empty_answers(self, manifest: dict[str, Any]) -> int:
+        """Rows of the staged release (``manifest``) whose answer is empty."""
+        empty = 0
+        for shard in manifest.get("shards", []):
+            table = self.get_table(f"{self.release}/{shard['rows']['path']}")
+            empty += sum(1 for a in table.column("answer").to_pylist() if not (a or "").strip())
+        return empty
+
     @contextmanager
     def staged_release_folder(self) -> Iterator[Path]:
         """The staged release downloaded into a temporary folder (for ``publish``)."""

@@ -11,7 +11,8 @@ from edge_index.release import read_pointer
 from edge_index.store import Store
 from precompute.build import build_release
 from precompute.config import BuildConfig, MiningConfig
-from precompute.mining import HotQuestion, mine
+from precompute.mining import mine
+from precompute.questions import HotQuestion
 
 PROFILE = "test-profile"
 QUESTIONS = (

@@ -15,10 +15,11 @@ import httpx
 import pytest
 
 from edge_index.logs import read_logs
+from edge_index.profiles import NoProfileError, resolve_profile
 from edge_index.release import release_prefix
 from edge_index.service import create_app
 from edge_index.store import FileStore, Store, open_store
-from edge_index.watcher import EDGE_METRICS, NoProfileError, ReleaseWatcher, resolve_profile
+from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from precompute.publish import publish
 from tests.releases import PROFILE, QUESTIONS, build
 from tests.s3proxy import FaultyS3

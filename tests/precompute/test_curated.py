@@ -24,7 +24,7 @@ from precompute.curated import (
     read_curated,
 )
 from precompute.generate import answer_schema
-from precompute.mining import HotQuestion, Phrasing
+from precompute.questions import HotQuestion, Phrasing
 from precompute.samplelogs import write_logs
 from tests.conftest import fast_weights
 

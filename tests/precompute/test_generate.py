@@ -10,7 +10,7 @@ from edge_index.keys import key
 from edge_index.store import FileStore
 from precompute.config import PrecomputeSettings
 from precompute.generate import generate_all, reusable_answers
-from precompute.mining import HotQuestion, Phrasing
+from precompute.questions import HotQuestion, Phrasing
 from precompute.workarea import WorkArea
 
 NOW = datetime(2026, 11, 29, tzinfo=UTC)

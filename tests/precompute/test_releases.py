@@ -12,11 +12,12 @@ from typing import Any
 import httpx
 import pytest
 
+from edge_index.profiles import load_index
 from edge_index.release import ReleaseError, read_pointer
 from edge_index.service import create_app
 from edge_index.signing import LocalSigner, generate_keypair, signed_root
 from edge_index.store import FileStore, Store
-from edge_index.watcher import EDGE_METRICS, ReleaseWatcher, load_index
+from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from precompute.publish import publish
 from precompute.releases import (
     RollbackError,

@@ -1,0 +1,72 @@
+"""What a night's run takes from the release it builds on (the parent, the current one of its
+profile): the evidence its run mined (``hot.json``, carried forward by mining) and the answers
+its run flagged (never generated again)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from edge_index.release import (
+    LoadedRelease,
+    ReleaseError,
+    load_release,
+    read_pointer,
+    release_prefix,
+)
+from edge_index.store import ObjectNotFoundError, Store
+from precompute.generate import read_partitions
+from precompute.questions import HotQuestion, Phrasing
+from precompute.workarea import WorkArea
+
+log = logging.getLogger(__name__)
+
+
+def current_release(store: Store, profile: str) -> LoadedRelease | None:
+    """The release a run builds on: the current one (None before the first, or when it does not
+    load: the run then carries and reuses nothing, and may replace it)."""
+    try:
+        pointer, _ = read_pointer(store, profile)
+        return load_release(store, profile) if pointer else None
+    except ReleaseError:
+        log.warning("the current release of %s does not load; nothing is carried", profile)
+        return None
+
+
+def _parent_work(store: Store, parent: LoadedRelease | None) -> WorkArea | None:
+    """The work area of the run that built ``parent`` (a derived release names its source's)."""
+    run = parent.manifest.get("run_id") if parent else None
+    if parent is None or not isinstance(run, str):
+        return None
+    return WorkArea(store, parent.manifest["profile"]["name"], run)
+
+
+def parent_phrasings(store: Store, parent: LoadedRelease | None) -> list[Phrasing]:
+    """What the parent release's run mined (its work area's ``hot.json``, never published): the
+    wordings of its clusters, published or held back, with their hashed users and networks and
+    the time of each one's latest ask. None when the run's work area is gone (pruned, or a
+    release made elsewhere)."""
+    work = _parent_work(store, parent)
+    try:
+        items = work.get_json("hot.json") if work else []
+    except ObjectNotFoundError:
+        return []
+    return [p for item in items for p in HotQuestion.from_dict(item).wordings]
+
+
+def parent_flagged(store: Store, parent: LoadedRelease | None) -> list[dict[str, Any]]:
+    """The answers the parent release's run generated and flagged (never published)."""
+    work = _parent_work(store, parent)
+    return [row for row in read_partitions(work) if row["flag"]] if work else []
+
+
+def parent_rows(work: WorkArea, parent: str | None) -> int | None:
+    """The rows of release ``parent`` of the work area's profile (None: none, or gone)."""
+    if not parent:
+        return None
+    try:
+        data = work.store.get(f"{release_prefix(work.profile, parent)}/manifest.json")
+    except ObjectNotFoundError:
+        return None
+    return int(json.loads(data)["counts"]["rows"])

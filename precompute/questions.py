@@ -1,0 +1,138 @@
+"""A mined question and its wordings: what mining (``mining.py``) hands to generation and build,
+and what a run's work area keeps (``hot.json``) for the next night to carry."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+def askers(users: Collection[str], networks: Collection[str]) -> int:
+    """Distinct people, as far as the logs can tell: users and networks, the fewer (no networks:
+    evidence from before they were logged)."""
+    return min(len(users), len(networks)) if networks else len(users)
+
+
+@dataclass
+class Phrasing:
+    key: str
+    normalized: str
+    question: str  # the most common raw form
+    users: set[str]
+    hits: int
+    latest_by_user: dict[str, datetime]
+    networks: set[str] = field(default_factory=set)
+    latest_by_network: dict[str, datetime] = field(default_factory=dict)
+
+    @property
+    def askers(self) -> int:
+        """Distinct people, as far as the logs can tell: users and networks, the fewer."""
+        return askers(self.users, self.networks)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "normalized": self.normalized,
+            "question": self.question,
+            "users": sorted(self.users),
+            "hits": self.hits,
+            "latest_by_user": {u: t.isoformat() for u, t in self.latest_by_user.items()},
+            "networks": sorted(self.networks),
+            "latest_by_network": {n: t.isoformat() for n, t in self.latest_by_network.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Phrasing:
+        latest = {u: datetime.fromisoformat(t) for u, t in d["latest_by_user"].items()}
+        users, networks = set(d["users"]), set(d.get("networks", ()))
+        by_network = {
+            n: datetime.fromisoformat(t) for n, t in d.get("latest_by_network", {}).items()
+        }
+        if networks - set(by_network):  # mined before networks were dated: as old as the oldest ask
+            oldest = min(latest.values())
+            by_network.update({n: oldest for n in networks - set(by_network)})
+        return cls(
+            d["key"], d["normalized"], d["question"], users, d["hits"], latest, networks, by_network
+        )
+
+
+@dataclass
+class HotQuestion:
+    """A cluster of wordings answered once. ``phrasings``: those published, canonical first;
+    ``held_back``: those asked but not published, as a content token of theirs was typed by
+    fewer than k of the cluster's askers (``rare_tokens``: how many, by wording key). Their
+    askers count all the same. ``synthesized``: no wording was k-safe, and the canonical
+    question was built from k-safe tokens (``safe_question``): typed by no one as it is."""
+
+    canonical: Phrasing
+    phrasings: list[Phrasing]  # published, canonical first
+    users: int  # the cluster's askers: distinct users and networks (the fewer), each once
+    hits: int
+    score: float
+    held_back: list[Phrasing] = field(default_factory=list)
+    rare_tokens: dict[str, int] = field(default_factory=dict)
+    synthesized: bool = False
+
+    @property
+    def key(self) -> str:
+        return self.canonical.key
+
+    @property
+    def question(self) -> str:
+        return self.canonical.question
+
+    @property
+    def wordings(self) -> list[Phrasing]:
+        """What people typed: the published wordings (not a built question) and the held back."""
+        typed = self.phrasings[1:] if self.synthesized else self.phrasings
+        return [*typed, *self.held_back]
+
+    def report_row(self, status: str) -> dict[str, Any]:
+        """The run's row for this cluster: how many askers, which wordings were published, which
+        held back and why (by key: their text is what must not leave the work area)."""
+        return {
+            "cluster": self.key,
+            "status": status,
+            "identities": self.users,
+            "question": self.question,
+            "synthesized": self.synthesized,
+            "published": [
+                {"key": p.key, "question": p.question, "identities": p.askers}
+                for p in self.phrasings
+            ],
+            "held_back": held_back_rows(self.held_back, self.rare_tokens),
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "phrasings": [p.as_dict() for p in self.phrasings],  # canonical first
+            "held_back": [p.as_dict() for p in self.held_back],
+            "rare_tokens": self.rare_tokens,
+            "synthesized": self.synthesized,
+            "users": self.users,
+            "hits": self.hits,
+            "score": self.score,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HotQuestion:
+        phrasings = [Phrasing.from_dict(p) for p in d["phrasings"]]
+        return cls(
+            phrasings[0],
+            phrasings,
+            d["users"],
+            d["hits"],
+            d["score"],
+            [Phrasing.from_dict(p) for p in d.get("held_back", ())],  # mined before it was kept
+            dict(d.get("rare_tokens", {})),
+            bool(d.get("synthesized", False)),
+        )
+
+
+def held_back_rows(wordings: Iterable[Phrasing], rare: dict[str, int]) -> list[dict[str, Any]]:
+    return [
+        {"key": p.key, "reason": "rare_tokens", "rare_tokens": rare[p.key], "identities": p.askers}
+        for p in wordings
+    ]
