@@ -103,6 +103,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+PROFILE_HELP = (
+    "release profiles to serve, comma-separated (default: EDGEQA_PROFILE, else each language's "
+    "newest)"
+)
+
+
 def _date(text: str) -> date:
     try:
         return date.fromisoformat(text)
@@ -272,9 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     edge_serve.add_argument("--host", default="127.0.0.1")
     edge_serve.add_argument("--port", type=int, default=8001)
     edge_serve.add_argument("--store", default=None, help="store root (default: EDGEQA_STORE)")
-    edge_serve.add_argument(
-        "--profile", default=None, help="default: EDGEQA_PROFILE or the only one"
-    )
+    edge_serve.add_argument("--profile", default=None, help=PROFILE_HELP)
     edge_serve.add_argument("--no-logs", action="store_true", help="do not write request logs")
     edge_serve.set_defaults(run=_cmd_edge_serve)
 
@@ -288,9 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     origin_serve.add_argument(
         "--store", default=None, help="store root for releases and logs (default: EDGEQA_STORE)"
     )
-    origin_serve.add_argument(
-        "--profile", default=None, help="release profile (default: EDGEQA_PROFILE or the only one)"
-    )
+    origin_serve.add_argument("--profile", default=None, help=PROFILE_HELP)
     origin_serve.add_argument("--no-logs", action="store_true", help="do not write request logs")
     origin_serve.add_argument(
         "--no-tiers", action="store_true", help="always generate (no release or online cache)"

@@ -65,7 +65,7 @@ def test_precompute_run_publishes_what_the_rules_allow(
             "--until",
             "2026-11-28",
             "--max-tokens",
-            "96",
+            "64",
             "--partition-size",
             "4",
         ],
