@@ -19,6 +19,7 @@ loads read the folder.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import shutil
@@ -307,14 +308,21 @@ def _write_json(path: Path, value: Any) -> None:
     path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+@functools.cache
+def _digest(path: str, size: int, mtime_ns: int) -> str:
+    """The packed file's sha256 prefix, read once per process (per size and mtime)."""
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()[:12]
+
+
 def multilingual_embedder_path(cache_dir: Path) -> Path:
     """The converted folder under ``cache_dir``, converted first if it is not there (by one
     process at a time: the folder is renamed into place when complete)."""
-    import hashlib
-
     packed = packed_model_path()
-    with packed.open("rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()[:12]
+    stat = packed.stat()
+    digest = _digest(str(packed), stat.st_size, stat.st_mtime_ns)
     folder = cache_dir / "embedders" / f"multilingual-e5-small-{digest}-v{CONVERSION}"
     if (folder / "modules.json").is_file():
         return folder

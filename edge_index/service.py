@@ -121,9 +121,7 @@ def create_app(
     users: UserHasher | None = None,
 ) -> Starlette:
     """The service over ``releases`` (one watcher: a single profile)."""
-    if isinstance(releases, ReleaseWatcher):
-        releases = Releases.of(releases)
-    served = releases
+    served = Releases.of(releases) if isinstance(releases, ReleaseWatcher) else releases
     metrics = EdgeMetrics()
     metrics.registry.register(served.metrics.registry)
     if logs is not None:

@@ -334,24 +334,21 @@ class Releases:
         embedders: dict[str, SentenceTransformer] | None = None,
         store: Store | None = None,
     ) -> Releases:
-        """The releases ``settings`` name; ``embedders``: already loaded ones by spec."""
+        """The releases ``settings`` name; ``embedders``: already loaded ones by spec (else each
+        is loaded when its language's first release is found; ``load_embedder`` shares a
+        built-in one within the process)."""
         from edge_index.embedder import load_embedder
         from edge_index.store import open_store
 
         store = store or open_store(settings.store)
         languages = settings.language_list
         metrics = ReleaseMetrics(metrics_prefix, languages)
-        loaded: dict[str, SentenceTransformer] = dict(embedders or {})
-        lock = threading.Lock()
+        given = embedders or {}
 
         def loader(spec: str) -> Callable[[], SentenceTransformer]:
-            def load() -> SentenceTransformer:
-                with lock:  # two languages naming one embedder share it
-                    if spec not in loaded:
-                        loaded[spec] = load_embedder(spec, settings.device, settings.cache_dir)
-                    return loaded[spec]
-
-            return load
+            return lambda: (
+                given.get(spec) or load_embedder(spec, settings.device, settings.cache_dir)
+            )
 
         watchers = {
             language: ReleaseWatcher(

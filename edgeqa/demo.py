@@ -49,7 +49,6 @@ SESSION = (
 # that most wordings reach k on their own (multilingual-e5 merges only near-identical wordings)
 ZH_SAMPLE: dict[str, Any] = {
     "days": 7,
-    "intents": 14,
     "users": 200,
     "asks": 900,
     "zipf_s": 0.6,
@@ -135,7 +134,6 @@ def build_release(
         }
         _say(out, f"   {stage:<9} {lines[stage](result)} ({seconds:.1f} s)")
 
-    assert len(ZH_INTENTS) == ZH_SAMPLE["intents"]
     return run_languages(params, ("en", "zh"), on_stage=said)
 
 
@@ -161,7 +159,6 @@ def services(
     language); their URLs."""
     import os
 
-    from edge_index.embedder import load_embedder
     from edge_index.logs import open_log_writer
     from edge_index.service import create_app as edge_app
     from edge_index.users import user_hasher
@@ -178,14 +175,10 @@ def services(
     )
     wanted = ports or (0, 0, 0)
     cdn_port, edge_port, origin_port = (p if p and port_is_free(p) else None for p in wanted)
-    # each language's embedder, loaded once for the edge and the origin
-    embedders = {
-        spec: load_embedder(spec, settings.device, settings.cache_dir)
-        for spec in set(settings.embedders.values())
-    }
     with ExitStack() as stack:
         cdn = stack.enter_context(LocalServer(cdn_app(store.root), port=cdn_port))
-        releases = Releases.from_settings(settings, EDGE_METRICS, embedders, store)
+        # each language's embedder is loaded once in this process, for the edge and the origin
+        releases = Releases.from_settings(settings, EDGE_METRICS, store=store)
         releases.start()
         stack.callback(releases.stop)
         edge_logs = open_log_writer(store, "edge", settings)
@@ -196,7 +189,7 @@ def services(
         settings = settings.replace(cdn_url=cdn.url, edge_url=edge.url)
         server = OriginServer(
             settings,
-            lambda: load_runtime(settings, embedders=embedders),
+            lambda: load_runtime(settings),
             open_log_writer(store, "origin", settings),
             users=users,
         )

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from origin.config import EngineSettings, OriginSettings
 
 if TYPE_CHECKING:
-    from sentence_transformers import SentenceTransformer
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from edge_index.watcher import Releases
@@ -90,7 +89,6 @@ class Runtime:
 def load_runtime(
     settings: OriginSettings,
     model: LoadedModel | None = None,
-    embedders: dict[str, SentenceTransformer] | None = None,
 ) -> Runtime:
     """The origin's runtime: the engine (started), and the release watcher (not started: the
     server starts it once its metrics are registered) when ``origin_tiers`` is on."""
@@ -99,6 +97,5 @@ def load_runtime(
     if settings.origin_tiers:
         from edge_index.watcher import ORIGIN_METRICS, Releases
 
-        # ``embedders``: already loaded ones, by spec (the demo shares the edge's)
-        releases = Releases.from_settings(settings, ORIGIN_METRICS, embedders)
+        releases = Releases.from_settings(settings, ORIGIN_METRICS)
     return Runtime(engine, settings.max_tokens, settings.temperature, releases)
