@@ -3,11 +3,11 @@
 Workload: repeated paraphrased questions. For each of several banking77 intents, the answer to the
 intent's first phrasing is generated first (it seeds the suffix index, as a release's answers
 would), then the other phrasings are asked one at a time and measured. Every system answers the
-same measured questions greedily with the same engine settings (the engine's defaults: batch-
-invariant fixed-order kernels, bf16 weights on a CPU with native bf16, else fp32), so "identical"
-means bitwise the same greedy output; ``identical`` compares each system's answers with the
-baseline's. Run it under ``ONEDNN_MAX_CPU_ISA`` / ``ATEN_CPU_CAPABILITY`` caps to check another
-CPU's arithmetic (``config.aten_capability`` says which ran).
+same measured questions greedily with the same engine settings (the origin's defaults:
+batch-invariant fixed-order kernels, the weights ``auto`` picks: the GGUF blocks on a CPU), so
+"identical" means bitwise the same greedy output; ``identical`` compares each system's answers
+with the baseline's. Run it under ``ONEDNN_MAX_CPU_ISA`` / ``ATEN_CPU_CAPABILITY`` caps to check
+another CPU's arithmetic (``config.aten_capability`` says which ran).
 
 Prints one JSON object:
   {"config": {...}, "systems": {"baseline": {"tok_per_s"},
@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DATA_DIR
 from transformers.utils import logging as hf_logging
 
-from origin.engine import Engine, EngineConfig, default_quantization
+from origin.engine import Engine, EngineConfig
 from origin.model import load_model
+from origin.runtime import auto_quantization
 from origin.sampling import SamplingParams
 
 
@@ -88,7 +89,7 @@ def main() -> None:
     seeds = [g[0] for g in groups]
     measured = [q for g in groups for q in g[1:]]
     params = SamplingParams(max_tokens=args.max_tokens)
-    weights = default_quantization("cpu")
+    weights = auto_quantization("cpu", model, 1024)
     settings = {"max_num_seqs": 1, "max_model_len": 1024, "quantization": weights}
 
     baseline = Engine(model, tokenizer, EngineConfig(**settings))  # type: ignore[arg-type]

@@ -3,16 +3,17 @@ words and no others.
 
 ``none`` serves the weights as loaded (fp32 on a CPU, fp16 on CUDA); ``bf16``, ``int8``
 (weight-only) and ``w8a8`` (INT8 weights and activations, batch-invariant by construction: see
-``docs/engine.md``) convert them when the engine is built; ``auto`` is a setting's way of letting
-the builder decide for the device (``origin/runtime.py``): an engine itself always runs one of
-``ENGINE_QUANTIZATIONS``.
+``docs/engine.md``) convert them when the engine is built; ``gguf`` (CPU) serves a model
+converted from a GGUF file from that file's own 4- and 8-bit blocks, bitwise the fp32 model's
+results; ``auto`` is a setting's way of letting the builder decide for the device and model
+(``origin/runtime.py``): an engine itself always runs one of ``ENGINE_QUANTIZATIONS``.
 """
 
 from __future__ import annotations
 
 from typing import Literal, get_args
 
-Quantization = Literal["auto", "none", "bf16", "int8", "w8a8"]
-EngineQuantization = Literal["none", "bf16", "int8", "w8a8"]
+Quantization = Literal["auto", "none", "bf16", "int8", "w8a8", "gguf"]
+EngineQuantization = Literal["none", "bf16", "int8", "w8a8", "gguf"]
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 ENGINE_QUANTIZATIONS: tuple[str, ...] = get_args(EngineQuantization)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from edge_index.watcher import Releases
     from origin.engine import Engine, EngineConfig
+    from origin.precision import EngineQuantization
 
 LoadedModel = tuple["PreTrainedModel", "PreTrainedTokenizerBase"]
 
@@ -31,9 +32,12 @@ def load(settings: EngineSettings) -> LoadedModel:
     return load_model(settings.model, settings.device, settings.dtype, settings.cache_dir)
 
 
-def engine_config(settings: EngineSettings, device: str) -> EngineConfig:
-    """The engine's config for a model on ``device``."""
-    from origin.engine import EngineConfig, default_quantization
+def engine_config(
+    settings: EngineSettings, device: str, model: PreTrainedModel | None = None
+) -> EngineConfig:
+    """The engine's config for ``model`` (when given: ``auto`` weights depend on it) on
+    ``device``."""
+    from origin.engine import EngineConfig
 
     quantization = settings.quantization
     return EngineConfig(
@@ -42,11 +46,31 @@ def engine_config(settings: EngineSettings, device: str) -> EngineConfig:
         prefill_chunk=settings.prefill_chunk,
         max_model_len=settings.max_model_len,
         kv_cache_tokens=settings.kv_cache_tokens or None,
-        quantization=default_quantization(device) if quantization == "auto" else quantization,
+        quantization=auto_quantization(device, model, settings.max_model_len)
+        if quantization == "auto"
+        else quantization,
         batch_invariant=settings.batch_invariant,
         speculative=None if settings.speculative == "none" else settings.speculative,
         num_speculative_tokens=settings.num_speculative_tokens,
     )
+
+
+def auto_quantization(
+    device: str, model: PreTrainedModel | None, max_len: int
+) -> EngineQuantization:
+    """``auto``'s weights: on a CPU, a model converted from a GGUF file with Q4_1/Q8_0 blocks runs
+    on those blocks (``gguf``: the fp32 model's results at a fifth of the bytes, the fastest
+    batch-1 decode: ``benchmarks/decode.py``); else the device's default
+    (``default_quantization``)."""
+    from origin.engine import default_quantization
+
+    if device == "cpu" and model is not None:
+        from origin.engine.gguf_blocks import servable
+        from origin.engine.runner import unsupported_reason
+
+        if unsupported_reason(model, max_len) is None and servable(model):
+            return "gguf"
+    return default_quantization(device)
 
 
 def build_engine(
@@ -57,7 +81,7 @@ def build_engine(
     from origin.engine import Engine
 
     weights, tokenizer = model or load(settings)
-    config = engine_config(settings, str(weights.device))
+    config = engine_config(settings, str(weights.device), weights)
     return Engine(weights, tokenizer, config, **engine_options)
 
 

@@ -10,12 +10,14 @@ quantized.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import warnings
 from typing import Protocol
 
 import torch
 
+from origin.engine import kernels
 from origin.precision import ENGINE_QUANTIZATIONS
 
 # clip ratios tried per output channel; the one with the least squared error wins
@@ -106,7 +108,7 @@ class Bf16Linear:
 
     compute_dtype = torch.bfloat16
     # CPU bf16 GEMM rows are bitwise independent of the row count only up to this reduction
-    # length; longer reductions run in pieces summed in fp32 (see _AttentionPlan for why it matters)
+    # length; longer reductions run in pieces summed in fp32 (see attention.py for why it matters)
     max_k = 1024
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
@@ -365,34 +367,42 @@ class FixedOrderLinear:
         quantization: str,
         calibration: torch.Tensor | None = None,
     ) -> None:
-        from origin.engine import kernels
-
-        self.input_scale: torch.Tensor | None = None
-        self.scales: torch.Tensor | None = None
+        input_scale = scales = None
         if quantization == "int8":
-            self.input_scale, q, scales = calibrated_int8(weight, calibration)
-            self.scales = scales.float()
+            input_scale, q, scales = calibrated_int8(weight, calibration)
             weight_t = q.t()
         elif quantization == "bf16" or weight.dtype == torch.bfloat16:
             weight_t = weight.t().to(torch.bfloat16)
         else:
             weight_t = weight.t().float()
-        self.packed = kernels.pack_weight(weight_t)
-        self.bias = None if bias is None else bias.float()
+
+        def fp32(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.float().contiguous()
+
+        # what the fused step (kernels.Forward) reads; __call__ runs the same arithmetic alone
+        self.packed = kernels.PackedLinear(
+            kernels.pack_weight(weight_t), weight.shape[0], fp32(input_scale), fp32(scales),
+            fp32(bias),
+        )  # fmt: skip
         self.out_features = weight.shape[0]
-        self._gemm = kernels.gemm
+
+    @classmethod
+    def from_packed(
+        cls, packed: kernels.PackedLinear, bias: torch.Tensor | None
+    ) -> FixedOrderLinear:
+        """Weights packed already (GGUF blocks: ``gguf_blocks.py``), with the model's bias."""
+        layer = cls.__new__(cls)
+        if bias is not None:
+            packed = dataclasses.replace(packed, bias=bias.float().contiguous())
+        layer.packed, layer.out_features = packed, packed.out_features
+        return layer
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.input_scale is not None:
-            x = x * self.input_scale
-        y = self._gemm(x, self.packed, self.out_features)
-        if self.scales is not None:
-            y = y * self.scales
-        return y if self.bias is None else y + self.bias
+        return self.packed(x)
 
     @property
     def weight_bytes(self) -> int:
-        return self.packed.numel() * self.packed.element_size()
+        return self.packed.weight_bytes
 
 
 def make_linear(
@@ -410,6 +420,10 @@ def make_linear(
     if quantization not in ENGINE_QUANTIZATIONS:
         raise ValueError(
             f"quantization must be one of {', '.join(ENGINE_QUANTIZATIONS)}, got {quantization!r}"
+        )
+    if quantization == "gguf":
+        raise ValueError(
+            "gguf weights are the GGUF file's blocks: see origin/engine/gguf_blocks.py"
         )
     if fixed_order and device.type == "cpu" and quantization != "w8a8":
         return FixedOrderLinear(weight, bias, quantization, calibration)

@@ -9,16 +9,17 @@ other causal LM through its own forward with one transformers cache per slot: co
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-import torch.nn.functional as F
 
 from origin.engine import kernels
+from origin.engine.attention import AttentionPlan
 from origin.engine.kv_cache import SlotKVCache
-from origin.engine.linear import Linear, make_linear
+from origin.engine.linear import FixedOrderLinear, Linear, make_linear
 from origin.engine.ops import rms_norm, rope_table, rotate, silu_mul
 
 if TYPE_CHECKING:
@@ -27,8 +28,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2")
-# steps with at most this many segments attend query by query (see _AttentionPlan)
-EXACT_MAX_SEGMENTS = 8
 
 
 @dataclass
@@ -76,36 +75,30 @@ def unsupported_reason(model: PreTrainedModel, max_len: int) -> str | None:
     return None
 
 
+def fused_projections(layer: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """A decoder layer's weights [out, in] (and biases) as the runner multiplies them: q, k and v
+    stacked into one, gate and up into one."""
+    attn, mlp = layer.self_attn, layer.mlp
+    groups = {
+        "qkv": (attn.q_proj, attn.k_proj, attn.v_proj),
+        "o": (attn.o_proj,),
+        "gate_up": (mlp.gate_proj, mlp.up_proj),
+        "down": (mlp.down_proj,),
+    }
+    fused = {}
+    for name, projections in groups.items():
+        weight = torch.cat([p.weight.detach() for p in projections])
+        bias = None
+        if projections[0].bias is not None:
+            bias = torch.cat([p.bias.detach() for p in projections])
+        fused[name] = (weight, bias)
+    return fused
+
+
 class _Layer:
-    def __init__(
-        self,
-        layer: Any,
-        quantization: str,
-        device: torch.device,
-        calibration: dict[str, torch.Tensor] | None = None,
-        fixed_order: bool = False,
-    ) -> None:
-        attn, mlp = layer.self_attn, layer.mlp
-        calib = calibration or {}
-
-        def linear(weights: list[Any], biases: list[Any], name: str) -> Linear:
-            weight = torch.cat([w.detach() for w in weights])
-            bias = None
-            if biases[0] is not None:
-                bias = torch.cat([b.detach() for b in biases])
-            return make_linear(
-                weight, bias, quantization, device, calib.get(name), fixed_order=fixed_order
-            )
-
-        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-        self.qkv = linear([p.weight for p in projections], [p.bias for p in projections], "qkv")
-        self.o = linear([attn.o_proj.weight], [attn.o_proj.bias], "o")
-        self.gate_up = linear(
-            [mlp.gate_proj.weight, mlp.up_proj.weight],
-            [mlp.gate_proj.bias, mlp.up_proj.bias],
-            "gate_up",
-        )
-        self.down = linear([mlp.down_proj.weight], [mlp.down_proj.bias], "down")
+    def __init__(self, layer: Any, linears: dict[str, Linear], fixed_order: bool = False) -> None:
+        self.qkv, self.o = linears["qkv"], linears["o"]
+        self.gate_up, self.down = linears["gate_up"], linears["down"]
         self.input_norm = layer.input_layernorm.weight.detach()
         self.post_norm = layer.post_attention_layernorm.weight.detach()
         if fixed_order:  # fp32 activations
@@ -127,7 +120,11 @@ class LlamaRunner:
             raise ValueError(f"LlamaRunner cannot run this model: {reason}")
         config = model.config
         self.device = model.device
-        # batch-invariant on a CPU: the fixed-order kernels (kernels/), fp32 activations and cache
+        if quantization == "gguf" and self.device.type != "cpu":
+            raise ValueError("precision gguf runs on the CPU's fixed-order kernels, not on CUDA")
+        # batch-invariant on a CPU: the fixed-order kernels (kernels/), fp32 activations and cache;
+        # GGUF blocks are read by those kernels alone
+        batch_invariant = batch_invariant or quantization == "gguf"
         self.batch_invariant = batch_invariant and self.device.type == "cpu"
         if batch_invariant and not self.batch_invariant and quantization != "w8a8":
             logger.warning(
@@ -151,36 +148,16 @@ class LlamaRunner:
 
             calibration = collect_linear_inputs(model, tokenizer)
         with torch.no_grad():
+            fused = [fused_projections(layer) for layer in base.layers]
+            linears, self.lm_head = self._linears(model, fused, quantization, calibration)
             self.layers = [
-                _Layer(
-                    layer,
-                    quantization,
-                    self.device,
-                    {name: x for (i, name), x in calibration.items() if i == index},
-                    self.batch_invariant,
-                )
-                for index, layer in enumerate(base.layers)
+                _Layer(layer, layer_linears, self.batch_invariant)
+                for layer, layer_linears in zip(base.layers, linears, strict=True)
             ]
             self.embed = base.embed_tokens.weight.detach().to(self.dtype)
             self.final_norm = base.norm.weight.detach().to(self.dtype)
-            # the LM head stays in full precision except in bf16 mode, where every GEMM is bf16,
-            # and in w8a8 mode, where every GEMM must be batch-invariant (with 10-bit activations:
-            # the logits are what greedy decoding compares)
-            head_quantization = quantization if quantization in ("bf16", "w8a8") else "none"
-            self.lm_head = make_linear(
-                model.lm_head.weight.detach(),
-                None,
-                head_quantization,
-                self.device,
-                act_bits=10,
-                fixed_order=self.batch_invariant,
-            )
             # cos, sin for every position: [max_len, head_dim], with the model's own rope scaling
             self.cos, self.sin = rope_table(base.rotary_emb, max_len, self.device, self.dtype)
-        # batch-invariant: norms and the MLP's activation in fixed-order C too, so no step of a
-        # layer depends on the vector width ATen's kernels pick on this CPU
-        self._norm = kernels.rms_norm if self.batch_invariant else rms_norm
-        self._silu_mul = kernels.silu_mul if self.batch_invariant else silu_mul
         self.cache = SlotKVCache(
             len(self.layers),
             num_slots,
@@ -189,6 +166,107 @@ class LlamaRunner:
             self.head_dim,
             self.dtype,
             self.device,
+        )
+        # batch-invariant: the whole step in fixed-order C, norms and activation included, so no
+        # step of a layer depends on the vector width ATen's kernels pick on this CPU
+        # w8a8 is batch-invariant by its arithmetic on the library GEMMs: its steps run op by op,
+        # with the fixed-order norms, activation and attention around those GEMMs
+        self._norm = kernels.rms_norm if self.batch_invariant else rms_norm
+        self._silu_mul = kernels.silu_mul if self.batch_invariant else silu_mul
+        fixed = all(
+            isinstance(lin, FixedOrderLinear)
+            for layer in self.layers
+            for lin in (layer.qkv, layer.o, layer.gate_up, layer.down, self.lm_head)
+        )
+        self._fused = self._fused_forward() if self.batch_invariant and fixed else None
+
+    def _linears(
+        self,
+        model: PreTrainedModel,
+        fused: list[dict[str, tuple[torch.Tensor, torch.Tensor | None]]],
+        quantization: str,
+        calibration: dict[tuple[int, str], torch.Tensor],
+    ) -> tuple[list[dict[str, Linear]], Linear]:
+        """Every layer's linears and the LM head, for ``quantization``."""
+        head_weight = model.lm_head.weight.detach()
+        if quantization == "gguf":
+            from origin.engine.gguf_blocks import gguf_linears
+
+            weights = {(i, n): w for i, group in enumerate(fused) for n, (w, _) in group.items()}
+            packed, packed_head = gguf_linears(model, weights, head_weight)
+            gguf_layers: list[dict[str, Linear]] = [
+                {n: FixedOrderLinear.from_packed(packed[(i, n)], b) for n, (_, b) in group.items()}
+                for i, group in enumerate(fused)
+            ]
+            return gguf_layers, FixedOrderLinear.from_packed(packed_head, None)
+        layers: list[dict[str, Linear]] = [
+            {
+                name: make_linear(
+                    weight,
+                    bias,
+                    quantization,
+                    self.device,
+                    calibration.get((i, name)),
+                    fixed_order=self.batch_invariant,
+                )
+                for name, (weight, bias) in group.items()
+            }
+            for i, group in enumerate(fused)
+        ]
+        # the LM head: bf16 in bf16 mode, where every GEMM is bf16; bf16 for INT8 layers too
+        # (INT8 costs greedy agreement at the logits, bf16 does not: decode.py); w8a8 in w8a8
+        # mode, where every GEMM must be batch-invariant (with 10-bit activations: the logits are
+        # what greedy decoding compares); else full precision
+        heads = {"int8": "bf16", "bf16": "bf16", "w8a8": "w8a8"}
+        head_quantization = heads.get(quantization, "none")
+        head = make_linear(
+            head_weight,
+            None,
+            head_quantization,
+            self.device,
+            act_bits=10,
+            fixed_order=self.batch_invariant,
+        )
+        return layers, head
+
+    def _fused_forward(self) -> kernels.Forward:
+        linears = [
+            lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        ] + [self.lm_head]
+        fixed = [lin for lin in linears if isinstance(lin, FixedOrderLinear)]
+        # every weight a step reads, together on huge pages
+        copies = kernels.huge_page_copies([lin.packed.packed for lin in fixed])
+        for lin, copy in zip(fixed, copies, strict=True):
+            lin.packed = dataclasses.replace(lin.packed, packed=copy)
+
+        def packed(linear: Linear) -> kernels.PackedLinear:
+            assert isinstance(linear, FixedOrderLinear)
+            return linear.packed
+
+        layers = [
+            kernels.LayerWeights(
+                packed(layer.qkv),
+                packed(layer.o),
+                packed(layer.gate_up),
+                packed(layer.down),
+                layer.input_norm.contiguous(),
+                layer.post_norm.contiguous(),
+            )
+            for layer in self.layers
+        ]
+        return kernels.Forward(
+            layers,
+            self.final_norm.contiguous(),
+            packed(self.lm_head),
+            heads=self.num_heads,
+            kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            eps=self.eps,
+            scale=self.scale,
+            k_cache=self.cache.k,
+            v_cache=self.cache.v,
+            cos=self.cos.contiguous(),
+            sin=self.sin.contiguous(),
         )
 
     @property
@@ -212,15 +290,19 @@ class LlamaRunner:
         input_ids = torch.tensor(tokens, device=device)
         positions = torch.tensor(positions_list, device=device)
         slots = torch.tensor(slots_list, device=device)
-        cos = self.cos[positions][:, None, :]
-        sin = self.sin[positions][:, None, :]
         for seg in segments:
             end = seg.start + seg.num_tokens
             assert end <= self.cache.max_len, "segment runs past the slot's max_len"
             self.cache.lengths[seg.slot] = end
-        plan = _AttentionPlan(segments, self.cache, device, self.batch_invariant)
-
         x = self.embed[input_ids]  # [T, hidden]
+        if self._fused is not None:
+            rows, counts = logit_rows(segments)
+            logits = self._fused(x, positions, slots, torch.tensor(rows))
+            return list(logits.split(counts))
+
+        plan = AttentionPlan(segments, self.cache, device, self.batch_invariant)
+        cos = self.cos[positions][:, None, :]
+        sin = self.sin[positions][:, None, :]
         n_q, n_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         norm = self._norm
         for index, layer in enumerate(self.layers):
@@ -236,141 +318,24 @@ class LlamaRunner:
             h = norm(x, layer.post_norm, self.eps)
             x = x + layer.down(self._silu_mul(layer.gate_up(h)))
 
-        rows = plan.logit_rows
+        rows, counts = logit_rows(segments)
         h = norm(x[rows], self.final_norm, self.eps)
         logits = self.lm_head(h).float()
-        return list(logits.split(plan.logit_counts))
+        return list(logits.split(counts))
 
 
-class _AttentionPlan:
-    """How the tokens of one step attend.
-
-    Batch-invariant (``fixed_order``): every token, prompt or decode, attends over exactly its own
-    keys in the fixed-order kernel (``kernels/fixed_order.c``), in one call per layer: its result
-    depends on nothing else in the step, nor on where a prompt was cut into chunks. Otherwise:
-    Small steps (at most ``EXACT_MAX_SEGMENTS`` segments) attend query by query: each decode or
-    verification token over exactly its own valid keys, with the same call whichever step it is
-    in. With bf16 weights (whose GEMM rows do not depend on the batch) a token's result is then
-    bitwise the same whether it is decoded alone or verified inside a speculative proposal, so
-    speculation cannot change a greedy output. Larger steps batch their decode tokens over the
-    slot range. Prompt chunks attend together under a causal mask.
-    """
-
-    def __init__(
-        self,
-        segments: list[Segment],
-        cache: SlotKVCache,
-        device: torch.device,
-        fixed_order: bool = False,
-    ) -> None:
-        self.segments = segments
-        self.fixed_order = fixed_order
-        self.decode_rows: list[int] = []
-        self.decode_slots: list[int] = []
-        self.per_query: list[tuple[int, int, int]] = []  # (row, slot, keys up to and incl.)
-        self.prefill: list[tuple[int, Segment]] = []  # (first row, segment)
-        self.logit_rows: list[int] = []
-        self.logit_counts: list[int] = []
-        exact = len(segments) <= EXACT_MAX_SEGMENTS
-        row = 0
-        for seg in segments:
-            if fixed_order:
-                pass  # every row attends in the kernel: see row_slots, row_lengths
-            elif exact and (seg.num_tokens == 1 or seg.all_logits):
-                for i in range(seg.num_tokens):
-                    self.per_query.append((row + i, seg.slot, seg.start + i + 1))
-            elif seg.num_tokens == 1:
-                self.decode_rows.append(row)
-                self.decode_slots.append(seg.slot)
-            else:
-                self.prefill.append((row, seg))
-            count = seg.num_tokens if seg.all_logits else 1
-            self.logit_rows.extend(range(row + seg.num_tokens - count, row + seg.num_tokens))
-            self.logit_counts.append(count)
-            row += seg.num_tokens
-        self.num_tokens = row
-        self.device = device
-        if fixed_order:
-            self.row_slots = torch.tensor([s.slot for s in segments for _ in range(s.num_tokens)])
-            ends = [s.start + i + 1 for s in segments for i in range(s.num_tokens)]
-            self.row_lengths = torch.tensor(ends)
-        if self.decode_slots:
-            # slots [0, span) hold every decode slot; rows of other slots in the span are padding
-            self.span = max(self.decode_slots) + 1
-            self.max_len = max(cache.lengths[s] for s in self.decode_slots)
-            lengths = torch.ones(self.span, dtype=torch.long)
-            for s in self.decode_slots:
-                lengths[s] = cache.lengths[s]
-            # additive mask: [span, 1, 1, max_len], -inf where the key position is not valid
-            valid = torch.arange(self.max_len)[None, :] < lengths[:, None]
-            bias = torch.zeros(valid.shape).masked_fill(~valid, float("-inf"))
-            self.decode_bias = bias.to(device)[:, None, None, :]
-            self.decode_rows_t = torch.tensor(self.decode_rows, device=device)
-            self.decode_slots_t = torch.tensor(self.decode_slots, device=device)
-        self.prefill_masks = []
-        for _, seg in self.prefill:
-            end = seg.start + seg.num_tokens
-            query_pos = torch.arange(seg.start, end)[:, None]
-            self.prefill_masks.append((torch.arange(end)[None, :] <= query_pos).to(device))
-
-    def store(
-        self,
-        cache: SlotKVCache,
-        layer: int,
-        slots: torch.Tensor,
-        positions: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-    ) -> None:
-        """Write the step's keys and values: slices for one segment, a scatter for several."""
-        if len(self.segments) == 1:
-            seg = self.segments[0]
-            end = seg.start + seg.num_tokens
-            cache.k[layer, seg.slot, :, seg.start : end] = k.transpose(0, 1)
-            cache.v[layer, seg.slot, :, seg.start : end] = v.transpose(0, 1)
-        else:
-            cache.write(layer, slots, positions, k, v)
-
-    def attend(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
-    ) -> torch.Tensor:
-        # q: [T, heads, head_dim]; k_cache, v_cache: [slots, kv_heads, max_len, head_dim]
-        if self.fixed_order:
-            return kernels.attention(q, k_cache, v_cache, self.row_slots, self.row_lengths, scale)
-        out = torch.empty_like(q) if len(self.per_query) < self.num_tokens else None
-        per_query = []
-        for row, slot, length in self.per_query:
-            k = k_cache[slot : slot + 1, :, :length]
-            v = v_cache[slot : slot + 1, :, :length]
-            qs = q[row : row + 1].transpose(0, 1)[None]  # [1, heads, 1, d]
-            o = F.scaled_dot_product_attention(qs, k, v, scale=scale, enable_gqa=True)
-            per_query.append(o[0, :, 0])
-        if out is None:  # every token attended alone
-            return torch.stack(per_query)
-        for (row, _, _), o in zip(self.per_query, per_query, strict=True):
-            out[row] = o
-        if self.decode_slots:
-            n_heads, d = q.shape[1], q.shape[2]
-            q_span = torch.zeros(self.span, n_heads, 1, d, dtype=q.dtype, device=q.device)
-            q_span[self.decode_slots_t, :, 0] = q[self.decode_rows_t]
-            k = k_cache[: self.span, :, : self.max_len]
-            v = v_cache[: self.span, :, : self.max_len]
-            # grouped-query attention as two batched matmuls: ~30% faster than SDPA on CPU here
-            n_kv = k.shape[1]
-            q_groups = q_span.view(self.span, n_kv, n_heads // n_kv, d)
-            scores = torch.matmul(q_groups, k.transpose(-1, -2)) * scale + self.decode_bias
-            o = torch.matmul(torch.softmax(scores, dim=-1), v).view(self.span, n_heads, d)
-            out[self.decode_rows_t] = o[self.decode_slots_t]
-        for (row, seg), mask in zip(self.prefill, self.prefill_masks, strict=True):
-            end = seg.start + seg.num_tokens
-            qs = q[row : row + seg.num_tokens].transpose(0, 1)[None]  # [1, heads, n, d]
-            k = k_cache[seg.slot : seg.slot + 1, :, :end]
-            v = v_cache[seg.slot : seg.slot + 1, :, :end]
-            o = F.scaled_dot_product_attention(
-                qs, k, v, attn_mask=mask, scale=scale, enable_gqa=True
-            )
-            out[row : row + seg.num_tokens] = o[0].transpose(0, 1)
-        return out
+def logit_rows(segments: list[Segment]) -> tuple[list[int], list[int]]:
+    """The step's rows whose logits are wanted (a segment's last token, or all of its tokens for
+    verification), and how many per segment."""
+    rows: list[int] = []
+    counts: list[int] = []
+    row = 0
+    for seg in segments:
+        count = seg.num_tokens if seg.all_logits else 1
+        rows.extend(range(row + seg.num_tokens - count, row + seg.num_tokens))
+        counts.append(count)
+        row += seg.num_tokens
+    return rows, counts
 
 
 class HFRunner:

@@ -1,5 +1,5 @@
 """Fixed-order CPU kernels (``fixed_order.c``): the engine's batch-invariant GEMM, attention,
-RMSNorm and SiLU.
+RMSNorm and SiLU, and ``Forward``: a Llama step composed of them in one call.
 
 Library GEMMs choose their blocking, thread split and even instruction set by the row count, so a
 row's result depends on its neighbours (measurements in ``docs/engine.md``). These kernels sum in
@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import mmap
 import os
 import shutil
 import subprocess
 import tempfile
+import warnings
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -27,8 +30,11 @@ from edge_index.config import DEFAULT_CACHE_DIR
 from edge_index.errors import EdgeQAError
 
 PANEL = 16  # output columns per packed weight panel (fixed_order.c)
+# GGUF block kinds (fixed_order.c): QK reduction rows per block, bytes per (panel, block)
+Q4_1, Q8_0, QK = 3, 4, 32
+_BLOCK_BYTES = {Q4_1: 4 * PANEL + QK * PANEL // 2, Q8_0: 2 * PANEL + QK * PANEL}
 _SOURCE = Path(__file__).with_name("fixed_order.c")
-_FLAGS = ["-O2", "-shared", "-fPIC", "-fopenmp", "-std=c11"]
+_FLAGS = ["-O2", "-shared", "-fPIC", "-fopenmp", "-std=c11", "-ffp-contract=off"]
 _KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -81,15 +87,48 @@ def library() -> ctypes.CDLL:
     lib.fo_rms_norm.restype = ctypes.c_int
     lib.fo_silu_mul.argtypes = [_P, _P, _I, _I]
     lib.fo_silu_mul.restype = ctypes.c_int
+    lib.fo_forward.argtypes = [_P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _I, _P]
+    lib.fo_forward.restype = ctypes.c_int
     lib.fo_set_simd.argtypes = [ctypes.c_int]
     lib.fo_set_simd.restype = ctypes.c_int
     return lib
 
 
-def set_simd(on: bool | None) -> bool:
-    """Force the scalar path (False), the AVX2 one (True) or the CPU's best (None): tests use it
-    to show both give the same bits. Returns whether SIMD is in use."""
-    return bool(library().fo_set_simd(-1 if on is None else int(on)))
+_HUGE_PAGE = 2 << 20
+
+
+def huge_page_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of ``tensors`` side by side in one anonymous mapping advised for transparent huge
+    pages (Linux; elsewhere, or where THP is off, plain pages). A decode step streams every
+    weight once: through 4 KiB pages the TLB misses cost a third of the step (6.0 ms with huge
+    pages, 6.6-9.0 ms without, ``docs/engine.md``)."""
+    sizes = [t.numel() * t.element_size() for t in tensors]
+    offsets = [0]
+    for size in sizes:
+        offsets.append(offsets[-1] + -(-size // 64) * 64)
+    arena = mmap.mmap(-1, offsets[-1] + _HUGE_PAGE)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            arena.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the mapping is writable
+        base = torch.frombuffer(arena, dtype=torch.uint8)
+    start = -base.data_ptr() % _HUGE_PAGE
+    copies = []
+    for t, offset, size in zip(tensors, offsets, sizes, strict=False):
+        view = base[start + offset : start + offset + size].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        copies.append(view)
+    return copies
+
+
+def set_simd(on: bool | None) -> int:
+    """Force the scalar path (False), the AVX2 one (True) or the CPU's best (None: AVX-512 for
+    GGUF blocks where the CPU has it): tests use it to show all give the same bits. Returns the
+    level in use: 0 scalar, 1 AVX2, 2 AVX-512."""
+    return int(library().fo_set_simd(-1 if on is None else int(on)))
 
 
 def pack_weight(weight_t: torch.Tensor) -> torch.Tensor:
@@ -104,16 +143,69 @@ def pack_weight(weight_t: torch.Tensor) -> torch.Tensor:
     return weight_t.reshape(k, -1, PANEL).transpose(0, 1).contiguous()
 
 
-def gemm(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
-    """x [M, in] float32 @ the packed weight -> [M, out_features] float32, in the fixed order."""
+def _panels(t: torch.Tensor) -> torch.Tensor:
+    """[out, ...] zero-padded to whole panels, as [panels, PANEL, ...]."""
+    pad = -t.shape[0] % PANEL
+    if pad:
+        t = torch.cat([t, t.new_zeros(pad, *t.shape[1:])])
+    return t.reshape(-1, PANEL, *t.shape[1:])
+
+
+def pack_q4_1(d: torch.Tensor, m: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """GGUF Q4_1 rows -> panels of blocks (``fixed_order.c``): d, m [out, K / QK] float16, q
+    [out, K] 0..15; weight = d * q + m. Returns uint8 [panels, K / QK, bytes]."""
+    out, k = q.shape
+    if k % QK or d.shape != (out, k // QK) or m.shape != d.shape:
+        raise ValueError(f"Q4_1 blocks: q {tuple(q.shape)}, d {tuple(d.shape)}, m {tuple(m.shape)}")
+    scales = [_panels(t.to(torch.float16)).transpose(1, 2).contiguous() for t in (d, m)]
+    qs = _panels(q.to(torch.uint8)).reshape(-1, PANEL, k // QK, QK).permute(0, 2, 3, 1)
+    # rows k and k + 1 of a column share a byte (k in the low nibble)
+    nibbles = (qs[:, :, 0::2] | (qs[:, :, 1::2] << 4)).reshape(*qs.shape[:2], -1)
+    return torch.cat([scales[0].view(torch.uint8), scales[1].view(torch.uint8), nibbles], dim=-1)
+
+
+def pack_q8_0(d: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """GGUF Q8_0 rows -> panels of blocks: d [out, K / QK] float16, q [out, K] int8; weight =
+    d * q. Returns uint8 [panels, K / QK, bytes]."""
+    out, k = q.shape
+    if k % QK or d.shape != (out, k // QK):
+        raise ValueError(f"Q8_0 blocks: q {tuple(q.shape)}, d {tuple(d.shape)}")
+    scales = _panels(d.to(torch.float16)).transpose(1, 2).contiguous()
+    qs = _panels(q.to(torch.int8)).reshape(-1, PANEL, k // QK, QK).permute(0, 2, 3, 1)
+    return torch.cat(
+        [scales.view(torch.uint8), qs.reshape(*qs.shape[:2], -1).view(torch.uint8)], -1
+    )
+
+
+def weight_kind(packed: torch.Tensor, kind: int | None = None) -> tuple[int, int]:
+    """(kind, reduction length K) of a packed weight: its dtype's, or a GGUF block kind's."""
+    if kind is None:
+        if packed.dtype not in _KINDS:
+            raise TypeError(f"a {packed.dtype} packed weight needs its GGUF block kind")
+        return _KINDS[packed.dtype], packed.shape[1]
+    if kind not in _BLOCK_BYTES or packed.dtype != torch.uint8:
+        raise TypeError(f"GGUF block kind {kind} is packed as uint8 blocks")
+    if packed.shape[2] != _BLOCK_BYTES[kind]:
+        raise ValueError(f"blocks of {packed.shape[2]} bytes are not kind {kind}'s")
+    return kind, packed.shape[1] * QK
+
+
+def gemm(
+    x: torch.Tensor, packed: torch.Tensor, out_features: int, kind: int | None = None
+) -> torch.Tensor:
+    """x [M, in] float32 @ the packed weight -> [M, out_features] float32, in the fixed order;
+    ``kind``: Q4_1 or Q8_0 for GGUF blocks (``pack_q4_1``, ``pack_q8_0``)."""
     x = x.float().contiguous()
     m, k = x.shape
+    code_kind, packed_k = weight_kind(packed, kind)
     panels = packed.shape[0]
     y = torch.empty(m, panels * PANEL, dtype=torch.float32)
-    code = library().fo_gemm(
-        x.data_ptr(), k, packed.data_ptr(), _KINDS[packed.dtype], y.data_ptr(), y.shape[1], m, k,
-        y.shape[1],
-    )  # fmt: skip
+    code = -1
+    if packed_k == k:
+        code = library().fo_gemm(
+            x.data_ptr(), k, packed.data_ptr(), code_kind, y.data_ptr(), y.shape[1], m, k,
+            y.shape[1],
+        )  # fmt: skip
     if code:
         raise ValueError(f"fo_gemm refused shapes x {tuple(x.shape)}, w {tuple(packed.shape)}")
     return y if y.shape[1] == out_features else y[:, :out_features]
@@ -164,3 +256,142 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     y = torch.empty(m, n2 // 2, dtype=torch.float32)
     library().fo_silu_mul(gate_up.data_ptr(), y.data_ptr(), m, n2 // 2)
     return y
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [("w", _P), ("in_scale", _P), ("scale", _P), ("bias", _P)] + [
+        (name, _I) for name in ("K", "N", "out", "kind")
+    ]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, _Linear) for name in ("qkv", "o", "gate_up", "down")] + [
+        ("input_norm", _P),
+        ("post_norm", _P),
+    ]
+
+
+class _Dims(ctypes.Structure):
+    _fields_ = [
+        (name, _I)
+        for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "slots", "max_len")
+    ] + [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+
+
+@dataclass(frozen=True)
+class PackedLinear:
+    """A linear layer as the fixed-order kernels run it: y = ((x * in_scale) @ W) * scale + bias,
+    each step optional, W packed by ``pack_weight``; every tensor fp32 but W."""
+
+    packed: torch.Tensor
+    out_features: int
+    in_scale: torch.Tensor | None = None
+    scale: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+    kind: int | None = None  # Q4_1 or Q8_0: GGUF blocks; None: the packed tensor's dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer alone: the arithmetic ``Forward`` runs for it."""
+        if self.in_scale is not None:
+            x = x * self.in_scale
+        y = gemm(x, self.packed, self.out_features, self.kind)
+        if self.scale is not None:
+            y = y * self.scale
+        return y if self.bias is None else y + self.bias
+
+    @property
+    def reduction(self) -> int:
+        return weight_kind(self.packed, self.kind)[1]
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.packed.numel() * self.packed.element_size()
+
+    def spec(self) -> _Linear:
+        def ptr(t: torch.Tensor | None) -> int | None:
+            return None if t is None else t.data_ptr()
+
+        for t in (self.in_scale, self.scale, self.bias):
+            if t is not None and (t.dtype != torch.float32 or not t.is_contiguous()):
+                raise TypeError("in_scale, scale and bias must be contiguous float32")
+        kind, k = weight_kind(self.packed, self.kind)
+        return _Linear(
+            ptr(self.packed), ptr(self.in_scale), ptr(self.scale), ptr(self.bias),
+            k, self.packed.shape[0] * PANEL, self.out_features, kind,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    qkv: PackedLinear
+    o: PackedLinear
+    gate_up: PackedLinear
+    down: PackedLinear
+    input_norm: torch.Tensor  # [hidden] fp32
+    post_norm: torch.Tensor
+
+
+class Forward:
+    """A Llama-family step in one call (``fo_forward``): the same operations in the same order as
+    the kernels above composed with fp32 elementwise steps, bit for bit (``tests/origin/engine/
+    test_kernels.py``), without a Python dispatch per operation."""
+
+    def __init__(
+        self,
+        layers: list[LayerWeights],
+        final_norm: torch.Tensor,
+        head: PackedLinear,
+        *,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        eps: float,
+        scale: float,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> None:
+        for t in (final_norm, k_cache, v_cache, cos, sin):
+            if t.dtype != torch.float32 or not t.is_contiguous():
+                raise TypeError("norms, caches and rotary tables must be contiguous float32")
+        n_layers, slots, _, max_len, _ = k_cache.shape
+        hidden = final_norm.shape[0]
+        self._keep = (layers, final_norm, head, k_cache, v_cache, cos, sin)
+        self._layers = (_Layer * len(layers))(
+            *(
+                _Layer(w.qkv.spec(), w.o.spec(), w.gate_up.spec(), w.down.spec(),
+                       w.input_norm.data_ptr(), w.post_norm.data_ptr())
+                for w in layers
+            )
+        )  # fmt: skip
+        ffn = layers[0].down.reduction
+        self._dims = _Dims(
+            n_layers, hidden, heads, kv_heads, head_dim, ffn, slots, max_len, eps, scale
+        )
+        self._head = head.spec()
+        self.vocab = head.out_features
+        self._args = (final_norm.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr())
+        self._tables = (cos.data_ptr(), sin.data_ptr())
+
+    def __call__(
+        self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor
+    ) -> torch.Tensor:
+        """x [T, hidden] fp32 (the tokens' embeddings; overwritten), positions and slots [T],
+        rows [R]: the tokens whose logits are wanted. Returns logits [R, vocab] fp32."""
+        x = x.float().contiguous()
+        positions = positions.to(torch.int64).contiguous()
+        slots = slots.to(torch.int64).contiguous()
+        rows = rows.to(torch.int64).contiguous()
+        logits = torch.empty(len(rows), self._head.N, dtype=torch.float32)
+        norm, k_cache, v_cache = self._args
+        code = library().fo_forward(
+            ctypes.byref(self._dims), self._layers, norm, ctypes.byref(self._head),
+            x.data_ptr(), x.shape[0], positions.data_ptr(), slots.data_ptr(), k_cache, v_cache,
+            *self._tables, rows.data_ptr(), len(rows), logits.data_ptr(),
+        )  # fmt: skip
+        if code == -2:
+            raise MemoryError("fo_forward could not allocate its scratch buffers")
+        if code:
+            raise ValueError("fo_forward refused a position, slot or head shape")
+        return logits if self._head.N == self.vocab else logits[:, : self.vocab]

@@ -25,7 +25,20 @@
 #define PANEL 16
 #define LANES 8
 
-enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2 };
+enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2, W_Q4_1 = 3, W_Q8_0 = 4 };
+
+/* GGUF blocks, repacked by panel: weights [N / PANEL][K / QK] blocks, each holding one panel's
+ * 16 columns over QK = 32 rows of the reduction.
+ *   Q4_1: d[16], m[16] (fp16), then per pair of rows (k, k + 1) 16 bytes: byte c = q[k][c] |
+ *         q[k + 1][c] << 4;
+ *         w = d * q + m (q in 0..15), as gguf computes it: fl(fl(d * q) + m). d has 11
+ *         significant bits and q 4, so d * q is exact in fp32 and that is one fma(d, q, m).
+ *   Q8_0: d[16] (fp16), then per row k 16 int8 q; w = fl(d * q).
+ * These are the values gguf's dequantization gives (what the fp32 model holds), so a GGUF
+ * weight's products are bitwise those of its fp32 copy. */
+#define QK 32
+#define Q4_BLOCK (4 * PANEL + QK * PANEL / 2)
+#define Q8_BLOCK (2 * PANEL + QK * PANEL)
 
 /* Work (multiply-adds) below which a call runs on the calling thread alone. A parallel region's
  * barrier waits for every thread: on a loaded machine a descheduled thread costs a time slice per
@@ -33,10 +46,18 @@ enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2 };
  * serial; large ones (the LM head, batches, prompts) split. Results do not depend on it. */
 #define PARALLEL_WORK (1 << 21)
 
-static int use_avx2 = -1; /* -1: decide on first call; 0: scalar; 1: AVX2 + FMA */
+/* -1: decide on first call; 0: scalar; 1: AVX2 + FMA (+ F16C); 2: and AVX-512 for GGUF blocks */
+static int use_avx2 = -1;
 
 int fo_set_simd(int on) {
-    if (on < 0) on = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (on < 0)
+        on = !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c"))
+                 ? 0
+                 : __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                           __builtin_cpu_supports("avx512vl")
+                       ? 2
+                       : 1;
     use_avx2 = on;
     return use_avx2;
 }
@@ -52,17 +73,52 @@ static inline float w_scalar(const void *w, int kind, int64_t i) {
     return (float)((const int8_t *)w)[i];
 }
 
+/* IEEE half to float, exactly (F16C's conversion) */
+static float half_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, man = h & 1023;
+    uint32_t u;
+    if (exp == 31)
+        u = sign | 0x7f800000u | (man << 13);
+    else if (exp)
+        u = sign | ((exp + 112) << 23) | (man << 13);
+    else if (!man)
+        u = sign;
+    else { /* subnormal: exact in float */
+        const float f = (float)man * 0x1p-24f;
+        memcpy(&u, &f, 4);
+        u |= sign;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* weight (k, column c) of a panel, as every path computes it */
+static inline float weight_at(const void *w, int kind, int64_t K, int64_t panel, int64_t k,
+                              int c) {
+    if (kind < W_Q4_1) return w_scalar(w, kind, panel * K * PANEL + k * PANEL + c);
+    const int64_t block = panel * (K / QK) + k / QK, kk = k % QK;
+    if (kind == W_Q4_1) {
+        const uint8_t *b = (const uint8_t *)w + block * Q4_BLOCK;
+        const uint16_t *dm = (const uint16_t *)b;
+        const uint8_t byte = b[4 * PANEL + kk / 2 * PANEL + c];
+        const float q = (float)(kk % 2 ? byte >> 4 : byte & 15);
+        return fmaf(half_float(dm[c]), q, half_float(dm[PANEL + c]));
+    }
+    const uint8_t *b = (const uint8_t *)w + block * Q8_BLOCK;
+    return half_float(((const uint16_t *)b)[c]) * (float)((const int8_t *)b)[2 * PANEL + kk * PANEL + c];
+}
+
 /* the reference order: rows [r0, r0 + rows) of one panel */
 static void panel_scalar(const float *x, int64_t ldx, int rows, const void *w, int kind,
                          int64_t K, int64_t panel, float *y, int64_t ldy) {
-    const int64_t base = panel * K * PANEL;
     for (int r = 0; r < rows; r++) {
         float acc[PANEL];
         for (int c = 0; c < PANEL; c++) acc[c] = 0.0f;
         for (int64_t k = 0; k < K; k++) {
             const float xv = x[r * ldx + k];
             for (int c = 0; c < PANEL; c++)
-                acc[c] = fmaf(xv, w_scalar(w, kind, base + k * PANEL + c), acc[c]);
+                acc[c] = fmaf(xv, weight_at(w, kind, K, panel, k, c), acc[c]);
         }
         memcpy(y + r * ldy + panel * PANEL, acc, sizeof acc);
     }
@@ -84,7 +140,10 @@ __attribute__((target("avx2,fma"))) static inline __m256 w_load(const void *w, i
 #define REP2(M) REP1(M) M(1)
 #define REP4(M) REP2(M) M(2) M(3)
 #define REP6(M) REP4(M) M(4) M(5)
-#define DECL(r) __m256 a0_##r = _mm256_setzero_ps(), a1_##r = _mm256_setzero_ps();
+#define DECL(r)                                                                                 \
+    __m256 a0_##r = from_y ? _mm256_loadu_ps(y + (r) * ldy + panel * PANEL) : _mm256_setzero_ps(); \
+    __m256 a1_##r = from_y ? _mm256_loadu_ps(y + (r) * ldy + panel * PANEL + LANES)             \
+                           : _mm256_setzero_ps();
 #define STEP(r)                                                                                 \
     {                                                                                           \
         const __m256 xv = _mm256_broadcast_ss(x + (r) * ldx + k);                               \
@@ -97,7 +156,8 @@ __attribute__((target("avx2,fma"))) static inline __m256 w_load(const void *w, i
 #define DEFINE_TILE(NAME, KIND, REP)                                                            \
     __attribute__((target("avx2,fma"))) static void NAME(const float *x, int64_t ldx,           \
                                                          const void *w, int64_t K,              \
-                                                         int64_t panel, float *y, int64_t ldy) { \
+                                                         int64_t panel, float *y, int64_t ldy,  \
+                                                         int from_y) {                          \
         const int64_t base = panel * K * PANEL;                                                 \
         REP(DECL)                                                                               \
         for (int64_t k = 0; k < K; k++) {                                                       \
@@ -116,7 +176,8 @@ DEFINE_TILES(W_F32, f32)
 DEFINE_TILES(W_BF16, bf16)
 DEFINE_TILES(W_I8, i8)
 
-typedef void (*tile_fn)(const float *, int64_t, const void *, int64_t, int64_t, float *, int64_t);
+typedef void (*tile_fn)(const float *, int64_t, const void *, int64_t, int64_t, float *, int64_t,
+                        int);
 static const int TILE_ROWS[4] = {6, 4, 2, 1};
 static const tile_fn TILES[3][4] = {
     {tile6_f32, tile4_f32, tile2_f32, tile1_f32},
@@ -124,25 +185,214 @@ static const tile_fn TILES[3][4] = {
     {tile6_i8, tile4_i8, tile2_i8, tile1_i8},
 };
 
-/* y [M, N] (row stride ldy) = x [M, K] (row stride ldx) @ packed w ([N / PANEL][K][PANEL]) */
-int fo_gemm(const float *x, int64_t ldx, const void *w, int kind, float *y, int64_t ldy, int64_t M,
-            int64_t K, int64_t N) {
-    if (N % PANEL || kind < W_F32 || kind > W_I8) return -1;
-    if (use_avx2 < 0) fo_set_simd(-1);
-    const int64_t panels = N / PANEL;
-    const int simd = use_avx2;
-#pragma omp parallel for schedule(static) if (M * K * N >= PARALLEL_WORK)
-    for (int64_t p = 0; p < panels; p++) {
+/* one row, GROUP panels at once: 2 * GROUP independent FMA chains, enough to hide the FMA
+ * latency a single panel's two chains expose at batch 1 (each column's order is unchanged) */
+#define GROUP 4
+#define G_DECL(p) __m256 g0_##p = _mm256_setzero_ps(), g1_##p = _mm256_setzero_ps();
+#define G_STEP(p)                                                                               \
+    {                                                                                           \
+        const int64_t i = (panel + (p)) * K * PANEL + k * PANEL;                                \
+        g0_##p = _mm256_fmadd_ps(xv, w_load(w, kind, i), g0_##p);                               \
+        g1_##p = _mm256_fmadd_ps(xv, w_load(w, kind, i + LANES), g1_##p);                       \
+    }
+#define G_STORE(p)                                                                              \
+    _mm256_storeu_ps(y + (panel + (p)) * PANEL, g0_##p);                                        \
+    _mm256_storeu_ps(y + (panel + (p)) * PANEL + LANES, g1_##p);
+#define DEFINE_ROW_GROUP(NAME, KIND)                                                            \
+    __attribute__((target("avx2,fma"))) static void NAME(const float *x, const void *w,         \
+                                                         int64_t K, int64_t panel, float *y) {  \
+        const int kind = KIND;                                                                  \
+        REP4(G_DECL)                                                                            \
+        for (int64_t k = 0; k < K; k++) {                                                       \
+            const __m256 xv = _mm256_broadcast_ss(x + k);                                       \
+            REP4(G_STEP)                                                                        \
+        }                                                                                       \
+        REP4(G_STORE)                                                                           \
+    }
+DEFINE_ROW_GROUP(group_f32, W_F32)
+DEFINE_ROW_GROUP(group_bf16, W_BF16)
+DEFINE_ROW_GROUP(group_i8, W_I8)
+
+/* GGUF blocks in AVX2: one block row k's 16 weights as two vectors of 8, as weight_at computes
+ * them (d, m: the block's scales as floats) */
+__attribute__((target("avx2,fma,f16c"))) static inline void q_row(const uint8_t *b, int kind,
+                                                                  int64_t kk, __m256 d0, __m256 d1,
+                                                                  __m256 m0, __m256 m1,
+                                                                  __m256 *w0, __m256 *w1) {
+    if (kind == W_Q4_1) {
+        __m128i nib = _mm_loadu_si128((const __m128i *)(b + 4 * PANEL + kk / 2 * PANEL));
+        if (kk % 2) nib = _mm_srli_epi16(nib, 4);
+        const __m128i q = _mm_and_si128(nib, _mm_set1_epi8(15));
+        *w0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), m0);
+        *w1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8))),
+                              m1);
+    } else {
+        const __m128i q = _mm_loadu_si128((const __m128i *)(b + 2 * PANEL + kk * PANEL));
+        *w0 = _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+        *w1 = _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))));
+    }
+}
+
+__attribute__((target("avx2,fma,f16c"))) static inline const uint8_t *
+q_block(const void *w, int kind, int64_t K, int64_t panel, int64_t g, __m256 *d0, __m256 *d1,
+        __m256 *m0, __m256 *m1) {
+    const uint8_t *b =
+        (const uint8_t *)w + (panel * (K / QK) + g) * (kind == W_Q4_1 ? Q4_BLOCK : Q8_BLOCK);
+    *d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
+    *d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16)));
+    if (kind == W_Q4_1) {
+        *m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 32)));
+        *m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 48)));
+    }
+    return b;
+}
+
+/* block (panel, g) as floats [QK][PANEL] */
+__attribute__((target("avx2,fma,f16c"))) static void q_dequant(const void *w, int kind, int64_t K,
+                                                               int64_t panel, int64_t g,
+                                                               float *tile) {
+    __m256 d0, d1, m0 = _mm256_setzero_ps(), m1 = m0, w0, w1;
+    const uint8_t *b = q_block(w, kind, K, panel, g, &d0, &d1, &m0, &m1);
+    for (int64_t kk = 0; kk < QK; kk++) {
+        q_row(b, kind, kk, d0, d1, m0, m1, &w0, &w1);
+        _mm256_storeu_ps(tile + kk * PANEL, w0);
+        _mm256_storeu_ps(tile + kk * PANEL + LANES, w1);
+    }
+}
+
+/* one row, GROUP panels of GGUF blocks at once, the weights dequantized in registers */
+#define QG_DECL(p) __m256 g0_##p = _mm256_setzero_ps(), g1_##p = g0_##p, d0_##p, d1_##p, m0_##p = g0_##p, m1_##p = g0_##p; const uint8_t *b_##p;
+#define QG_LOAD(p) b_##p = q_block(w, kind, K, panel + (p), g, &d0_##p, &d1_##p, &m0_##p, &m1_##p);
+#define QG_STEP(p)                                                                              \
+    {                                                                                           \
+        __m256 w0, w1;                                                                          \
+        q_row(b_##p, kind, kk, d0_##p, d1_##p, m0_##p, m1_##p, &w0, &w1);                       \
+        g0_##p = _mm256_fmadd_ps(xv, w0, g0_##p);                                               \
+        g1_##p = _mm256_fmadd_ps(xv, w1, g1_##p);                                               \
+    }
+#define DEFINE_Q_GROUP(NAME, KIND)                                                              \
+    __attribute__((target("avx2,fma,f16c"))) static void NAME(const float *x, const void *w,    \
+                                                              int64_t K, int64_t panel,         \
+                                                              float *y) {                       \
+        const int kind = KIND;                                                                  \
+        REP4(QG_DECL)                                                                           \
+        for (int64_t g = 0; g < K / QK; g++) {                                                  \
+            REP4(QG_LOAD)                                                                       \
+            for (int64_t kk = 0; kk < QK; kk++) {                                               \
+                const __m256 xv = _mm256_broadcast_ss(x + g * QK + kk);                         \
+                REP4(QG_STEP)                                                                   \
+            }                                                                                   \
+        }                                                                                       \
+        REP4(G_STORE)                                                                           \
+    }
+DEFINE_Q_GROUP(group_q4_1, W_Q4_1)
+DEFINE_Q_GROUP(group_q8_0, W_Q8_0)
+
+/* The same for CPUs with AVX-512: a panel's 16 columns in one register, the same operations per
+ * lane (so the same bits), half the instructions: the 4-bit kernel is bound by them, not by
+ * memory, on a 2-core machine */
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
+#define Z_DECL(p) __m512 z_##p = _mm512_setzero_ps(), zd_##p, zm_##p = z_##p; const uint8_t *zb_##p;
+#define Z_LOAD(p)                                                                               \
+    zb_##p = (const uint8_t *)w + ((panel + (p)) * (K / QK) + g) * BLOCK;                       \
+    zd_##p = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)zb_##p));                      \
+    if (kind == W_Q4_1) zm_##p = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(zb_##p + 32)));
+#define Z_STEP(p)                                                                               \
+    if (kind == W_Q4_1) { /* rows kk and kk + 1 from one 16-byte load */                        \
+        const __m512i v = _mm512_cvtepu8_epi32(                                                 \
+            _mm_loadu_si128((const __m128i *)(zb_##p + 4 * PANEL + kk / 2 * PANEL)));           \
+        const __m512 wa = _mm512_fmadd_ps(                                                      \
+            zd_##p, _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))), zm_##p);    \
+        const __m512 wb =                                                                       \
+            _mm512_fmadd_ps(zd_##p, _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), zm_##p);       \
+        z_##p = _mm512_fmadd_ps(xa, wa, z_##p);                                                 \
+        z_##p = _mm512_fmadd_ps(xb, wb, z_##p);                                                 \
+    } else {                                                                                    \
+        for (int h = 0; h < 2; h++) {                                                           \
+            const __m128i q =                                                                   \
+                _mm_loadu_si128((const __m128i *)(zb_##p + 2 * PANEL + (kk + h) * PANEL));      \
+            const __m512 wv = _mm512_mul_ps(zd_##p, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))); \
+            z_##p = _mm512_fmadd_ps(h ? xb : xa, wv, z_##p);                                    \
+        }                                                                                       \
+    }
+#define Z_STORE(p) _mm512_storeu_ps(y + (panel + (p)) * PANEL, z_##p);
+#define DEFINE_Q_GROUP_512(NAME, KIND, BLOCK_BYTES)                                             \
+    T512 static void NAME(const float *x, const void *w, int64_t K, int64_t panel, float *y) {  \
+        const int kind = KIND;                                                                  \
+        const int64_t BLOCK = BLOCK_BYTES;                                                      \
+        REP4(Z_DECL)                                                                            \
+        for (int64_t g = 0; g < K / QK; g++) {                                                  \
+            REP4(Z_LOAD)                                                                        \
+            for (int64_t kk = 0; kk < QK; kk += 2) {                                            \
+                const __m512 xa = _mm512_set1_ps(x[g * QK + kk]);                               \
+                const __m512 xb = _mm512_set1_ps(x[g * QK + kk + 1]);                           \
+                REP4(Z_STEP)                                                                    \
+            }                                                                                   \
+        }                                                                                       \
+        REP4(Z_STORE)                                                                           \
+    }
+DEFINE_Q_GROUP_512(group512_q4_1, W_Q4_1, Q4_BLOCK)
+DEFINE_Q_GROUP_512(group512_q8_0, W_Q8_0, Q8_BLOCK)
+
+/* GGUF panels for any row count: each block dequantized once into L1, then the float tiles,
+ * continuing each output's chain from the previous block */
+static void q_panel(const float *x, int64_t ldx, const void *w, int kind, float *y, int64_t ldy,
+                    int64_t M, int64_t K, int64_t p) {
+    float tile[QK * PANEL] __attribute__((aligned(32)));
+    for (int64_t g = 0; g < K / QK; g++) {
+        q_dequant(w, kind, K, p, g, tile);
+        int64_t r0 = 0;
+        for (int t = 0; t < 4; t++)
+            for (const int rows = TILE_ROWS[t]; M - r0 >= rows; r0 += rows)
+                TILES[W_F32][t](x + r0 * ldx + g * QK, ldx, tile, QK, 0, y + r0 * ldy + p * PANEL,
+                                ldy, g > 0);
+    }
+}
+
+/* panels [p0, p1) of y [M, N] = x [M, K] @ w: every output in the fixed order */
+static void gemm_panels(const float *x, int64_t ldx, const void *w, int kind, float *y,
+                        int64_t ldy, int64_t M, int64_t K, int64_t p0, int64_t p1, int simd) {
+    static void (*const groups[5])(const float *, const void *, int64_t, int64_t, float *) = {
+        group_f32, group_bf16, group_i8, group_q4_1, group_q8_0};
+    for (int64_t p = p0; p < p1; p++) {
+        if (simd && M == 1 && p + GROUP <= p1) {
+            if (simd == 2 && kind == W_Q4_1)
+                group512_q4_1(x, w, K, p, y);
+            else if (simd == 2 && kind == W_Q8_0)
+                group512_q8_0(x, w, K, p, y);
+            else
+                groups[kind](x, w, K, p, y);
+            p += GROUP - 1;
+            continue;
+        }
+        if (simd && kind >= W_Q4_1) {
+            q_panel(x, ldx, w, kind, y, ldy, M, K, p);
+            continue;
+        }
         int64_t r0 = 0;
         for (int t = 0; t < 4; t++) {
             const int rows = TILE_ROWS[t];
             for (; M - r0 >= rows; r0 += rows) {
                 if (simd)
-                    TILES[kind][t](x + r0 * ldx, ldx, w, K, p, y + r0 * ldy, ldy);
+                    TILES[kind][t](x + r0 * ldx, ldx, w, K, p, y + r0 * ldy, ldy, 0);
                 else
                     panel_scalar(x + r0 * ldx, ldx, rows, w, kind, K, p, y + r0 * ldy, ldy);
             }
         }
+    }
+}
+
+/* y [M, N] (row stride ldy) = x [M, K] (row stride ldx) @ packed w ([N / PANEL][K][PANEL]) */
+int fo_gemm(const float *x, int64_t ldx, const void *w, int kind, float *y, int64_t ldy, int64_t M,
+            int64_t K, int64_t N) {
+    if (N % PANEL || kind < W_F32 || kind > W_Q8_0 || (kind >= W_Q4_1 && K % QK)) return -1;
+    if (use_avx2 < 0) fo_set_simd(-1);
+    const int64_t groups = (N / PANEL + GROUP - 1) / GROUP, panels = N / PANEL;
+    const int simd = use_avx2;
+#pragma omp parallel for schedule(static) if (M * K * N >= PARALLEL_WORK)
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t p0 = g * GROUP, p1 = p0 + GROUP < panels ? p0 + GROUP : panels;
+        gemm_panels(x, ldx, w, kind, y, ldy, M, K, p0, p1, simd);
     }
     return 0;
 }
@@ -181,6 +431,34 @@ static void axpy_scalar(float a, const float *v, float *acc, int64_t D) {
     for (int64_t d = 0; d < D; d++) acc[d] = fmaf(a, v[d], acc[d]);
 }
 
+/* one query row th = t * H + h over keys [0, len) of its slot's head; s: scratch of len floats */
+static void attend_one(const float *q, const float *kc, const float *vc, int64_t max_len,
+                       int64_t slot, int64_t len, int64_t th, int64_t H, int64_t Hkv, int64_t D,
+                       float scale, float *out, float *s, int simd) {
+    const int64_t h = th % H;
+    const int64_t head = (slot * Hkv + h / (H / Hkv)) * max_len * D;
+    const float *qv = q + th * D, *kh = kc + head, *vh = vc + head;
+    float *o = out + th * D;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < len; j++) {
+        s[j] = (simd ? dot_avx2(qv, kh + j * D, D) : dot_scalar(qv, kh + j * D, D)) * scale;
+        if (s[j] > mx) mx = s[j];
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j < len; j++) {
+        s[j] = expf(s[j] - mx);
+        sum += s[j];
+    }
+    for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+    for (int64_t j = 0; j < len; j++) {
+        if (simd)
+            axpy_avx2(s[j], vh + j * D, o, D);
+        else
+            axpy_scalar(s[j], vh + j * D, o, D);
+    }
+    for (int64_t d = 0; d < D; d++) o[d] = o[d] / sum;
+}
+
 /* q [T, H, D]; the caches [slots, Hkv, max_len, D] (contiguous, fp32); query t attends keys
  * [0, lens[t]) of slot slots[t]; out [T, H, D]. D must be a multiple of 8. */
 int fo_attention(const float *q, const float *kc, const float *vc, int64_t max_len,
@@ -189,40 +467,19 @@ int fo_attention(const float *q, const float *kc, const float *vc, int64_t max_l
     if (D % LANES || H % Hkv) return -1;
     if (use_avx2 < 0) fo_set_simd(-1);
     const int simd = use_avx2;
-    const int64_t group = H / Hkv;
     int failed = 0;
     int64_t work = 0;
     for (int64_t t = 0; t < T; t++) work += lens[t];
     work *= H * D;
 #pragma omp parallel for schedule(static) if (work >= PARALLEL_WORK)
     for (int64_t th = 0; th < T * H; th++) {
-        const int64_t t = th / H, h = th % H, len = lens[t];
-        const int64_t head = (slots[t] * Hkv + h / group) * max_len * D;
-        const float *qv = q + th * D, *kh = kc + head, *vh = vc + head;
-        float *o = out + th * D;
+        const int64_t len = lens[th / H];
         float *s = malloc(sizeof(float) * (len > 0 ? len : 1));
         if (!s) {
             failed = 1;
             continue;
         }
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < len; j++) {
-            s[j] = (simd ? dot_avx2(qv, kh + j * D, D) : dot_scalar(qv, kh + j * D, D)) * scale;
-            if (s[j] > mx) mx = s[j];
-        }
-        float sum = 0.0f;
-        for (int64_t j = 0; j < len; j++) {
-            s[j] = expf(s[j] - mx);
-            sum += s[j];
-        }
-        for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
-        for (int64_t j = 0; j < len; j++) {
-            if (simd)
-                axpy_avx2(s[j], vh + j * D, o, D);
-            else
-                axpy_scalar(s[j], vh + j * D, o, D);
-        }
-        for (int64_t d = 0; d < D; d++) o[d] = o[d] / sum;
+        attend_one(q, kc, vc, max_len, slots[th / H], len, th, H, Hkv, D, scale, out, s, simd);
         free(s);
     }
     return failed ? -2 : 0;
@@ -236,27 +493,179 @@ static float sum_squares(const float *x, int64_t D, int simd) {
     return s;
 }
 
+static void norm_row(const float *xr, const float *w, float *yr, int64_t D, float eps, int simd) {
+    const float inv = 1.0f / sqrtf(sum_squares(xr, D, simd) / (float)D + eps);
+    for (int64_t d = 0; d < D; d++) yr[d] = w[d] * (xr[d] * inv);
+}
+
 /* x, y [M, D]; w [D] */
 int fo_rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t D, float eps) {
     if (use_avx2 < 0) fo_set_simd(-1);
     const int simd = use_avx2;
 #pragma omp parallel for schedule(static) if (M * D >= PARALLEL_WORK)
-    for (int64_t m = 0; m < M; m++) {
-        const float *xr = x + m * D;
-        float *yr = y + m * D;
-        const float inv = 1.0f / sqrtf(sum_squares(xr, D, simd) / (float)D + eps);
-        for (int64_t d = 0; d < D; d++) yr[d] = w[d] * (xr[d] * inv);
-    }
+    for (int64_t m = 0; m < M; m++) norm_row(x + m * D, w, y + m * D, D, eps, simd);
     return 0;
+}
+
+static void silu_mul_row(const float *g, float *yr, int64_t N) {
+    const float *u = g + N;
+    for (int64_t n = 0; n < N; n++) yr[n] = g[n] / (1.0f + expf(-g[n])) * u[n];
 }
 
 /* gate_up [M, 2N] (gate columns, then up columns) -> y [M, N] */
 int fo_silu_mul(const float *gate_up, float *y, int64_t M, int64_t N) {
 #pragma omp parallel for schedule(static) if (M * N * 16 >= PARALLEL_WORK)
-    for (int64_t m = 0; m < M; m++) {
-        const float *g = gate_up + m * 2 * N, *u = g + N;
-        float *yr = y + m * N;
-        for (int64_t n = 0; n < N; n++) yr[n] = g[n] / (1.0f + expf(-g[n])) * u[n];
-    }
+    for (int64_t m = 0; m < M; m++) silu_mul_row(gate_up + m * 2 * N, y + m * N, N);
     return 0;
+}
+
+/* ---- The whole Llama forward of one engine step in one call ----
+ * The same operations, in the same order, as the runner's step composed of the kernels above
+ * and elementwise fp32 steps (tests compare the two bit for bit), in one parallel region: a
+ * batch-1 decode step is ~30 layers x 10 small operations, and per-operation dispatch from
+ * Python cost more than the arithmetic. Threads split every operation by output columns, rows or
+ * heads, so results do not depend on the thread count. */
+
+typedef struct {
+    const void *w;                        /* packed [N / PANEL][K][PANEL] */
+    const float *in_scale, *scale, *bias; /* optional: x * in_scale before; y * scale, + bias */
+    int64_t K, N, out;                    /* N: out padded to a multiple of PANEL */
+    int64_t kind;
+} fo_linear;
+
+typedef struct {
+    fo_linear qkv, o, gate_up, down;
+    const float *input_norm, *post_norm;
+} fo_layer;
+
+typedef struct {
+    int64_t layers, hidden, heads, kv_heads, head_dim, ffn, slots, max_len;
+    float eps, scale;
+} fo_dims;
+
+/* inside a parallel region: y [M, L->N] (stride L->N) = linear(x [M, L->K]); xs: scratch */
+static void linear_rows(const fo_linear *L, const float *x, int64_t M, float *xs, float *y,
+                        int simd) {
+    const int64_t K = L->K, N = L->N;
+    if (L->in_scale) {
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < M * K; i++) xs[i] = x[i] * L->in_scale[i % K];
+        x = xs;
+    }
+    const int64_t panels = N / PANEL, groups = (panels + GROUP - 1) / GROUP;
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t p0 = g * GROUP, p1 = p0 + GROUP < panels ? p0 + GROUP : panels;
+        gemm_panels(x, K, L->w, (int)L->kind, y, N, M, K, p0, p1, simd);
+        const int64_t c1 = p1 * PANEL < L->out ? p1 * PANEL : L->out;
+        for (int64_t m = 0; m < M; m++) {
+            float *yr = y + m * N;
+            if (L->scale)
+                for (int64_t c = p0 * PANEL; c < c1; c++) yr[c] = yr[c] * L->scale[c];
+            if (L->bias)
+                for (int64_t c = p0 * PANEL; c < c1; c++) yr[c] = yr[c] + L->bias[c];
+        }
+    }
+}
+
+static int64_t padded(int64_t n) { return (n + PANEL - 1) / PANEL * PANEL; }
+
+/* x [T, hidden]: the tokens' embeddings (overwritten: the residual stream). Token t is at
+ * position pos[t] of slot slot[t] and attends positions [0, pos[t]]. The caches are
+ * [layers, slots, kv_heads, max_len, head_dim]; cos, sin [max_len, head_dim]. logits
+ * [R, head->N] for the rows rows[0..R). */
+int fo_forward(const fo_dims *dm, const fo_layer *layers, const float *final_norm,
+               const fo_linear *head, float *x, int64_t T, const int64_t *pos,
+               const int64_t *slot, float *kc, float *vc, const float *cos, const float *sin,
+               const int64_t *rows, int64_t R, float *logits) {
+    const int64_t D = dm->hidden, H = dm->heads, Hkv = dm->kv_heads, Dh = dm->head_dim;
+    const int64_t F = dm->ffn, S = dm->max_len;
+    if (Dh % LANES || H % Hkv || Dh % 2) return -1;
+    for (int64_t t = 0; t < T; t++)
+        if (pos[t] < 0 || pos[t] >= S || slot[t] < 0 || slot[t] >= dm->slots) return -1;
+    for (int64_t r = 0; r < R; r++)
+        if (rows[r] < 0 || rows[r] >= T) return -1;
+    if (use_avx2 < 0) fo_set_simd(-1);
+    const int simd = use_avx2;
+    const int64_t qkv_n = padded((H + 2 * Hkv) * Dh), gu_n = padded(2 * F), d_n = padded(D);
+    int64_t widest = D > H * Dh ? D : H * Dh;
+    if (F > widest) widest = F;
+    const int64_t layer_stride = dm->slots * Hkv * S * Dh;
+    /* scratch: h, xs, qkv, q, attention, projection, gate_up, act; scores per thread */
+    const int64_t sizes[8] = {T * D, T * widest, T * qkv_n, T * H * Dh, T * H * Dh, T * d_n,
+                              T * gu_n, T * F};
+    int64_t total = 0;
+    for (int i = 0; i < 8; i++) total += sizes[i];
+    float *buf = malloc(sizeof(float) * (total + R * D));
+    if (!buf) return -2;
+    float *h = buf, *xs = h + sizes[0], *qkv = xs + sizes[1], *q = qkv + sizes[2];
+    float *att = q + sizes[3], *proj = att + sizes[4], *gu = proj + sizes[5], *act = gu + sizes[6];
+    float *hr = act + sizes[7];
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *scores = malloc(sizeof(float) * S);
+        if (!scores) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        for (int64_t l = 0; l < dm->layers && !failed; l++) {
+            const fo_layer *ly = layers + l;
+            float *kl = kc + l * layer_stride, *vl = vc + l * layer_stride;
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < T; t++)
+                norm_row(x + t * D, ly->input_norm, h + t * D, D, dm->eps, simd);
+            linear_rows(&ly->qkv, h, T, xs, qkv, simd);
+            /* rotate q and k heads (x * cos + rotated * sin), store k and v at the position */
+#pragma omp for schedule(static)
+            for (int64_t th = 0; th < T * (H + 2 * Hkv); th++) {
+                const int64_t t = th / (H + 2 * Hkv), hh = th % (H + 2 * Hkv), half = Dh / 2;
+                const float *v = qkv + t * qkv_n + hh * Dh;
+                const float *c = cos + pos[t] * Dh, *sn = sin + pos[t] * Dh;
+                const int64_t cache_at = ((slot[t] * Hkv + (hh - H) % Hkv) * S + pos[t]) * Dh;
+                float *out = hh < H ? q + (t * H + hh) * Dh
+                             : hh < H + Hkv ? kl + cache_at
+                                            : vl + ((slot[t] * Hkv + hh - H - Hkv) * S + pos[t]) * Dh;
+                if (hh >= H + Hkv) {
+                    memcpy(out, v, sizeof(float) * Dh);
+                    continue;
+                }
+                for (int64_t j = 0; j < Dh; j++) {
+                    const float r = j < half ? -v[j + half] : v[j - half];
+                    const float a = v[j] * c[j], b = r * sn[j];
+                    out[j] = a + b;
+                }
+            }
+#pragma omp for schedule(static)
+            for (int64_t th = 0; th < T * H; th++)
+                attend_one(q, kl, vl, S, slot[th / H], pos[th / H] + 1, th, H, Hkv, Dh,
+                           dm->scale, att, scores, simd);
+            linear_rows(&ly->o, att, T, xs, proj, simd);
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < T; t++) {
+                for (int64_t d = 0; d < D; d++) x[t * D + d] = x[t * D + d] + proj[t * d_n + d];
+                norm_row(x + t * D, ly->post_norm, h + t * D, D, dm->eps, simd);
+            }
+            linear_rows(&ly->gate_up, h, T, xs, gu, simd);
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < T; t++) {
+                /* gate columns [0, F), up columns [F, 2F) */
+                silu_mul_row(gu + t * gu_n, act + t * F, F);
+            }
+            linear_rows(&ly->down, act, T, xs, proj, simd);
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t d = 0; d < D; d++) x[t * D + d] = x[t * D + d] + proj[t * d_n + d];
+        }
+        if (!failed) {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < R; r++)
+                norm_row(x + rows[r] * D, final_norm, hr + r * D, D, dm->eps, simd);
+            linear_rows(head, hr, R, xs, logits, simd);
+        }
+        free(scores);
+    }
+    free(buf);
+    return failed ? -2 : 0;
 }

@@ -34,7 +34,7 @@ def _failed(reports: dict[str, dict], quantization: str) -> list[str]:  # type: 
 # arithmetic of their own, only forwards of several positions and recomputes, which the mix
 # under AVX2 already covers.
 CAPS = [cap for cap in supported_caps() if cap == "AVX2"] + [""]
-PRECISIONS = ("bf16", "int8", "w8a8")
+PRECISIONS = ("bf16", "int8", "w8a8", "gguf")
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +69,9 @@ def test_every_served_precision_is_batch_invariant(reports, quantization) -> Non
     report = {"uncapped": reports[quantization]}
     assert _failed(report, quantization) == []
     assert report["uncapped"][quantization]["batch_invariant"]
+
+
+def test_gguf_blocks_answer_bitwise_as_the_fp32_model(reports) -> None:  # type: ignore[no-untyped-def]
+    """The GGUF file's own blocks, dequantized in the kernels as gguf does, are the fp32 model's
+    weights: the same greedy tokens, bit for bit, at a fifth of the bytes."""
+    assert reports["gguf"]["gguf"]["digest"] == reports["fp32"]["uncapped"]["none"]["digest"]

@@ -1,0 +1,135 @@
+"""The GGUF file's own quantized blocks as the engine's weights (precision ``gguf``).
+
+A model converted from a GGUF file (the embedded SmolLM2: Q4_1 layers, a Q8_0 embedding that is
+also its LM head) holds in fp32 exactly what gguf's dequantization computes from the blocks. The
+fixed-order kernels read the blocks themselves (``kernels.pack_q4_1``, ``pack_q8_0``) and
+dequantize each weight with the same two rounded steps, so every product, and every logit, is
+bitwise the fp32 model's, at a fifth of its bytes. Nothing is quantized a second time; each
+layer's blocks are checked against the model's weights before use.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from origin.engine import kernels
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+# GGUF names of a Llama layer's projections, in the runner's fused order
+LAYER_GROUPS = {
+    "qkv": ("attn_q", "attn_k", "attn_v"),
+    "o": ("attn_output",),
+    "gate_up": ("ffn_gate", "ffn_up"),
+    "down": ("ffn_down",),
+}
+
+
+class GGUFWeightsError(ValueError):
+    """The model's weights cannot be served from GGUF blocks (no source file, another block type,
+    or blocks that do not reproduce the model's weights)."""
+
+
+def source_gguf(model: PreTrainedModel) -> Path:
+    """The GGUF file ``model`` was converted from (``origin.model``'s conversion marker), if it is
+    still the same file."""
+    from origin.model import MARKER, gguf_fingerprint
+
+    marker = Path(str(getattr(model, "name_or_path", ""))) / MARKER
+    try:
+        record = json.loads(marker.read_text())
+        source = Path(record["source"])
+        same = source.is_file() and gguf_fingerprint(source) == record["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise GGUFWeightsError(
+            f"precision gguf needs a model converted from a GGUF file; {marker}: {error}"
+        ) from error
+    if not same:
+        raise GGUFWeightsError(f"{source} is gone or changed since the conversion")
+    return source
+
+
+@functools.cache
+def _reader(path: Path) -> Any:
+    import gguf
+
+    return gguf.GGUFReader(str(path))
+
+
+def servable(model: PreTrainedModel) -> bool:
+    """Whether ``model``'s weights can be its GGUF file's blocks: converted from a GGUF file still
+    in place, every matrix in Q4_1 or Q8_0 (the runner must support the architecture too)."""
+    try:
+        tensors = _reader(source_gguf(model)).tensors
+    except (GGUFWeightsError, OSError, ValueError):
+        return False
+    matrices = [t for t in tensors if len(t.shape) == 2]
+    return bool(matrices) and all(t.tensor_type.name in ("Q4_1", "Q8_0") for t in matrices)
+
+
+def _rows(tensor: Any, config: Any, name: str) -> tuple[str, np.ndarray]:
+    """(block type, raw blocks [rows, bytes per row]) with q and k rows in the model's order
+    (llama.cpp permutes them for its rotary layout; transformers undoes it on load)."""
+    kind = tensor.tensor_type.name
+    data = np.asarray(tensor.data).reshape(tensor.data.shape[0], -1)
+    if name in ("attn_q", "attn_k"):
+        heads = config.num_attention_heads if name == "attn_q" else config.num_key_value_heads
+        order = np.arange(data.shape[0])
+        order = order.reshape(heads, 2, -1).swapaxes(1, 2).reshape(-1)
+        data = data[np.argsort(order)]
+    return kind, data
+
+
+def _pack(
+    parts: list[tuple[str, np.ndarray]], weight: torch.Tensor, what: str
+) -> kernels.PackedLinear:
+    kinds = {kind for kind, _ in parts}
+    if len(kinds) != 1 or next(iter(kinds)) not in ("Q4_1", "Q8_0"):
+        raise GGUFWeightsError(f"{what}: blocks {sorted(kinds)}; the kernels read Q4_1 and Q8_0")
+    kind = kinds.pop()
+    rows = np.concatenate([data for _, data in parts])
+    out, k = weight.shape
+    size = 20 if kind == "Q4_1" else 34
+    blocks = torch.from_numpy(np.ascontiguousarray(rows)).reshape(out, k // 32, size)
+    d = blocks[..., 0:2].contiguous().view(torch.float16)[..., 0]
+    if kind == "Q4_1":
+        m = blocks[..., 2:4].contiguous().view(torch.float16)[..., 0]
+        nib = blocks[..., 4:]
+        q = torch.cat([nib & 15, nib >> 4], dim=-1).reshape(out, k)
+        values = d.float()[..., None] * q.reshape(out, -1, 32).float() + m.float()[..., None]
+        packed = kernels.PackedLinear(kernels.pack_q4_1(d, m, q), out, kind=kernels.Q4_1)
+    else:
+        q = blocks[..., 2:].contiguous().view(torch.int8).reshape(out, k)
+        values = d.float()[..., None] * q.reshape(out, -1, 32).float()
+        packed = kernels.PackedLinear(kernels.pack_q8_0(d, q), out, kind=kernels.Q8_0)
+    if not torch.equal(values.reshape(out, k), weight.float()):
+        raise GGUFWeightsError(f"{what}: the GGUF blocks do not reproduce the model's weights")
+    return packed
+
+
+def gguf_linears(
+    model: PreTrainedModel, weights: dict[tuple[int, str], torch.Tensor], head: torch.Tensor
+) -> tuple[dict[tuple[int, str], kernels.PackedLinear], kernels.PackedLinear]:
+    """Packed blocks for every fused projection (``weights``: (layer, "qkv" | "o" | "gate_up" |
+    "down") -> the runner's fused fp32 weight [out, in]) and the LM head (the output tensor, or
+    the tied embedding)."""
+    tensors = {t.name: t for t in _reader(source_gguf(model)).tensors}
+    config = model.config
+    packed = {}
+    for (layer, group), weight in weights.items():
+        names = [f"blk.{layer}.{name}.weight" for name in LAYER_GROUPS[group]]
+        missing = [n for n in names if n not in tensors]
+        if missing:
+            raise GGUFWeightsError(f"the GGUF file has no {', '.join(missing)}")
+        parts = [_rows(tensors[n], config, n.split(".")[2]) for n in names]
+        packed[(layer, group)] = _pack(parts, weight, f"layer {layer} {group}")
+    name = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+    head_packed = _pack([_rows(tensors[name], config, "output")], head, "LM head")
+    return packed, head_packed

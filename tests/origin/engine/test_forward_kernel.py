@@ -1,0 +1,162 @@
+"""The fused step (``kernels.Forward``) is the composition of the fixed-order kernels, bit for bit:
+the runner's batch-invariant forward is defined by those kernels, and fused only for speed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from origin.engine import kernels
+from origin.engine.ops import rotate
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 64, 4, 2, 16, 96, 200
+LAYERS, SLOTS, MAX_LEN, EPS = 2, 3, 24, 1e-5
+
+
+def _normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32) * np.float32(scale))
+
+
+def _q4_1(rng: np.random.Generator, k: int, n: int) -> tuple[kernels.PackedLinear, torch.Tensor]:
+    """GGUF Q4_1 weights for an [n, k] layer, and the same weights dequantized (fp32 [k, n])."""
+    d = (_normal(rng, n, k // 32, scale=0.01).abs() + 1e-3).half()
+    m = (-_normal(rng, n, k // 32, scale=0.05).abs()).half()
+    q = torch.from_numpy(rng.integers(0, 16, (n, k), dtype=np.uint8))
+    weight = d.float().repeat_interleave(32, 1) * q.float() + m.float().repeat_interleave(32, 1)
+    packed = kernels.PackedLinear(kernels.pack_q4_1(d, m, q), n, kind=kernels.Q4_1)
+    return packed, weight.t().contiguous()
+
+
+def _q8_0(rng: np.random.Generator, k: int, n: int) -> tuple[kernels.PackedLinear, torch.Tensor]:
+    d = (_normal(rng, n, k // 32, scale=0.001).abs() + 1e-4).half()
+    q = torch.from_numpy(rng.integers(-127, 128, (n, k), dtype=np.int8))
+    weight = d.float().repeat_interleave(32, 1) * q.float()
+    packed = kernels.PackedLinear(kernels.pack_q8_0(d, q), n, kind=kernels.Q8_0)
+    return packed, weight.t().contiguous()
+
+
+def _linear(rng: np.random.Generator, k: int, n: int, kind: str) -> kernels.PackedLinear:
+    w = _normal(rng, k, n, scale=k**-0.5)
+    if kind == "int8":  # per-channel scales and an activation scale, as CPU INT8 has them
+        scale = w.abs().amax(dim=0) / 127
+        q = (w / scale).round().clamp(-127, 127).to(torch.int8)
+        in_scale = (1 + _normal(rng, k, scale=0.1)).contiguous()
+        return kernels.PackedLinear(kernels.pack_weight(q), n, in_scale, scale.contiguous())
+    if kind == "gguf":  # Q4_1 layers (and a Q8_0 head: see _Model)
+        return _q4_1(rng, k, n)[0]
+    dtype = torch.bfloat16 if kind == "bf16" else torch.float32
+    bias = _normal(rng, n, scale=0.1) if kind == "fp32" else None  # Qwen2's QKV bias
+    return kernels.PackedLinear(kernels.pack_weight(w.to(dtype)), n, bias=bias)
+
+
+class _Model:
+    def __init__(self, kind: str, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        qkv = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+        self.layers = [
+            kernels.LayerWeights(
+                _linear(rng, HIDDEN, qkv, kind),
+                _linear(rng, HEADS * HEAD_DIM, HIDDEN, kind),
+                _linear(rng, HIDDEN, 2 * FFN, kind),
+                _linear(rng, FFN, HIDDEN, kind),
+                1 + _normal(rng, HIDDEN, scale=0.1),
+                1 + _normal(rng, HIDDEN, scale=0.1),
+            )
+            for _ in range(LAYERS)
+        ]
+        self.final_norm = 1 + _normal(rng, HIDDEN, scale=0.1)
+        # 200: a padded last panel
+        self.head = (
+            _q8_0(rng, HIDDEN, VOCAB)[0] if kind == "gguf" else _linear(rng, HIDDEN, VOCAB, kind)
+        )
+        angles = torch.arange(MAX_LEN)[:, None] * 0.5 ** torch.arange(HEAD_DIM // 2)[None, :]
+        angles = torch.cat([angles, angles], dim=1).double()
+        self.cos, self.sin = angles.cos().float(), angles.sin().float()
+        shape = (LAYERS, SLOTS, KV_HEADS, MAX_LEN, HEAD_DIM)
+        self.k, self.v = torch.zeros(shape), torch.zeros(shape)
+
+    def fused(self) -> kernels.Forward:
+        return kernels.Forward(
+            self.layers, self.final_norm, self.head, heads=HEADS, kv_heads=KV_HEADS,
+            head_dim=HEAD_DIM, eps=EPS, scale=HEAD_DIM**-0.5, k_cache=self.k, v_cache=self.v,
+            cos=self.cos, sin=self.sin,
+        )  # fmt: skip
+
+    def composed(self, x, positions, slots, rows):  # type: ignore[no-untyped-def]
+        """The step as the kernels compose: what ``fo_forward`` must equal."""
+        n = HEADS + KV_HEADS
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
+        for i, layer in enumerate(self.layers):
+            h = kernels.rms_norm(x, layer.input_norm, EPS)
+            qkv = layer.qkv(h)
+            qk = rotate(qkv[:, : n * HEAD_DIM].reshape(-1, n, HEAD_DIM), cos, sin)
+            v = qkv[:, n * HEAD_DIM :].reshape(-1, KV_HEADS, HEAD_DIM)
+            heads = torch.arange(KV_HEADS)[None, :]
+            self.k[i][slots[:, None], heads, positions[:, None]] = qk[:, HEADS:]
+            self.v[i][slots[:, None], heads, positions[:, None]] = v
+            attn = kernels.attention(
+                qk[:, :HEADS], self.k[i], self.v[i], slots, positions + 1, HEAD_DIM**-0.5
+            )
+            x = x + layer.o(attn.reshape(len(x), -1))
+            h = kernels.rms_norm(x, layer.post_norm, EPS)
+            x = x + layer.down(kernels.silu_mul(layer.gate_up(h)))
+        return self.head(kernels.rms_norm(x[rows], self.final_norm, EPS))
+
+
+@pytest.mark.parametrize("kind", ["fp32", "bf16", "int8", "gguf"])
+@pytest.mark.parametrize("simd", [None, True, False])
+def test_the_fused_step_is_the_kernels_composed(kind: str, simd: bool | None) -> None:
+    rng = np.random.default_rng(3)
+    embeddings = _normal(rng, 40, HIDDEN)
+    # a prompt of 5 in slot 1, then a decode step of 3 slots with a 3-token verification in slot 2
+    steps = [
+        ([3, 7, 1, 9, 2], [0, 1, 2, 3, 4], [1] * 5, [4]),
+        ([5, 8, 6, 4, 11], [0, 5, 0, 1, 2], [0, 1, 2, 2, 2], [0, 1, 2, 3, 4]),
+    ]
+    reference, fused = _Model(kind), _Model(kind)
+    forward = fused.fused()
+    kernels.set_simd(simd)
+    try:
+        for tokens, positions, slots, rows in steps:
+            args = [torch.tensor(a) for a in (positions, slots, rows)]
+            want = reference.composed(embeddings[tokens], *args)
+            got = forward(embeddings[tokens].clone(), *args)
+            assert got.shape == (len(rows), VOCAB)
+            assert torch.equal(got, want)
+            assert torch.equal(fused.k, reference.k) and torch.equal(fused.v, reference.v)
+    finally:
+        kernels.set_simd(None)
+
+
+def test_the_fused_step_refuses_positions_slots_and_rows_out_of_range() -> None:
+    forward = _Model("fp32").fused()
+    x = torch.zeros(1, HIDDEN)
+    for positions, slots, rows in (([MAX_LEN], [0], [0]), ([0], [SLOTS], [0]), ([0], [0], [1])):
+        with pytest.raises(ValueError, match="fo_forward refused"):
+            forward(x, torch.tensor(positions), torch.tensor(slots), torch.tensor(rows))
+
+
+@pytest.mark.parametrize("block", [_q4_1, _q8_0])
+def test_gguf_blocks_multiply_as_their_fp32_weights_do(block) -> None:  # type: ignore[no-untyped-def]
+    """A GGUF weight is dequantized in the kernel exactly as gguf does it (fl(fl(d * q) + m)), so
+    its products are bitwise those of the fp32 copy the converted model holds: on every path and
+    for every row count."""
+    rng = np.random.default_rng(5)
+    k, n = 576, 200
+    linear, weight = block(rng, k, n)
+    dense = kernels.pack_weight(weight)
+    x = _normal(rng, 9, k)
+    try:
+        for simd in (None, True, False):  # the best (AVX-512 here), AVX2, scalar
+            kernels.set_simd(simd)
+            for rows in (1, 2, 3, 7, 9):  # batch 1's grouped kernel, and the tiles
+                got = kernels.gemm(x[:rows], linear.packed, n, linear.kind)
+                assert torch.equal(got, kernels.gemm(x[:rows], dense, n))
+    finally:
+        kernels.set_simd(None)
+    torch.testing.assert_close(got, x @ weight, rtol=1e-4, atol=1e-3)
+    with pytest.raises(TypeError, match="GGUF block kind"):
+        kernels.gemm(x, linear.packed, n)
+    with pytest.raises(ValueError, match="fo_gemm refused"):
+        kernels.gemm(x[:, :64], linear.packed, n, linear.kind)
