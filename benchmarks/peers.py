@@ -45,7 +45,7 @@ from edgeqa.local import free_port
 from origin.model import embedded_gguf_path, load_tokenizer
 
 VLLM_CLIENT = ROOT / "tests" / "third_party" / "vllm_benchmarks"
-MODEL_NAME = "smollm2-135m-instruct"
+MODEL_NAME = "SmolLM2-135M-Instruct"  # the name the origin serves the embedded model under
 
 
 def _healthy(url: str, child: subprocess.Popen[str], timeout: float = 300) -> None:
@@ -111,7 +111,7 @@ def vllm_bench(url: str, tokenizer: Path, rate: float, args: argparse.Namespace)
             str(tokenizer), "--dataset-name", "random", "--random-input-len", str(args.input_len),
             "--random-output-len", str(args.output_len), "--num-prompts", str(args.prompts),
             "--request-rate", str(rate), "--seed", "0", "--ignore-eos", "--percentile-metrics",
-            "ttft,tpot", "--metric-percentiles", "99", "--save-result", "--result-dir", out,
+            "ttft,tpot,itl", "--metric-percentiles", "50,99", "--save-result", "--result-dir", out,
             "--result-filename", "result.json",
         ]  # fmt: skip
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}

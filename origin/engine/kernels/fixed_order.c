@@ -334,10 +334,21 @@ DEFINE_Q_GROUP(group_q8_0, W_Q8_0)
 DEFINE_Q_GROUP_512(group512_q4_1, W_Q4_1, Q4_BLOCK)
 DEFINE_Q_GROUP_512(group512_q8_0, W_Q8_0, Q8_BLOCK)
 
-/* GGUF panels for any row count: each block dequantized once into L1, then the float tiles,
- * continuing each output's chain from the previous block */
+/* GGUF panels for any row count: the panel dequantized once (into scratch: K x PANEL floats),
+ * then the float tiles over the whole reduction, as fp32 weights run (the same chains); without
+ * scratch, block by block through L1, each output's chain continued from the previous block */
 static void q_panel(const float *x, int64_t ldx, const void *w, int kind, float *y, int64_t ldy,
                     int64_t M, int64_t K, int64_t p) {
+    float *panel = malloc(sizeof(float) * K * PANEL);
+    if (panel) {
+        for (int64_t g = 0; g < K / QK; g++) q_dequant(w, kind, K, p, g, panel + g * QK * PANEL);
+        int64_t r0 = 0;
+        for (int t = 0; t < 4; t++)
+            for (const int rows = TILE_ROWS[t]; M - r0 >= rows; r0 += rows)
+                TILES[W_F32][t](x + r0 * ldx, ldx, panel, K, 0, y + r0 * ldy + p * PANEL, ldy, 0);
+        free(panel);
+        return;
+    }
     float tile[QK * PANEL] __attribute__((aligned(32)));
     for (int64_t g = 0; g < K / QK; g++) {
         q_dequant(w, kind, K, p, g, tile);
