@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +24,8 @@ from origin.engine import kernels
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+log = logging.getLogger(__name__)
 
 # GGUF names of a Llama layer's projections, in the runner's fused order
 LAYER_GROUPS = {
@@ -37,9 +41,9 @@ class GGUFWeightsError(ValueError):
     or blocks that do not reproduce the model's weights)."""
 
 
-def source_gguf(model: PreTrainedModel) -> Path:
+def source_gguf(model: PreTrainedModel) -> tuple[Path, str]:
     """The GGUF file ``model`` was converted from (``origin.model``'s conversion marker), if it is
-    still the same file."""
+    still the same file, and its fingerprint."""
     from origin.model import MARKER, gguf_fingerprint
 
     marker = Path(str(getattr(model, "name_or_path", ""))) / MARKER
@@ -53,7 +57,60 @@ def source_gguf(model: PreTrainedModel) -> Path:
         ) from error
     if not same:
         raise GGUFWeightsError(f"{source} is gone or changed since the conversion")
-    return source
+    return source, str(record["fingerprint"])
+
+
+# the packed blocks, kept beside the conversion: parsing the GGUF's metadata (its tokenizer) and
+# checking every block against the model's weights take seconds, loading these a fraction of one
+BLOCKS_FILE = "edgeqa-gguf-blocks.safetensors"
+_LAYOUT = "panels-q4_1-row-pairs-1"  # kernels.pack_q4_1 / pack_q8_0's layout
+
+
+def _cache_file(model: PreTrainedModel) -> Path:
+    return Path(str(model.name_or_path)) / BLOCKS_FILE
+
+
+def _load_cached(
+    model: PreTrainedModel, fingerprint: str, tensors: bool = True
+) -> dict[str, kernels.PackedLinear] | None:
+    """The packed blocks saved for this GGUF (checked when saved), or None."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(_cache_file(model)), "pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("fingerprint") != fingerprint or meta.get("layout") != _LAYOUT:
+                return None
+            shapes = json.loads(meta["linears"])
+            if not tensors:
+                return {}
+            return {
+                name: kernels.PackedLinear(f.get_tensor(name), out, kind=kind)
+                for name, (out, kind) in shapes.items()
+            }
+    except (OSError, SafetensorError, ValueError, KeyError):
+        return None
+
+
+def _save_cached(
+    model: PreTrainedModel, fingerprint: str, linears: dict[str, kernels.PackedLinear]
+) -> None:
+    from safetensors.torch import save_file
+
+    target = _cache_file(model)
+    meta = {
+        "fingerprint": fingerprint,
+        "layout": _LAYOUT,
+        "linears": json.dumps({n: (p.out_features, p.kind) for n, p in linears.items()}),
+    }
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        save_file({n: p.packed.contiguous() for n, p in linears.items()}, str(tmp), meta)
+        tmp.chmod(0o644)  # readable as the conversion beside it is
+        os.replace(tmp, target)
+    except OSError as error:  # a read-only cache: packed again next time
+        log.info("could not keep the packed GGUF blocks in %s: %s", target, error)
+        tmp.unlink(missing_ok=True)
 
 
 @functools.cache
@@ -67,7 +124,10 @@ def servable(model: PreTrainedModel) -> bool:
     """Whether ``model``'s weights can be its GGUF file's blocks: converted from a GGUF file still
     in place, every matrix in Q4_1 or Q8_0 (the runner must support the architecture too)."""
     try:
-        tensors = _reader(source_gguf(model)).tensors
+        source, fingerprint = source_gguf(model)
+        if _load_cached(model, fingerprint, tensors=False) is not None:
+            return True
+        tensors = _reader(source).tensors
     except (GGUFWeightsError, OSError, ValueError):
         return False
     matrices = [t for t in tensors if len(t.shape) == 2]
@@ -119,8 +179,13 @@ def gguf_linears(
 ) -> tuple[dict[tuple[int, str], kernels.PackedLinear], kernels.PackedLinear]:
     """Packed blocks for every fused projection (``weights``: (layer, "qkv" | "o" | "gate_up" |
     "down") -> the runner's fused fp32 weight [out, in]) and the LM head (the output tensor, or
-    the tied embedding)."""
-    tensors = {t.name: t for t in _reader(source_gguf(model)).tensors}
+    the tied embedding). Packed once per GGUF file and kept beside the conversion."""
+    source, fingerprint = source_gguf(model)
+    cached = _load_cached(model, fingerprint)
+    keys = {f"{layer}.{group}": (layer, group) for layer, group in weights}
+    if cached is not None and set(cached) == {*keys, "head"}:
+        return {keys[n]: p for n, p in cached.items() if n != "head"}, cached["head"]
+    tensors = {t.name: t for t in _reader(source).tensors}
     config = model.config
     packed = {}
     for (layer, group), weight in weights.items():
@@ -132,4 +197,6 @@ def gguf_linears(
         packed[(layer, group)] = _pack(parts, weight, f"layer {layer} {group}")
     name = "output.weight" if "output.weight" in tensors else "token_embd.weight"
     head_packed = _pack([_rows(tensors[name], config, "output")], head, "LM head")
+    by_name = {name: p for name, (layer, group) in keys.items() for p in [packed[(layer, group)]]}
+    _save_cached(model, fingerprint, {**by_name, "head": head_packed})
     return packed, head_packed

@@ -1,0 +1,66 @@
+"""Precision ``gguf``: the GGUF file's own blocks as the weights, the fp32 model's logits bit for
+bit, packed once and kept beside the conversion."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from origin.engine import gguf_blocks
+from origin.engine.runner import LlamaRunner, Segment
+from origin.runtime import auto_quantization
+
+
+def _logits(runner: LlamaRunner) -> list[torch.Tensor]:
+    slot = runner.cache.allocate()
+    prompt = runner.forward([Segment(slot, list(range(200, 240)), 0, all_logits=True)])[0]
+    decode = runner.forward([Segment(slot, [17], 40)])[0]
+    return [prompt, decode]
+
+
+def test_gguf_blocks_compute_the_fp32_models_logits_bit_for_bit(
+    embedded_model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    model, tokenizer = embedded_model
+    assert auto_quantization("cpu", model, 512) == "gguf"  # the CPU default for this model
+    cache = tmp_path / gguf_blocks.BLOCKS_FILE
+    monkeypatch.setattr(gguf_blocks, "_cache_file", lambda m: cache)
+    fp32 = _logits(LlamaRunner(model, 2, 512, "none", tokenizer))
+    packed = LlamaRunner(model, 2, 512, "gguf", tokenizer)  # from the GGUF file, checked
+    assert cache.is_file()
+    assert packed.weight_bytes < 100e6 < LlamaRunner(model, 1, 64, "none").weight_bytes / 5
+    from_cache = LlamaRunner(model, 2, 512, "gguf", tokenizer)  # the kept blocks
+    for got in (_logits(packed), _logits(from_cache)):
+        assert all(torch.equal(a, b) for a, b in zip(got, fp32, strict=True))
+    # blocks kept for another file (another fingerprint) are not used: packed again, and kept
+    _, fingerprint = gguf_blocks.source_gguf(model)
+    assert gguf_blocks._load_cached(model, fingerprint) is not None
+    assert gguf_blocks._load_cached(model, "another file") is None
+
+
+def test_a_model_not_converted_from_gguf_is_refused_with_the_reason(embedded_model) -> None:  # type: ignore[no-untyped-def]
+    model, _ = embedded_model
+
+    class Elsewhere:  # the same architecture, from a folder with no conversion marker
+        name_or_path = "/nonexistent/model"
+        config = model.config
+
+    assert not gguf_blocks.servable(Elsewhere())  # type: ignore[arg-type]
+    with pytest.raises(gguf_blocks.GGUFWeightsError, match="converted from a GGUF file"):
+        gguf_blocks.gguf_linears(Elsewhere(), {}, torch.zeros(1, 1))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not on CUDA"):
+        LlamaRunner(_OnCuda(model), 1, 64, "gguf")  # type: ignore[arg-type]
+
+
+class _OnCuda:
+    """The model as the runner sees it on a CUDA device (refused before any weight is read)."""
+
+    def __init__(self, model) -> None:  # type: ignore[no-untyped-def]
+        self._model = model
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        if name == "device":
+            return torch.device("cuda")
+        return getattr(self._model, name)
