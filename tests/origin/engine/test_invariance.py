@@ -26,31 +26,30 @@ def _failed(reports: dict[str, dict], quantization: str) -> list[str]:  # type: 
 
 # fp32 under each vector width this CPU has: AVX2 (an AVX2-only CPU) and uncapped (AVX-512 here).
 # The caps above AVX512_CORE (BF16, AMX) add bf16 and int8 instructions only, so for these fp32
-# probes they run the uncapped kernels again; the bf16 probe runs uncapped, on AMX where the CPU
-# has it. SSE41 is ATen's scalar level, which no x86 CPU the kernels target runs.
-# Under AVX2 the fp32 probe runs the mix only (a long prompt chunk-prefilled while 8 others
-# decode: batching and chunking at once) and the one-at-a-time reference whose digest must equal
-# the uncapped one; the uncapped probe runs every check. Speculation and preemption add no
-# arithmetic of their own, only forwards of several positions and recomputes, which the mix
-# under AVX2 already covers.
+# probes they run the uncapped kernels again. SSE41 is ATen's scalar level, which no x86 CPU the
+# kernels target runs. Under each cap the fp32 probe runs the mix (a long prompt chunk-prefilled
+# while 8 others decode: batching and chunking at once) and the one-at-a-time reference, whose
+# digest must be the same under every cap. The default precision (``gguf``: the GGUF's blocks,
+# bitwise the fp32 model) runs every check uncapped: batches of 3 and 8, preemption and
+# recompute, and each speculative method; its digest must equal fp32's. The other served
+# precisions run the mix.
 CAPS = [cap for cap in supported_caps() if cap == "AVX2"] + [""]
-PRECISIONS = ("bf16", "int8", "w8a8", "gguf")
+PRECISIONS = ("bf16", "int8", "w8a8")
+DEFAULT = "gguf"
 
 
 @pytest.fixture(scope="module")
 def reports() -> dict[str, dict]:  # type: ignore[type-arg]
-    """Every probe of this module, side by side: fp32 with every check under each cap, and each
-    other served precision's quick check uncapped."""
-    jobs = [(cap, ("none", "--spec") if not cap else ("none", "--quick")) for cap in CAPS]
+    """Every probe of this module, side by side: fp32 under each cap, the default precision with
+    every check, and each other served precision's quick check, uncapped."""
+    jobs = [(cap, ("none", "--quick")) for cap in CAPS] + [("", (DEFAULT, "--spec"))]
     jobs += [("", (precision, "--quick")) for precision in PRECISIONS]
     done = run_probes(PROBE, jobs)
     fp32 = {
         cap or "uncapped": report for (cap, _), report in zip(jobs[: len(CAPS)], done, strict=False)
     }
-    return {
-        "fp32": fp32,
-        **{p: report for p, report in zip(PRECISIONS, done[len(CAPS) :], strict=True)},
-    }
+    others = (DEFAULT, *PRECISIONS)
+    return {"fp32": fp32, **dict(zip(others, done[len(CAPS) :], strict=True))}
 
 
 def test_fp32_greedy_tokens_do_not_depend_on_the_load_under_every_isa_cap(reports) -> None:  # type: ignore[no-untyped-def]
@@ -64,6 +63,16 @@ def test_fp32_greedy_tokens_do_not_depend_on_the_load_under_every_isa_cap(report
     assert len(set(digests.values())) == 1, digests
 
 
+def test_the_default_precision_passes_every_check(reports) -> None:  # type: ignore[no-untyped-def]
+    report = reports[DEFAULT]
+    assert _failed({"uncapped": report}, DEFAULT) == []
+    checks = report[DEFAULT]["checks"]
+    assert {"batch of 8", "preempted and recomputed", "draft: speculation one at a time"} <= set(
+        checks
+    )
+    assert report[DEFAULT]["batch_invariant"]
+
+
 @pytest.mark.parametrize("quantization", PRECISIONS)
 def test_every_served_precision_is_batch_invariant(reports, quantization) -> None:  # type: ignore[no-untyped-def]
     report = {"uncapped": reports[quantization]}
@@ -74,4 +83,4 @@ def test_every_served_precision_is_batch_invariant(reports, quantization) -> Non
 def test_gguf_blocks_answer_bitwise_as_the_fp32_model(reports) -> None:  # type: ignore[no-untyped-def]
     """The GGUF file's own blocks, dequantized in the kernels as gguf does, are the fp32 model's
     weights: the same greedy tokens, bit for bit, at a fifth of the bytes."""
-    assert reports["gguf"]["gguf"]["digest"] == reports["fp32"]["uncapped"]["none"]["digest"]
+    assert reports[DEFAULT][DEFAULT]["digest"] == reports["fp32"]["uncapped"]["none"]["digest"]
