@@ -10,7 +10,6 @@ quantized.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import warnings
 from typing import Protocol
@@ -25,7 +24,8 @@ _CLIP_RATIOS = (1.0, 0.97, 0.94, 0.91, 0.88, 0.85)
 
 
 class Linear(Protocol):
-    out_features: int
+    @property
+    def out_features(self) -> int: ...
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
@@ -354,55 +354,33 @@ class W8A8Linear:
         return sum(w.numel() * w.element_size() for w in weights) + self.scales.numel() * 4
 
 
-class FixedOrderLinear:
-    """CPU weights (fp32, bf16 or INT8 with per-channel scales) through the fixed-order GEMM
+def fixed_order_linear(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    quantization: str,
+    calibration: torch.Tensor | None = None,
+) -> kernels.PackedLinear:
+    """CPU weights (fp32, bf16 or INT8 with per-channel scales) for the fixed-order GEMM
     (``kernels/fixed_order.c``): fp32 activations, each output one FMA chain over the inputs in
     order, so a row's result is the same whatever rows share the call, on every x86 ISA. Faster
-    than the library GEMMs at this model's sizes (measured in ``docs/engine.md``)."""
+    than the library GEMMs at this model's sizes (measured in ``docs/engine.md``). The fused step
+    (``kernels.Forward``) reads the same ``PackedLinear`` that runs a layer alone."""
+    input_scale = scales = None
+    if quantization == "int8":
+        input_scale, q, scales = calibrated_int8(weight, calibration)
+        weight_t = q.t()
+    elif quantization == "bf16" or weight.dtype == torch.bfloat16:
+        weight_t = weight.t().to(torch.bfloat16)
+    else:
+        weight_t = weight.t().float()
 
-    def __init__(
-        self,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        quantization: str,
-        calibration: torch.Tensor | None = None,
-    ) -> None:
-        input_scale = scales = None
-        if quantization == "int8":
-            input_scale, q, scales = calibrated_int8(weight, calibration)
-            weight_t = q.t()
-        elif quantization == "bf16" or weight.dtype == torch.bfloat16:
-            weight_t = weight.t().to(torch.bfloat16)
-        else:
-            weight_t = weight.t().float()
+    def fp32(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.float().contiguous()
 
-        def fp32(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.float().contiguous()
-
-        # what the fused step (kernels.Forward) reads; __call__ runs the same arithmetic alone
-        self.packed = kernels.PackedLinear(
-            kernels.pack_weight(weight_t), weight.shape[0], fp32(input_scale), fp32(scales),
-            fp32(bias),
-        )  # fmt: skip
-        self.out_features = weight.shape[0]
-
-    @classmethod
-    def from_packed(
-        cls, packed: kernels.PackedLinear, bias: torch.Tensor | None
-    ) -> FixedOrderLinear:
-        """Weights packed already (GGUF blocks: ``gguf_blocks.py``), with the model's bias."""
-        layer = cls.__new__(cls)
-        if bias is not None:
-            packed = dataclasses.replace(packed, bias=bias.float().contiguous())
-        layer.packed, layer.out_features = packed, packed.out_features
-        return layer
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.packed(x)
-
-    @property
-    def weight_bytes(self) -> int:
-        return self.packed.weight_bytes
+    return kernels.PackedLinear(
+        kernels.pack_weight(weight_t), weight.shape[0], fp32(input_scale), fp32(scales),
+        fp32(bias),
+    )  # fmt: skip
 
 
 def make_linear(
@@ -426,7 +404,7 @@ def make_linear(
             "gguf weights are the GGUF file's blocks: see origin/engine/gguf_blocks.py"
         )
     if fixed_order and device.type == "cpu" and quantization != "w8a8":
-        return FixedOrderLinear(weight, bias, quantization, calibration)
+        return fixed_order_linear(weight, bias, quantization, calibration)
     if quantization == "none":
         return DenseLinear(weight, bias)
     if quantization == "w8a8":

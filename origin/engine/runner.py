@@ -19,7 +19,7 @@ import torch
 from origin.engine import kernels
 from origin.engine.attention import AttentionPlan
 from origin.engine.kv_cache import SlotKVCache
-from origin.engine.linear import FixedOrderLinear, Linear, make_linear
+from origin.engine.linear import Linear, make_linear
 from origin.engine.ops import rms_norm, rope_table, rotate, silu_mul
 
 if TYPE_CHECKING:
@@ -96,6 +96,8 @@ def fused_projections(layer: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor 
 
 
 class _Layer:
+    LINEARS = ("qkv", "o", "gate_up", "down")
+
     def __init__(self, layer: Any, linears: dict[str, Linear], fixed_order: bool = False) -> None:
         self.qkv, self.o = linears["qkv"], linears["o"]
         self.gate_up, self.down = linears["gate_up"], linears["down"]
@@ -174,10 +176,10 @@ class LlamaRunner:
         self._norm = kernels.rms_norm if self.batch_invariant else rms_norm
         self._silu_mul = kernels.silu_mul if self.batch_invariant else silu_mul
         fixed = all(
-            isinstance(lin, FixedOrderLinear)
+            isinstance(getattr(layer, name), kernels.PackedLinear)
             for layer in self.layers
-            for lin in (layer.qkv, layer.o, layer.gate_up, layer.down, self.lm_head)
-        )
+            for name in _Layer.LINEARS
+        ) and isinstance(self.lm_head, kernels.PackedLinear)
         self._fused = self._fused_forward() if self.batch_invariant and fixed else None
 
     def _linears(
@@ -194,11 +196,17 @@ class LlamaRunner:
 
             weights = {(i, n): w for i, group in enumerate(fused) for n, (w, _) in group.items()}
             packed, packed_head = gguf_linears(model, weights, head_weight)
+
+            def with_bias(linear: kernels.PackedLinear, bias: torch.Tensor | None) -> Linear:
+                if bias is None:
+                    return linear
+                return dataclasses.replace(linear, bias=bias.float().contiguous())
+
             gguf_layers: list[dict[str, Linear]] = [
-                {n: FixedOrderLinear.from_packed(packed[(i, n)], b) for n, (_, b) in group.items()}
+                {n: with_bias(packed[(i, n)], b) for n, (_, b) in group.items()}
                 for i, group in enumerate(fused)
             ]
-            return gguf_layers, FixedOrderLinear.from_packed(packed_head, None)
+            return gguf_layers, packed_head
         layers: list[dict[str, Linear]] = [
             {
                 name: make_linear(
@@ -230,18 +238,19 @@ class LlamaRunner:
         return layers, head
 
     def _fused_forward(self) -> kernels.Forward:
-        linears = [
-            lin for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
-        ] + [self.lm_head]
-        fixed = [lin for lin in linears if isinstance(lin, FixedOrderLinear)]
         # every weight a step reads, together on huge pages
-        copies = kernels.huge_page_copies([lin.packed.packed for lin in fixed])
-        for lin, copy in zip(fixed, copies, strict=True):
-            lin.packed = dataclasses.replace(lin.packed, packed=copy)
+        owners: list[tuple[object, str]] = [
+            (layer, name) for layer in self.layers for name in _Layer.LINEARS
+        ]
+        owners.append((self, "lm_head"))
+        weights = [getattr(owner, name) for owner, name in owners]
+        copies = kernels.huge_page_copies([w.packed for w in weights])
+        for (owner, name), weight, copy in zip(owners, weights, copies, strict=True):
+            setattr(owner, name, dataclasses.replace(weight, packed=copy))
 
         def packed(linear: Linear) -> kernels.PackedLinear:
-            assert isinstance(linear, FixedOrderLinear)
-            return linear.packed
+            assert isinstance(linear, kernels.PackedLinear)
+            return linear
 
         layers = [
             kernels.LayerWeights(

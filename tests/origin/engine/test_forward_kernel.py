@@ -9,13 +9,10 @@ import torch
 
 from origin.engine import kernels
 from origin.engine.ops import rotate
+from tests.origin.engine.test_kernels import _normal
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 64, 4, 2, 16, 96, 200
 LAYERS, SLOTS, MAX_LEN, EPS = 2, 3, 24, 1e-5
-
-
-def _normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
-    return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32) * np.float32(scale))
 
 
 def _q4_1(rng: np.random.Generator, k: int, n: int) -> tuple[kernels.PackedLinear, torch.Tensor]:
