@@ -6,12 +6,11 @@ import functools
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from edge_index.errors import EdgeQAError
 
 if TYPE_CHECKING:
-    import numpy as np
     from sentence_transformers import SentenceTransformer
 
 # EDGEQA_CACHE_DIR's default (``config.py`` reads it from here: the settings import this module)
@@ -163,68 +162,3 @@ def _load(path: Path, device: str) -> SentenceTransformer:
 
         model.append(Normalize())
     return model
-
-
-class QueryEncoder:
-    """Embeds one query at a time as fast as the CPU allows, for the semantic tier.
-
-    For the usual sentence-transformers layout (Transformer, mean Pooling, optional Normalize) it
-    runs the tokenizer and the transformer directly under ``inference_mode``, with bf16 weights
-    on CPUs with native bf16 (all-MiniLM-L6-v2 on this 2-core CPU: 4.9 ms instead of 9 ms per
-    query through ``encode``; cosine to the fp32 embedding 0.99996). Any other layout goes
-    through ``SentenceTransformer.encode``. Vectors are unit length, float32.
-    """
-
-    def __init__(self, model: SentenceTransformer, precision: str = "auto") -> None:
-        import copy
-
-        import torch
-
-        self.model = model
-        self._fast = False
-        modules: list[Any] = list(model)
-        names = [type(m).__name__ for m in modules]
-        if names[:2] != ["Transformer", "Pooling"] or any(n != "Normalize" for n in names[2:]):
-            return
-        if modules[1].get_config_dict().get("pooling_mode") != "mean":
-            return
-        transformer: Any = modules[0]
-        device = next(model.parameters()).device
-        use_bf16 = precision == "bf16" or (
-            precision == "auto"
-            and device.type == "cpu"
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-        )
-        self._model: Any = transformer.auto_model
-        if use_bf16:
-            self._model = copy.deepcopy(transformer.auto_model).to(torch.bfloat16)
-        self._tokenizer: Any = transformer.tokenizer
-        self._max_length = int(transformer.max_seq_length or 512)
-        self._device = device
-        self.precision = "bf16" if use_bf16 else "fp32"
-        self._fast = True
-
-    def __call__(self, texts: list[str]) -> np.ndarray:
-        import numpy as np
-
-        if not self._fast:
-            vectors = self.model.encode(
-                texts, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
-            )
-            return np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1)
-        import torch
-
-        with torch.inference_mode():
-            features = self._tokenizer(
-                texts,
-                padding=True,
-                truncation=True,
-                max_length=self._max_length,
-                pad_to_multiple_of=16,
-                return_tensors="pt",
-            ).to(self._device)
-            hidden = self._model(**features).last_hidden_state.float()
-            mask = features["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            unit = torch.nn.functional.normalize(pooled, dim=-1)
-        return unit.cpu().numpy().astype(np.float32)

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge_index.embedder import QueryEncoder
 from edge_index.guard import Guard
 from edge_index.keys import key_of_normalized, normalize
 from edge_index.matcher import DEFAULT_K, Decision, as_dict, decision_from_manifest, features
+from edge_index.query_encoder import QueryEncoder, query_encoder
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -120,7 +120,7 @@ class ReleaseIndex:
             self.shards.append((shard.index, offset))
         self.answer_ids = np.asarray(answer_ids, dtype=np.int64)
         self.expires_at = np.concatenate(expires) if expires else np.zeros(0, np.int64)
-        self.encoder = encoder or QueryEncoder(embedder)
+        self.encoder = encoder or query_encoder(embedder)
         self._embed_lock = threading.Lock()  # one forward at a time: 2 cores, no oversubscription
 
     def __len__(self) -> int:

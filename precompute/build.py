@@ -123,6 +123,7 @@ def calibrate_rows(
         [rows[i]["question"] for i in chosen],
         Guard(),
         target_precision=config.target_precision,
+        out_of_scope_share=config.out_of_scope_share,
         fallback=Decision(
             threshold=0.9 if config.threshold is None else config.threshold,
             margin=0.05 if config.margin is None else config.margin,

@@ -121,6 +121,9 @@ class BuildConfig:
     margin: float | None = None
     semantic_uncalibrated: bool = False
     target_precision: float = 0.99
+    # calibration counts this share of semantic lookups as about questions the release does not
+    # hold (its leave-label-out hits as wrong answers: ``edge_index.matcher.calibrate``)
+    out_of_scope_share: float = 0.05
     calibration_rows: int = 20_000  # leave-one-out calibration on at most this many phrasings
     embed_batch: int = 256
 
@@ -129,6 +132,8 @@ class BuildConfig:
             raise ConfigError("ef_construction, shard_rows and ttl_days must be positive")
         if not 0 <= self.ttl_jitter < 1:
             raise ConfigError("ttl_jitter must be in [0, 1)")
+        if not 0 <= self.out_of_scope_share < 1:
+            raise ConfigError("out_of_scope_share must be in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -263,6 +268,15 @@ RUN_OPTIONS = (
         float,
         "days a published answer is served (plus up to 20% jitter) before it expires",
         0.01,
+    ),
+    RunOption(
+        "out_of_scope_share",
+        "build",
+        "out_of_scope_share",
+        float,
+        "calibration: the share of semantic lookups about questions the release does not hold",
+        0,
+        0.95,
     ),
     RunOption(
         "min_rows", "gate", "min_rows", int, "quality gate: refuse a release with fewer rows", 1

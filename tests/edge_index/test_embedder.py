@@ -95,3 +95,28 @@ def test_a_truncated_packed_file_is_refused(tmp_path: Path) -> None:
     broken.write_bytes(b"GGUF" + bytes(100))
     with pytest.raises(PackedModelError, match="not a packed multilingual-e5 model"):
         read_packed(broken)
+
+
+@pytest.mark.parametrize("which", ["embedder", "multilingual_embedder"])
+def test_query_encoder_embeds_as_the_model_does(which: str, request) -> None:  # type: ignore[no-untyped-def]
+    """The lean one-query forward computes what ``SentenceTransformer.encode`` does (fp32: the
+    same vector up to summation order; bf16: cosine > 0.9999), for both built-in embedders; a
+    query longer than the model's window is truncated the same way; ``auto`` keeps whichever
+    precision it measured faster."""
+    from edge_index.query_encoder import QueryEncoder, query_encoder
+
+    model = request.getfixturevalue(which)
+    texts = [*TEXTS, "why " * 400]
+    reference = model.encode(texts, normalize_embeddings=True)
+    for precision, floor in (("fp32", 0.999999), ("bf16", 0.9999)):
+        encoder = QueryEncoder(model, precision)
+        assert encoder.precision == precision
+        got = np.concatenate([encoder([text]) for text in texts])
+        assert got.dtype == np.float32 and got.shape == reference.shape
+        assert np.all((got * reference).sum(axis=1) > floor), precision
+    chosen = query_encoder(model)
+    assert chosen is query_encoder(model)  # measured once per embedder
+    assert chosen.precision in chosen.probe_ms
+    assert chosen.probe_ms[chosen.precision] == min(chosen.probe_ms.values())
+    batch = chosen(texts[:3])  # several queries: through encode
+    assert np.allclose(batch, reference[:3], atol=1e-5)

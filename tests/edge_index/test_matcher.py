@@ -57,3 +57,42 @@ def test_unreachable_target_falls_back_uncalibrated() -> None:
     cal = calibrate(vectors, labels, target_precision=0.99, fallback=fallback)
     assert not cal.calibrated and cal.decision == fallback
     assert not calibrate(vectors[:1], labels[:1], fallback=fallback).calibrated
+
+
+def test_out_of_scope_lookups_count_against_precision() -> None:
+    """Topics in sibling pairs: a question about a topic the release lacks lands on its sibling.
+    Calibrated for in-scope lookups only, the decision keeps its precision on them but not once
+    some lookups are out of scope; ``out_of_scope_share`` counts those hits as wrong answers and
+    trades hit rate for precision on the mix."""
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(15, 32))
+    parts = [
+        c + 0.5 * rng.normal(size=32) + 0.3 * rng.normal(size=(30, 32))
+        for c in centres
+        for _ in range(2)
+    ]
+    vectors = np.concatenate(parts)
+    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+    labels = [f"l{i}" for i in range(len(parts)) for _ in range(30)]
+
+    def mixed_precision_bound(cal, share: float) -> float:  # type: ignore[no-untyped-def]
+        d = cal.decision
+        arrays = [
+            leave_one_out(vectors, labels, None, None, held_out_labels=held, vote_k=d.vote_k)
+            for held in (False, True)
+        ]
+        (score, margin, agree, correct), (o_score, o_margin, o_agree, _) = arrays
+        hit = (score >= d.threshold) & (margin >= d.margin) & (agree >= d.agreement)
+        o_hit = (o_score >= d.threshold) & (o_margin >= d.margin) & (o_agree >= d.agreement)
+        weight = share / (1 - share)
+        return wilson_lower(int((hit & correct).sum()), hit.sum() + weight * o_hit.sum(), 1.645)
+
+    in_scope_only = calibrate(vectors, labels, out_of_scope_share=0.0)
+    mixed = calibrate(vectors, labels, out_of_scope_share=0.3)
+    assert in_scope_only.calibrated and mixed.calibrated
+    assert mixed.as_manifest()["out_of_scope_share"] == 0.3
+    assert mixed_precision_bound(in_scope_only, 0.3) < 0.99 <= mixed_precision_bound(mixed, 0.3)
+    assert mixed.hit_rate < in_scope_only.hit_rate
+    assert mixed.decision.threshold > in_scope_only.decision.threshold
+    with pytest.raises(ValueError, match="out_of_scope_share"):
+        calibrate(vectors, labels, out_of_scope_share=1.0)

@@ -1,0 +1,188 @@
+"""Embedding one query at a time as fast as the CPU allows: the semantic tier's hot path.
+
+A query is a dozen tokens, so a BERT-style encoder's matrix products are tiny (all-MiniLM-L6-v2:
+~0.3 GFLOP) and the time goes to per-module overhead in ``transformers`` (attention-mask building,
+dispatch, hooks) rather than arithmetic. For the usual sentence-transformers layout — a
+``BertModel`` with absolute positions, mean pooling, optional ``Normalize``; both built-in
+embedders — ``QueryEncoder`` runs the same arithmetic as ``BertModel`` as a short list of torch
+functional calls: one fused QKV product, ``scaled_dot_product_attention``, the two feed-forward
+products, three layer norms per layer. Any other layout goes through
+``SentenceTransformer.encode``.
+
+Which weights serve (fp32, or bf16 where the CPU has native bf16) is chosen by measuring both on
+this CPU when the encoder is built: bf16 halves the bytes read per query, but its one-row products
+are slower than fp32's on some CPUs (oneDNN's bf16 GEMV on AMD Zen 4, for one). ``query_encoder``
+builds one encoder per embedder per process, so a release swap does not measure again.
+Vectors are unit length, float32; cosine to ``SentenceTransformer.encode``'s vector > 0.9999.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+log = logging.getLogger(__name__)
+
+PROBE = "how do i reset the password of my online banking account"
+PROBE_RUNS = 15
+
+
+class _LeanBert:
+    """``BertModel``'s forward for unpadded rows, as functional calls on its own weights."""
+
+    def __init__(self, bert: Any, dtype: torch.dtype) -> None:
+        import torch
+
+        config = bert.config
+        p = {name: t.detach() for name, t in bert.state_dict().items()}
+
+        def w(name: str) -> torch.Tensor:
+            return p[name].to(dtype).contiguous()
+
+        self.heads = int(config.num_attention_heads)
+        self.eps = float(config.layer_norm_eps)
+        self.dtype = dtype
+        e = "embeddings."
+        self.words = w(e + "word_embeddings.weight")
+        # positions and the (single) token type folded into one table
+        self.positions = (
+            w(e + "position_embeddings.weight") + w(e + "token_type_embeddings.weight")[0]
+        )
+        self.norm = (w(e + "LayerNorm.weight"), w(e + "LayerNorm.bias"))
+        self.layers = []
+        for i in range(int(config.num_hidden_layers)):
+            a = f"encoder.layer.{i}.attention."
+            f = f"encoder.layer.{i}."
+            qkv = [a + f"self.{n}" for n in ("query", "key", "value")]
+            self.layers.append(
+                (
+                    torch.cat([w(n + ".weight") for n in qkv]).contiguous(),
+                    torch.cat([w(n + ".bias") for n in qkv]).contiguous(),
+                    w(a + "output.dense.weight"),
+                    w(a + "output.dense.bias"),
+                    (w(a + "output.LayerNorm.weight"), w(a + "output.LayerNorm.bias")),
+                    w(f + "intermediate.dense.weight"),
+                    w(f + "intermediate.dense.bias"),
+                    w(f + "output.dense.weight"),
+                    w(f + "output.dense.bias"),
+                    (w(f + "output.LayerNorm.weight"), w(f + "output.LayerNorm.bias")),
+                )
+            )
+
+    @staticmethod
+    def supports(bert: Any) -> bool:
+        config = bert.config
+        return (
+            type(bert).__name__ == "BertModel"
+            and getattr(config, "position_embedding_type", "absolute") == "absolute"
+            and config.hidden_act == "gelu"
+            and not getattr(config, "is_decoder", False)
+        )
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        """Mean-pooled, unit-length fp32 embedding of one unpadded row of token ids (1, T)."""
+        import torch
+        import torch.nn.functional as F
+
+        n = ids.shape[1]
+        width = self.words.shape[1]
+        heads, size = self.heads, width // self.heads
+        x = F.embedding(ids, self.words) + self.positions[:n]
+        x = F.layer_norm(x, (width,), *self.norm, self.eps)
+        for w_qkv, b_qkv, w_o, b_o, norm1, w_i, b_i, w_out, b_out, norm2 in self.layers:
+            q, k, v = F.linear(x, w_qkv, b_qkv).view(1, n, 3, heads, size).permute(2, 0, 3, 1, 4)
+            attended = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(1, n, width)
+            x = F.layer_norm(x + F.linear(attended, w_o, b_o), (width,), *norm1, self.eps)
+            hidden = F.gelu(F.linear(x, w_i, b_i))
+            x = F.layer_norm(x + F.linear(hidden, w_out, b_out), (width,), *norm2, self.eps)
+        pooled = x.float().mean(dim=1)
+        return torch.nn.functional.normalize(pooled, dim=-1)
+
+
+class QueryEncoder:
+    """Embeds queries for the semantic tier: one query through the lean forward (``_LeanBert``)
+    in the precision measured fastest here, several through ``SentenceTransformer.encode``."""
+
+    def __init__(self, model: SentenceTransformer, precision: str = "auto") -> None:
+        """``precision``: ``auto`` (measure fp32 and, where the CPU has native bf16, bf16; keep
+        the faster), ``fp32`` or ``bf16``."""
+        import torch
+
+        self.model = model
+        self.precision = "encode"
+        self.probe_ms: dict[str, float] = {}
+        self._lean: _LeanBert | None = None
+        modules: list[Any] = list(model)
+        names = [type(m).__name__ for m in modules]
+        if names[:2] != ["Transformer", "Pooling"] or any(n != "Normalize" for n in names[2:]):
+            return
+        if modules[1].get_config_dict().get("pooling_mode") != "mean":
+            return
+        transformer: Any = modules[0]
+        bert = transformer.auto_model
+        device = next(model.parameters()).device
+        if device.type != "cpu" or not _LeanBert.supports(bert):
+            return
+        self._tokenizer: Any = transformer.tokenizer
+        self._max_length = int(transformer.max_seq_length or 512)
+        candidates = {"fp32": torch.float32, "bf16": torch.bfloat16}
+        if precision == "auto" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            precision = "fp32"
+        if precision != "auto":
+            candidates = {precision: candidates[precision]}
+        with torch.inference_mode():
+            leans = {name: _LeanBert(bert, dtype) for name, dtype in candidates.items()}
+            for name, lean in leans.items():
+                self._lean = lean
+                self(["warm up"])
+                self.probe_ms[name] = self._probe()
+        self.precision = min(self.probe_ms, key=self.probe_ms.__getitem__)
+        self._lean = leans[self.precision]
+        log.info("query encoder: %s weights (ms per query: %s)", self.precision, self.probe_ms)
+
+    def _probe(self) -> float:
+        """Median milliseconds of one query."""
+        times = []
+        for _ in range(PROBE_RUNS):
+            start = time.perf_counter()
+            self([PROBE])
+            times.append((time.perf_counter() - start) * 1000)
+        return round(statistics.median(times), 3)
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        import numpy as np
+
+        if self._lean is None or len(texts) != 1:
+            vectors = self.model.encode(
+                texts, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+            )
+            return np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1)
+        import torch
+
+        with torch.inference_mode():
+            ids = self._tokenizer(
+                texts, truncation=True, max_length=self._max_length, return_tensors="pt"
+            )["input_ids"]
+            return self._lean(ids).numpy()
+
+
+_ENCODERS: weakref.WeakKeyDictionary[Any, QueryEncoder] = weakref.WeakKeyDictionary()
+_ENCODERS_LOCK = threading.Lock()
+
+
+def query_encoder(model: SentenceTransformer) -> QueryEncoder:
+    """The ``QueryEncoder`` of ``model``, built (and its precision measured) once per process."""
+    with _ENCODERS_LOCK:
+        encoder = _ENCODERS.get(model)
+        if encoder is None:
+            encoder = _ENCODERS[model] = QueryEncoder(model)
+        return encoder
