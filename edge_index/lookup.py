@@ -128,16 +128,7 @@ class ReleaseIndex:
 
     def embed(self, texts: list[str]) -> np.ndarray:
         with self._embed_lock:
-            if len(texts) == 1:
-                return self.encoder(texts)
-            vectors = self.embedder.encode(
-                texts,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-                batch_size=256,
-            )
-        return np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1)
+            return self.encoder(texts)
 
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Scores and global row ids of the k nearest rows over every shard, best first."""

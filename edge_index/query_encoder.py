@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROBE = "how do i reset the password of my online banking account"
-PROBE_RUNS = 15
+PROBE_RUNS = 7
 
 
 class _LeanBert:
@@ -117,7 +117,9 @@ class QueryEncoder:
         the faster), ``fp32`` or ``bf16``."""
         import torch
 
-        self.model = model
+        # weakly: ``query_encoder``'s cache is keyed weakly by the model, and a strong reference
+        # back from its value would keep every swapped-out release's embedder alive
+        self._model = weakref.ref(model)
         self.precision = "encode"
         self.probe_ms: dict[str, float] = {}
         self._lean: _LeanBert | None = None
@@ -162,8 +164,15 @@ class QueryEncoder:
         import numpy as np
 
         if self._lean is None or len(texts) != 1:
-            vectors = self.model.encode(
-                texts, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+            model = self._model()
+            if model is None:
+                raise RuntimeError("the embedder of this query encoder is gone")
+            vectors = model.encode(
+                texts,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+                batch_size=256,
             )
             return np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1)
         import torch
@@ -180,7 +189,10 @@ _ENCODERS_LOCK = threading.Lock()
 
 
 def query_encoder(model: SentenceTransformer) -> QueryEncoder:
-    """The ``QueryEncoder`` of ``model``, built (and its precision measured) once per process."""
+    """The ``QueryEncoder`` of ``model``, built (and its precision measured) once per process
+    and kept while the model lives. The lean forward holds its own copy of the weights as they
+    were then: a model changed in place afterwards (fine-tuned) needs ``QueryEncoder(model)``;
+    ``finetune`` users work on a copy, which is a new key."""
     with _ENCODERS_LOCK:
         encoder = _ENCODERS.get(model)
         if encoder is None:
