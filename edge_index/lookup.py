@@ -11,7 +11,6 @@ on a new release and a lookup in flight keeps the one it started with. A row pas
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,14 +120,12 @@ class ReleaseIndex:
         self.answer_ids = np.asarray(answer_ids, dtype=np.int64)
         self.expires_at = np.concatenate(expires) if expires else np.zeros(0, np.int64)
         self.encoder = encoder or query_encoder(embedder)
-        self._embed_lock = threading.Lock()  # one forward at a time: 2 cores, no oversubscription
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        with self._embed_lock:
-            return self.encoder(texts)
+        return self.encoder(texts)
 
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Scores and global row ids of the k nearest rows over every shard, best first."""

@@ -40,6 +40,7 @@ DEFAULT_K = 10
 VOTE_K = 5
 # the share of semantic lookups assumed to be about something the release does not hold
 OUT_OF_SCOPE_SHARE = 0.05
+MAX_OUT_OF_SCOPE_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -266,14 +267,16 @@ def calibrate(
 
     ``fallback`` (uncalibrated) when no setting satisfies both.
     """
+    if not 0 <= out_of_scope_share <= MAX_OUT_OF_SCOPE_SHARE:
+        # weighted (w <= 1) held-out hits keep the Wilson bound conservative; past 1/2 each
+        # would count as more than one trial and the bound would understate their variance
+        raise ValueError(f"out_of_scope_share must be in [0, {MAX_OUT_OF_SCOPE_SHARE}]")
     n = len(labels)
     if n < 2:
         return Calibration(
             fallback or Decision(), target_precision, 0.0, 0.0, 0.0, 0.0, n, z, calibrated=False
         )
     check_oos = max_out_of_scope_hit_rate is not None and len(set(labels)) >= 2
-    if not 0 <= out_of_scope_share < 1:
-        raise ValueError("out_of_scope_share must be in [0, 1)")
     out_of_scope_weight = out_of_scope_share / (1 - out_of_scope_share)
     counts: dict[Any, int] = {}
     for label in labels:

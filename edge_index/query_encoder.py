@@ -120,6 +120,9 @@ class QueryEncoder:
         # weakly: ``query_encoder``'s cache is keyed weakly by the model, and a strong reference
         # back from its value would keep every swapped-out release's embedder alive
         self._model = weakref.ref(model)
+        # one forward at a time: the encoder is shared by every release (and language) served
+        # with this embedder, and two forwards on 2 cores only fight over them
+        self._lock = threading.Lock()
         self.precision = "encode"
         self.probe_ms: dict[str, float] = {}
         self._lean: _LeanBert | None = None
@@ -127,8 +130,9 @@ class QueryEncoder:
         names = [type(m).__name__ for m in modules]
         if names[:2] != ["Transformer", "Pooling"] or any(n != "Normalize" for n in names[2:]):
             return
-        if modules[1].get_config_dict().get("pooling_mode") != "mean":
-            return
+        pooling = modules[1].get_config_dict()
+        if pooling.get("pooling_mode") != "mean" or getattr(model, "default_prompt_name", None):
+            return  # ``encode`` adds a default prompt (and pools around it); the lean path not
         transformer: Any = modules[0]
         bert = transformer.auto_model
         device = next(model.parameters()).device
@@ -161,6 +165,10 @@ class QueryEncoder:
         return round(statistics.median(times), 3)
 
     def __call__(self, texts: list[str]) -> np.ndarray:
+        with self._lock:
+            return self._embed(texts)
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
         import numpy as np
 
         if self._lean is None or len(texts) != 1:
@@ -190,9 +198,10 @@ _ENCODERS_LOCK = threading.Lock()
 
 def query_encoder(model: SentenceTransformer) -> QueryEncoder:
     """The ``QueryEncoder`` of ``model``, built (and its precision measured) once per process
-    and kept while the model lives. The lean forward holds its own copy of the weights as they
-    were then: a model changed in place afterwards (fine-tuned) needs ``QueryEncoder(model)``;
-    ``finetune`` users work on a copy, which is a new key."""
+    and kept while the model lives. The lean forward's weights are taken when it is built (bf16:
+    a copy; fp32: the model's tensors, but QKV and the position table fused into new ones): a
+    model changed in place afterwards (fine-tuned) needs ``QueryEncoder(model)``; ``finetune``
+    users work on a copy, which is a new key."""
     with _ENCODERS_LOCK:
         encoder = _ENCODERS.get(model)
         if encoder is None:

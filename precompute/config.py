@@ -132,8 +132,8 @@ class BuildConfig:
             raise ConfigError("ef_construction, shard_rows and ttl_days must be positive")
         if not 0 <= self.ttl_jitter < 1:
             raise ConfigError("ttl_jitter must be in [0, 1)")
-        if not 0 <= self.out_of_scope_share < 1:
-            raise ConfigError("out_of_scope_share must be in [0, 1)")
+        if not 0 <= self.out_of_scope_share <= 0.5:
+            raise ConfigError("out_of_scope_share must be in [0, 0.5]")
 
 
 @dataclass(frozen=True)
@@ -276,7 +276,7 @@ RUN_OPTIONS = (
         float,
         "calibration: the share of semantic lookups about questions the release does not hold",
         0,
-        0.95,
+        0.5,
     ),
     RunOption(
         "min_rows", "gate", "min_rows", int, "quality gate: refuse a release with fewer rows", 1

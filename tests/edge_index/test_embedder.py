@@ -120,3 +120,21 @@ def test_query_encoder_embeds_as_the_model_does(which: str, request) -> None:  #
     assert chosen.probe_ms[chosen.precision] == min(chosen.probe_ms.values())
     batch = chosen(texts[:3])  # several queries: through encode
     assert np.allclose(batch, reference[:3], atol=1e-5)
+
+
+def test_query_encoder_leaves_a_prompted_model_to_encode(embedder) -> None:  # type: ignore[no-untyped-def]
+    """A model whose ``encode`` prepends a default prompt is not run through the lean forward
+    (which knows no prompts): its queries embed as the nightly build embeds them."""
+    import copy
+
+    from edge_index.query_encoder import QueryEncoder
+
+    prompted = copy.deepcopy(embedder)
+    prompted.prompts = {"query": "question: "}
+    prompted.default_prompt_name = "query"
+    encoder = QueryEncoder(prompted)
+    assert encoder.precision == "encode"
+    text = "how do I reset my password"
+    expected = prompted.encode([text], normalize_embeddings=True)
+    assert np.allclose(encoder([text]), expected, atol=1e-6)
+    assert not np.allclose(expected, embedder.encode([text], normalize_embeddings=True), atol=1e-3)
