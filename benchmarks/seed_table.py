@@ -39,7 +39,6 @@ import json
 import random
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -140,7 +139,6 @@ async def replay(
 def serial_hf(
     model: Any, tokenizer: Any, max_tokens: int
 ) -> Callable[[str, float], Awaitable[Answered]]:
-    lock = threading.Lock()  # one at a time, FIFO (the lock's waiters in arrival order)
     config = GenerationConfig(
         max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
         pad_token_id=0, eos_token_id=None,
@@ -148,7 +146,7 @@ def serial_hf(
 
     def run(question: str) -> Answered:
         ids = torch.tensor([encode_chat(tokenizer, [{"role": "user", "content": question}])])
-        with lock, torch.inference_mode():
+        with torch.inference_mode():
             streamer = _FirstToken()
             model.generate(ids, generation_config=config, streamer=streamer)
             done = time.monotonic()
@@ -157,7 +155,7 @@ def serial_hf(
     queue: asyncio.Lock = asyncio.Lock()
 
     async def answer(question: str, arrival: float) -> Answered:
-        async with queue:  # FIFO: asyncio.Lock wakes waiters in order
+        async with queue:  # one at a time, FIFO: asyncio.Lock wakes waiters in arrival order
             return await asyncio.to_thread(run, question)
 
     return answer

@@ -197,6 +197,6 @@ def gguf_linears(
         packed[(layer, group)] = _pack(parts, weight, f"layer {layer} {group}")
     name = "output.weight" if "output.weight" in tensors else "token_embd.weight"
     head_packed = _pack([_rows(tensors[name], config, "output")], head, "LM head")
-    by_name = {name: p for name, (layer, group) in keys.items() for p in [packed[(layer, group)]]}
+    by_name = {name: packed[key] for name, key in keys.items()}
     _save_cached(model, fingerprint, {**by_name, "head": head_packed})
     return packed, head_packed
