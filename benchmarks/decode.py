@@ -3,9 +3,10 @@
 Systems: ``llama.cpp`` (``llama-bench`` on the same GGUF file and threads, when a binary is there:
 ``benchmarks/_llama_cpp.py``), ``transformers generate (fp32)`` (the model as loaded,
 ``model.generate``), and the edgeqa engine on the GGUF file's own blocks (``gguf``, the default on
-a CPU) and with fp32, bf16 and int8 weights, each batch-invariant (the default: fixed-order
-kernels) and with the library kernels (``batch_invariant=False``). Each generates the same number
-of tokens (EOS ignored) for the same prompts (real questions from NQ-open), one request at a time.
+a CPU; ``gguf-a8``: with 8-bit activations, as llama.cpp computes) and with fp32, bf16 and int8
+weights, each batch-invariant (the default: fixed-order kernels) and with the library kernels
+(``batch_invariant=False``). Each generates the same number of tokens (EOS ignored) for the same
+prompts (real questions from NQ-open), one request at a time.
 
 ``tok_per_s`` is the decode rate, what ``llama-bench`` reports as ``tg``: tokens after the first
 over the time after the first (the prompt's prefill excluded); ``with_prefill_tok_per_s`` counts
@@ -167,11 +168,15 @@ def main() -> None:
     }
     weight_bytes = {}
     invariance_cost = {}
-    precisions = (("gguf", "gguf"), ("fp32", "none"), ("bf16", "bf16"), ("int8", "int8"))
+    precisions = (
+        ("gguf", "gguf"), ("gguf-a8", "gguf-a8"), ("fp32", "none"), ("bf16", "bf16"),
+        ("int8", "int8"),
+    )  # fmt: skip
     for name, quantization in precisions:
         # batch-invariant (the default: fixed-order kernels) and the library kernels beside it
         # (GGUF blocks are read by the fixed-order kernels only)
-        for invariant in (True,) if name == "gguf" else (True, False):
+        blocks = name.startswith("gguf")
+        for invariant in (True,) if blocks else (True, False):
             config = EngineConfig(
                 max_num_seqs=1,
                 max_model_len=1024,
@@ -188,7 +193,7 @@ def main() -> None:
                 "weight_mb": round(engine.runner.weight_bytes / 1e6, 1),
             }
             del engine
-        if name != "gguf":
+        if not blocks:
             library = systems[f"edgeqa {name} (library kernels, not invariant)"]["tok_per_s"]
             # > 1: batch invariance costs nothing here, it is faster
             invariance_cost[name] = round(systems[f"edgeqa {name}"]["tok_per_s"] / library, 2)  # type: ignore[operator]

@@ -86,11 +86,12 @@ def llama_server(threads: int, slots: int) -> Iterator[str]:
 
 
 @contextmanager
-def edgeqa_origin(slots: int) -> Iterator[str]:
+def edgeqa_origin(slots: int, precision: str) -> Iterator[str]:
     port = free_port()
     with tempfile.TemporaryDirectory() as store:
         env = {
             "EDGEQA_STORE": store, "EDGEQA_ORIGIN_TIERS": "0", "EDGEQA_MAX_NUM_SEQS": str(slots),
+            "EDGEQA_QUANTIZATION": precision,
             "EDGEQA_MAX_MODEL_LEN": "512", "EDGEQA_MAX_QUEUED_REQUESTS": "1024",
             "EDGEQA_MAX_QUEUED_TOKENS": "1000000",
         }  # fmt: skip
@@ -145,6 +146,10 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=48)
     parser.add_argument("--slots", type=int, default=32, help="-np and EDGEQA_MAX_NUM_SEQS")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument(
+        "--precisions", default="gguf-a8,gguf",
+        help="edgeqa's weights: the first is the 'edgeqa' row, others 'edgeqa <precision>'",
+    )  # fmt: skip
     parser.add_argument("--build-llama-cpp", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -152,9 +157,15 @@ def main() -> None:
     if args.build_llama_cpp and _llama_cpp.binary("llama-server") is None:
         _llama_cpp.build()
     rates = [float(r) for r in args.rates.split(",")]
+    precisions = args.precisions.split(",")
     servers: dict[str, Callable[[], contextmanager]] = {  # type: ignore[type-arg]
         "llama.cpp": lambda: llama_server(args.threads, args.slots),
-        "edgeqa": lambda: edgeqa_origin(args.slots),
+        **{
+            "edgeqa" if i == 0 else f"edgeqa {precision}": (
+                lambda precision=precision: edgeqa_origin(args.slots, precision)
+            )
+            for i, precision in enumerate(precisions)
+        },
     }
     results: dict[str, dict[str, dict]] = {str(r): {} for r in rates}  # type: ignore[type-arg]
     with tempfile.TemporaryDirectory() as tmp:
@@ -173,7 +184,7 @@ def main() -> None:
                 "config": {k: v for k, v in vars(args).items() if k != "build_llama_cpp"},
                 "rates": {
                     rate: {
-                        "systems": {"edgeqa": row["edgeqa"], "llama.cpp": row["llama.cpp"]},
+                        "systems": row,
                         "edgeqa_over_llama_cpp_tok_per_s": round(
                             row["edgeqa"]["output_tok_per_s"]
                             / max(row["llama.cpp"]["output_tok_per_s"], 1e-9),

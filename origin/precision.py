@@ -5,15 +5,18 @@ words and no others.
 (weight-only) and ``w8a8`` (INT8 weights and activations, batch-invariant by construction: see
 ``docs/engine.md``) convert them when the engine is built; ``gguf`` (CPU) serves a model
 converted from a GGUF file from that file's own 4- and 8-bit blocks, bitwise the fp32 model's
-results; ``auto`` is a setting's way of letting the builder decide for the device and model
-(``origin/runtime.py``): an engine itself always runs one of ``ENGINE_QUANTIZATIONS``.
+results; ``gguf-a8`` (CPU) multiplies those blocks with activations quantized to 8 bits per block
+of 32, the arithmetic of llama.cpp's CPU backend: 2x gguf's throughput at full batches, still
+batch-invariant, not the fp32 model's numbers; ``auto`` is a setting's way of letting the
+builder decide for the device and model (``origin/runtime.py``): an engine itself always runs
+one of ``ENGINE_QUANTIZATIONS``.
 """
 
 from __future__ import annotations
 
 from typing import Literal, get_args
 
-Quantization = Literal["auto", "none", "bf16", "int8", "w8a8", "gguf"]
-EngineQuantization = Literal["none", "bf16", "int8", "w8a8", "gguf"]
+Quantization = Literal["auto", "none", "bf16", "int8", "w8a8", "gguf", "gguf-a8"]
+EngineQuantization = Literal["none", "bf16", "int8", "w8a8", "gguf", "gguf-a8"]
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 ENGINE_QUANTIZATIONS: tuple[str, ...] = get_args(EngineQuantization)

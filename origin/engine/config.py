@@ -60,6 +60,9 @@ class EngineConfig(SchedulerConfig):
     speculative: str | None = None  # None, "ngram", "suffix", "draft", or "+"-joined
     num_speculative_tokens: int = 5
     spec_max_batch: int = 2  # speculate only while at most this many requests decode
+    # start a request from a prefix of its tokens already in the KV cache (a shared system
+    # prompt, a repeated question): where the runner supports it (scheduler.py, docs/engine.md)
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -81,8 +81,13 @@ class Engine:
         self.suffix_index: SuffixIndex | None = None
         if self.speculator is not None:
             self.suffix_index = self.speculator.suffix_index
+        shares = self.config.prefix_caching and getattr(self.runner, "shares_prefixes", False)
         self.scheduler = Scheduler(
-            self.config, self.runner.cache, self.speculator, release=self.runner.release
+            self.config,
+            self.runner.cache,
+            self.speculator,
+            release=self.runner.release,
+            share_prefixes=shares,
         )
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.stats = EngineStats()

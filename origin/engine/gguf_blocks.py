@@ -175,11 +175,33 @@ def _pack(
 
 
 def gguf_linears(
-    model: PreTrainedModel, weights: dict[tuple[int, str], torch.Tensor], head: torch.Tensor
+    model: PreTrainedModel,
+    weights: dict[tuple[int, str], torch.Tensor],
+    head: torch.Tensor,
+    activations_8bit: bool = False,
 ) -> tuple[dict[tuple[int, str], kernels.PackedLinear], kernels.PackedLinear]:
     """Packed blocks for every fused projection (``weights``: (layer, "qkv" | "o" | "gate_up" |
     "down") -> the runner's fused fp32 weight [out, in]) and the LM head (the output tensor, or
-    the tied embedding). Packed once per GGUF file and kept beside the conversion."""
+    the tied embedding). Packed once per GGUF file and kept beside the conversion;
+    ``activations_8bit``: laid out for the kernels that quantize activations (``gguf-a8``)."""
+    packed, head_packed = _gguf_linears(model, weights, head)
+    if not activations_8bit:
+        return packed, head_packed
+
+    def a8(linear: kernels.PackedLinear, residual: bool = False) -> kernels.PackedLinear:
+        assert linear.kind is not None
+        blocks, kind = kernels.with_8bit_activations(linear.packed, linear.kind, residual)
+        return kernels.PackedLinear(blocks, linear.out_features, kind=kind, bias=linear.bias)
+
+    # the LM head decides the argmax: its activations get a second 8-bit pass where it is Q8_0
+    # (teacher-forced greedy agreement with fp32 0.963 -> 0.975 on 16 NQ-open questions)
+    head_a8 = a8(head_packed, residual=head_packed.kind == kernels.Q8_0)
+    return {key: a8(linear) for key, linear in packed.items()}, head_a8
+
+
+def _gguf_linears(
+    model: PreTrainedModel, weights: dict[tuple[int, str], torch.Tensor], head: torch.Tensor
+) -> tuple[dict[tuple[int, str], kernels.PackedLinear], kernels.PackedLinear]:
     source, fingerprint = source_gguf(model)
     cached = _load_cached(model, fingerprint)
     keys = {f"{layer}.{group}": (layer, group) for layer, group in weights}

@@ -52,6 +52,19 @@ class SlotKVCache:
         self.lengths[slot] = 0
         return slot
 
+    def take(self, slot: int, length: int) -> None:
+        """Take free ``slot`` whose first ``length`` positions still hold what the next owner
+        needs (a prefix it shares with the slot's last owner: ``Scheduler``)."""
+        self._free.remove(slot)
+        self.lengths[slot] = length
+
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        """Positions ``[0, length)`` of ``source`` into ``target`` (a prefix the two requests'
+        tokens share: the same keys and values, computed once)."""
+        self.k[:, target, :, :length] = self.k[:, source, :, :length]
+        self.v[:, target, :, :length] = self.v[:, source, :, :length]
+        self.lengths[target] = length
+
     def free(self, slot: int) -> None:
         assert slot not in self._free, f"slot {slot} freed twice"
         self.lengths[slot] = 0

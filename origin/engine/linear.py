@@ -399,7 +399,7 @@ def make_linear(
         raise ValueError(
             f"quantization must be one of {', '.join(ENGINE_QUANTIZATIONS)}, got {quantization!r}"
         )
-    if quantization == "gguf":
+    if quantization in ("gguf", "gguf-a8"):
         raise ValueError(
             "gguf weights are the GGUF file's blocks: see origin/engine/gguf_blocks.py"
         )

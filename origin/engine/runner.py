@@ -122,11 +122,12 @@ class LlamaRunner:
             raise ValueError(f"LlamaRunner cannot run this model: {reason}")
         config = model.config
         self.device = model.device
-        if quantization == "gguf" and self.device.type != "cpu":
-            raise ValueError("precision gguf runs on the CPU's fixed-order kernels, not on CUDA")
+        blocks = quantization in ("gguf", "gguf-a8")
+        if blocks and self.device.type != "cpu":
+            raise ValueError(f"precision {quantization} runs on the CPU's kernels, not on CUDA")
         # batch-invariant on a CPU: the fixed-order kernels (kernels/), fp32 activations and cache;
         # GGUF blocks are read by those kernels alone
-        batch_invariant = batch_invariant or quantization == "gguf"
+        batch_invariant = batch_invariant or blocks
         self.batch_invariant = batch_invariant and self.device.type == "cpu"
         if batch_invariant and not self.batch_invariant and quantization != "w8a8":
             logger.warning(
@@ -191,11 +192,13 @@ class LlamaRunner:
     ) -> tuple[list[dict[str, Linear]], Linear]:
         """Every layer's linears and the LM head, for ``quantization``."""
         head_weight = model.lm_head.weight.detach()
-        if quantization == "gguf":
+        if quantization in ("gguf", "gguf-a8"):
             from origin.engine.gguf_blocks import gguf_linears
 
             weights = {(i, n): w for i, group in enumerate(fused) for n, (w, _) in group.items()}
-            packed, packed_head = gguf_linears(model, weights, head_weight)
+            packed, packed_head = gguf_linears(
+                model, weights, head_weight, activations_8bit=quantization == "gguf-a8"
+            )
 
             def with_bias(linear: kernels.PackedLinear, bias: torch.Tensor | None) -> Linear:
                 if bias is None:
@@ -286,6 +289,13 @@ class LlamaRunner:
             for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
         )
         return per_layer + self.lm_head.weight_bytes
+
+    @property
+    def shares_prefixes(self) -> bool:
+        """Whether a request may start from another's keys and values (``Scheduler``): they live
+        in ``cache``, and with the fixed-order kernels a position's keys and values depend on the
+        tokens up to it alone, so a copied prefix is bitwise what the request would compute."""
+        return self.batch_invariant
 
     def release(self, slot: int) -> None:
         """Nothing to do: the slot's positions are simply overwritten by its next owner."""

@@ -7,6 +7,13 @@ the invariants; return one ``SchedulerOutput``. ``update`` then commits what the
 
 Every request that leaves its slot (finished, cancelled, aborted or preempted) leaves through
 ``_free_slot``, which also tells the runner (``release``) so it can drop what it holds for the slot.
+
+Prefix sharing (``share_prefixes``; vLLM's automatic prefix caching, llama.cpp's slot prompt
+cache): a request admitted with tokens that begin like those of a running request, or like those
+a free slot still holds from its last owner, starts with that prefix's keys and values (copied, or
+the free slot taken as it is) instead of computing them: a chat template's system prompt is
+computed once, not once per request. Only where every row's numbers depend on its own tokens
+alone (the batch-invariant kernels) is a copied prefix what the request would have computed.
 """
 
 from __future__ import annotations
@@ -23,6 +30,18 @@ from origin.engine.request import Request, Status
 
 if TYPE_CHECKING:
     from origin.engine.speculative import Speculator
+
+
+SHARED_PREFIX_MIN = 8  # the fewest shared tokens a request starts from instead of computing
+
+
+def _shared(tokens: list[int], other: list[int], limit: int) -> int:
+    """How many leading tokens ``tokens`` and ``other[:limit]`` have in common."""
+    n = min(len(tokens), len(other), limit)
+    i = 0
+    while i < n and tokens[i] == other[i]:
+        i += 1
+    return i
 
 
 @dataclass
@@ -57,8 +76,11 @@ class Scheduler:
         cache: SlotKVCache,
         speculator: Speculator | None = None,
         release: Callable[[int], None] | None = None,
+        share_prefixes: bool = False,
     ) -> None:
-        """``release(slot)`` is called whenever a request leaves ``slot`` (``Runner.release``)."""
+        """``release(slot)`` is called whenever a request leaves ``slot`` (``Runner.release``);
+        ``share_prefixes``: start requests from a prefix already in ``cache`` (the module's
+        docstring), for runners whose keys and values live there."""
         if cache.num_slots < config.max_num_seqs or cache.max_len < config.max_model_len:
             raise ValueError("the KV cache is smaller than the scheduler's config")
         self.config = config
@@ -68,6 +90,9 @@ class Scheduler:
         self.num_preemptions = 0
         self.speculator = speculator
         self.release = release
+        self.share_prefixes = share_prefixes
+        self.kept: dict[int, list[int]] = {}  # free slot -> the tokens its positions still hold
+        self.prefix_tokens_shared = 0  # tokens admitted requests did not compute
 
     # -- intake ---------------------------------------------------------------------------------
 
@@ -119,14 +144,14 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            n = self._chunk(request, budget)
             # admit only when the whole request fits beside the others, so that admitting it
             # never forces a preemption of someone already running
             need = request.num_tokens + request.params.max_tokens - len(request.output_ids)
             if out.preempted or need > kv_free:
                 break
             self.waiting.popleft()
-            request.slot = self.cache.allocate()
+            request.slot = self._allocate(request)
+            n = self._chunk(request, budget)
             request.status = Status.RUNNING
             if request.times.scheduled is None:
                 request.times.scheduled = time.monotonic()
@@ -212,6 +237,39 @@ class Scheduler:
                 kv_free -= len(tokens)
         return budget, kv_free
 
+    def _allocate(self, request: Request) -> int:
+        """A slot for ``request``; with prefix sharing, one holding the longest prefix of its
+        tokens found in a running request or a free slot (at most all but its last token: that
+        one is computed to sample from), with ``num_computed`` set past it."""
+        if not self.share_prefixes:
+            slot = self.cache.allocate()
+            self.kept.pop(slot, None)
+            return slot
+        tokens, limit = request.token_ids, request.num_tokens - 1
+        best, source, free = 0, -1, False
+        for slot, held in self.kept.items():  # a free slot needs no copy: preferred on ties
+            n = _shared(tokens, held, limit)
+            if n > best:
+                best, source, free = n, slot, True
+        for other in self.running:
+            n = _shared(tokens, other.token_ids, min(limit, other.num_computed))
+            if n > best and other.slot is not None:
+                best, source, free = n, other.slot, False
+        if best < SHARED_PREFIX_MIN:
+            slot = self.cache.allocate()
+            self.kept.pop(slot, None)
+            return slot
+        if free:
+            slot = source
+            self.cache.take(slot, best)
+        else:
+            slot = self.cache.allocate()
+            self.cache.copy_prefix(source, slot, best)
+        self.kept.pop(slot, None)
+        request.num_computed = best
+        self.prefix_tokens_shared += best
+        return slot
+
     def _chunk(self, request: Request, budget: int) -> int:
         remaining = request.num_uncomputed
         if remaining == 1:
@@ -264,6 +322,8 @@ class Scheduler:
         slot = request.slot
         assert slot is not None
         self.cache.free(slot)
+        if self.share_prefixes:  # what its positions hold until the slot's next owner
+            self.kept[slot] = request.token_ids[: request.num_computed]
         request.slot = None
         if self.release is not None:
             self.release(slot)

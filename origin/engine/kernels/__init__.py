@@ -30,9 +30,13 @@ from edge_index.config import DEFAULT_CACHE_DIR
 from edge_index.errors import EdgeQAError
 
 PANEL = 16  # output columns per packed weight panel (fixed_order.c)
-# GGUF block kinds (fixed_order.c): QK reduction rows per block, bytes per (panel, block)
-Q4_1, Q8_0, QK = 3, 4, 32
+# GGUF block kinds (fixed_order.c): QK reduction rows per block, bytes per (panel, block); the
+# _A8 kinds are the same blocks laid out for 8-bit activations (``with_8bit_activations``)
+# (Q8_0_A16: the same as Q8_0_A8 with activations to ~16 bits in two 8-bit passes: the LM head)
+Q4_1, Q8_0, Q4_1_A8, Q8_0_A8, Q8_0_A16, QK = 3, 4, 5, 6, 7, 32
 _BLOCK_BYTES = {Q4_1: 4 * PANEL + QK * PANEL // 2, Q8_0: 2 * PANEL + QK * PANEL}
+_BLOCK_BYTES |= {Q4_1_A8: _BLOCK_BYTES[Q4_1], Q8_0_A8: _BLOCK_BYTES[Q8_0]}
+_BLOCK_BYTES[Q8_0_A16] = _BLOCK_BYTES[Q8_0]
 _SOURCE = Path(__file__).with_name("fixed_order.c")
 _FLAGS = ["-O2", "-shared", "-fPIC", "-fopenmp", "-std=c11", "-ffp-contract=off"]
 _KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
@@ -177,6 +181,32 @@ def pack_q8_0(d: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     )
 
 
+def with_8bit_activations(
+    packed: torch.Tensor, kind: int, residual: bool = False
+) -> tuple[torch.Tensor, int]:
+    """Q4_1 or Q8_0 panels of blocks (``pack_q4_1``, ``pack_q8_0``) -> the same weights laid out
+    for the kernels that quantize activations to 8 bits per block (``fixed_order.c``: four
+    reduction rows of a column in each 32-bit lane, as VPDPBUSD reads them; Q8_0 offset to
+    unsigned). Returns (blocks, kind): Q4_1_A8, Q8_0_A8, or with ``residual`` (Q8_0 only: the
+    LM head) Q8_0_A16, whose activations' rounding error gets a second 8-bit pass."""
+    if residual and kind != Q8_0:
+        raise ValueError("the residual activation pass is for Q8_0 blocks (the LM head)")
+    weight_kind(packed, kind)
+    if kind not in (Q4_1, Q8_0):
+        raise ValueError(f"kind {kind} is not a GGUF block kind with an 8-bit activation form")
+    panels, blocks, _ = packed.shape
+    if kind == Q4_1:
+        nib = packed[..., 4 * PANEL :].reshape(panels, blocks, QK // 2, PANEL)
+        q = torch.stack([nib & 15, nib >> 4], dim=3).reshape(panels, blocks, 4, 2, 4, PANEL)
+        low, high = q[:, :, :, 0].transpose(-1, -2), q[:, :, :, 1].transpose(-1, -2)
+        body = (low | (high << 4)).reshape(panels, blocks, -1)
+        return torch.cat([packed[..., : 4 * PANEL], body], dim=-1).contiguous(), Q4_1_A8
+    q = packed[..., 2 * PANEL :].reshape(panels, blocks, QK // 4, 4, PANEL).transpose(-1, -2)
+    body = (q.reshape(panels, blocks, -1) ^ 0x80).contiguous()
+    blocks_a8 = torch.cat([packed[..., : 2 * PANEL], body], dim=-1).contiguous()
+    return blocks_a8, Q8_0_A16 if residual else Q8_0_A8
+
+
 def weight_kind(packed: torch.Tensor, kind: int | None = None) -> tuple[int, int]:
     """(kind, reduction length K) of a packed weight: its dtype's, or a GGUF block kind's."""
     if kind is None:
@@ -194,7 +224,8 @@ def gemm(
     x: torch.Tensor, packed: torch.Tensor, out_features: int, kind: int | None = None
 ) -> torch.Tensor:
     """x [M, in] float32 @ the packed weight -> [M, out_features] float32, in the fixed order;
-    ``kind``: Q4_1 or Q8_0 for GGUF blocks (``pack_q4_1``, ``pack_q8_0``)."""
+    ``kind``: Q4_1 or Q8_0 for GGUF blocks (``pack_q4_1``, ``pack_q8_0``), Q4_1_A8, Q8_0_A8 or
+    Q8_0_A16 for them with quantized activations (``with_8bit_activations``)."""
     x = x.float().contiguous()
     m, k = x.shape
     code_kind, packed_k = weight_kind(packed, kind)
@@ -206,6 +237,8 @@ def gemm(
             x.data_ptr(), k, packed.data_ptr(), code_kind, y.data_ptr(), y.shape[1], m, k,
             y.shape[1],
         )  # fmt: skip
+    if code == -2:
+        raise MemoryError("fo_gemm could not allocate its scratch buffers")
     if code:
         raise ValueError(f"fo_gemm refused shapes x {tuple(x.shape)}, w {tuple(packed.shape)}")
     return y if y.shape[1] == out_features else y[:, :out_features]

@@ -25,7 +25,10 @@
 #define PANEL 16
 #define LANES 8
 
-enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2, W_Q4_1 = 3, W_Q8_0 = 4 };
+enum {
+    W_F32 = 0, W_BF16 = 1, W_I8 = 2, W_Q4_1 = 3, W_Q8_0 = 4, W_Q4_1_A8 = 5, W_Q8_0_A8 = 6,
+    W_Q8_0_A16 = 7
+};
 
 /* GGUF blocks, repacked by panel: weights [N / PANEL][K / QK] blocks, each holding one panel's
  * 16 columns over QK = 32 rows of the reduction.
@@ -393,18 +396,339 @@ static void gemm_panels(const float *x, int64_t ldx, const void *w, int kind, fl
     }
 }
 
+/* ---- GGUF blocks with 8-bit activations (precision gguf-a8): llama.cpp's CPU arithmetic ----
+ * Each row of activations is quantized per block of QK inputs, as llama.cpp quantizes to Q8_1:
+ * amax = max |x|, d = amax / 127, q = round-to-nearest-even(x * (1 / d)) in -127..127, with the
+ * block's integer sum. A weight block's contribution to output (row r, column c) is then an exact
+ * integer dot product isum and, in this order, acc = fma(dw, da * isum, acc) (Q4_1: and then
+ * acc = fma(mw, da * sum(q), acc)), blocks in order from acc = 0. The integer sums are exact
+ * whatever the instruction (VNNI or scalar) or the order of the additions, and each row is
+ * quantized alone, so every output is one written-down sequence of float operations again:
+ * invariant to the batch, the thread split and the ISA, but not equal to fp32's.
+ * Layouts, per (panel, block):
+ *   Q4_1_A8: d[16], m[16] (fp16), then for each group G of 8 reduction rows 64 bytes: byte
+ *            4c + j = q[8G + j][c] | q[8G + 4 + j][c] << 4 (j < 4): one 512-bit load holds 4
+ *            consecutive rows of every column in its 32-bit lane, twice (VPDPBUSD's shape).
+ *   Q8_0_A8: d[16] (fp16), then for each group G of 4 rows 64 bytes: byte 4c + j =
+ *            q[4G + j][c] + 128 (unsigned); the offset is taken back as 128 * sum(activations).
+ * Q8_0_A16 (the LM head, where the argmax is decided): the same weights, and activations to about
+ * 16 bits in two 8-bit passes: q as above, then the residual r = x - d * q quantized with
+ * d2 = d / 254; acc = fma(dw, d * isum, acc), then acc = fma(dw, d2 * isum2, acc). */
+typedef struct {
+    int8_t *q, *q2;      /* [M][K]: the activations; the residual's (A16) */
+    float *d, *s, *d2;   /* [M][K / QK]: scale, scale * sum, the residual's scale */
+    int32_t *sum, *sum2; /* [M][K / QK] */
+} act8;
+
+static void act8_free(act8 *a) {
+    free(a->q), free(a->q2), free(a->d), free(a->s), free(a->d2), free(a->sum), free(a->sum2);
+}
+
+/* room for M rows of K; 0, or -2 (out of memory: nothing held) */
+static int act8_alloc(act8 *a, int64_t M, int64_t K) {
+    const int64_t blocks = M * (K / QK) + 1;
+    a->q = malloc(M * K + 1), a->q2 = malloc(M * K + 1);
+    a->d = malloc(sizeof(float) * blocks), a->s = malloc(sizeof(float) * blocks);
+    a->d2 = malloc(sizeof(float) * blocks);
+    a->sum = malloc(sizeof(int32_t) * blocks), a->sum2 = malloc(sizeof(int32_t) * blocks);
+    if (a->q && a->q2 && a->d && a->s && a->d2 && a->sum && a->sum2) return 0;
+    act8_free(a);
+    return -2;
+}
+
+/* round to nearest, ties to even, for |v| <= 2^22: exact in float arithmetic, no libm call */
+static inline float round_even(float v) { return (v + 0x1.8p23f) - 0x1.8p23f; }
+
+static void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *s, int32_t *sum) {
+    for (int64_t g = 0; g < K / QK; g++) {
+        const float *xb = x + g * QK;
+        float amax = 0.0f;
+        for (int k = 0; k < QK; k++) {
+            const float a = fabsf(xb[k]);
+            amax = a > amax ? a : amax;
+        }
+        const float dg = amax / 127.0f, id = dg != 0.0f ? 1.0f / dg : 0.0f;
+        int32_t total = 0;
+        for (int k = 0; k < QK; k++) {
+            float v = round_even(xb[k] * id);
+            v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+            q[g * QK + k] = (int8_t)v;
+            total += (int8_t)v;
+        }
+        d[g] = dg;
+        sum[g] = total;
+        s[g] = dg * (float)total;
+    }
+}
+
+/* quantize_row in AVX-512: the same operations per element (max |x| is exact in any order) */
+T512 static void quantize_row_512(const float *x, int64_t K, int8_t *q, float *d, float *s,
+                                  int32_t *sum) {
+    const __m512 magic = _mm512_set1_ps(0x1.8p23f), top = _mm512_set1_ps(127.0f);
+    for (int64_t g = 0; g < K / QK; g++) {
+        const __m512 v0 = _mm512_loadu_ps(x + g * QK), v1 = _mm512_loadu_ps(x + g * QK + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const float dg = amax / 127.0f, id = dg != 0.0f ? 1.0f / dg : 0.0f;
+        const __m512 idv = _mm512_set1_ps(id);
+        __m512i n[2];
+        for (int h = 0; h < 2; h++) {
+            __m512 t = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(h ? v1 : v0, idv), magic), magic);
+            t = _mm512_min_ps(_mm512_max_ps(t, _mm512_sub_ps(_mm512_setzero_ps(), top)), top);
+            n[h] = _mm512_cvtps_epi32(t);
+            _mm_storeu_si128((__m128i *)(q + g * QK + 16 * h), _mm512_cvtepi32_epi8(n[h]));
+        }
+        const int32_t total = _mm512_reduce_add_epi32(_mm512_add_epi32(n[0], n[1]));
+        d[g] = dg;
+        sum[g] = total;
+        s[g] = dg * (float)total;
+    }
+}
+
+/* the residual pass of Q8_0_A16, one row, after its first pass (plain C on every path) */
+static void quantize_residual(const float *x, int64_t K, const int8_t *q, const float *d,
+                              int8_t *q2, float *d2, int32_t *sum2) {
+    for (int64_t g = 0; g < K / QK; g++) {
+        const float dr = d[g] / 254.0f, id = dr != 0.0f ? 1.0f / dr : 0.0f;
+        int32_t total = 0;
+        for (int k = 0; k < QK; k++) {
+            const int64_t i = g * QK + k;
+            float v = round_even((x[i] - d[g] * (float)q[i]) * id);
+            v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+            q2[i] = (int8_t)v;
+            total += (int8_t)v;
+        }
+        d2[g] = dr;
+        sum2[g] = total;
+    }
+}
+
+/* row m of x (K wide) into a, for kind */
+static void quantize(const act8 *a, const float *x, int64_t m, int64_t K, int kind, int simd) {
+    const int64_t at = m * (K / QK);
+    (simd == 2 ? quantize_row_512 : quantize_row)(x, K, a->q + m * K, a->d + at, a->s + at,
+                                                  a->sum + at);
+    if (kind == W_Q8_0_A16)
+        quantize_residual(x, K, a->q + m * K, a->d + at, a->q2 + m * K, a->d2 + at, a->sum2 + at);
+}
+
+static inline int a8_weight(const uint8_t *b, int kind, int k, int c) {
+    if (kind == W_Q4_1_A8) {
+        const uint8_t byte = b[4 * PANEL + k / 8 * 64 + 4 * c + k % 4];
+        return k % 8 < 4 ? byte & 15 : byte >> 4;
+    }
+    return (int)b[2 * PANEL + k / 4 * 64 + 4 * c + k % 4] - 128;
+}
+
+/* the reference: rows [0, M) of panels [p0, p1), plain C (any ISA; exact integer sums) */
+static void a8_scalar(const act8 *a, int64_t K, const void *w, int kind, float *y, int64_t ldy,
+                      int64_t M, int64_t p0, int64_t p1) {
+    const int64_t nb = K / QK, bytes = kind == W_Q4_1_A8 ? Q4_BLOCK : Q8_BLOCK;
+    for (int64_t p = p0; p < p1; p++)
+        for (int64_t r = 0; r < M; r++) {
+            float acc[PANEL] = {0};
+            for (int64_t g = 0; g < nb; g++) {
+                const uint8_t *b = (const uint8_t *)w + (p * nb + g) * bytes;
+                const int8_t *q = a->q + r * K + g * QK;
+                const float da = a->d[r * nb + g], sa = a->s[r * nb + g];
+                for (int c = 0; c < PANEL; c++) {
+                    int32_t isum = 0;
+                    for (int k = 0; k < QK; k++) isum += a8_weight(b, kind, k, c) * q[k];
+                    const float dw = half_float(((const uint16_t *)b)[c]);
+                    acc[c] = fmaf(dw, da * (float)isum, acc[c]);
+                    if (kind == W_Q4_1_A8)
+                        acc[c] = fmaf(half_float(((const uint16_t *)b)[PANEL + c]), sa, acc[c]);
+                    if (kind == W_Q8_0_A16) {
+                        const int8_t *q2 = a->q2 + r * K + g * QK;
+                        isum = 0;
+                        for (int k = 0; k < QK; k++) isum += a8_weight(b, kind, k, c) * q2[k];
+                        acc[c] = fmaf(dw, a->d2[r * nb + g] * (float)isum, acc[c]);
+                    }
+                }
+            }
+            memcpy(y + r * ldy + p * PANEL, acc, sizeof acc);
+        }
+}
+
+/* AVX-512 VNNI: 16 columns x 4 rows of the reduction per VPDPBUSD (unsigned weights, signed
+ * activations), the block's float steps as a8_scalar's, lane by lane */
+#define TVNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
+#define A8_ROWS 4
+
+/* Q4_1_A8: rows [r0, r0 + R) (R <= A8_ROWS) of panels p, p + 1 */
+TVNNI static inline void q4_tile(const act8 *a, int64_t K, const uint8_t *w, float *y,
+                                 int64_t ldy, int64_t r0, const int R, int64_t p) {
+    const int64_t nb = K / QK;
+    const __m512i low = _mm512_set1_epi8(15);
+    __m512 acc[A8_ROWS][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < nb; g++) {
+        const uint8_t *b[2] = {w + (p * nb + g) * Q4_BLOCK, w + ((p + 1) * nb + g) * Q4_BLOCK};
+        __m512i is[A8_ROWS][2];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) is[r][0] = is[r][1] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int G = 0; G < 4; G++) {
+            __m512i lo[2], hi[2];
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const __m512i v = _mm512_loadu_si512(b[h] + 4 * PANEL + G * 64);
+                lo[h] = _mm512_and_si512(v, low);
+                hi[h] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const int8_t *q = a->q + (r0 + r) * K + g * QK + G * 8;
+                int32_t q0, q1;
+                memcpy(&q0, q, 4);
+                memcpy(&q1, q + 4, 4);
+                const __m512i x0 = _mm512_set1_epi32(q0), x1 = _mm512_set1_epi32(q1);
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    is[r][h] = _mm512_dpbusd_epi32(is[r][h], lo[h], x0);
+                    is[r][h] = _mm512_dpbusd_epi32(is[r][h], hi[h], x1);
+                }
+            }
+        }
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[h]));
+            const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b[h] + 32)));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const int64_t at = (r0 + r) * nb + g;
+                const __m512 t =
+                    _mm512_mul_ps(_mm512_set1_ps(a->d[at]), _mm512_cvtepi32_ps(is[r][h]));
+                acc[r][h] = _mm512_fmadd_ps(dw, t, acc[r][h]);
+                acc[r][h] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a->s[at]), acc[r][h]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        _mm512_storeu_ps(y + (r0 + r) * ldy + p * PANEL, acc[r][0]);
+        _mm512_storeu_ps(y + (r0 + r) * ldy + (p + 1) * PANEL, acc[r][1]);
+    }
+}
+
+/* Q8_0_A8 (PASSES 1) and Q8_0_A16 (PASSES 2: the residual's pass too): rows [r0, r0 + R) of
+ * panels p, p + 1 */
+TVNNI static inline void q8_tile(const act8 *a, int64_t K, const uint8_t *w, float *y,
+                                 int64_t ldy, int64_t r0, const int R, int64_t p,
+                                 const int PASSES) {
+    const int64_t nb = K / QK;
+    const int8_t *qs[2] = {a->q, a->q2};
+    const float *ds[2] = {a->d, a->d2};
+    const int32_t *sums[2] = {a->sum, a->sum2};
+    __m512 acc[A8_ROWS][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < nb; g++) {
+        const uint8_t *b[2] = {w + (p * nb + g) * Q8_BLOCK, w + ((p + 1) * nb + g) * Q8_BLOCK};
+        __m512i is[2][A8_ROWS][2];
+#pragma GCC unroll 2
+        for (int i = 0; i < PASSES; i++)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) is[i][r][0] = is[i][r][1] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int G = 0; G < 8; G++) {
+            const __m512i v0 = _mm512_loadu_si512(b[0] + 2 * PANEL + G * 64);
+            const __m512i v1 = _mm512_loadu_si512(b[1] + 2 * PANEL + G * 64);
+#pragma GCC unroll 2
+            for (int i = 0; i < PASSES; i++)
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    int32_t q;
+                    memcpy(&q, qs[i] + (r0 + r) * K + g * QK + G * 4, 4);
+                    const __m512i x = _mm512_set1_epi32(q);
+                    is[i][r][0] = _mm512_dpbusd_epi32(is[i][r][0], v0, x);
+                    is[i][r][1] = _mm512_dpbusd_epi32(is[i][r][1], v1, x);
+                }
+        }
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)b[h]));
+#pragma GCC unroll 2
+            for (int i = 0; i < PASSES; i++)
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    const int64_t at = (r0 + r) * nb + g;
+                    /* the weights' +128 offset taken back */
+                    const __m512i isum =
+                        _mm512_sub_epi32(is[i][r][h], _mm512_set1_epi32(128 * sums[i][at]));
+                    const __m512 t =
+                        _mm512_mul_ps(_mm512_set1_ps(ds[i][at]), _mm512_cvtepi32_ps(isum));
+                    acc[r][h] = _mm512_fmadd_ps(dw, t, acc[r][h]);
+                }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        _mm512_storeu_ps(y + (r0 + r) * ldy + p * PANEL, acc[r][0]);
+        _mm512_storeu_ps(y + (r0 + r) * ldy + (p + 1) * PANEL, acc[r][1]);
+    }
+}
+
+/* the tiles with their row counts and passes fixed (each compiled with its loops unrolled) */
+#define A8_TILE(NAME, CALL)                                                                     \
+    TVNNI static void NAME(const act8 *a, int64_t K, const uint8_t *w, float *y, int64_t ldy,   \
+                           int64_t r0, int64_t p) {                                             \
+        CALL;                                                                                   \
+    }
+A8_TILE(q4_tile4, q4_tile(a, K, w, y, ldy, r0, 4, p))
+A8_TILE(q4_tile1, q4_tile(a, K, w, y, ldy, r0, 1, p))
+A8_TILE(q8_tile4, q8_tile(a, K, w, y, ldy, r0, 4, p, 1))
+A8_TILE(q8_tile1, q8_tile(a, K, w, y, ldy, r0, 1, p, 1))
+A8_TILE(q16_tile4, q8_tile(a, K, w, y, ldy, r0, 4, p, 2))
+A8_TILE(q16_tile1, q8_tile(a, K, w, y, ldy, r0, 1, p, 2))
+
+static int has_vnni(void) {
+    static int known = -1;
+    if (known < 0) known = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c");
+    return known;
+}
+
+/* panels [p0, p1) for rows [0, M) of quantized activations */
+static void a8_panels(const act8 *a, int64_t K, const void *w, int kind, float *y, int64_t ldy,
+                      int64_t M, int64_t p0, int64_t p1, int simd) {
+    if (simd < 2 || !has_vnni()) {
+        a8_scalar(a, K, w, kind, y, ldy, M, p0, p1);
+        return;
+    }
+    typedef void (*a8_fn)(const act8 *, int64_t, const uint8_t *, float *, int64_t, int64_t,
+                          int64_t);
+    const a8_fn four = kind == W_Q4_1_A8 ? q4_tile4 : kind == W_Q8_0_A8 ? q8_tile4 : q16_tile4;
+    const a8_fn one = kind == W_Q4_1_A8 ? q4_tile1 : kind == W_Q8_0_A8 ? q8_tile1 : q16_tile1;
+    int64_t p = p0;
+    for (; p + 2 <= p1; p += 2) {
+        int64_t r0 = 0;
+        for (; M - r0 >= 4; r0 += 4) four(a, K, (const uint8_t *)w, y, ldy, r0, p);
+        for (; r0 < M; r0++) one(a, K, (const uint8_t *)w, y, ldy, r0, p);
+    }
+    if (p < p1) a8_scalar(a, K, w, kind, y, ldy, M, p, p1);
+}
+
 /* y [M, N] (row stride ldy) = x [M, K] (row stride ldx) @ packed w ([N / PANEL][K][PANEL]) */
 int fo_gemm(const float *x, int64_t ldx, const void *w, int kind, float *y, int64_t ldy, int64_t M,
             int64_t K, int64_t N) {
-    if (N % PANEL || kind < W_F32 || kind > W_Q8_0 || (kind >= W_Q4_1 && K % QK)) return -1;
+    if (N % PANEL || kind < W_F32 || kind > W_Q8_0_A16 || (kind >= W_Q4_1 && K % QK)) return -1;
     if (use_avx2 < 0) fo_set_simd(-1);
     const int64_t groups = (N / PANEL + GROUP - 1) / GROUP, panels = N / PANEL;
     const int simd = use_avx2;
+    act8 a = {0};
+    if (kind >= W_Q4_1_A8) {
+        if (act8_alloc(&a, M, K)) return -2;
+        for (int64_t m = 0; m < M; m++) quantize(&a, x + m * ldx, m, K, kind, simd);
+    }
 #pragma omp parallel for schedule(static) if (M * K * N >= PARALLEL_WORK)
     for (int64_t g = 0; g < groups; g++) {
         const int64_t p0 = g * GROUP, p1 = p0 + GROUP < panels ? p0 + GROUP : panels;
-        gemm_panels(x, ldx, w, kind, y, ldy, M, K, p0, p1, simd);
+        if (kind >= W_Q4_1_A8)
+            a8_panels(&a, K, w, kind, y, ldy, M, p0, p1, simd);
+        else
+            gemm_panels(x, ldx, w, kind, y, ldy, M, K, p0, p1, simd);
     }
+    if (kind >= W_Q4_1_A8) act8_free(&a);
     return 0;
 }
 
@@ -442,6 +766,74 @@ static void axpy_scalar(float a, const float *v, float *acc, int64_t D) {
     for (int64_t d = 0; d < D; d++) acc[d] = fmaf(a, v[d], acc[d]);
 }
 
+/* attend_one for head widths of NV * 8 (64, 128) in AVX2, the same operations in the same order
+ * per element: four keys' dot products at once (independent chains: the FMA latency hidden),
+ * then the output's NV vectors held in registers across the keys instead of a load and store of
+ * each per key */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+attend_regs(const int NV, const float *qv, const float *kh, const float *vh, int64_t len,
+            float scale, float *o, float *s) {
+    const int64_t D = NV * LANES;
+    __m256 qr[16], acc[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < NV; i++) qr[i] = _mm256_loadu_ps(qv + i * LANES);
+    float mx = -INFINITY, p[LANES];
+    int64_t j = 0;
+    for (; j + 4 <= len; j += 4) {
+        __m256 a[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) a[u] = _mm256_setzero_ps();
+#pragma GCC unroll 16
+        for (int i = 0; i < NV; i++)
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++)
+                a[u] = _mm256_fmadd_ps(qr[i], _mm256_loadu_ps(kh + (j + u) * D + i * LANES), a[u]);
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) {
+            _mm256_storeu_ps(p, a[u]);
+            s[j + u] = combine(p) * scale;
+        }
+    }
+    for (; j < len; j++) {
+        __m256 a = _mm256_setzero_ps();
+#pragma GCC unroll 16
+        for (int i = 0; i < NV; i++)
+            a = _mm256_fmadd_ps(qr[i], _mm256_loadu_ps(kh + j * D + i * LANES), a);
+        _mm256_storeu_ps(p, a);
+        s[j] = combine(p) * scale;
+    }
+    for (j = 0; j < len; j++)
+        if (s[j] > mx) mx = s[j];
+    float sum = 0.0f;
+    for (j = 0; j < len; j++) {
+        s[j] = expf(s[j] - mx);
+        sum += s[j];
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < NV; i++) acc[i] = _mm256_setzero_ps();
+    for (j = 0; j < len; j++) {
+        const __m256 sj = _mm256_set1_ps(s[j]);
+#pragma GCC unroll 16
+        for (int i = 0; i < NV; i++)
+            acc[i] = _mm256_fmadd_ps(sj, _mm256_loadu_ps(vh + j * D + i * LANES), acc[i]);
+    }
+    const __m256 sv = _mm256_set1_ps(sum);
+#pragma GCC unroll 16
+    for (int i = 0; i < NV; i++) _mm256_storeu_ps(o + i * LANES, _mm256_div_ps(acc[i], sv));
+}
+
+__attribute__((target("avx2,fma"))) static void attend_64(const float *qv, const float *kh,
+                                                          const float *vh, int64_t len,
+                                                          float scale, float *o, float *s) {
+    attend_regs(8, qv, kh, vh, len, scale, o, s);
+}
+
+__attribute__((target("avx2,fma"))) static void attend_128(const float *qv, const float *kh,
+                                                           const float *vh, int64_t len,
+                                                           float scale, float *o, float *s) {
+    attend_regs(16, qv, kh, vh, len, scale, o, s);
+}
+
 /* one query row th = t * H + h over keys [0, len) of its slot's head; s: scratch of len floats */
 static void attend_one(const float *q, const float *kc, const float *vc, int64_t max_len,
                        int64_t slot, int64_t len, int64_t th, int64_t H, int64_t Hkv, int64_t D,
@@ -450,6 +842,10 @@ static void attend_one(const float *q, const float *kc, const float *vc, int64_t
     const int64_t head = (slot * Hkv + h / (H / Hkv)) * max_len * D;
     const float *qv = q + th * D, *kh = kc + head, *vh = vc + head;
     float *o = out + th * D;
+    if (simd && (D == 64 || D == 128)) {
+        (D == 64 ? attend_64 : attend_128)(qv, kh, vh, len, scale, o, s);
+        return;
+    }
     float mx = -INFINITY;
     for (int64_t j = 0; j < len; j++) {
         s[j] = (simd ? dot_avx2(qv, kh + j * D, D) : dot_scalar(qv, kh + j * D, D)) * scale;
@@ -554,28 +950,48 @@ typedef struct {
     float eps, scale;
 } fo_dims;
 
-/* inside a parallel region: y [M, L->N] (stride L->N) = linear(x [M, L->K]); xs: scratch */
-static void linear_rows(const fo_linear *L, const float *x, int64_t M, float *xs, float *y,
-                        int simd) {
+/* columns of panels [p0, p1) of y [M, L->N]: * scale, then + bias */
+static void epilogue(const fo_linear *L, float *y, int64_t M, int64_t p0, int64_t p1) {
+    const int64_t c1 = p1 * PANEL < L->out ? p1 * PANEL : L->out;
+    for (int64_t m = 0; m < M; m++) {
+        float *yr = y + m * L->N;
+        if (L->scale)
+            for (int64_t c = p0 * PANEL; c < c1; c++) yr[c] = yr[c] * L->scale[c];
+        if (L->bias)
+            for (int64_t c = p0 * PANEL; c < c1; c++) yr[c] = yr[c] + L->bias[c];
+    }
+}
+
+/* inside a parallel region: y [M, L->N] (stride L->N) = linear(x [M, L->K]); xs: scratch, a:
+ * scratch for the quantized activations of 8-bit activation kinds */
+static void linear_rows(const fo_linear *L, const float *x, int64_t M, float *xs, const act8 *a,
+                        float *y, int simd) {
     const int64_t K = L->K, N = L->N;
+    const int kind = (int)L->kind;
     if (L->in_scale) {
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < M * K; i++) xs[i] = x[i] * L->in_scale[i % K];
         x = xs;
     }
+    if (kind >= W_Q4_1_A8) {
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++) quantize(a, x + m * K, m, K, kind, simd);
+        /* pairs of panels (the VNNI tiles' width): an even split of small layers over threads */
+        const int64_t pairs = (N / PANEL + 1) / 2;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < pairs; i++) {
+            const int64_t p0 = 2 * i, p1 = p0 + 2 < N / PANEL ? p0 + 2 : N / PANEL;
+            a8_panels(a, K, L->w, kind, y, N, M, p0, p1, simd);
+            epilogue(L, y, M, p0, p1);
+        }
+        return;
+    }
     const int64_t panels = N / PANEL, groups = (panels + GROUP - 1) / GROUP;
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < groups; g++) {
         const int64_t p0 = g * GROUP, p1 = p0 + GROUP < panels ? p0 + GROUP : panels;
-        gemm_panels(x, K, L->w, (int)L->kind, y, N, M, K, p0, p1, simd);
-        const int64_t c1 = p1 * PANEL < L->out ? p1 * PANEL : L->out;
-        for (int64_t m = 0; m < M; m++) {
-            float *yr = y + m * N;
-            if (L->scale)
-                for (int64_t c = p0 * PANEL; c < c1; c++) yr[c] = yr[c] * L->scale[c];
-            if (L->bias)
-                for (int64_t c = p0 * PANEL; c < c1; c++) yr[c] = yr[c] + L->bias[c];
-        }
+        gemm_panels(x, K, L->w, kind, y, N, M, K, p0, p1, simd);
+        epilogue(L, y, M, p0, p1);
     }
 }
 
@@ -612,6 +1028,12 @@ int fo_forward(const fo_dims *dm, const fo_layer *layers, const float *final_nor
     float *h = buf, *xs = h + sizes[0], *qkv = xs + sizes[1], *q = qkv + sizes[2];
     float *att = q + sizes[3], *proj = att + sizes[4], *gu = proj + sizes[5], *act = gu + sizes[6];
     float *hr = act + sizes[7];
+    /* 8-bit activations (gguf-a8), as wide as any layer's input */
+    act8 a8;
+    if (act8_alloc(&a8, T, widest)) {
+        free(buf);
+        return -2;
+    }
     int failed = 0;
 #pragma omp parallel
     {
@@ -627,7 +1049,7 @@ int fo_forward(const fo_dims *dm, const fo_layer *layers, const float *final_nor
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < T; t++)
                 norm_row(x + t * D, ly->input_norm, h + t * D, D, dm->eps, simd);
-            linear_rows(&ly->qkv, h, T, xs, qkv, simd);
+            linear_rows(&ly->qkv, h, T, xs, &a8, qkv, simd);
             /* rotate q and k heads (x * cos + rotated * sin), store k and v at the position */
 #pragma omp for schedule(static)
             for (int64_t th = 0; th < T * (H + 2 * Hkv); th++) {
@@ -652,19 +1074,19 @@ int fo_forward(const fo_dims *dm, const fo_layer *layers, const float *final_nor
             for (int64_t th = 0; th < T * H; th++)
                 attend_one(q, kl, vl, S, slot[th / H], pos[th / H] + 1, th, H, Hkv, Dh,
                            dm->scale, att, scores, simd);
-            linear_rows(&ly->o, att, T, xs, proj, simd);
+            linear_rows(&ly->o, att, T, xs, &a8, proj, simd);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < T; t++) {
                 for (int64_t d = 0; d < D; d++) x[t * D + d] = x[t * D + d] + proj[t * d_n + d];
                 norm_row(x + t * D, ly->post_norm, h + t * D, D, dm->eps, simd);
             }
-            linear_rows(&ly->gate_up, h, T, xs, gu, simd);
+            linear_rows(&ly->gate_up, h, T, xs, &a8, gu, simd);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < T; t++) {
                 /* gate columns [0, F), up columns [F, 2F) */
                 silu_mul_row(gu + t * gu_n, act + t * F, F);
             }
-            linear_rows(&ly->down, act, T, xs, proj, simd);
+            linear_rows(&ly->down, act, T, xs, &a8, proj, simd);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < T; t++)
                 for (int64_t d = 0; d < D; d++) x[t * D + d] = x[t * D + d] + proj[t * d_n + d];
@@ -673,10 +1095,11 @@ int fo_forward(const fo_dims *dm, const fo_layer *layers, const float *final_nor
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < R; r++)
                 norm_row(x + rows[r] * D, final_norm, hr + r * D, D, dm->eps, simd);
-            linear_rows(head, hr, R, xs, logits, simd);
+            linear_rows(head, hr, R, xs, &a8, logits, simd);
         }
         free(scores);
     }
+    act8_free(&a8);
     free(buf);
     return failed ? -2 : 0;
 }

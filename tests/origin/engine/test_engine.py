@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
 from origin.engine import Engine, EngineConfig, RequestOutput
 from origin.engine.runner import HFRunner
+from origin.engine.scheduler import SHARED_PREFIX_MIN
 from origin.generate import answer
 from origin.sampling import SamplingParams
 from tests.origin.engine.conftest import checked
@@ -153,6 +155,27 @@ def test_preemption_under_a_small_kv_cache_keeps_greedy_output(embedded_model) -
     assert roomy.stats.preemptions == 0
     assert [r.text for r in results] == [r.text for r in expected]
     assert all(len(r.token_ids) == 60 for r in results)
+
+
+@pytest.mark.parametrize("quantization", ["none", "gguf-a8"])
+def test_requests_sharing_a_prefix_start_from_it_and_answer_the_same(
+    embedded_model, quantization
+) -> None:  # type: ignore[no-untyped-def]
+    """Prefix sharing: a chat template's system prompt (and a repeated question) is computed
+    once; with the fixed-order kernels a copied prefix is what the request would have computed,
+    so every answer is the one computed without sharing."""
+    model, tokenizer = embedded_model
+    config = EngineConfig(max_num_seqs=2, max_model_len=512, quantization=quantization)
+    shared = checked(Engine(model, tokenizer, config))
+    alone = Engine(model, tokenizer, dataclasses.replace(config, prefix_caching=False))
+    questions = [*QUESTIONS[:4], QUESTIONS[0]]  # 2 slots: sources running and freed; a repeat
+    got = shared.generate_many(questions, GREEDY, progress=False)
+    want = alone.generate_many(questions, GREEDY, progress=False)
+    assert [r.text for r in got] == [r.text for r in want]
+    assert alone.scheduler.prefix_tokens_shared == 0
+    prompt = len(shared.encode(QUESTIONS[0]))
+    # the three admitted after the first step share the template; the repeat all but one token
+    assert shared.scheduler.prefix_tokens_shared >= 2 * SHARED_PREFIX_MIN + prompt - 1
 
 
 def test_bad_requests_are_refused_clearly(engine_fp32: Engine) -> None:

@@ -42,9 +42,17 @@ def _linear(rng: np.random.Generator, k: int, n: int, kind: str) -> kernels.Pack
         return kernels.PackedLinear(kernels.pack_weight(q), n, in_scale, scale.contiguous())
     if kind == "gguf":  # Q4_1 layers (and a Q8_0 head: see _Model)
         return _q4_1(rng, k, n)[0]
+    if kind == "gguf-a8":  # the same, with 8-bit activations
+        return _a8(_q4_1(rng, k, n)[0])
     dtype = torch.bfloat16 if kind == "bf16" else torch.float32
     bias = _normal(rng, n, scale=0.1) if kind == "fp32" else None  # Qwen2's QKV bias
     return kernels.PackedLinear(kernels.pack_weight(w.to(dtype)), n, bias=bias)
+
+
+def _a8(linear: kernels.PackedLinear, residual: bool = False) -> kernels.PackedLinear:
+    assert linear.kind is not None
+    packed, kind = kernels.with_8bit_activations(linear.packed, linear.kind, residual)
+    return kernels.PackedLinear(packed, linear.out_features, kind=kind)
 
 
 class _Model:
@@ -64,9 +72,9 @@ class _Model:
         ]
         self.final_norm = 1 + _normal(rng, HIDDEN, scale=0.1)
         # 200: a padded last panel
-        self.head = (
-            _q8_0(rng, HIDDEN, VOCAB)[0] if kind == "gguf" else _linear(rng, HIDDEN, VOCAB, kind)
-        )
+        heads = {"gguf": lambda: _q8_0(rng, HIDDEN, VOCAB)[0]}
+        heads["gguf-a8"] = lambda: _a8(_q8_0(rng, HIDDEN, VOCAB)[0], residual=True)
+        self.head = heads.get(kind, lambda: _linear(rng, HIDDEN, VOCAB, kind))()
         angles = torch.arange(MAX_LEN)[:, None] * 0.5 ** torch.arange(HEAD_DIM // 2)[None, :]
         angles = torch.cat([angles, angles], dim=1).double()
         self.cos, self.sin = angles.cos().float(), angles.sin().float()
@@ -101,7 +109,7 @@ class _Model:
         return self.head(kernels.rms_norm(x[rows], self.final_norm, EPS))
 
 
-@pytest.mark.parametrize("kind", ["fp32", "bf16", "int8", "gguf"])
+@pytest.mark.parametrize("kind", ["fp32", "bf16", "int8", "gguf", "gguf-a8"])
 @pytest.mark.parametrize("simd", [None, True, False])
 def test_the_fused_step_is_the_kernels_composed(kind: str, simd: bool | None) -> None:
     rng = np.random.default_rng(3)
@@ -157,3 +165,43 @@ def test_gguf_blocks_multiply_as_their_fp32_weights_do(block) -> None:  # type: 
         kernels.gemm(x, linear.packed, n)
     with pytest.raises(ValueError, match="fo_gemm refused"):
         kernels.gemm(x[:, :64], linear.packed, n, linear.kind)
+
+
+@pytest.mark.parametrize(
+    ("block", "residual", "tolerance"),
+    [(_q4_1, False, 0.02), (_q8_0, False, 0.02), (_q8_0, True, 2e-4)],
+)
+def test_8bit_activations_are_row_invariant_and_close_to_the_weights(
+    block, residual: bool, tolerance: float
+) -> None:  # type: ignore[no-untyped-def]
+    """gguf-a8: each row's activations quantized alone per block of 32 (the LM head's with a
+    second pass on the rounding error), exact integer dot products, then the block's float steps
+    in order. Every path (VNNI, AVX2 machines' plain C, scalar) and every row count give the same
+    bits; the result is the weights' product up to the activations' rounding."""
+    rng = np.random.default_rng(6)
+    k, n = 576, 200  # 13 panels: VNNI pairs and a last panel alone
+    linear, weight = block(rng, k, n)
+    a8 = _a8(linear, residual)
+    assert a8.kind in (kernels.Q4_1_A8, kernels.Q8_0_A8, kernels.Q8_0_A16)
+    x = _normal(rng, 11, k, scale=2)
+    x[3, :32] = 0.0  # a block of zeros: scale 0
+    x[4, 40] = 300.0  # an outlier: its block's scale alone grows
+    alone = torch.cat([kernels.gemm(x[i : i + 1], a8.packed, n, a8.kind) for i in range(11)])
+    try:
+        for simd in (None, True, False):
+            kernels.set_simd(simd)
+            for rows in (1, 2, 3, 4, 5, 9, 11):  # tiles of 4, 2 and 1 rows
+                assert torch.equal(kernels.gemm(x[:rows], a8.packed, n, a8.kind), alone[:rows])
+            order = torch.from_numpy(rng.permutation(11))
+            assert torch.equal(kernels.gemm(x[order], a8.packed, n, a8.kind), alone[order])
+    finally:
+        kernels.set_simd(None)
+    exact = x @ weight
+    error = (alone - exact).norm(dim=1) / exact.norm(dim=1)
+    assert float(error.max()) < tolerance, error
+    assert not torch.equal(alone, exact)  # it is not the fp32 product: quantized activations
+    with pytest.raises(ValueError, match="8-bit activation form"):
+        kernels.with_8bit_activations(a8.packed, a8.kind)  # type: ignore[arg-type]
+    if block is _q4_1:
+        with pytest.raises(ValueError, match="residual activation pass is for Q8_0"):
+            kernels.with_8bit_activations(linear.packed, kernels.Q4_1, residual=True)

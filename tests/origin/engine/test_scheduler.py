@@ -16,10 +16,10 @@ from origin.sampling import SamplingParams
 TOKEN = 42  # what the fake model always samples; never EOS
 
 
-def _scheduler(**config: int) -> Scheduler:
+def _scheduler(share_prefixes: bool = False, **config: int) -> Scheduler:
     cfg = SchedulerConfig(**config)  # type: ignore[arg-type]
     cache = SlotKVCache(1, cfg.max_num_seqs, 1, cfg.max_model_len, 1, torch.float32, "cpu")
-    return Scheduler(cfg, cache)
+    return Scheduler(cfg, cache, share_prefixes=share_prefixes)
 
 
 def _request(tokenizer, name: str, prompt_len: int, max_tokens: int = 8) -> Request:  # type: ignore[no-untyped-def]
@@ -42,15 +42,24 @@ def tokenizer(embedded_model):  # type: ignore[no-untyped-def]
     return embedded_model[1]
 
 
-def test_random_workload_keeps_invariants_and_finishes_everything(tokenizer) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("share_prefixes", [False, True])
+def test_random_workload_keeps_invariants_and_finishes_everything(
+    tokenizer, share_prefixes
+) -> None:  # type: ignore[no-untyped-def]
     rng = random.Random(0)
     scheduler = _scheduler(
-        max_num_seqs=4, token_budget=64, prefill_chunk=32, max_model_len=256, kv_cache_tokens=400
-    )
+        share_prefixes, max_num_seqs=4, token_budget=64, prefill_chunk=32, max_model_len=256,
+        kv_cache_tokens=400,
+    )  # fmt: skip
     requests, done, cancelled = [], [], set()
     for step in range(2000):
-        if step < 300 and rng.random() < 0.3:
-            r = _request(tokenizer, f"r{step}", rng.randint(1, 150), rng.randint(1, 40))
+        if step < 300 and rng.random() < 0.5:
+            length, shared = rng.randint(1, 150), rng.randint(0, 150)  # 7, 7, ...: repeated
+            prompt = [7] * min(length, shared) + [
+                rng.randint(3, 999) for _ in range(length - shared)
+            ]
+            params = SamplingParams(max_tokens=rng.randint(1, 40))
+            r = Request(f"r{step}", prompt, params, tokenizer, {2})
             scheduler.add(r)
             requests.append(r)
         if requests and rng.random() < 0.03:
@@ -72,6 +81,39 @@ def test_random_workload_keeps_invariants_and_finishes_everything(tokenizer) -> 
         else:
             assert r.finish_reason == "abort" and r.request_id in cancelled
     assert scheduler.num_preemptions > 0  # the small KV budget forced some
+    assert (scheduler.prefix_tokens_shared > 0) == share_prefixes
+
+
+def test_a_shared_prefix_is_copied_or_its_free_slot_taken_not_computed(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    scheduler = _scheduler(True, max_num_seqs=3, token_budget=64, max_model_len=64)
+    cache = scheduler.cache
+    template = list(range(100, 120))  # 20 tokens every prompt starts with
+    ask = lambda name, tail, n=2: Request(  # noqa: E731
+        name, template + tail, SamplingParams(max_tokens=n), tokenizer, {2}
+    )
+    first = ask("first", [1, 2, 3])
+    scheduler.add(first)
+    _step(scheduler)  # its prompt computed: positions 0..22 hold its keys
+    cache.k[0, first.slot, 0, :23, 0] = torch.arange(23.0)  # recognisable keys
+    second = ask("second", [9])
+    scheduler.add(second)
+    out, _ = _step(scheduler)
+    item = next(s for s in out.scheduled if s.request is second)
+    assert item.num_tokens == 1  # its last prompt token only: the template was copied
+    assert second.slot != first.slot
+    assert torch.equal(cache.k[0, second.slot, 0, :20, 0], torch.arange(20.0))
+    while not first.finished:
+        _step(scheduler)
+    third = ask("third", [1, 2, 4])  # shares 22 tokens with what first's free slot still holds
+    scheduler.add(third)
+    out, _ = _step(scheduler)
+    assert next(s for s in out.scheduled if s.request is third).num_tokens == 1
+    assert torch.equal(cache.k[0, third.slot, 0, :22, 0], torch.arange(22.0))  # taken, no copy
+    short = ask("short", [], 1)  # the template alone: its last token is computed, not shared
+    scheduler.add(short)
+    while not short.finished:
+        _step(scheduler)
+    assert scheduler.prefix_tokens_shared == 20 + 22 + 19
 
 
 def test_long_prompt_first_does_not_stall_a_short_one(tokenizer) -> None:  # type: ignore[no-untyped-def]
