@@ -4,16 +4,21 @@ Both serve the same GGUF file (the embedded SmolLM2 Q4_1) on the same threads, o
 an otherwise idle machine: ``llama-server -t <threads> -np <slots> -c <slots x 512>`` (binary
 from ``LLAMA_SERVER`` or the cached build: ``benchmarks/_llama_cpp.py``) and ``edgeqa origin
 serve`` with ``EDGEQA_ORIGIN_TIERS=0`` (every request generated) and
-``EDGEQA_MAX_NUM_SEQS=<slots>``: the same number of sequences in flight. Each is driven by vLLM's
-``benchmark_serving.py`` (vendored, unchanged: ``tests/third_party/vllm_benchmarks``) on its
-random dataset (the same prompts for both: one seed),
-through the OpenAI chat endpoint with ``--ignore-eos``, at each Poisson rate of ``--rates`` (one
-below saturation, one above).
+``EDGEQA_MAX_NUM_SEQS=<slots>``: the same number of sequences in flight; edgeqa with
+``EDGEQA_QUANTIZATION`` from ``--precisions`` (the first, ``gguf-a8``, multiplies the GGUF's
+blocks with 8-bit activations as llama.cpp does; the second, ``gguf``, is the CPU default, the
+fp32 model's arithmetic). Both servers get the same environment, ``GOMP_SPINCOUNT`` included
+(both run their threads in libgomp; importing edgeqa sets it: ``origin/__init__.py``; reported
+in ``config``). Each is driven by vLLM's ``benchmark_serving.py`` (vendored, unchanged:
+``tests/third_party/vllm_benchmarks``) on its random dataset (the same prompts for both: one
+seed), through the OpenAI chat endpoint with ``--ignore-eos``, at each Poisson rate of
+``--rates``: 2 req/s is below both servers' saturation, 8 above llama-server's (~4 req/s) and at
+edgeqa's, 16 above both.
 
 Prints one JSON object::
 
-  {"config": {...}, "rates": {"<rate>": {"systems": {"edgeqa": {...}, "llama.cpp": {...}},
-   "edgeqa_over_llama_cpp_tok_per_s": x}}}
+  {"config": {...}, "rates": {"<rate>": {"systems": {"edgeqa": {...}, "llama.cpp": {...},
+   "edgeqa gguf": {...}}, "edgeqa_over_llama_cpp_tok_per_s": x}}}
 
 with, per system: ``output_tok_per_s``, ``ttft_ms: {mean, p99}``, ``tpot_ms: {mean, p99}``,
 ``completed``, ``errors``.
@@ -141,7 +146,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="32 prompts per rate (default 64)")
     parser.add_argument("--prompts", type=int, default=64)
-    parser.add_argument("--rates", default="2,8", help="Poisson request rates (req/s)")
+    parser.add_argument("--rates", default="2,8,16", help="Poisson request rates (req/s)")
     parser.add_argument("--input-len", type=int, default=48)
     parser.add_argument("--output-len", type=int, default=48)
     parser.add_argument("--slots", type=int, default=32, help="-np and EDGEQA_MAX_NUM_SEQS")
@@ -181,7 +186,10 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "config": {k: v for k, v in vars(args).items() if k != "build_llama_cpp"},
+                "config": {
+                    **{k: v for k, v in vars(args).items() if k != "build_llama_cpp"},
+                    "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
+                },
                 "rates": {
                     rate: {
                         "systems": row,

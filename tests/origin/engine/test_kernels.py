@@ -112,3 +112,21 @@ def test_kernels_refuse_what_they_cannot_compute() -> None:
         kernels.rms_norm(torch.zeros(2, 8), torch.zeros(7), 1e-5)
     with pytest.raises(ValueError, match="even width"):
         kernels.silu_mul(torch.zeros(2, 7))
+
+
+@pytest.mark.parametrize(("given", "kept"), [(None, "1000000"), ("5", "5")])
+def test_the_openmp_spin_is_set_before_torch_loads_unless_given(given, kept) -> None:  # type: ignore[no-untyped-def]
+    """libgomp reads GOMP_SPINCOUNT once, when torch loads it: importing edgeqa (or origin)
+    first sets the engine's value, and keeps an operator's."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    if given is not None:
+        env["GOMP_SPINCOUNT"] = given
+    code = "import edgeqa, os, sys; print(os.environ['GOMP_SPINCOUNT'], 'torch' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == [kept, "False"]  # set, and torch not loaded yet
