@@ -53,6 +53,8 @@ class EngineSettings(ModelSettings):
 
     quantization: Quantization = "auto"
     batch_invariant: bool = True  # the same greedy answer at any load (docs/engine.md)
+    # a request starts from a prefix already in the KV cache (docs/engine.md, docs/security.md)
+    prefix_caching: bool = True
     max_num_seqs: int = Field(32, ge=1)
     token_budget: int = Field(512, ge=1)
     prefill_chunk: int = Field(256, ge=1)

@@ -50,6 +50,7 @@ def engine_config(
         if quantization == "auto"
         else quantization,
         batch_invariant=settings.batch_invariant,
+        prefix_caching=settings.prefix_caching,
         speculative=None if settings.speculative == "none" else settings.speculative,
         num_speculative_tokens=settings.num_speculative_tokens,
     )

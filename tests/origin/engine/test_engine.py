@@ -209,10 +209,12 @@ def test_engine_from_environment(model_cache_dir) -> None:  # type: ignore[no-un
             "EDGEQA_MAX_NUM_SEQS": "2",
             "EDGEQA_MAX_MODEL_LEN": "256",
             "EDGEQA_QUANTIZATION": "none",
+            "EDGEQA_PREFIX_CACHING": "false",
         }
     )
     engine = build_engine(settings)
     assert engine.config.max_num_seqs == 2 and engine.config.quantization == "none"
+    assert not engine.config.prefix_caching and not engine.scheduler.share_prefixes
     assert engine.runner.cache.num_slots == 2 and engine.runner.cache.max_len == 256
     result = engine.generate_many([QUESTIONS[0]], GREEDY, progress=False)[0]
     assert "Paris" in result.text
