@@ -8,6 +8,7 @@ The runtime (engine and release watcher) loads in a background thread so that th
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 import time
@@ -76,6 +77,11 @@ class OriginServer:
                             self.on_revoked(watcher.index.revoked)
                     runtime.releases.start()
                 self.runtime = runtime
+                # the model, tokenizer and engine are long-lived (400,000 objects): out of GC
+                # passes, where a full pass took ~100-200 ms in the middle of a step (a TTFT
+                # tail); a release swap unfreezes, collects and freezes again (watcher.py)
+                gc.collect()
+                gc.freeze()
                 log.info("origin ready: serving %s", self.model_name)
             except BaseException as error:
                 self.load_error = error
