@@ -182,6 +182,9 @@ def main() -> None:
                 max_model_len=1024,
                 quantization=quantization,  # type: ignore[arg-type]
                 batch_invariant=invariant,
+                # each prompt runs twice (1 token, then all): shared, the second would skip the
+                # prefill that the decode rate takes out (llama-bench's tg computes its own)
+                prefix_caching=False,
             )
             engine = Engine(model, tokenizer, config)
             label = f"edgeqa {name}" + ("" if invariant else " (library kernels, not invariant)")

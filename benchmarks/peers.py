@@ -7,13 +7,14 @@ serve`` with ``EDGEQA_ORIGIN_TIERS=0`` (every request generated) and
 ``EDGEQA_MAX_NUM_SEQS=<slots>``: the same number of sequences in flight; edgeqa with
 ``EDGEQA_QUANTIZATION`` from ``--precisions`` (the first, ``gguf-a8``, multiplies the GGUF's
 blocks with 8-bit activations as llama.cpp does; the second, ``gguf``, is the CPU default, the
-fp32 model's arithmetic). Both servers get the same environment, ``GOMP_SPINCOUNT`` included
-(both run their threads in libgomp; importing edgeqa sets it: ``origin/__init__.py``; reported
-in ``config``). Each is driven by vLLM's ``benchmark_serving.py`` (vendored, unchanged:
+fp32 model's arithmetic). Each runs as shipped: edgeqa sets libgomp's ``GOMP_SPINCOUNT`` itself
+(``origin/__init__.py``; reported in ``config``), and llama-server, also on libgomp, runs
+without it (its own default, ``_llama_cpp.environment``), as a user would start it. Each is
+driven by vLLM's ``benchmark_serving.py`` (vendored, unchanged:
 ``tests/third_party/vllm_benchmarks``) on its random dataset (the same prompts for both: one
 seed), through the OpenAI chat endpoint with ``--ignore-eos``, at each Poisson rate of
-``--rates``: 2 req/s is below both servers' saturation, 8 above llama-server's (~4 req/s) and at
-edgeqa's, 16 above both.
+``--rates``: at 2 req/s edgeqa serves what arrives (~96 tok/s: no server can do 2x there), 8 is
+above llama-server's saturation (~3-4 req/s) and near edgeqa's, 16 above both.
 
 Prints one JSON object::
 

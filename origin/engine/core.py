@@ -326,6 +326,7 @@ class Engine:
             "prompt_tokens": self.stats.prompt_tokens,
             "generation_tokens": self.stats.generation_tokens,
             "preemptions": self.stats.preemptions,
+            "prefix_tokens_shared": self.scheduler.prefix_tokens_shared,
             "requests_finished": dict(self.stats.requests_finished),
             "spec_decode": self.spec_metrics(),
         }

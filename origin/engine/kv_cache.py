@@ -29,6 +29,9 @@ class SlotKVCache:
         self.max_len = max_len
         self.lengths = [0] * num_slots
         self._free = list(range(num_slots))  # kept sorted: the lowest free slot is taken first
+        # free slot -> the tokens whose keys and values its positions still hold (``free``'s
+        # ``holds``); forgotten when the slot is taken, by whatever takes it
+        self.kept: dict[int, list[int]] = {}
         self.kv_heads_index = torch.arange(num_kv_heads, device=device)
 
     @property
@@ -50,12 +53,14 @@ class SlotKVCache:
             raise RuntimeError("no free KV cache slot")
         slot = self._free.pop(0)
         self.lengths[slot] = 0
+        self.kept.pop(slot, None)
         return slot
 
     def take(self, slot: int, length: int) -> None:
         """Take free ``slot`` whose first ``length`` positions still hold what the next owner
         needs (a prefix it shares with the slot's last owner: ``Scheduler``)."""
         self._free.remove(slot)
+        self.kept.pop(slot, None)
         self.lengths[slot] = length
 
     def copy_prefix(self, source: int, target: int, length: int) -> None:
@@ -65,8 +70,12 @@ class SlotKVCache:
         self.v[:, target, :, :length] = self.v[:, source, :, :length]
         self.lengths[target] = length
 
-    def free(self, slot: int) -> None:
+    def free(self, slot: int, holds: list[int] | None = None) -> None:
+        """Return ``slot``; ``holds``: the tokens whose keys and values it keeps until taken
+        again (prefix sharing: ``Scheduler``)."""
         assert slot not in self._free, f"slot {slot} freed twice"
+        if holds:
+            self.kept[slot] = holds
         self.lengths[slot] = 0
         self._free.append(slot)
         self._free.sort()

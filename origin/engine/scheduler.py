@@ -91,7 +91,6 @@ class Scheduler:
         self.speculator = speculator
         self.release = release
         self.share_prefixes = share_prefixes
-        self.kept: dict[int, list[int]] = {}  # free slot -> the tokens its positions still hold
         self.prefix_tokens_shared = 0  # tokens admitted requests did not compute
 
     # -- intake ---------------------------------------------------------------------------------
@@ -149,8 +148,8 @@ class Scheduler:
             need = request.num_tokens + request.params.max_tokens - len(request.output_ids)
             if out.preempted or need > kv_free:
                 break
+            request.slot = self._allocate(request)  # before leaving the queue: if it fails
             self.waiting.popleft()
-            request.slot = self._allocate(request)
             n = self._chunk(request, budget)
             request.status = Status.RUNNING
             if request.times.scheduled is None:
@@ -211,6 +210,7 @@ class Scheduler:
         assert all(r.status is Status.RUNNING for r in self.running)
         assert all(r.status is Status.WAITING and r.slot is None for r in self.waiting)
         assert self.kv_tokens_used <= self.config.kv_capacity
+        assert not set(self.cache.kept) & set(self.cache.used_slots), "a taken slot still kept"
         for request in self.running:
             assert request.num_computed <= request.num_tokens
         if out is not None:
@@ -242,12 +242,10 @@ class Scheduler:
         tokens found in a running request or a free slot (at most all but its last token: that
         one is computed to sample from), with ``num_computed`` set past it."""
         if not self.share_prefixes:
-            slot = self.cache.allocate()
-            self.kept.pop(slot, None)
-            return slot
+            return self.cache.allocate()
         tokens, limit = request.token_ids, request.num_tokens - 1
         best, source, free = 0, -1, False
-        for slot, held in self.kept.items():  # a free slot needs no copy: preferred on ties
+        for slot, held in self.cache.kept.items():  # a free slot needs no copy: first on ties
             n = _shared(tokens, held, limit)
             if n > best:
                 best, source, free = n, slot, True
@@ -256,16 +254,13 @@ class Scheduler:
             if n > best and other.slot is not None:
                 best, source, free = n, other.slot, False
         if best < SHARED_PREFIX_MIN:
-            slot = self.cache.allocate()
-            self.kept.pop(slot, None)
-            return slot
+            return self.cache.allocate()
         if free:
             slot = source
             self.cache.take(slot, best)
         else:
             slot = self.cache.allocate()
             self.cache.copy_prefix(source, slot, best)
-        self.kept.pop(slot, None)
         request.num_computed = best
         self.prefix_tokens_shared += best
         return slot
@@ -321,9 +316,9 @@ class Scheduler:
     def _free_slot(self, request: Request) -> None:
         slot = request.slot
         assert slot is not None
-        self.cache.free(slot)
-        if self.share_prefixes:  # what its positions hold until the slot's next owner
-            self.kept[slot] = request.token_ids[: request.num_computed]
+        # with prefix sharing, what its positions hold until the slot's next owner
+        holds = request.token_ids[: request.num_computed] if self.share_prefixes else None
+        self.cache.free(slot, holds)
         request.slot = None
         if self.release is not None:
             self.release(slot)

@@ -252,6 +252,11 @@ class EngineCollector(Collector):
         yield self._counter("vllm:prompt_tokens", "Prefilled tokens", m["prompt_tokens"])
         yield self._counter("vllm:generation_tokens", "Generated tokens", m["generation_tokens"])
         yield self._counter("vllm:num_preemptions", "Preemptions", m["preemptions"])
+        yield self._counter(
+            "vllm:prefix_cache_hits",
+            "Prompt tokens started from a shared prefix instead of computed",
+            m["prefix_tokens_shared"],
+        )
         spec = m["spec_decode"]
         if not spec:
             return

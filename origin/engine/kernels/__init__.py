@@ -95,6 +95,8 @@ def library() -> ctypes.CDLL:
     lib.fo_forward.restype = ctypes.c_int
     lib.fo_set_simd.argtypes = [ctypes.c_int]
     lib.fo_set_simd.restype = ctypes.c_int
+    lib.fo_has_vnni.argtypes = []
+    lib.fo_has_vnni.restype = ctypes.c_int
     return lib
 
 
@@ -133,6 +135,12 @@ def set_simd(on: bool | None) -> int:
     GGUF blocks where the CPU has it): tests use it to show all give the same bits. Returns the
     level in use: 0 scalar, 1 AVX2, 2 AVX-512."""
     return int(library().fo_set_simd(-1 if on is None else int(on)))
+
+
+def has_vnni() -> bool:
+    """Whether this CPU runs the 8-bit activation kernels' integer dot products in AVX-512 VNNI
+    (``gguf-a8``); without it they run in plain C: the same numbers, several times slower."""
+    return bool(library().fo_has_vnni())
 
 
 def pack_weight(weight_t: torch.Tensor) -> torch.Tensor:

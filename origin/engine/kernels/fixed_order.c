@@ -51,6 +51,8 @@ enum {
 
 /* -1: decide on first call; 0: scalar; 1: AVX2 + FMA (+ F16C); 2: and AVX-512 for GGUF blocks */
 static int use_avx2 = -1;
+/* AVX-512 VNNI (the 8-bit activation kernels' integer dot products), set with use_avx2 */
+static int vnni = 0;
 
 int fo_set_simd(int on) {
     if (on < 0)
@@ -62,7 +64,14 @@ int fo_set_simd(int on) {
                        ? 2
                        : 1;
     use_avx2 = on;
+    vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c");
     return use_avx2;
+}
+
+/* whether gguf-a8's integer dot products run in VNNI here (else plain C, far slower) */
+int fo_has_vnni(void) {
+    if (use_avx2 < 0) fo_set_simd(-1);
+    return vnni;
 }
 
 static inline float w_scalar(const void *w, int kind, int64_t i) {
@@ -436,6 +445,12 @@ static int act8_alloc(act8 *a, int64_t M, int64_t K) {
     return -2;
 }
 
+/* a block's scale, or 0 where its inverse would overflow (|x| below ~1e-30: zeros then) */
+static inline float block_scale(float amax, float levels) {
+    const float d = amax / levels;
+    return d < 0x1p-100f ? 0.0f : d;
+}
+
 /* round to nearest, ties to even, for |v| <= 2^22: exact in float arithmetic, no libm call */
 static inline float round_even(float v) { return (v + 0x1.8p23f) - 0x1.8p23f; }
 
@@ -447,7 +462,7 @@ static void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *
             const float a = fabsf(xb[k]);
             amax = a > amax ? a : amax;
         }
-        const float dg = amax / 127.0f, id = dg != 0.0f ? 1.0f / dg : 0.0f;
+        const float dg = block_scale(amax, 127.0f), id = dg != 0.0f ? 1.0f / dg : 0.0f;
         int32_t total = 0;
         for (int k = 0; k < QK; k++) {
             float v = round_even(xb[k] * id);
@@ -468,7 +483,7 @@ T512 static void quantize_row_512(const float *x, int64_t K, int8_t *q, float *d
     for (int64_t g = 0; g < K / QK; g++) {
         const __m512 v0 = _mm512_loadu_ps(x + g * QK), v1 = _mm512_loadu_ps(x + g * QK + 16);
         const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-        const float dg = amax / 127.0f, id = dg != 0.0f ? 1.0f / dg : 0.0f;
+        const float dg = block_scale(amax, 127.0f), id = dg != 0.0f ? 1.0f / dg : 0.0f;
         const __m512 idv = _mm512_set1_ps(id);
         __m512i n[2];
         for (int h = 0; h < 2; h++) {
@@ -488,7 +503,7 @@ T512 static void quantize_row_512(const float *x, int64_t K, int8_t *q, float *d
 static void quantize_residual(const float *x, int64_t K, const int8_t *q, const float *d,
                               int8_t *q2, float *d2, int32_t *sum2) {
     for (int64_t g = 0; g < K / QK; g++) {
-        const float dr = d[g] / 254.0f, id = dr != 0.0f ? 1.0f / dr : 0.0f;
+        const float dr = block_scale(d[g], 254.0f), id = dr != 0.0f ? 1.0f / dr : 0.0f;
         int32_t total = 0;
         for (int k = 0; k < QK; k++) {
             const int64_t i = g * QK + k;
@@ -519,33 +534,49 @@ static inline int a8_weight(const uint8_t *b, int kind, int k, int c) {
     return (int)b[2 * PANEL + k / 4 * 64 + 4 * c + k % 4] - 128;
 }
 
-/* the reference: rows [0, M) of panels [p0, p1), plain C (any ISA; exact integer sums) */
+/* the integer dot products of one row's block with a block's 16 columns (w: its weights as
+ * int16 [QK][PANEL]); loops the compiler vectorizes */
+static inline void block_dots(const int16_t *w, const int8_t *q, int32_t isum[PANEL]) {
+    for (int c = 0; c < PANEL; c++) isum[c] = 0;
+    for (int k = 0; k < QK; k++)
+        for (int c = 0; c < PANEL; c++) isum[c] += (int32_t)w[k * PANEL + c] * q[k];
+}
+
+#define SCALAR_ROWS 8
+
+/* the reference: rows [0, M) of panels [p0, p1), plain C (any ISA; exact integer sums): each
+ * block's weights unpacked once for up to SCALAR_ROWS rows */
 static void a8_scalar(const act8 *a, int64_t K, const void *w, int kind, float *y, int64_t ldy,
                       int64_t M, int64_t p0, int64_t p1) {
     const int64_t nb = K / QK, bytes = kind == W_Q4_1_A8 ? Q4_BLOCK : Q8_BLOCK;
+    int16_t wq[QK * PANEL];
     for (int64_t p = p0; p < p1; p++)
-        for (int64_t r = 0; r < M; r++) {
-            float acc[PANEL] = {0};
+        for (int64_t r0 = 0; r0 < M; r0 += SCALAR_ROWS) {
+            const int64_t rows = M - r0 < SCALAR_ROWS ? M - r0 : SCALAR_ROWS;
+            float acc[SCALAR_ROWS][PANEL] = {{0}};
             for (int64_t g = 0; g < nb; g++) {
                 const uint8_t *b = (const uint8_t *)w + (p * nb + g) * bytes;
-                const int8_t *q = a->q + r * K + g * QK;
-                const float da = a->d[r * nb + g], sa = a->s[r * nb + g];
+                float dw[PANEL], mw[PANEL];
                 for (int c = 0; c < PANEL; c++) {
-                    int32_t isum = 0;
-                    for (int k = 0; k < QK; k++) isum += a8_weight(b, kind, k, c) * q[k];
-                    const float dw = half_float(((const uint16_t *)b)[c]);
-                    acc[c] = fmaf(dw, da * (float)isum, acc[c]);
-                    if (kind == W_Q4_1_A8)
-                        acc[c] = fmaf(half_float(((const uint16_t *)b)[PANEL + c]), sa, acc[c]);
-                    if (kind == W_Q8_0_A16) {
-                        const int8_t *q2 = a->q2 + r * K + g * QK;
-                        isum = 0;
-                        for (int k = 0; k < QK; k++) isum += a8_weight(b, kind, k, c) * q2[k];
-                        acc[c] = fmaf(dw, a->d2[r * nb + g] * (float)isum, acc[c]);
+                    dw[c] = half_float(((const uint16_t *)b)[c]);
+                    mw[c] = kind == W_Q4_1_A8 ? half_float(((const uint16_t *)b)[PANEL + c]) : 0;
+                    for (int k = 0; k < QK; k++) wq[k * PANEL + c] = (int16_t)a8_weight(b, kind, k, c);
+                }
+                for (int64_t i = 0; i < rows; i++) {
+                    const int64_t r = r0 + i, at = r * nb + g;
+                    int32_t isum[PANEL], isum2[PANEL];
+                    block_dots(wq, a->q + r * K + g * QK, isum);
+                    if (kind == W_Q8_0_A16) block_dots(wq, a->q2 + r * K + g * QK, isum2);
+                    for (int c = 0; c < PANEL; c++) {
+                        acc[i][c] = fmaf(dw[c], a->d[at] * (float)isum[c], acc[i][c]);
+                        if (kind == W_Q4_1_A8) acc[i][c] = fmaf(mw[c], a->s[at], acc[i][c]);
+                        if (kind == W_Q8_0_A16)
+                            acc[i][c] = fmaf(dw[c], a->d2[at] * (float)isum2[c], acc[i][c]);
                     }
                 }
             }
-            memcpy(y + r * ldy + p * PANEL, acc, sizeof acc);
+            for (int64_t i = 0; i < rows; i++)
+                memcpy(y + (r0 + i) * ldy + p * PANEL, acc[i], sizeof acc[i]);
         }
 }
 
@@ -682,16 +713,10 @@ A8_TILE(q8_tile1, q8_tile(a, K, w, y, ldy, r0, 1, p, 1))
 A8_TILE(q16_tile4, q8_tile(a, K, w, y, ldy, r0, 4, p, 2))
 A8_TILE(q16_tile1, q8_tile(a, K, w, y, ldy, r0, 1, p, 2))
 
-static int has_vnni(void) {
-    static int known = -1;
-    if (known < 0) known = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c");
-    return known;
-}
-
 /* panels [p0, p1) for rows [0, M) of quantized activations */
 static void a8_panels(const act8 *a, int64_t K, const void *w, int kind, float *y, int64_t ldy,
                       int64_t M, int64_t p0, int64_t p1, int simd) {
-    if (simd < 2 || !has_vnni()) {
+    if (simd < 2 || !vnni) {
         a8_scalar(a, K, w, kind, y, ldy, M, p0, p1);
         return;
     }
@@ -1030,7 +1055,7 @@ int fo_forward(const fo_dims *dm, const fo_layer *layers, const float *final_nor
     float *hr = act + sizes[7];
     /* 8-bit activations (gguf-a8), as wide as any layer's input */
     act8 a8;
-    if (act8_alloc(&a8, T, widest)) {
+    if (act8_alloc(&a8, T > R ? T : R, widest)) {
         free(buf);
         return -2;
     }

@@ -176,6 +176,7 @@ def test_requests_sharing_a_prefix_start_from_it_and_answer_the_same(
     prompt = len(shared.encode(QUESTIONS[0]))
     # the three admitted after the first step share the template; the repeat all but one token
     assert shared.scheduler.prefix_tokens_shared >= 2 * SHARED_PREFIX_MIN + prompt - 1
+    assert shared.metrics()["prefix_tokens_shared"] == shared.scheduler.prefix_tokens_shared
 
 
 def test_bad_requests_are_refused_clearly(engine_fp32: Engine) -> None:

@@ -47,16 +47,17 @@ def test_gemm_rows_do_not_depend_on_the_other_rows(dtype, shape, simd_then_resto
     assert torch.equal(kernels.gemm(x, packed, n), y)
 
 
-def _attention_inputs(rng: np.random.Generator):  # type: ignore[no-untyped-def]
-    slots, kv_heads, max_len, d = 3, 3, 40, 64
+def _attention_inputs(rng: np.random.Generator, d: int = 64):  # type: ignore[no-untyped-def]
+    slots, kv_heads, max_len = 3, 3, 40
     k_cache = _normal(rng, slots, kv_heads, max_len, d)
     v_cache = _normal(rng, slots, kv_heads, max_len, d)
     return k_cache, v_cache, _normal(rng, 12, 9, d)
 
 
-def test_attention_matches_sdpa_and_each_query_is_alone(simd_then_restore) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("d", [64, 128, 40])  # the AVX2 paths held in registers, the general one
+def test_attention_matches_sdpa_and_each_query_is_alone(d, simd_then_restore) -> None:  # type: ignore[no-untyped-def]
     rng = np.random.default_rng(1)
-    k_cache, v_cache, q = _attention_inputs(rng)
+    k_cache, v_cache, q = _attention_inputs(rng, d)
     slots = torch.tensor([0] * 8 + [1, 2, 2, 1])
     lengths = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8, 40, 17, 33, 3])
     out = kernels.attention(q, k_cache, v_cache, slots, lengths, 0.125)

@@ -571,6 +571,7 @@ def test_metrics_use_vllm_names_and_split_ttft(origin: Origin) -> None:
         "edgeqa_ttft_network_seconds_count",
         "vllm:prompt_tokens_total",
         "vllm:generation_tokens_total",
+        "vllm:prefix_cache_hits_total",  # the chat template's system prompt, shared
         "vllm:spec_decode_num_drafts_total",
         "vllm:spec_decode_num_draft_tokens_total",
         "vllm:spec_decode_num_accepted_tokens_total",
