@@ -48,8 +48,8 @@ def binary(name: str) -> Path | None:
 
 def environment(path: Path) -> dict[str, str]:
     """The environment a binary runs in: its shared libraries beside it, and llama.cpp's own
-    OpenMP defaults (importing edgeqa sets ``GOMP_SPINCOUNT`` for edgeqa's threads in this
-    process's environment: ``origin/__init__.py``; llama.cpp runs as a user would start it)."""
+    OpenMP defaults (``GOMP_SPINCOUNT`` is edgeqa's origin setting, ``edgeqa/libraries.py``:
+    llama.cpp runs as a user would start it)."""
     env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
     env["LD_LIBRARY_PATH"] = os.pathsep.join(
         filter(None, [str(path.parent), env.get("LD_LIBRARY_PATH")])

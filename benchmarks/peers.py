@@ -7,8 +7,8 @@ serve`` with ``EDGEQA_ORIGIN_TIERS=0`` (every request generated) and
 ``EDGEQA_MAX_NUM_SEQS=<slots>``: the same number of sequences in flight; edgeqa with
 ``EDGEQA_QUANTIZATION`` from ``--precisions`` (the first, ``gguf-a8``, multiplies the GGUF's
 blocks with 8-bit activations as llama.cpp does; the second, ``gguf``, is the CPU default, the
-fp32 model's arithmetic). Each runs as shipped: edgeqa sets libgomp's ``GOMP_SPINCOUNT`` itself
-(``origin/__init__.py``; reported in ``config``), and llama-server, also on libgomp, runs
+fp32 model's arithmetic). Each runs as shipped: ``edgeqa origin serve`` sets libgomp's
+``GOMP_SPINCOUNT`` itself (``edgeqa/libraries.py``), and llama-server, also on libgomp, runs
 without it (its own default, ``_llama_cpp.environment``), as a user would start it. Each is
 driven by vLLM's ``benchmark_serving.py`` (vendored, unchanged:
 ``tests/third_party/vllm_benchmarks``) on its random dataset (the same prompts for both: one
@@ -47,6 +47,7 @@ import _llama_cpp
 from _common import ROOT
 from http_serving import start_origin
 
+from edgeqa.libraries import OPENMP_SPIN
 from edgeqa.local import free_port
 from origin.model import embedded_gguf_path, load_tokenizer
 
@@ -189,7 +190,7 @@ def main() -> None:
             {
                 "config": {
                     **{k: v for k, v in vars(args).items() if k != "build_llama_cpp"},
-                    "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
+                    "edgeqa_gomp_spincount": os.environ.get("GOMP_SPINCOUNT", OPENMP_SPIN),
                 },
                 "rates": {
                     rate: {

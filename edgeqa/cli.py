@@ -22,7 +22,7 @@ from typing import Any
 from edge_index.errors import EdgeQAError
 from edge_index.languages import LANGUAGES
 from edgeqa import __version__
-from edgeqa.libraries import quiet_libraries
+from edgeqa.libraries import quiet_libraries, spin_openmp_threads
 from edgeqa.release_commands import add_release_commands
 
 # OpenMP threads that wait by sleeping, not spinning, unless the user chose: read once when torch
@@ -158,6 +158,7 @@ def _warn_if_unsigned(public_keys: tuple[str, ...]) -> None:
 
 
 def _cmd_origin_serve(args: argparse.Namespace) -> int:
+    spin_openmp_threads()  # first: before anything loads torch
     quiet_libraries()
     from edge_index.config import ConfigError
     from edge_index.users import check_salt

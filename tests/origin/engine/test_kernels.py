@@ -117,8 +117,8 @@ def test_kernels_refuse_what_they_cannot_compute() -> None:
 
 @pytest.mark.parametrize(("given", "kept"), [(None, "1000000"), ("5", "5")])
 def test_the_openmp_spin_is_set_before_torch_loads_unless_given(given, kept) -> None:  # type: ignore[no-untyped-def]
-    """libgomp reads GOMP_SPINCOUNT once, when torch loads it: importing edgeqa (or origin)
-    first sets the engine's value, and keeps an operator's."""
+    """libgomp reads GOMP_SPINCOUNT once, when torch loads it: the origin server sets its value
+    first (before the CLI has imported torch) and keeps an operator's."""
     import os
     import subprocess
     import sys
@@ -126,8 +126,27 @@ def test_the_openmp_spin_is_set_before_torch_loads_unless_given(given, kept) -> 
     env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
     if given is not None:
         env["GOMP_SPINCOUNT"] = given
-    code = "import edgeqa, os, sys; print(os.environ['GOMP_SPINCOUNT'], 'torch' in sys.modules)"
+    code = (
+        "import edgeqa.cli, os, sys; from edgeqa.libraries import spin_openmp_threads; "
+        "print(spin_openmp_threads(), os.environ['GOMP_SPINCOUNT'], 'torch' in sys.modules)"
+    )
     done = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
-    assert done.stdout.split() == [kept, "False"]  # set, and torch not loaded yet
+    assert done.stdout.split() == ["True", kept, "False"]  # set, and torch not loaded yet
+
+
+def test_origin_serve_sets_the_openmp_spin_first(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    import origin.server
+    from edgeqa import cli
+
+    seen = {}
+    monkeypatch.setenv("GOMP_SPINCOUNT", "unset at teardown")  # restored to what it was
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    monkeypatch.setattr(
+        origin.server, "serve", lambda *a: seen.update(spin=os.environ.get("GOMP_SPINCOUNT"))
+    )
+    assert cli.main(["origin", "serve", "--no-logs", "--no-tiers"]) == 0
+    assert seen == {"spin": "1000000"}
