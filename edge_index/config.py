@@ -44,6 +44,11 @@ MIN_SECRET_CHARS = 32  # EDGEQA_IDENTITY_SECRET: an HS256 key
 
 PREFIX = "EDGEQA_"
 DEFAULT_STORE = "file://./var/store"
+# calibration (edge_index/matcher.py): the share of semantic lookups assumed to be about something
+# the release does not hold, and its ceiling (past 1/2 a weighted held-out hit would count as more
+# than one Wilson trial and the bound would understate its variance)
+OUT_OF_SCOPE_SHARE = 0.05
+MAX_OUT_OF_SCOPE_SHARE = 0.5
 
 Device = Literal["auto", "cpu", "cuda"]
 

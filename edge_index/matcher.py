@@ -34,13 +34,11 @@ from typing import Any
 
 import numpy as np
 
+from edge_index.config import MAX_OUT_OF_SCOPE_SHARE, OUT_OF_SCOPE_SHARE
 from edge_index.guard import Guard
 
 DEFAULT_K = 10
 VOTE_K = 5
-# the share of semantic lookups assumed to be about something the release does not hold
-OUT_OF_SCOPE_SHARE = 0.05
-MAX_OUT_OF_SCOPE_SHARE = 0.5
 
 
 @dataclass(frozen=True)

@@ -21,3 +21,5 @@ Quantization = Literal["auto", "none", "bf16", "int8", "w8a8", "gguf", "gguf-a8"
 EngineQuantization = Literal["none", "bf16", "int8", "w8a8", "gguf", "gguf-a8"]
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 ENGINE_QUANTIZATIONS: tuple[str, ...] = get_args(EngineQuantization)
+# served from a GGUF file's own blocks by the CPU's kernels (origin/engine/gguf_blocks.py)
+GGUF_BLOCK_QUANTIZATIONS = ("gguf", "gguf-a8")

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from edge_index.config import ConfigError
+from edge_index.config import MAX_OUT_OF_SCOPE_SHARE, OUT_OF_SCOPE_SHARE, ConfigError
 from edge_index.signing import LocalSigner, Signer, signer_from
 from origin.config import EngineSettings
 from origin.precision import ENGINE_QUANTIZATIONS, EngineQuantization
@@ -123,7 +123,7 @@ class BuildConfig:
     target_precision: float = 0.99
     # calibration counts this share of semantic lookups as about questions the release does not
     # hold (its leave-label-out hits as wrong answers: ``edge_index.matcher.calibrate``)
-    out_of_scope_share: float = 0.05
+    out_of_scope_share: float = OUT_OF_SCOPE_SHARE
     calibration_rows: int = 20_000  # leave-one-out calibration on at most this many phrasings
     embed_batch: int = 256
 
@@ -132,8 +132,8 @@ class BuildConfig:
             raise ConfigError("ef_construction, shard_rows and ttl_days must be positive")
         if not 0 <= self.ttl_jitter < 1:
             raise ConfigError("ttl_jitter must be in [0, 1)")
-        if not 0 <= self.out_of_scope_share <= 0.5:
-            raise ConfigError("out_of_scope_share must be in [0, 0.5]")
+        if not 0 <= self.out_of_scope_share <= MAX_OUT_OF_SCOPE_SHARE:
+            raise ConfigError(f"out_of_scope_share must be in [0, {MAX_OUT_OF_SCOPE_SHARE}]")
 
 
 @dataclass(frozen=True)
@@ -276,7 +276,7 @@ RUN_OPTIONS = (
         float,
         "calibration: the share of semantic lookups about questions the release does not hold",
         0,
-        0.5,
+        MAX_OUT_OF_SCOPE_SHARE,
     ),
     RunOption(
         "min_rows", "gate", "min_rows", int, "quality gate: refuse a release with fewer rows", 1

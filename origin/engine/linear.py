@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 
 from origin.engine import kernels
-from origin.precision import ENGINE_QUANTIZATIONS
+from origin.precision import ENGINE_QUANTIZATIONS, GGUF_BLOCK_QUANTIZATIONS
 
 # clip ratios tried per output channel; the one with the least squared error wins
 _CLIP_RATIOS = (1.0, 0.97, 0.94, 0.91, 0.88, 0.85)
@@ -399,7 +399,7 @@ def make_linear(
         raise ValueError(
             f"quantization must be one of {', '.join(ENGINE_QUANTIZATIONS)}, got {quantization!r}"
         )
-    if quantization in ("gguf", "gguf-a8"):
+    if quantization in GGUF_BLOCK_QUANTIZATIONS:
         raise ValueError(
             "gguf weights are the GGUF file's blocks: see origin/engine/gguf_blocks.py"
         )

@@ -21,6 +21,7 @@ from origin.engine.attention import AttentionPlan
 from origin.engine.kv_cache import SlotKVCache
 from origin.engine.linear import Linear, make_linear
 from origin.engine.ops import rms_norm, rope_table, rotate, silu_mul
+from origin.precision import GGUF_BLOCK_QUANTIZATIONS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -122,7 +123,7 @@ class LlamaRunner:
             raise ValueError(f"LlamaRunner cannot run this model: {reason}")
         config = model.config
         self.device = model.device
-        blocks = quantization in ("gguf", "gguf-a8")
+        blocks = quantization in GGUF_BLOCK_QUANTIZATIONS
         if blocks and self.device.type != "cpu":
             raise ValueError(f"precision {quantization} runs on the CPU's kernels, not on CUDA")
         if quantization == "gguf-a8" and not kernels.has_vnni():
@@ -197,7 +198,7 @@ class LlamaRunner:
     ) -> tuple[list[dict[str, Linear]], Linear]:
         """Every layer's linears and the LM head, for ``quantization``."""
         head_weight = model.lm_head.weight.detach()
-        if quantization in ("gguf", "gguf-a8"):
+        if quantization in GGUF_BLOCK_QUANTIZATIONS:
             from origin.engine.gguf_blocks import gguf_linears
 
             weights = {(i, n): w for i, group in enumerate(fused) for n, (w, _) in group.items()}

@@ -1053,9 +1053,15 @@ int fo_forward(const fo_dims *dm, const fo_layer *layers, const float *final_nor
     float *h = buf, *xs = h + sizes[0], *qkv = xs + sizes[1], *q = qkv + sizes[2];
     float *att = q + sizes[3], *proj = att + sizes[4], *gu = proj + sizes[5], *act = gu + sizes[6];
     float *hr = act + sizes[7];
-    /* 8-bit activations (gguf-a8), as wide as any layer's input */
-    act8 a8;
-    if (act8_alloc(&a8, T > R ? T : R, widest)) {
+    /* 8-bit activations (gguf-a8), as wide as any layer's input: only where a layer reads them */
+    int quantized = head->kind >= W_Q4_1_A8;
+    for (int64_t l = 0; l < dm->layers; l++) {
+        const fo_layer *ly = layers + l;
+        quantized |= ly->qkv.kind >= W_Q4_1_A8 || ly->o.kind >= W_Q4_1_A8 ||
+                     ly->gate_up.kind >= W_Q4_1_A8 || ly->down.kind >= W_Q4_1_A8;
+    }
+    act8 a8 = {0};
+    if (quantized && act8_alloc(&a8, T > R ? T : R, widest)) {
         free(buf);
         return -2;
     }
