@@ -55,6 +55,8 @@ def script_of(text: str) -> str | None:
 def language_of(text: str) -> str:
     """The language profile ``text`` is looked up and mined under: ``zh`` when CJK letters are
     at least as many as any other script's, else ``en``."""
+    if text.isascii():  # no CJK letter: the common case, decided without a look at each letter
+        return DEFAULT_LANGUAGE
     counts: Counter[str] = Counter()
     for letter in _LETTER.findall(text):
         counts["zh" if _cjk(ord(letter)) else "other"] += 1

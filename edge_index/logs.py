@@ -97,7 +97,7 @@ def partition_path(day: date) -> str:
     return f"{LOGS_PREFIX}/dt={day.isoformat()}"
 
 
-def _as_utc(ts: Any) -> datetime:
+def as_utc(ts: Any) -> datetime:
     if isinstance(ts, datetime):
         return ts if ts.tzinfo else ts.replace(tzinfo=UTC)
     if isinstance(ts, int | float):
@@ -189,7 +189,7 @@ class LogWriter:
         if self._closed.is_set():
             raise RuntimeError("the log writer is closed")
         row.setdefault("ts", datetime.now(UTC))
-        row["ts"] = _as_utc(row["ts"])
+        row["ts"] = as_utc(row["ts"])
         row.setdefault("request_id", uuid.uuid4().hex)
         with self._lock:
             if len(self._rows) >= self.max_buffered_rows:
@@ -387,11 +387,22 @@ def _valid(row: dict[str, Any]) -> str | None:
 def read_logs(
     store: Store, since: date, until: date, stats: LogReadStats | None = None
 ) -> list[dict[str, Any]]:
-    """Valid rows of the partitions ``since``..``until`` (inclusive), as dicts."""
+    """Valid rows of the partitions ``since``..``until`` (inclusive), as dicts: for tools and
+    tests. The nightly job streams ``read_log_tables`` instead (no list of every row)."""
+    return [
+        row for table in read_log_tables(store, since, until, stats) for row in table.to_pylist()
+    ]
+
+
+def read_log_tables(
+    store: Store, since: date, until: date, stats: LogReadStats | None = None
+) -> Iterator[pa.Table]:
+    """The valid rows of the partitions ``since``..``until`` (inclusive), one Arrow table per
+    file (in ``schema()``), in log order: days, then files as listed, then rows. A file whose
+    columns have the expected types is checked column-wise; one with odd types row by row."""
     from edge_index.store import parquet_table
 
     stats = stats if stats is not None else LogReadStats()
-    rows: list[dict[str, Any]] = []
     for day in days(since, until):
         for path in store.list(partition_path(day)):
             if not path.endswith(".parquet"):
@@ -403,15 +414,115 @@ def read_logs(
                 log.warning("skipping unreadable log file %s: %s", path, error)
                 stats.bad_files += 1
                 continue
-            for row in _rows_of(table):
-                stats.rows += 1
-                bad = _valid(row)
-                if bad is not None:
-                    stats.malformed_rows += 1
-                    stats.malformed_by_field[bad] = stats.malformed_by_field.get(bad, 0) + 1
-                    continue
-                rows.append(row)
-    return rows
+            stats.rows += len(table)
+            typed = _typed(table)
+            if typed is None:  # odd column types: judged row by row
+                valid = []
+                for row in _rows_of(table):
+                    bad = _valid(row)
+                    if bad is None:
+                        valid.append(row)
+                    else:
+                        _malformed(stats, bad)
+                yield _table_of(valid)
+                continue
+            bad = _bad_fields(typed)
+            for name, n in _count_values(bad).items():
+                _malformed(stats, name, n)
+            yield typed.filter(_is_null(bad))
+
+
+def _malformed(stats: LogReadStats, name: str, n: int = 1) -> None:
+    stats.malformed_rows += n
+    stats.malformed_by_field[name] = stats.malformed_by_field.get(name, 0) + n
+
+
+def _typed(table: pa.Table) -> pa.Table | None:
+    """``table`` in ``schema()``'s types (missing columns null), or None when a column holds
+    another kind of value than its field's (a number for a string, text for a number...)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    columns = []
+    for target in schema():
+        if target.name not in table.column_names:
+            columns.append(pa.nulls(len(table), target.type))
+            continue
+        column = table.column(target.name)
+        kind = column.type
+        if pa.types.is_dictionary(kind):
+            kind = kind.value_type
+        same_kind = (
+            (pa.types.is_timestamp(kind) and pa.types.is_timestamp(target.type))
+            or (pa.types.is_integer(kind) and pa.types.is_integer(target.type))
+            or (pa.types.is_floating(kind) and pa.types.is_floating(target.type))
+            or (
+                (pa.types.is_string(kind) or pa.types.is_large_string(kind))
+                and pa.types.is_string(target.type)
+            )
+            or pa.types.is_null(kind)
+        )
+        if not same_kind:
+            return None
+        try:
+            # timestamps: any unit and zone to ms UTC (a naive one is UTC, as in ``as_utc``)
+            safe = not pa.types.is_timestamp(kind)
+            columns.append(pc.cast(column, target.type, safe=safe))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # an int64 past int32
+            return None
+    return pa.table(columns, schema=schema())
+
+
+def _bad_fields(table: pa.Table) -> pa.Array:
+    """Per row, the first bad field's name (``_valid``'s order) or null."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    checks = [(name, pc.is_null(table.column(name))) for name in REQUIRED]
+    query, tier = table.column("query"), table.column("tier")
+    refused = pc.is_in(tier, pa.array(["rejected", "error"]))
+    blank = pc.equal(pc.utf8_trim_whitespace(query), "")
+    checks += [
+        ("query", pc.and_(blank, pc.invert(refused))),  # a refused request may have had none
+        ("user", pc.equal(table.column("user"), "")),
+        ("turns", pc.less(table.column("turns"), 1)),
+        ("tier", pc.invert(pc.is_in(tier, pa.array(TIERS)))),
+    ]
+    bad = pa.nulls(len(table), pa.string())
+    for name, failed in reversed(checks):  # the first check that fails wins
+        bad = pc.if_else(pc.fill_null(failed, False), pa.scalar(name), bad)
+    return bad
+
+
+def _count_values(bad: pa.Array) -> dict[str, int]:
+    import pyarrow.compute as pc
+
+    counts = pc.value_counts(pc.drop_null(bad)).to_pylist()
+    return {item["values"]: int(item["counts"]) for item in counts}
+
+
+def _is_null(values: pa.Array) -> pa.Array:
+    import pyarrow.compute as pc
+
+    return pc.is_null(values)
+
+
+def _table_of(rows: list[dict[str, Any]]) -> pa.Table:
+    """Rows judged one by one (``_rows_of``, ``_valid``) back in ``schema()``: a value of
+    another type in a column nothing checks (a number for ``network``) becomes text, or null."""
+    import pyarrow as pa
+
+    fields = schema()
+    columns: dict[str, list[Any]] = {f.name: [] for f in fields}
+    for row in rows:
+        for f in fields:
+            value = row[f.name]
+            if value is not None and pa.types.is_string(f.type) and not isinstance(value, str):
+                value = str(value)
+            elif pa.types.is_floating(f.type) and not isinstance(value, int | float):
+                value = None
+            columns[f.name].append(value)
+    return pa.table({f.name: pa.array(columns[f.name], f.type) for f in fields}, schema=fields)
 
 
 def _rows_of(table: pa.Table) -> Iterable[dict[str, Any]]:
@@ -421,7 +532,7 @@ def _rows_of(table: pa.Table) -> Iterable[dict[str, Any]]:
         row = {c: raw.get(c) if c in names else None for c in COLUMNS}
         with contextlib.suppress(TypeError, ValueError, OSError, OverflowError):
             if row["ts"] is not None:
-                row["ts"] = _as_utc(row["ts"])
+                row["ts"] = as_utc(row["ts"])
         if isinstance(row["ts"], str) or not isinstance(row["ts"], datetime | type(None)):
             row["ts"] = None
         for name in ("turns", "status"):

@@ -100,6 +100,7 @@ class Calibration:
     calibrated: bool
     out_of_scope_hit_rate: float | None = None  # held-out-label lookups that hit
     out_of_scope_share: float | None = None  # the share of out-of-scope lookups assumed
+    held_back_samples: int = 0  # of ``samples``: lookups of wordings not indexed (``Queries``)
     # [threshold, leave-one-out precision (None: no hit), hit rate] at the chosen margin and
     # agreement, at each threshold of the calibration grid: what the chosen point trades
     # (``edgeqa release show --html`` draws it)
@@ -118,12 +119,16 @@ class Calibration:
             "hit_rate": round(self.hit_rate, 4),
             "recall": round(self.recall, 4),
             "samples": self.samples,
+            "held_back_samples": self.held_back_samples,
             "out_of_scope_hit_rate": (
                 None if self.out_of_scope_hit_rate is None else round(self.out_of_scope_hit_rate, 4)
             ),
             "out_of_scope_share": self.out_of_scope_share,
             "z": self.z,
-            "method": "leave-one-out and leave-label-out on the release's phrasings, Wilson bounds",
+            "method": (
+                "leave-one-out and leave-label-out on the release's phrasings and held-back "
+                "wordings, Wilson bounds"
+            ),
             "curve": [list(point) for point in self.curve],
         }
 
@@ -141,13 +146,17 @@ def _candidate_features(
     scores: np.ndarray,
     ids: np.ndarray,
     answer: np.ndarray,
+    query_answer: np.ndarray,
+    query_texts: Sequence[str] | None,
     texts: Sequence[str] | None,
     guard: Guard | None,
     skip: Any,
     k: int,
     vote_k: int = VOTE_K,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Features of every query from its candidates, ``skip(i, j)`` removing candidates."""
+    """Features of every query from its candidates (``ids`` into the indexed phrasings, whose
+    answers are ``answer``), ``skip(i, j)`` removing candidates; a hit is correct when the
+    nearest phrasing's answer is the query's (``query_answer``)."""
     n = len(scores)
     out_score = np.full(n, -np.inf)
     out_margin = np.zeros(n)
@@ -162,11 +171,30 @@ def _candidate_features(
         if f is None:
             continue
         nearest = int(cand[f.position])
-        if guard is not None and texts is not None and guard.check(texts[i], texts[nearest]):
+        if (
+            guard is not None
+            and texts is not None
+            and query_texts is not None
+            and guard.check(query_texts[i], texts[nearest])
+        ):
             continue  # the guard refuses: a miss whatever the scores
         out_score[i], out_margin[i], out_agree[i] = f.score, f.margin, f.agreement
-        correct[i] = answer[nearest] == answer[i]
+        correct[i] = answer[nearest] == query_answer[i]
     return out_score, out_margin, out_agree, correct
+
+
+@dataclass(frozen=True)
+class Queries:
+    """Lookups calibration makes besides the phrasings' own leave-one-out ones: real wordings
+    of the indexed labels that are not indexed themselves (a release's held-back wordings),
+    each looked up against every indexed phrasing."""
+
+    vectors: np.ndarray
+    labels: Sequence[Any]
+    texts: Sequence[str] | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
 
 
 def leave_one_out(
@@ -177,12 +205,15 @@ def leave_one_out(
     k: int = DEFAULT_K,
     held_out_labels: bool = False,
     vote_k: int = VOTE_K,
+    queries: Queries | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per phrasing: score, margin, agreement (score -inf where the guard refuses) and whether
-    the nearest *other* phrasing has the same label.
+    the nearest *other* phrasing has the same label; then the same for each of ``queries``
+    (looked up against all the phrasings: nothing to leave out).
 
-    ``held_out_labels``: look each phrasing up as if its whole label were not cached (all its
-    label's phrasings removed) -- an out-of-scope query about a topic the cache lacks.
+    ``held_out_labels``: look each phrasing (and query) up as if its whole label were not
+    cached (all its label's phrasings removed) -- an out-of-scope query about a topic the cache
+    lacks.
     """
     import faiss
 
@@ -190,14 +221,31 @@ def leave_one_out(
     answer = np.array([codes[label] for label in labels])
     index = faiss.IndexFlatIP(vectors.shape[1])
     index.add(vectors)
-    if not held_out_labels:
-        scores, ids = index.search(vectors, min(k + 1, len(labels)))
-        return _candidate_features(scores, ids, answer, texts, guard, lambda i, j: j == i, k)
     largest = int(np.bincount(answer).max())
-    scores, ids = index.search(vectors, min(k + largest, len(labels)))
-    return _candidate_features(
-        scores, ids, answer, texts, guard, lambda i, j: answer[j] == answer[i], k, vote_k
+    width = min((k + largest) if held_out_labels else (k + 1), len(labels))
+    scores, ids = index.search(vectors, width)
+    if held_out_labels:
+        own = _candidate_features(
+            scores, ids, answer, answer, texts, texts, guard,
+            lambda i, j: answer[j] == answer[i], k, vote_k,
+        )  # fmt: skip
+    else:
+        own = _candidate_features(
+            scores, ids, answer, answer, texts, texts, guard, lambda i, j: j == i, k, vote_k
+        )
+    if queries is None or not len(queries):
+        return own
+    asked = np.array([codes.get(label, -2) for label in queries.labels])  # -2: no answer of its
+    width = min((k + largest) if held_out_labels else k, len(labels))
+    scores, ids = index.search(np.ascontiguousarray(queries.vectors, dtype=np.float32), width)
+    if held_out_labels:
+        skip = lambda i, j: answer[j] == asked[i]  # noqa: E731
+    else:
+        skip = lambda i, j: False  # noqa: E731
+    more = _candidate_features(
+        scores, ids, answer, asked, queries.texts, texts, guard, skip, k, vote_k
     )
+    return tuple(np.concatenate([a, b]) for a, b in zip(own, more, strict=True))  # type: ignore[return-value]
 
 
 def wilson_upper(hits: int, total: int, z: float) -> float:
@@ -249,6 +297,7 @@ def calibrate(
     max_out_of_scope_hit_rate: float | None = 0.02,
     vote_ks: Sequence[int] = (5, 10),
     out_of_scope_share: float = OUT_OF_SCOPE_SHARE,
+    queries: Queries | None = None,
 ) -> Calibration:
     """Choose the decision with the highest leave-one-out hit rate such that
 
@@ -264,33 +313,51 @@ def calibrate(
       with its 10 % out-of-scope queries, before this bound);
 
     ``fallback`` (uncalibrated) when no setting satisfies both.
+
+    ``queries``: more lookups, real wordings of the labels that are not indexed (a release's
+    held-back wordings): each counts like a phrasing's leave-one-out lookup (and, with its label
+    removed, like its leave-label-out one), so a release that indexes one phrasing per label
+    still has lookups that should hit.
     """
     if not 0 <= out_of_scope_share <= MAX_OUT_OF_SCOPE_SHARE:
         # weighted (w <= 1) held-out hits keep the Wilson bound conservative; past 1/2 each
         # would count as more than one trial and the bound would understate their variance
         raise ValueError(f"out_of_scope_share must be in [0, {MAX_OUT_OF_SCOPE_SHARE}]")
-    n = len(labels)
-    if n < 2:
+    asked = list(queries.labels) if queries is not None else []
+    n = len(labels) + len(asked)
+    if len(labels) < 2 and not (labels and asked):
         return Calibration(
-            fallback or Decision(), target_precision, 0.0, 0.0, 0.0, 0.0, n, z, calibrated=False
+            fallback or Decision(),
+            target_precision,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            n,
+            z,
+            calibrated=False,
+            held_back_samples=len(asked),
         )
     check_oos = max_out_of_scope_hit_rate is not None and len(set(labels)) >= 2
     out_of_scope_weight = out_of_scope_share / (1 - out_of_scope_share)
     counts: dict[Any, int] = {}
     for label in labels:
         counts[label] = counts.get(label, 0) + 1
-    answerable = np.array([counts[label] > 1 for label in labels])
+    # a lookup that can hit correctly: another phrasing of its label is indexed
+    answerable = np.array(
+        [counts[label] > 1 for label in labels] + [label in counts for label in asked]
+    )
     margins = np.round(np.arange(0.0, 0.301, 0.01), 2) if use_margin else np.array([-1.0])
     agreements = (0.0, 0.6, 0.8, 1.0) if use_agreement else (0.0,)
     best: tuple[float, Decision, float, float, float, float] | None = None
     loos: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
     for vote_k in vote_ks if use_agreement else (VOTE_K,):
-        loos[vote_k] = leave_one_out(vectors, labels, texts, guard, vote_k=vote_k)
+        loos[vote_k] = leave_one_out(vectors, labels, texts, guard, vote_k=vote_k, queries=queries)
         score, margin, agree, correct = loos[vote_k]
         thresholds = threshold_grid(score)
         if check_oos:
             o_score, o_margin, o_agree, _ = leave_one_out(
-                vectors, labels, texts, guard, held_out_labels=True, vote_k=vote_k
+                vectors, labels, texts, guard, held_out_labels=True, vote_k=vote_k, queries=queries
             )
         for a in agreements:
             ok_a = agree >= a
@@ -327,7 +394,7 @@ def calibrate(
                     )
     if best is None:
         decision = fallback or Decision()
-        loo = leave_one_out(vectors, labels, texts, guard)
+        loo = leave_one_out(vectors, labels, texts, guard, queries=queries)
         score, margin, _, correct = loo
         hit = (score >= decision.threshold) & (margin >= decision.margin)
         hits = int(hit.sum())
@@ -343,6 +410,7 @@ def calibrate(
             z,
             calibrated=False,
             curve=_curve(loo, Decision(decision.threshold, decision.margin)),
+            held_back_samples=len(asked),
         )
     hit_rate, decision, precision, bound, recall, oos_rate = best
     return Calibration(
@@ -358,6 +426,7 @@ def calibrate(
         out_of_scope_hit_rate=oos_rate if check_oos else None,
         out_of_scope_share=out_of_scope_share if check_oos else None,
         curve=_curve(loos[decision.vote_k], decision),
+        held_back_samples=len(asked),
     )
 
 

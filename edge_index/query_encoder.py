@@ -15,6 +15,9 @@ this CPU when the encoder is built: bf16 halves the bytes read per query (1.6x f
 but where oneDNN's bf16 kernels are slow or emulated it is the slower choice. ``query_encoder``
 builds one encoder per embedder per process, so a release swap does not measure again.
 Vectors are unit length, float32; cosine to ``SentenceTransformer.encode``'s vector > 0.9999.
+
+Many texts at once (``encode_many``: the nightly job's wordings and phrasings) go through the same
+forward in fp32, texts of one token length at a time: no padding, no attention mask.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import statistics
 import threading
 import time
 import weakref
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -89,23 +93,43 @@ class _LeanBert:
         )
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        """Mean-pooled, unit-length fp32 embedding of one unpadded row of token ids (1, T)."""
+        """Mean-pooled, unit-length fp32 embeddings of rows of token ids of one length (B, T):
+        unpadded, so no attention mask (``encode_many`` groups texts by length)."""
         import torch
         import torch.nn.functional as F
 
-        n = ids.shape[1]
+        rows, n = ids.shape
         width = self.words.shape[1]
         heads, size = self.heads, width // self.heads
         x = F.embedding(ids, self.words) + self.positions[:n]
         x = F.layer_norm(x, (width,), *self.norm, self.eps)
         for w_qkv, b_qkv, w_o, b_o, norm1, w_i, b_i, w_out, b_out, norm2 in self.layers:
-            q, k, v = F.linear(x, w_qkv, b_qkv).view(1, n, 3, heads, size).permute(2, 0, 3, 1, 4)
-            attended = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(1, n, width)
+            qkv = F.linear(x, w_qkv, b_qkv).view(rows, n, 3, heads, size)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)
+            attended = F.scaled_dot_product_attention(q, k, v).transpose(1, 2)
+            attended = attended.reshape(rows, n, width)
             x = F.layer_norm(x + F.linear(attended, w_o, b_o), (width,), *norm1, self.eps)
             hidden = F.gelu(F.linear(x, w_i, b_i))
             x = F.layer_norm(x + F.linear(hidden, w_out, b_out), (width,), *norm2, self.eps)
         pooled = x.float().mean(dim=1)
         return torch.nn.functional.normalize(pooled, dim=-1)
+
+
+def _lean_layout(model: SentenceTransformer) -> Any:
+    """The model's ``Transformer`` module when the lean forward computes what ``encode`` does
+    (a BERT with absolute positions, mean pooling, no default prompt, on the CPU); else None."""
+    modules: list[Any] = list(model)
+    names = [type(m).__name__ for m in modules]
+    if names[:2] != ["Transformer", "Pooling"] or any(n != "Normalize" for n in names[2:]):
+        return None
+    pooling = modules[1].get_config_dict()
+    if pooling.get("pooling_mode") != "mean" or getattr(model, "default_prompt_name", None):
+        return None  # ``encode`` adds a default prompt (and pools around it); the lean path not
+    transformer = modules[0]
+    device = next(model.parameters()).device
+    if device.type != "cpu" or not _LeanBert.supports(transformer.auto_model):
+        return None
+    return transformer
 
 
 class QueryEncoder:
@@ -126,18 +150,10 @@ class QueryEncoder:
         self.precision = "encode"
         self.probe_ms: dict[str, float] = {}
         self._lean: _LeanBert | None = None
-        modules: list[Any] = list(model)
-        names = [type(m).__name__ for m in modules]
-        if names[:2] != ["Transformer", "Pooling"] or any(n != "Normalize" for n in names[2:]):
+        transformer = _lean_layout(model)
+        if transformer is None:
             return
-        pooling = modules[1].get_config_dict()
-        if pooling.get("pooling_mode") != "mean" or getattr(model, "default_prompt_name", None):
-            return  # ``encode`` adds a default prompt (and pools around it); the lean path not
-        transformer: Any = modules[0]
         bert = transformer.auto_model
-        device = next(model.parameters()).device
-        if device.type != "cpu" or not _LeanBert.supports(bert):
-            return
         self._tokenizer: Any = transformer.tokenizer
         self._max_length = int(transformer.max_seq_length or 512)
         candidates = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -207,3 +223,82 @@ def query_encoder(model: SentenceTransformer) -> QueryEncoder:
         if encoder is None:
             encoder = _ENCODERS[model] = QueryEncoder(model)
         return encoder
+
+
+BATCH_TOKENS = 2048  # tokens per forward: the fastest measured on 2 cores (vs 8,192 and 32,768)
+TOKENIZE_CHUNK = 16_384  # texts tokenized (and held as ids) at a time
+
+
+def encode_many(
+    model: SentenceTransformer, texts: Sequence[str], progress: bool = False
+) -> np.ndarray:
+    """Unit-length fp32 embeddings of many texts, row for row (``encode_chunks``, joined)."""
+    import numpy as np
+
+    dim = int(model.get_embedding_dimension() or 0)
+    chunks = list(encode_chunks(model, texts, progress))
+    return np.concatenate(chunks) if chunks else np.zeros((0, dim), dtype=np.float32)
+
+
+def encode_chunks(
+    model: SentenceTransformer, texts: Sequence[str], progress: bool = False
+) -> Iterator[np.ndarray]:
+    """Unit-length fp32 embeddings of many texts, ``TOKENIZE_CHUNK`` rows at a time, in order:
+    the night's wordings, a release's phrasings. The lean forward in fp32 (``encode``'s
+    arithmetic: cosine to its vectors > 0.99999) on texts grouped by token length, so no row is
+    padded and no attention mask is built: 777 wordings/s against ``encode``'s 430 on 2 cores
+    (Xeon, AVX-512). Any other layout, or a model on a GPU, goes through ``encode`` (batches
+    of 256)."""
+    import numpy as np
+    import torch
+
+    dim = int(model.get_embedding_dimension() or 0)
+    transformer = _lean_layout(model)
+    lean = _LeanBert(transformer.auto_model, torch.float32) if transformer is not None else None
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(texts), desc="embedding", unit="text", leave=False)
+    for start in range(0, len(texts), TOKENIZE_CHUNK):
+        chunk = list(texts[start : start + TOKENIZE_CHUNK])
+        if lean is None:
+            vectors = model.encode(
+                chunk,
+                batch_size=256,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+            out = np.asarray(vectors, dtype=np.float32).reshape(len(chunk), dim)
+        else:
+            out = _encode_by_length(lean, transformer, chunk, dim)
+        if bar is not None:
+            bar.update(len(chunk))
+        yield out
+    if bar is not None:
+        bar.close()
+
+
+def _encode_by_length(lean: _LeanBert, transformer: Any, texts: list[str], dim: int) -> np.ndarray:
+    import numpy as np
+    import torch
+
+    max_length = int(transformer.max_seq_length or 512)
+    ids = transformer.tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+    lengths = np.fromiter((len(row) for row in ids), dtype=np.int64, count=len(ids))
+    order = np.argsort(lengths, kind="stable")
+    out = np.zeros((len(texts), dim), dtype=np.float32)
+    with torch.inference_mode():
+        i = 0
+        while i < len(order):
+            length = int(lengths[order[i]])
+            rows = max(1, BATCH_TOKENS // length)
+            j = i + 1
+            while j < len(order) and j - i < rows and lengths[order[j]] == length:
+                j += 1
+            picked = order[i:j]
+            batch = torch.tensor([ids[k] for k in picked], dtype=torch.long)
+            out[picked] = lean(batch).numpy()
+            i = j
+    return out

@@ -26,8 +26,9 @@ import numpy as np
 
 from edge_index.answers import CHECKS, answer_problem
 from edge_index.guard import Guard
-from edge_index.matcher import Calibration, Decision, calibrate
+from edge_index.matcher import Calibration, Decision, Queries, calibrate
 from edge_index.proofs import leaf, tree
+from edge_index.query_encoder import encode_many
 from edge_index.release import (
     FORMAT,
     answer_fields,
@@ -108,15 +109,31 @@ def _train(index: faiss.Index, vectors: np.ndarray) -> faiss.Index:
 
 
 def calibrate_rows(
-    rows: list[dict[str, Any]], vectors: np.ndarray, config: BuildConfig
+    rows: list[dict[str, Any]],
+    vectors: np.ndarray,
+    config: BuildConfig,
+    held_back: HeldBack | None = None,
 ) -> Calibration:
     """The semantic tier's decision, calibrated leave-one-out on the release's own phrasings
-    (label = the answer's cluster); a deterministic sample when there are very many."""
+    (label = the answer's cluster) and on the held-back wordings of its clusters (``held_back``:
+    real paraphrases of the questions it answers, looked up against the published phrasings;
+    they stay in the work area, only the decision is published); a deterministic sample of each
+    when there are very many."""
     import random
 
     chosen = list(range(len(rows)))
     if len(chosen) > config.calibration_rows:
         chosen = sorted(random.Random(0).sample(chosen, config.calibration_rows))
+    queries = None
+    if held_back is not None and len(held_back.labels):
+        picked = list(range(len(held_back.labels)))
+        if len(picked) > config.calibration_rows:
+            picked = sorted(random.Random(1).sample(picked, config.calibration_rows))
+        queries = Queries(
+            held_back.vectors[picked],
+            [held_back.labels[i] for i in picked],
+            [held_back.texts[i] for i in picked],
+        )
     return calibrate(
         vectors[chosen],
         [rows[i]["cluster"] for i in chosen],
@@ -128,7 +145,27 @@ def calibrate_rows(
             threshold=0.9 if config.threshold is None else config.threshold,
             margin=0.05 if config.margin is None else config.margin,
         ),
+        queries=queries,
     )
+
+
+@dataclass
+class HeldBack:
+    """The held-back wordings of a release's clusters, for calibration only: their clusters
+    (``labels``), raw texts and vectors, row for row."""
+
+    labels: list[str]
+    texts: list[str]
+    vectors: np.ndarray
+
+    @classmethod
+    def of(cls, hot: list[HotQuestion], built: set[str], embedder: SentenceTransformer) -> HeldBack:
+        """The held-back wordings of the clusters in ``built`` (keys), embedded."""
+        from edge_index.query_encoder import encode_many
+
+        wordings = [(h.key, p) for h in hot if h.key in built for p in h.held_back]
+        vectors = encode_many(embedder, [p.normalized for _, p in wordings])
+        return cls([k for k, _ in wordings], [p.question for _, p in wordings], vectors)
 
 
 def semantic_decision(calibration: Calibration, config: BuildConfig) -> dict[str, Any]:
@@ -143,7 +180,8 @@ def semantic_decision(calibration: Calibration, config: BuildConfig) -> dict[str
     if not on:
         threshold["semantic_off_reason"] = (
             f"calibration could not show precision {config.target_precision} on "
-            f"{calibration.samples} phrasings (leave-one-out precision "
+            f"{calibration.samples} lookups ({calibration.held_back_samples} of held-back "
+            f"wordings; leave-one-out precision "
             f"{calibration.precision:.4f}, lower bound {calibration.precision_lower_bound:.4f}): "
             "exact tier only"
         )
@@ -316,7 +354,7 @@ def build_release(
                     "question": phrasing.question,
                     "normalized": phrasing.normalized,
                     "answer": generated["answer"],
-                    "users": len(phrasing.users),
+                    "users": phrasing.user_count,
                     "hits": phrasing.hits,
                     "generated_at": generated_at,
                     "expires_at": (generated_at + ttl).replace(microsecond=0),
@@ -329,53 +367,77 @@ def build_release(
     content = content_sha256(rows)
     version = release_version(now, content)
     dim = int(embedder.get_embedding_dimension() or 0)
-    factory = factory_for(config, len(rows))
-    all_vectors = np.asarray(
-        embedder.encode(
-            [r["normalized"] for r in rows],
-            batch_size=config.embed_batch,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        ),
-        dtype=np.float32,
-    ).reshape(len(rows), dim)
-    calibration = calibrate_rows(rows, all_vectors, config)
-    shards, answers_root = write_release_files(staging, rows, all_vectors, version, profile, config)
+    all_vectors = encode_many(embedder, [r["normalized"] for r in rows]).reshape(len(rows), dim)
+    held_back = HeldBack.of(hot, {r["cluster"] for r in rows}, embedder)
+    calibration = calibrate_rows(rows, all_vectors, config, held_back)
+    embedder_entry = {
+        "name": embedder_name,
+        "dim": dim,
+        **(embedder_info or {}),
+        **({"files": _copy_embedder(embedder_dir, staging)} if embedder_dir else {}),
+    }
+    manifest = write_release(
+        staging,
+        rows,
+        all_vectors,
+        version,
+        {"name": profile, "inputs": profile_inputs},
+        embedder_entry,
+        semantic_decision(calibration, config),
+        config,
+        {
+            "counts": {"clusters": report.clusters, "rows": len(rows)},
+            "excluded_clusters": dict(sorted(report.excluded_clusters.items())),
+            "content_sha256": content,
+            "created_at": now.isoformat(),
+            **(extra or {}),
+        },
+    )
     report.rows = len(rows)
-    report.shards = len(shards)
+    report.shards = len(manifest["shards"])
+    report.seconds = time.perf_counter() - started
+    return manifest, report
+
+
+def write_release(
+    staging: Path,
+    rows: list[dict[str, Any]],
+    vectors: np.ndarray,
+    version: str,
+    profile: dict[str, Any],
+    embedder: dict[str, Any],
+    threshold: dict[str, Any],
+    config: BuildConfig,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """The release files (``write_release_files``) and its ``manifest.json`` under ``staging``:
+    ``profile`` (name, inputs), ``embedder`` and ``threshold`` entries as the manifest holds
+    them, ``extra`` fields (counts, content digest, dates, lineage) on top; the manifest."""
+    shards, answers_root = write_release_files(
+        staging, rows, vectors, version, profile["name"], config
+    )
     manifest = {
         "format": FORMAT,
         "version": version,
-        "profile": {"name": profile, "inputs": profile_inputs},
-        "embedder": {
-            "name": embedder_name,
-            "dim": dim,
-            **(embedder_info or {}),
-            **({"files": _copy_embedder(embedder_dir, staging)} if embedder_dir else {}),
-        },
+        "profile": profile,
+        "embedder": embedder,
         "metric": "inner_product",
         "index": {
-            "factory": factory,
+            "factory": factory_for(config, len(rows)),
             "ef_construction": config.ef_construction,
             "ef_search": config.ef_search,
             "nprobe": config.nprobe,
         },
-        "threshold": semantic_decision(calibration, config),
+        "threshold": threshold,
         "guard": Guard().as_dict(),
         "shards": shards,
         "objects": {"prefix": "a/", "count": len(rows), "integrity": "rows.object_sha256"},
-        "counts": {"clusters": report.clusters, "rows": len(rows)},
-        "excluded_clusters": dict(sorted(report.excluded_clusters.items())),
         "expiry": {"ttl_days": config.ttl_days, "jitter": config.ttl_jitter},
-        "content_sha256": content,
         "answers_root": answers_root,
-        "created_at": now.isoformat(),
-        **(extra or {}),
+        **extra,
     }
     (staging / "manifest.json").write_bytes(json.dumps(manifest, indent=2, sort_keys=True).encode())
-    report.seconds = time.perf_counter() - started
-    return manifest, report
+    return manifest
 
 
 def derive_release(

@@ -30,7 +30,10 @@ class PrecomputeSettings(EngineSettings):
     """The nightly job: the origin's model and engine settings, and its own."""
 
     min_users: int = Field(5, ge=1)  # k: distinct users who must have asked
-    top_n: int = Field(10_000, ge=1)
+    # the clusters a night publishes at most: the seed's "hottest million"; k decides the rest
+    top_n: int = Field(1_000_000, ge=1)
+    # DuckDB's memory while it reduces the log window; past it, it spills to a temporary folder
+    mining_memory_mb: int = Field(1024, ge=64)
     keep_releases: int = Field(5, ge=2)
     # base64 Ed25519 private key releases are signed with ("" = published unsigned) ...
     signing_key: str = ""
@@ -52,12 +55,25 @@ class PrecomputeSettings(EngineSettings):
 @dataclass(frozen=True)
 class MiningConfig:
     k: int = 5
-    top_n: int = 10_000
+    top_n: int = 1_000_000
     half_life_days: float = 7.0
     # wordings at or above this cosine are one question; None: the embedder's own
     # (``edge_index.embedder.score_scale``), else estimated from the night's scores
     cluster_threshold: float | None = None
-    embed_batch: int = 256
+    # the neighbour search clustering runs (``clustering.py``): exact up to ``exact_cluster_rows``
+    # wordings, past it an inverted file of ~``cluster_list_rows`` wordings a list, searched in
+    # the ``cluster_nprobe`` nearest lists
+    exact_cluster_rows: int = 20_000
+    cluster_list_rows: int = 256
+    cluster_nprobe: int = 16
+    # past exact_cluster_rows, probes double until the search finds this share of the
+    # neighbours an exact search finds for sampled wordings
+    cluster_recall: float = 0.99
+    # the latest askers (users, networks) kept by name per wording, and never fewer than k (that
+    # decides k exactly: ``logwindow.py``); the rest are counted
+    askers_kept: int = 1024
+    # DuckDB's memory limit while it reduces the log window (it spills to disk past it)
+    memory_mb: int = 1024
     # one identity's (one network's) rows that count in a window: past it, theirs are dropped
     max_rows_per_user: int = 500
     max_rows_per_network: int = 5000
@@ -78,6 +94,27 @@ class MiningConfig:
             raise ConfigError("max_rows_per_user and max_rows_per_network must be at least 1")
         if self.carry_half_lives < 0:
             raise ConfigError("carry_half_lives must not be negative")
+        if (
+            min(
+                self.askers_kept,
+                self.exact_cluster_rows,
+                self.cluster_list_rows,
+                self.cluster_nprobe,
+            )
+            < 1
+        ):
+            raise ConfigError(
+                "askers_kept, exact_cluster_rows, cluster_list_rows and cluster_nprobe must be >= 1"
+            )
+        if not 0 < self.cluster_recall <= 1:
+            raise ConfigError("cluster_recall must be in (0, 1]")
+        if self.memory_mb < 64:
+            raise ConfigError("memory_mb must be at least 64")
+
+    @property
+    def kept_askers(self) -> int:
+        """Askers kept by name per wording: ``askers_kept``, and at least k."""
+        return max(self.askers_kept, self.k)
 
 
 @dataclass(frozen=True)
@@ -124,8 +161,8 @@ class BuildConfig:
     # calibration counts this share of semantic lookups as about questions the release does not
     # hold (its leave-label-out hits as wrong answers: ``edge_index.matcher.calibrate``)
     out_of_scope_share: float = OUT_OF_SCOPE_SHARE
-    calibration_rows: int = 20_000  # leave-one-out calibration on at most this many phrasings
-    embed_batch: int = 256
+    # leave-one-out calibration on at most this many phrasings (and as many held-back wordings)
+    calibration_rows: int = 20_000
 
     def __post_init__(self) -> None:
         if self.ef_construction < 1 or self.shard_rows < 1 or self.ttl_days <= 0:
@@ -163,7 +200,12 @@ class PipelineConfig:
 
     @classmethod
     def from_settings(cls, settings: PrecomputeSettings) -> PipelineConfig:
-        return cls(settings, MiningConfig(k=settings.min_users, top_n=settings.top_n))
+        mining = MiningConfig(
+            k=settings.min_users,
+            top_n=settings.top_n,
+            memory_mb=settings.mining_memory_mb,
+        )
+        return cls(settings, mining)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **options: Any) -> PipelineConfig:

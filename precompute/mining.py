@@ -50,24 +50,43 @@ again; rules 5-8 apply to them as to logged ones.
 
 from __future__ import annotations
 
-import math
-from collections import Counter
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from edge_index.guard import content_tokens, numbers, remove_tokens
-from edge_index.keys import InvalidQueryError, key, normalize
-from edge_index.pii import find_pii
-from edge_index.redaction import redacted_kinds
-from edge_index.timeliness import time_sensitive
-from precompute.clustering import cluster
+from edge_index.keys import key, normalize
+from precompute.clustering import (
+    ClusterStats,
+    embed,
+    estimated_cluster_threshold,
+    greedy_clusters,
+    sample_rows,
+)
 from precompute.config import MiningConfig
-from precompute.questions import HotQuestion, Phrasing, askers, held_back_rows
+from precompute.logwindow import LogWindow, WindowCounts, from_us, recency_weight
+from precompute.questions import HotQuestion, Phrasing, askers, askers_count, held_back_rows
+from precompute.textrules import text_problem
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from sentence_transformers import SentenceTransformer
+
+__all__ = [
+    "MiningReport",
+    "drop_clusters",
+    "mine",
+    "recency_weight",
+    "safe_question",
+    "text_problem",
+]
+
+# the steps whose seconds the report gives (``MiningReport.seconds``)
+STEPS = ("aggregate", "rules", "embed", "cluster", "k_and_text_rules", "rank")
 
 
 @dataclass
@@ -91,6 +110,10 @@ class MiningReport:
     carried_phrasings: int = 0
     carried_users: int = 0
     expired_users: int = 0
+    distinct_texts: int = 0  # raw texts the text rules judged (once each)
+    # seconds per step (``STEPS``) and how the wordings were clustered (``ClusterStats``)
+    seconds: dict[str, float] = field(default_factory=dict)
+    clustering: dict[str, Any] = field(default_factory=dict)
     # one row per cluster that reached k (``HotQuestion.report_row``): kept in the run's work
     # area, not in the run report
     cluster_rows: list[dict[str, Any]] = field(default_factory=list)
@@ -102,144 +125,30 @@ class MiningReport:
         self.held_back_phrasings = sum(len(h.held_back) for h in hot)
         self.synthesized_questions = sum(h.synthesized for h in hot)
 
+    def take(self, counts: WindowCounts) -> None:
+        """What the log window's reduction counted (rules 1-4, carried evidence)."""
+        for name in (
+            "rows",
+            "excluded_rows",
+            "pii_by_kind",
+            "time_sensitive_by_kind",
+            "excluded_phrasings",
+            "carried_phrasings",
+            "carried_users",
+            "expired_users",
+            "distinct_texts",
+        ):
+            setattr(self, name, getattr(counts, name))
+        self.seconds.update(counts.seconds)
+
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "cluster_rows"}
+        out = {k: v for k, v in self.__dict__.items() if k != "cluster_rows"}
+        out["seconds"] = {k: round(v, 2) for k, v in self.seconds.items()}
+        return out
 
 
 def _exclude(counts: dict[str, int], reason: str, n: int = 1) -> None:
     counts[reason] = counts.get(reason, 0) + n
-
-
-def recency_weight(ts: datetime, now: datetime, half_life_days: float) -> float:
-    """What an ask counts for ``now``: ``0.5 ** (age / half_life)``, 1 for one not in the past."""
-    return math.pow(0.5, max((now - ts).total_seconds(), 0.0) / 86400 / half_life_days)
-
-
-def text_problem(query: str) -> tuple[str, list[str]] | None:
-    """Rules 3-4 on a question's text: (reason, kinds) when it may not be published."""
-    kinds = redacted_kinds(query) or find_pii(query)  # redacted when logged, or an old log
-    if kinds:
-        return "pii", list(kinds)
-    timely = time_sensitive(query)
-    if timely:
-        return "time_sensitive", [timely]
-    try:
-        normalize(query)
-    except InvalidQueryError:
-        return "invalid_query", []
-    return None
-
-
-def collect_phrasings(
-    rows: Iterable[dict[str, Any]], report: MiningReport, config: MiningConfig | None = None
-) -> dict[str, Phrasing]:
-    """Rules 1–4: group the usable rows by key."""
-    config = config or MiningConfig()
-    by_key: dict[str, Phrasing] = {}
-    forms: dict[str, Counter[str]] = {}
-    per_user: Counter[str] = Counter()
-    per_network: Counter[str] = Counter()
-    for row in rows:
-        report.rows += 1
-        if row.get("tier") == "miss":  # an edge miss: the origin logs the same ask
-            _exclude(report.excluded_rows, "edge_miss")
-            continue
-        status = row.get("status") or 200
-        if status >= 400 or row.get("tier") in ("rejected", "error"):
-            _exclude(report.excluded_rows, "failed_request")
-            continue
-        if (row.get("turns") or 1) > 1:
-            _exclude(report.excluded_rows, "multi_turn")
-            continue
-        query = str(row["query"])
-        problem = text_problem(query)
-        if problem:
-            reason, kinds = problem
-            _exclude(report.excluded_rows, reason)
-            by_kind = report.pii_by_kind if reason == "pii" else report.time_sensitive_by_kind
-            for kind in kinds:
-                _exclude(by_kind, kind)
-            continue
-        normalized = normalize(query)
-        user = str(row["user"])
-        network = str(row.get("network") or "")  # "" in logs written before networks were
-        per_user[user] += 1
-        per_network[network] += 1 if network else 0
-        if (
-            per_user[user] > config.max_rows_per_user
-            or per_network[network] > config.max_rows_per_network
-        ):
-            _exclude(report.excluded_rows, "over_user_share")
-            continue
-        k = key(query)
-        phrasing = by_key.get(k)
-        if phrasing is None:
-            phrasing = by_key[k] = Phrasing(k, normalized, query.strip(), set(), 0, {})
-            forms[k] = Counter()
-        ts = row["ts"]
-        phrasing.hits += 1
-        network = network or f"user:{user}"
-        phrasing.users.add(user)
-        phrasing.networks.add(network)
-        _keep_latest(phrasing.latest_by_user, user, ts)
-        _keep_latest(phrasing.latest_by_network, network, ts)
-        forms[k][" ".join(query.split())] += 1
-    for k, phrasing in by_key.items():
-        # most common raw form; ties broken by text so that reruns agree
-        phrasing.question = min(forms[k].items(), key=lambda item: (-item[1], item[0]))[0]
-    return by_key
-
-
-def _keep_latest(times: dict[str, datetime], name: str, ts: datetime) -> bool:
-    """Keep ``name``'s latest time; True if ``name`` is new."""
-    new = name not in times
-    if new or ts > times[name]:
-        times[name] = ts
-    return new
-
-
-def carry(
-    by_key: dict[str, Phrasing],
-    parent: Iterable[Phrasing],
-    report: MiningReport,
-    config: MiningConfig,
-    now: datetime,
-) -> None:
-    """Merge the parent run's phrasings into the logged ones (``by_key``), per user and per
-    network, keeping the latest ask; asks older than ``carry_half_lives`` half-lives are dropped.
-    A carried phrasing absent from the logs enters with 0 hits (hits are this window's asks)."""
-    if config.carry_half_lives <= 0:
-        return
-    floor = math.pow(0.5, config.carry_half_lives)
-
-    def young(times: dict[str, datetime]) -> dict[str, datetime]:
-        return {
-            name: ts
-            for name, ts in times.items()
-            if recency_weight(ts, now, config.half_life_days) >= floor
-        }
-
-    for old in parent:
-        problem = text_problem(old.question)  # today's rules, which may be stricter
-        if problem:
-            _exclude(report.excluded_phrasings, problem[0])
-            continue
-        users = young(old.latest_by_user)
-        report.expired_users += len(old.latest_by_user) - len(users)
-        if not users:
-            continue
-        report.carried_phrasings += 1
-        phrasing = by_key.get(old.key)
-        if phrasing is None:
-            phrasing = by_key[old.key] = Phrasing(
-                old.key, old.normalized, old.question, set(), 0, {}
-            )
-        for user, ts in users.items():
-            report.carried_users += _keep_latest(phrasing.latest_by_user, user, ts)
-            phrasing.users.add(user)
-        for network, ts in young(old.latest_by_network).items():
-            _keep_latest(phrasing.latest_by_network, network, ts)
-            phrasing.networks.add(network)
 
 
 @dataclass
@@ -286,7 +195,7 @@ def safe_question(text: str, safe: set[str]) -> str | None:
 
 
 def _split(
-    members: list[Phrasing], k: int, taken: set[str]
+    members: list[Phrasing], k: int, taken: _KeySet
 ) -> tuple[list[Phrasing], list[Phrasing], dict[str, int], bool]:
     """What a cluster that reached k publishes: its k-safe wordings (every content token typed
     by ``k`` of the cluster's askers), canonical first, or else a question built from k-safe
@@ -310,39 +219,126 @@ def _split(
 
 
 def mine(
-    rows: Iterable[dict[str, Any]],
+    rows: Iterable[Mapping[str, Any] | pa.Table],
     embedder: SentenceTransformer | None,
     config: MiningConfig | None = None,
     now: datetime | None = None,
     carried: Iterable[Phrasing] = (),
+    language: str | None = None,
+    progress: bool = False,
+    embedder_loader: Callable[[], SentenceTransformer] | None = None,
 ) -> tuple[list[HotQuestion], MiningReport]:
     """The hot questions to answer, best first, and the report of what was excluded and why.
-    ``carried``: the parent run's phrasings, whose evidence is merged in (``carry``)."""
+
+    ``rows``: the window's request-log rows in log order, as Arrow tables of the logs' columns
+    (``edge_index.logs.read_log_tables``) or dicts; reduced by DuckDB (``logwindow.py``), never
+    held as a list. ``carried``: the parent run's phrasings, whose evidence is merged in.
+    ``language``: only this language's rows count (None: all). ``embedder_loader``: loads the
+    embedder when ``embedder`` is None and there are wordings to cluster."""
     config = config or MiningConfig()
     now = now or datetime.now(UTC)
     report = MiningReport()
-    by_key = collect_phrasings(rows, report, config)
-    carry(by_key, carried, report, config, now)
-    report.phrasings = len(by_key)
-    taken = set(by_key)
-    hot = []
-    for members in cluster(list(by_key.values()), embedder, config):
+    with LogWindow(config.memory_mb) as window:
+        window.add(rows)
+        table, counts = window.wordings(config, now, list(carried), language, progress)
+    report.take(counts)
+    report.phrasings = len(table)
+    if embedder is None and embedder_loader is not None and len(table) > 1:
+        embedder = embedder_loader()
+    clusters = _clusters(table, embedder, config, report, progress)
+    started = time.perf_counter()
+    hot = _qualifying(table, clusters, config, now, report)
+    report.seconds["k_and_text_rules"] = time.perf_counter() - started
+    started = time.perf_counter()
+    hot.sort(key=lambda h: (-h.score, -h.users, h.key))
+    for dropped in hot[config.top_n :]:
+        _exclude_wordings(report, dropped.wordings, "below_top_n")
+        report.cluster_rows.append(dropped.report_row("below_top_n"))
+    hot = hot[: config.top_n]
+    for h in hot:
+        _exclude_wordings(report, h.held_back, "rare_tokens")
+        report.cluster_rows.append(h.report_row("selected"))
+    report.count_published(hot)
+    report.seconds["rank"] = time.perf_counter() - started
+    return hot, report
+
+
+def _clusters(
+    table: pa.Table,
+    embedder: SentenceTransformer | None,
+    config: MiningConfig,
+    report: MiningReport,
+    progress: bool,
+) -> list[list[int]]:
+    """Rule 5 on the window's wordings (rows of ``table``, most asked first): clusters of row
+    numbers, head first."""
+    n = len(table)
+    stats = ClusterStats(wordings=n)
+    normalized: list[str] = table.column("normalized").to_pylist()
+    if embedder is None or n <= 1:
+        clusters = [[i] for i in range(n)]
+    else:
+        started = time.perf_counter()
+        chunks = embed(normalized, embedder, progress)
+        stats.embed_s = time.perf_counter() - started
+        threshold = config.cluster_threshold
+        if threshold is None:
+            threshold = estimated_cluster_threshold(sample_rows(chunks, 2000))
+        clusters = greedy_clusters(
+            chunks,
+            threshold,
+            lambda row: numbers(normalized[row]),
+            exact_rows=config.exact_cluster_rows,
+            list_rows=config.cluster_list_rows,
+            nprobe=config.cluster_nprobe,
+            stats=stats,
+            progress=progress,
+            recall=config.cluster_recall,
+        )
+    report.seconds["embed"] = stats.embed_s
+    report.seconds["cluster"] = stats.cluster_s
+    report.clustering = stats.as_dict()
+    return clusters
+
+
+def _qualifying(
+    table: pa.Table,
+    clusters: list[list[int]],
+    config: MiningConfig,
+    now: datetime,
+    report: MiningReport,
+) -> list[HotQuestion]:
+    """Rules 6-7 and the score of rule 8: the clusters asked by k, each with what it publishes.
+    A cluster whose wordings' users or networks add up to fewer than k is below k without a
+    look at who they are (their union is no larger): only the others become ``Phrasing``s."""
+    hits = table.column("hits").to_numpy()
+    user_counts = table.column("user_count").to_numpy()
+    network_counts = table.column("network_count").to_numpy()
+    candidates = []
+    below_k_wordings = below_k_rows = 0
+    for members in clusters:
         report.clusters += 1
         report.merged_phrasings += len(members) - 1
-        latest: dict[str, datetime] = {}
-        networks: set[str] = set()
-        for member in members:
-            networks |= member.networks
-            for user, ts in member.latest_by_user.items():
-                _keep_latest(latest, user, ts)
-        users = askers(latest, networks)  # each identity once, whichever wordings it typed
+        rows = np.asarray(members)
+        if askers_count(int(user_counts[rows].sum()), int(network_counts[rows].sum())) < config.k:
+            below_k_wordings += len(members)
+            below_k_rows += int(hits[rows].sum())
+            continue
+        candidates.append(members)
+    phrasings = _phrasings(table, sorted({row for members in candidates for row in members}))
+    taken = _KeySet(table.column("key"))
+    hot = []
+    for members in candidates:
+        wordings = [phrasings[row] for row in members]
+        users, score = _askers_and_score(wordings, now, config.half_life_days)
         if users < config.k:
-            _exclude_wordings(report, members, "below_k")
+            below_k_wordings += len(wordings)
+            below_k_rows += sum(w.hits for w in wordings)
             continue
         report.qualifying_clusters += 1
-        published, held_back, rare, synthesized = _split(members, config.k, taken)
+        published, held_back, rare, synthesized = _split(wordings, config.k, taken)
         if not published:
-            _exclude_wordings(report, members, "no_k_safe_text")
+            _exclude_wordings(report, wordings, "no_k_safe_text")
             report.cluster_rows.append(
                 {
                     "cluster": None,
@@ -356,31 +352,98 @@ def mine(
             )
             continue
         taken.add(published[0].key)
-        score = sum(recency_weight(ts, now, config.half_life_days) for ts in latest.values()) * (
-            users / max(len(latest), 1)
-        )  # many users from few networks weigh as few
         hot.append(
             HotQuestion(
                 canonical=published[0],
                 phrasings=published,
                 users=users,
-                hits=sum(m.hits for m in members),
+                hits=sum(w.hits for w in wordings),
                 score=score,
                 held_back=held_back,
                 rare_tokens=rare,
                 synthesized=synthesized,
             )
         )
-    hot.sort(key=lambda h: (-h.score, -h.users, h.key))
-    for dropped in hot[config.top_n :]:
-        _exclude_wordings(report, dropped.wordings, "below_top_n")
-        report.cluster_rows.append(dropped.report_row("below_top_n"))
-    hot = hot[: config.top_n]
-    for h in hot:
-        _exclude_wordings(report, h.held_back, "rare_tokens")
-        report.cluster_rows.append(h.report_row("selected"))
-    report.count_published(hot)
-    return hot, report
+    for counts, n in (
+        (report.excluded_phrasings, below_k_wordings),
+        (report.excluded_rows, below_k_rows),
+    ):
+        if n:
+            _exclude(counts, "below_k", n)
+    return hot
+
+
+def _askers_and_score(
+    wordings: list[Phrasing], now: datetime, half_life_days: float
+) -> tuple[int, float]:
+    """A cluster's askers (each identity once, whichever wordings it typed) and its score: over
+    its distinct users, each one's latest ask's recency weight, scaled down when they come from
+    fewer networks than users. The askers beyond those kept count and weigh per wording."""
+    latest: dict[str, datetime] = {}
+    networks: set[str] = set()
+    more_users = more_networks = 0
+    more_weight = 0.0
+    for wording in wordings:
+        networks |= wording.networks
+        for user, ts in wording.latest_by_user.items():
+            if user not in latest or ts > latest[user]:
+                latest[user] = ts
+        more_users += wording.more_users
+        more_networks += wording.more_networks
+        more_weight += wording.more_weight
+    user_count = len(latest) + more_users
+    users = askers_count(user_count, len(networks) + more_networks)
+    weight = sum(recency_weight(ts, now, half_life_days) for ts in latest.values()) + more_weight
+    return users, weight * (users / max(user_count, 1))  # many users from few networks weigh as few
+
+
+def _phrasings(table: pa.Table, rows: list[int]) -> dict[int, Phrasing]:
+    """``Phrasing``s of the wordings at ``rows`` of the window's table."""
+    import pyarrow as pa
+
+    picked = table.take(pa.array(rows, pa.int64())).to_pylist() if rows else []
+    out = {}
+    for row, d in zip(rows, picked, strict=True):
+        users = {u["name"]: from_us(u["ts"]) for u in d["users"] or ()}
+        networks = {n["name"]: from_us(n["ts"]) for n in d["networks"] or ()}
+        out[row] = Phrasing(
+            d["key"],
+            d["normalized"],
+            d["question"],
+            set(users),
+            int(d["hits"]),
+            users,
+            set(networks),
+            networks,
+            more_users=int(d["user_count"]) - len(users),
+            more_networks=int(d["network_count"]) - len(networks),
+            more_weight=float(d["more_user_weight"] or 0.0),
+        )
+    return out
+
+
+class _KeySet:
+    """The keys in use (every wording's, and each built question's once taken): a built
+    question may not take one. The night's keys as sorted 64-bit prefixes, not a set of str."""
+
+    def __init__(self, keys: pa.ChunkedArray) -> None:
+        import pyarrow.compute as pc
+
+        prefixes = pc.utf8_slice_codeunits(keys, 0, 16).to_pylist()
+        self._night = np.sort(np.array([int(p, 16) for p in prefixes], dtype=np.uint64))
+        self._added: set[str] = set()
+
+    def add(self, k: str) -> None:
+        self._added.add(k)
+
+    def __contains__(self, k: object) -> bool:
+        if not isinstance(k, str):
+            return False
+        if k in self._added:
+            return True
+        prefix = np.uint64(int(k[:16], 16))
+        at = int(np.searchsorted(self._night, prefix))
+        return at < len(self._night) and self._night[at] == prefix
 
 
 def _exclude_wordings(report: MiningReport, wordings: Iterable[Phrasing], reason: str) -> None:

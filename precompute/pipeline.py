@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_index.errors import EdgeQAError
-from edge_index.languages import DEFAULT_LANGUAGE, LANGUAGES, language_of
-from edge_index.logs import LogReadStats, read_logs
+from edge_index.languages import DEFAULT_LANGUAGE, LANGUAGES
+from edge_index.logs import LogReadStats, read_log_tables
 from edge_index.release import (
     read_pointer,
 )
@@ -140,7 +140,9 @@ def scaled(config: PipelineConfig, spec: str) -> PipelineConfig:
     )
 
 
-def mine_stage(params: RunParams, model: LoadedModel | None = None) -> dict[str, Any]:
+def mine_stage(
+    params: RunParams, model: LoadedModel | None = None, progress: bool = False
+) -> dict[str, Any]:
     import pyarrow as pa
 
     from edge_index.embedder import load_embedder
@@ -150,16 +152,23 @@ def mine_stage(params: RunParams, model: LoadedModel | None = None) -> dict[str,
     tokenizer = model[1] if model else load_tokenizer(settings.model, settings.cache_dir)
     profile = make_profile(settings, config.generation.quantization, tokenizer, params.language)
     stats = LogReadStats()
-    rows = read_logs(open_store(params.logs_uri), params.since, params.until, stats)
-    # this run's language only: every other language's questions are another profile's
-    rows = [row for row in rows if language_of(str(row["query"])) == params.language]
+    tables = read_log_tables(open_store(params.logs_uri), params.since, params.until, stats)
     out = open_store(params.out_uri)
     parent = current_release(out, profile.name)
     carried = parent_phrasings(out, parent)
     spec = settings.embedders[params.language]
-    # a language without a question tonight (and none carried) needs no embedder
-    embedder = load_embedder(spec, cache_dir=settings.cache_dir) if rows or carried else None
-    hot, mining = mine(rows, embedder, scaled(config, spec).mining, params.now, carried)
+    # this run's language only: every other language's questions are another profile's; a
+    # language without two wordings tonight needs no embedder (loaded only when one is needed)
+    hot, mining = mine(
+        tables,
+        None,
+        scaled(config, spec).mining,
+        params.now,
+        carried,
+        language=params.language,
+        progress=progress,
+        embedder_loader=lambda: load_embedder(spec, cache_dir=settings.cache_dir),
+    )
     mining.carried_from = parent.version if carried and parent else None
     # a cluster holding a revoked phrasing stays out until it is unrevoked
     revoked = is_revoked(in_force(out, profile.name))
@@ -200,7 +209,7 @@ def mine_stage(params: RunParams, model: LoadedModel | None = None) -> dict[str,
         "reusable": len(reused),
         "curated": answered,
         "partitions": list(range(count)),
-        "logs": {**stats.__dict__, "rows": len(rows)},
+        "logs": {**stats.__dict__, "rows": mining.rows},
         "excluded_rows": excluded_rows(stats, mining),
         # the run report's ``mining`` (docs/precompute.md#curated-answers: ``mining.curated``)
         "mining": {
@@ -381,7 +390,7 @@ def run_pipeline(
             on_stage(name, result, seconds)
         return result
 
-    mined = stage("mine", lambda: mine_stage(params, model))
+    mined = stage("mine", lambda: mine_stage(params, model, progress))
     report.update(
         profile=mined["profile"],
         run_id=mined["run"],

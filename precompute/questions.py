@@ -12,11 +12,21 @@ from typing import Any
 def askers(users: Collection[str], networks: Collection[str]) -> int:
     """Distinct people, as far as the logs can tell: users and networks, the fewer (no networks:
     evidence from before they were logged)."""
-    return min(len(users), len(networks)) if networks else len(users)
+    return askers_count(len(users), len(networks))
+
+
+def askers_count(users: int, networks: int) -> int:
+    """``askers`` from the counts of distinct users and networks."""
+    return min(users, networks) if networks else users
 
 
 @dataclass
 class Phrasing:
+    """One wording (one key) and who asked it. ``users``/``networks`` hold the latest askers,
+    at most ``MiningConfig.askers_kept`` (>= k) of each, with their latest asks; ``more_users``
+    and ``more_networks`` count the others (``logwindow.py``: why that decides k exactly), and
+    ``more_weight`` sums the others' recency weights as of the run (not kept in ``hot.json``)."""
+
     key: str
     normalized: str
     question: str  # the most common raw form
@@ -25,11 +35,18 @@ class Phrasing:
     latest_by_user: dict[str, datetime]
     networks: set[str] = field(default_factory=set)
     latest_by_network: dict[str, datetime] = field(default_factory=dict)
+    more_users: int = 0
+    more_networks: int = 0
+    more_weight: float = 0.0
+
+    @property
+    def user_count(self) -> int:
+        return len(self.users) + self.more_users
 
     @property
     def askers(self) -> int:
         """Distinct people, as far as the logs can tell: users and networks, the fewer."""
-        return askers(self.users, self.networks)
+        return askers_count(self.user_count, len(self.networks) + self.more_networks)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -41,6 +58,8 @@ class Phrasing:
             "latest_by_user": {u: t.isoformat() for u, t in self.latest_by_user.items()},
             "networks": sorted(self.networks),
             "latest_by_network": {n: t.isoformat() for n, t in self.latest_by_network.items()},
+            **({"more_users": self.more_users} if self.more_users else {}),
+            **({"more_networks": self.more_networks} if self.more_networks else {}),
         }
 
     @classmethod
@@ -54,7 +73,16 @@ class Phrasing:
             oldest = min(latest.values())
             by_network.update({n: oldest for n in networks - set(by_network)})
         return cls(
-            d["key"], d["normalized"], d["question"], users, d["hits"], latest, networks, by_network
+            d["key"],
+            d["normalized"],
+            d["question"],
+            users,
+            d["hits"],
+            latest,
+            networks,
+            by_network,
+            int(d.get("more_users", 0)),
+            int(d.get("more_networks", 0)),
         )
 
 

@@ -62,3 +62,66 @@ def test_a_repetitive_answer_is_excluded_and_counted(embedder, tmp_path: Path) -
     ]
     assert sorted(r["question"] for r in rows) == sorted(GOOD)
     assert {r["checks"] for r in rows} == {",".join(CHECKS)}
+
+
+def test_held_back_wordings_calibrate_a_release_that_publishes_one_wording_per_cluster(
+    embedder, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Each cluster publishes one k-safe wording; its other wordings (held back: a rare word)
+    are real paraphrases, looked up against the published ones: the semantic tier calibrates on
+    them, where on the published phrasings alone it cannot (one per label: nothing to hit)."""
+    from edge_index.keys import key, normalize
+    from precompute.questions import HotQuestion, Phrasing
+    from tests.precompute.test_mining import TASKS, WORDINGS
+
+    def phrasing(question: str) -> Phrasing:
+        users = {f"u{i}": NOW for i in range(5)}
+        return Phrasing(key(question), normalize(question), question, set(users), 5, users)
+
+    hot = []
+    for verb, thing in TASKS:
+        published = phrasing(WORDINGS[0].format(verb, thing))
+        held_back = {}
+        for wording in WORDINGS:
+            for tail in ("", " asap", " please help", " thanks", " quickly"):
+                held = phrasing(wording.format(verb, thing).rstrip("?") + tail)
+                if held.key != published.key:
+                    held_back[held.key] = held
+        rare = dict.fromkeys(held_back, 1)
+        hot.append(HotQuestion(published, [published], 10, 10, 1.0, list(held_back.values()), rare))
+    answers = {
+        h.key: {
+            "question": h.question,
+            "answer": f"To {h.question[9:].rstrip('?')}, open the app and follow the steps.",
+            "flag": "",
+            "finish_reason": "stop",
+            "generated_at": NOW,
+        }
+        for h in hot
+    }
+
+    def threshold(clusters: list[HotQuestion], where: str) -> dict:  # type: ignore[type-arg]
+        manifest, _ = build_release(
+            tmp_path / where,
+            clusters,
+            answers,
+            embedder,
+            "embedded",
+            "p",
+            {},
+            BuildConfig(),
+            now=NOW,
+        )
+        return manifest["threshold"]
+
+    on = threshold(hot, "with")
+    assert on["semantic"] and on["calibrated"]
+    assert on["held_back_samples"] == 600 and on["samples"] == 625
+    assert on["precision"] >= 0.99 and on["precision_lower_bound"] >= 0.99
+    alone = [HotQuestion(h.canonical, h.phrasings, h.users, h.hits, h.score) for h in hot]
+    off = threshold(alone, "without")
+    assert not off["semantic"] and off["held_back_samples"] == 0
+    assert "exact tier only" in off["semantic_off_reason"]
+    for where in ("with", "without"):  # the held-back texts stay in the work area
+        published = b"".join(p.read_bytes() for p in (tmp_path / where).rglob("*") if p.is_file())
+        assert b"please help" not in published and b"quickly" not in published

@@ -437,3 +437,111 @@ def test_questions_spread_over_wordings_publish_and_no_rare_token_does(
 
 def _keyed(wordings: list[str]) -> list[Phrasing]:
     return [Phrasing(key(w), w.lower(), w, set(), 0, {}) for w in wordings]
+
+
+GOLDEN = Path(__file__).resolve().parents[1] / "vectors" / "sample_logs_mined.json"
+
+
+def test_the_sample_logs_mine_the_same_clusters_as_before_the_log_window_moved_to_duckdb(
+    embedder: Any, multilingual_embedder: Any
+) -> None:
+    from datetime import date
+
+    from precompute.samplelogs import ZH_INTENTS, generate_rows
+
+    expected = json.loads(GOLDEN.read_text())["clusters"]
+    now = datetime(2026, 11, 28, 23, 59, 59, tzinfo=UTC)
+    for language, rows, model, threshold in (
+        ("en", generate_rows(date(2026, 11, 28)), embedder, 0.9),
+        (
+            "zh",
+            generate_rows(date(2026, 11, 28), questions=ZH_INTENTS),
+            multilingual_embedder,
+            0.97,
+        ),
+    ):
+        hot, _ = mine(rows, model, MiningConfig(cluster_threshold=threshold, k=5), now)
+        mined = [
+            [
+                h.key,
+                h.users,
+                round(h.score, 6),
+                [p.key for p in h.phrasings],
+                [p.key for p in h.held_back],
+            ]
+            for h in hot
+        ]
+        assert mined == expected[language], language
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_bounded_set_of_askers_per_wording_decides_k_as_every_asker_would(
+    embedder: Any, seed: int
+) -> None:
+    """Wordings asked by more people than are kept by name: the same clusters qualify, the same
+    wordings publish and each wording's askers are counted exactly, only the cluster's count
+    may add up someone who typed two overflowing wordings twice (an upper bound)."""
+    rng = random.Random(seed)
+    people = _users(40, "p")
+    rows = []
+    for verb, thing in TASKS[:6]:
+        for template in WORDINGS[:4]:
+            wording = template.format(verb, thing)
+            for who in rng.sample(people, rng.randint(1, 14)):
+                rows += _asks(wording, [who], days_ago=rng.uniform(0, 6))
+        if rng.random() < 0.5:  # one person's rare aside
+            rows += _asks(f"how do I {verb} {thing} for Zofia", [rng.choice(people)])
+    exact_config = MiningConfig(cluster_threshold=0.9, k=5, askers_kept=10**6)
+    bounded_config = MiningConfig(cluster_threshold=0.9, k=5, askers_kept=5)
+    exact, exact_report = mine(rows, embedder, exact_config, NOW)
+    bounded, bounded_report = mine(rows, embedder, bounded_config, NOW)
+    assert bounded_config.kept_askers == 5
+    assert any(p.more_users for h in bounded for p in h.wordings)  # the bound was reached
+    assert {h.key: [p.key for p in h.phrasings] for h in bounded} == {
+        h.key: [p.key for p in h.phrasings] for h in exact
+    }
+    assert bounded_report.excluded_rows == exact_report.excluded_rows
+    assert bounded_report.qualifying_clusters == exact_report.qualifying_clusters
+    by_key = {h.key: h for h in exact}
+    for h in bounded:
+        assert h.users >= by_key[h.key].users  # never fewer askers than there are
+        for p, q in zip(h.phrasings, by_key[h.key].phrasings, strict=True):
+            assert (p.user_count, p.askers, p.hits) == (q.user_count, q.askers, q.hits)
+            assert len(p.users) <= 5
+
+
+def test_text_rules_run_once_per_distinct_text_and_count_every_row(embedder: Any) -> None:
+    rows = _asks("My card 4111 1111 1111 1111 was declined", _users(30))
+    rows += _asks("my card 4111 1111 1111 1111 was declined", _users(3, "v"))
+    rows += _asks("How do I close my account?", _users(6, "c"))
+    _, report = mine(rows, embedder, MiningConfig(cluster_threshold=0.9, k=5), NOW)
+    assert report.distinct_texts == 3
+    assert report.excluded_rows["pii"] == 33 and report.pii_by_kind == {"card": 33}
+    assert set(report.seconds) == {
+        "aggregate", "rules", "embed", "cluster", "k_and_text_rules", "rank"
+    }  # fmt: skip
+
+
+def test_the_log_window_spills_to_disk_under_a_tight_memory_limit(embedder: Any) -> None:
+    rng = random.Random(7)
+    rows = [
+        {
+            "ts": NOW - timedelta(seconds=rng.randint(0, 6 * 86400)),
+            "user": f"user-{rng.randint(0, 50_000):06d}-{'x' * 40}",
+            "network": f"net-{rng.randint(0, 20_000)}",
+            "query": f"{rng.choice(WORDINGS).format(*rng.choice(TASKS))}",
+            "turns": 1,
+            "tier": "generated",
+            "status": 200,
+        }
+        for _ in range(200_000)
+    ]
+    small = MiningConfig(cluster_threshold=0.9, k=5, memory_mb=64)
+    large = MiningConfig(cluster_threshold=0.9, k=5, memory_mb=4096)
+    hot_small, report_small = mine(rows, None, small, NOW)
+    hot_large, report_large = mine(rows, None, large, NOW)
+    assert [(h.key, h.users, h.hits) for h in hot_small] == [
+        (h.key, h.users, h.hits) for h in hot_large
+    ]
+    assert report_small.excluded_rows == report_large.excluded_rows
+    assert sum(h.hits for h in hot_small) > 150_000

@@ -1,0 +1,502 @@
+"""The night's log window reduced by DuckDB to one row per wording: mining's rules 1-4 and the
+evidence each wording carries into clustering (``mining.py``).
+
+No list of all rows exists anywhere: the window's rows go, a file's Arrow table at a time, into an
+embedded DuckDB database in a private temporary folder, which streams and spills to disk past
+``memory_mb`` (``EDGEQA_MINING_MEMORY_MB``). What DuckDB computes, in SQL:
+
+- rule 1-2 and the text rules' exclusions, counted per row by reason (and per kind); the text
+  rules themselves run in Python once per distinct raw text (``textrules.py``), their verdicts
+  joined back to the rows;
+- rule 4's per-identity and per-network caps, in log order (a sequence number given at ingest);
+- per wording (key): its asks (``hits``), its most common raw form (ties by text), its distinct
+  users and networks with each one's latest ask — the ``askers_kept`` latest of each (at least
+  k) as lists, the rest as counts and, for users, their summed recency weight;
+- the parent run's carried evidence merged in per user and per network, keeping the latest ask.
+
+Why a bounded set of askers per wording is enough (``docs/precompute.md``): k is decided on the
+union of a cluster's askers (rule 6) and of a token's wordings (rule 7). When no wording holds
+more than ``askers_kept`` (>= k) askers the kept sets are whole and the union exact; when one does,
+its kept set alone already holds k distinct askers, and so does the union, whatever the others.
+Counts and scores add the askers beyond the kept ones (exact per wording; over a cluster, someone
+typing two wordings that both overflow counts twice).
+
+Arrow tables in, an Arrow table out (``WORDINGS``' columns), sorted the way clustering takes them:
+most askers first, then most asks, then key.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edge_index.logs import as_utc
+from precompute.config import MiningConfig
+from precompute.textrules import CHUNK, judge_all, text_problem
+
+if TYPE_CHECKING:
+    import duckdb
+    import pyarrow as pa
+
+    from precompute.questions import Phrasing
+
+log = logging.getLogger(__name__)
+
+# the rows mining reads: any other column of the logs is not loaded
+ROW_COLUMNS = ("ts", "user", "network", "query", "turns", "tier", "status")
+ROWS_PER_INSERT = 50_000  # dict rows are batched into Arrow tables of this many
+_US_PER_DAY = 86_400_000_000
+
+
+def _rows_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("seq", pa.int64()),  # log order: the caps count rows in it
+            ("ts", pa.int64()),  # microseconds since the epoch, UTC
+            ("user", pa.string()),
+            ("network", pa.string()),
+            ("query", pa.string()),
+            ("turns", pa.int32()),
+            ("tier", pa.string()),
+            ("status", pa.int32()),
+        ]
+    )
+
+
+@dataclass
+class WindowCounts:
+    """What the window's reduction counted: the rows of the language mined, exclusions by reason
+    (per row) and kind, and the carried evidence's figures (``mining.MiningReport`` fields)."""
+
+    rows: int = 0
+    excluded_rows: dict[str, int] = field(default_factory=dict)
+    pii_by_kind: dict[str, int] = field(default_factory=dict)
+    time_sensitive_by_kind: dict[str, int] = field(default_factory=dict)
+    excluded_phrasings: dict[str, int] = field(default_factory=dict)
+    carried_phrasings: int = 0
+    carried_users: int = 0
+    expired_users: int = 0
+    distinct_texts: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _bump(counts: dict[str, int], reason: str, n: int = 1) -> None:
+    counts[reason] = counts.get(reason, 0) + n
+
+
+class LogWindow:
+    """An embedded DuckDB database of one window's rows (``add``), reduced once to one row per
+    wording (``wordings``). A context manager: its temporary folder goes with it."""
+
+    def __init__(self, memory_mb: int = 1024, temp_dir: Path | None = None) -> None:
+        import duckdb
+
+        self._folder = Path(tempfile.mkdtemp(prefix="edgeqa-mining-", dir=temp_dir))  # 0700
+        self.con: duckdb.DuckDBPyConnection = duckdb.connect(
+            str(self._folder / "window.duckdb"),
+            config={
+                "memory_limit": f"{memory_mb}MB",
+                "temp_directory": str(self._folder / "spill"),
+                "preserve_insertion_order": False,
+                # nothing is downloaded at run time: no extension may be fetched or loaded
+                "autoinstall_known_extensions": False,
+                "autoload_known_extensions": False,
+            },
+        )
+        self.con.execute(
+            "CREATE TABLE rows (seq BIGINT, ts BIGINT, user VARCHAR, network VARCHAR, "
+            "query VARCHAR, turns INTEGER, tier VARCHAR, status INTEGER)"
+        )
+        self._seq = 0
+        self._pending: list[Mapping[str, Any]] = []
+        self.seconds_adding = 0.0
+
+    def __enter__(self) -> LogWindow:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.con.close()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+    def _count(self, sql: str) -> int:
+        """The one number ``sql`` selects (its result fetched whole: DuckDB wants it done)."""
+        ((value,),) = self.con.execute(sql).fetchall()
+        return int(value)
+
+    # -- rows in --------------------------------------------------------------------------------
+
+    def add(self, rows: Iterable[Mapping[str, Any] | pa.Table]) -> None:
+        """Add rows: Arrow tables of the logs' columns (``edge_index.logs.read_log_tables``),
+        or dicts (``ts``, ``user``, ``query``; ``network``, ``turns``, ``tier``, ``status`` when
+        known), in log order."""
+        import pyarrow as pa
+
+        started = time.perf_counter()
+        for item in rows:
+            if isinstance(item, pa.Table):
+                self._flush_pending()
+                self._insert(item)
+            else:
+                self._pending.append(item)
+                if len(self._pending) >= ROWS_PER_INSERT:
+                    self._flush_pending()
+        self._flush_pending()
+        self.seconds_adding += time.perf_counter() - started
+
+    def _flush_pending(self) -> None:
+        import pyarrow as pa
+
+        if not self._pending:
+            return
+        rows, self._pending = self._pending, []
+        columns: dict[str, list[Any]] = {name: [] for name in ROW_COLUMNS}
+        for row in rows:
+            columns["ts"].append(_us(row["ts"]))
+            columns["user"].append(str(row["user"]))
+            network = row.get("network")
+            columns["network"].append(None if network is None else str(network))
+            columns["query"].append(str(row["query"]))
+            columns["turns"].append(row.get("turns"))
+            columns["tier"].append(row.get("tier"))
+            columns["status"].append(row.get("status"))
+        schema = _rows_schema()
+        self._append(
+            pa.table(
+                {
+                    name: pa.array(values, schema.field(name).type)
+                    for name, values in columns.items()
+                }
+            )
+        )
+
+    def _insert(self, table: pa.Table) -> None:
+        """A table in the logs' schema (``edge_index.logs.schema``: ts a UTC timestamp)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n = len(table)
+        names = set(table.column_names)
+        columns = {}
+        for name in ROW_COLUMNS:
+            column = (
+                table.column(name)
+                if name in names
+                else pa.nulls(n, _rows_schema().field(name).type)
+            )
+            if name == "ts":
+                column = pc.cast(pc.cast(column, pa.timestamp("us", tz="UTC")), pa.int64())
+            columns[name] = column
+        self._append(pa.table(columns))
+
+    def _append(self, table: pa.Table) -> None:
+        import pyarrow as pa
+
+        n = len(table)
+        if n == 0:
+            return
+        seq = pa.array(range(self._seq, self._seq + n), pa.int64())
+        self._seq += n
+        self._insert_arrow("rows", table.add_column(0, "seq", seq), list(_rows_schema().names))
+
+    def _insert_arrow(self, target: str, table: pa.Table, columns: list[str]) -> None:
+        self.con.register("arrow_in", table)
+        try:
+            self.con.execute(f"INSERT INTO {target} SELECT {', '.join(columns)} FROM arrow_in")
+        finally:
+            self.con.unregister("arrow_in")
+
+    # -- one row per wording out ----------------------------------------------------------------
+
+    def wordings(
+        self,
+        config: MiningConfig,
+        now: datetime,
+        carried: Sequence[Phrasing] = (),
+        language: str | None = None,
+        progress: bool = False,
+    ) -> tuple[pa.Table, WindowCounts]:
+        """The window's wordings (one row per key: ``WORDINGS``' columns, in clustering's order)
+        and what was counted. ``language``: only this language's rows count (None: all)."""
+        counts = WindowCounts()
+        counts.seconds["aggregate"] = self.seconds_adding
+        started = time.perf_counter()
+        self._judge(language, counts, progress)
+        counts.seconds["rules"] = time.perf_counter() - started
+        started = time.perf_counter()
+        self._classify(config, counts)
+        self._carry(carried, config, now, counts)
+        table = self._reduce(config, now)
+        counts.seconds["aggregate"] += time.perf_counter() - started
+        return table, counts
+
+    def _judge(self, language: str | None, counts: WindowCounts, progress: bool) -> None:
+        """The text rules on every distinct raw text, into table ``texts``."""
+        import pyarrow as pa
+
+        con = self.con
+        con.execute(
+            "CREATE TEMP TABLE queries AS SELECT query, row_number() OVER () AS rid "
+            "FROM (SELECT DISTINCT query FROM rows WHERE query IS NOT NULL)"
+        )
+        total = self._count("SELECT count(*) FROM queries")
+        counts.distinct_texts = int(total)
+        con.execute(
+            "CREATE TEMP TABLE texts (query VARCHAR, language VARCHAR, reason VARCHAR, "
+            "kinds VARCHAR[], key VARCHAR, normalized VARCHAR, form VARCHAR)"
+        )
+
+        def chunks() -> Iterable[list[str]]:
+            for start in range(1, total + 1, CHUNK):
+                yield [
+                    q
+                    for (q,) in self.con.execute(
+                        "SELECT query FROM queries WHERE rid BETWEEN ? AND ? ORDER BY rid",
+                        [start, start + CHUNK - 1],
+                    ).fetchall()
+                ]
+
+        bar = _progress(total, "text rules", progress)
+        schema = pa.schema(
+            [
+                ("query", pa.string()),
+                ("language", pa.string()),
+                ("reason", pa.string()),
+                ("kinds", pa.list_(pa.string())),
+                ("key", pa.string()),
+                ("normalized", pa.string()),
+                ("form", pa.string()),
+            ]
+        )
+        for verdicts in judge_all(chunks(), language):
+            judged = pa.Table.from_pylist([v._asdict() for v in verdicts], schema=schema)
+            self._insert_arrow("texts", judged, list(schema.names))
+            if bar is not None:
+                bar.update(len(verdicts))
+        if bar is not None:
+            bar.close()
+        con.execute("DROP TABLE queries")
+        where = "" if language is None else f"WHERE language = '{_sql_literal(language)}'"
+        con.execute(f"CREATE TEMP VIEW judged AS SELECT * FROM texts {where}")
+
+    def _classify(self, config: MiningConfig, counts: WindowCounts) -> None:
+        """Rules 1-4 per row: counted by reason; the rows that count, capped, into ``kept``."""
+        con = self.con
+        con.execute(
+            """
+            CREATE TEMP TABLE classified AS
+            SELECT r.seq, r.ts, r.user, r.network, t.key, t.form, t.kinds,
+                CASE
+                    WHEN r.tier = 'miss' THEN 'edge_miss'
+                    WHEN coalesce(nullif(r.status, 0), 200) >= 400
+                        OR r.tier IN ('rejected', 'error') THEN 'failed_request'
+                    WHEN coalesce(nullif(r.turns, 0), 1) > 1 THEN 'multi_turn'
+                    ELSE t.reason
+                END AS reason
+            FROM rows r JOIN judged t USING (query)
+            """
+        )
+        counts.rows = self._count("SELECT count(*) FROM classified")
+        for reason, n in con.execute(
+            "SELECT reason, count(*) FROM classified WHERE reason IS NOT NULL GROUP BY reason"
+        ).fetchall():
+            _bump(counts.excluded_rows, reason, int(n))
+        for reason, kind, n in con.execute(
+            "SELECT reason, kind, count(*) FROM (SELECT reason, unnest(kinds) AS kind "
+            "FROM classified WHERE reason IN ('pii', 'time_sensitive')) GROUP BY reason, kind"
+        ).fetchall():
+            by_kind = counts.pii_by_kind if reason == "pii" else counts.time_sensitive_by_kind
+            _bump(by_kind, kind, int(n))
+        # rule 4: each identity's (network's) first rows in log order count, the rest do not;
+        # a row counts toward both caps whichever it passes (an empty network toward none)
+        con.execute(
+            f"""
+            CREATE TEMP TABLE kept AS
+            SELECT ts, user, network, key, form FROM (
+                SELECT *,
+                    row_number() OVER (PARTITION BY user ORDER BY seq) AS user_rows,
+                    CASE WHEN coalesce(network, '') <> '' THEN
+                        row_number() OVER (PARTITION BY network ORDER BY seq) END AS network_rows
+                FROM classified WHERE reason IS NULL
+            )
+            WHERE user_rows <= {int(config.max_rows_per_user)}
+                AND coalesce(network_rows, 0) <= {int(config.max_rows_per_network)}
+            """
+        )
+        usable = self._count("SELECT count(*) FROM classified WHERE reason IS NULL")
+        over = usable - self._count("SELECT count(*) FROM kept")
+        if over:
+            _bump(counts.excluded_rows, "over_user_share", over)
+        con.execute("DROP TABLE classified")
+
+    def _carry(
+        self, carried: Sequence[Phrasing], config: MiningConfig, now: datetime, counts: WindowCounts
+    ) -> None:
+        """The parent run's wordings (``mining.carry``'s rules) into tables ``carried``,
+        ``carried_users`` and ``carried_networks``: each young enough ask, to be merged per user
+        and per network with the logged ones."""
+        import pyarrow as pa
+
+        floor = math.pow(0.5, config.carry_half_lives)
+        phrasings: dict[str, list[Any]] = {"key": [], "normalized": [], "question": []}
+        users: dict[str, list[Any]] = {"key": [], "user": [], "ts": []}
+        networks: dict[str, list[Any]] = {"key": [], "network": [], "ts": []}
+
+        def young(times: Mapping[str, datetime]) -> dict[str, datetime]:
+            return {
+                name: ts
+                for name, ts in times.items()
+                if recency_weight(ts, now, config.half_life_days) >= floor
+            }
+
+        for old in carried if config.carry_half_lives > 0 else ():
+            problem = text_problem(old.question)  # today's rules, which may be stricter
+            if problem:
+                _bump(counts.excluded_phrasings, problem[0])
+                continue
+            young_users = young(old.latest_by_user)
+            counts.expired_users += len(old.latest_by_user) - len(young_users)
+            if not young_users:
+                continue
+            counts.carried_phrasings += 1
+            for name, value in (("key", old.key), ("normalized", old.normalized)):
+                phrasings[name].append(value)
+            phrasings["question"].append(old.question)
+            for user, ts in young_users.items():
+                users["key"].append(old.key)
+                users["user"].append(user)
+                users["ts"].append(_us(ts))
+            for network, ts in young(old.latest_by_network).items():
+                networks["key"].append(old.key)
+                networks["network"].append(network)
+                networks["ts"].append(_us(ts))
+        string, integer = pa.string(), pa.int64()
+        tables = {
+            "carried": pa.table(phrasings, pa.schema([(n, string) for n in phrasings])),
+            "carried_users": pa.table(
+                users, pa.schema([("key", string), ("user", string), ("ts", integer)])
+            ),
+            "carried_networks": pa.table(
+                networks, pa.schema([("key", string), ("network", string), ("ts", integer)])
+            ),
+        }
+        for name, table in tables.items():
+            self.con.register(f"{name}_arrow", table)
+            self.con.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM {name}_arrow")
+            self.con.unregister(f"{name}_arrow")
+        counts.carried_users = self._count(
+            "SELECT count(*) FROM (SELECT DISTINCT key, user FROM carried_users) c "
+            "WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.key = c.key AND k.user = c.user)"
+        )
+
+    def _reduce(self, config: MiningConfig, now: datetime) -> pa.Table:
+        """One row per wording: ``WORDINGS``' columns, in clustering's order. Step by step into
+        temporary tables: each step one operator DuckDB can spill (grouping, window, join)."""
+        con = self.con
+        kept_askers = int(config.kept_askers)
+        decay = (
+            f"pow(0.5, greatest({_us(now)} - ts, 0) / ({_US_PER_DAY} * {config.half_life_days!r}))"
+        )
+        sources = {
+            "user": "SELECT key, user, ts FROM kept",
+            # a row without a network counts its user as its network (logs from before them)
+            "network": "SELECT key, CASE WHEN coalesce(network, '') = '' THEN 'user:' || user "
+            "ELSE network END AS network, ts FROM kept",
+        }
+        for who, source in sources.items():
+            # each identity's latest ask of each wording, logged or carried, ranked latest first
+            con.execute(
+                f"""
+                CREATE TEMP TABLE {who}_ranked AS
+                SELECT key, {who}, ts,
+                    row_number() OVER (PARTITION BY key ORDER BY ts DESC, {who}) AS rank
+                FROM (
+                    SELECT key, {who}, max(ts) AS ts
+                    FROM ({source} UNION ALL SELECT key, {who}, ts FROM carried_{who}s)
+                    GROUP BY key, {who}
+                )
+                """
+            )
+            con.execute(
+                f"""
+                CREATE TEMP TABLE by_{who} AS
+                SELECT key, count(*) AS {who}_count,
+                    list(struct_pack(name := {who}, ts := ts))
+                        FILTER (WHERE rank <= {kept_askers}) AS {who}s,
+                    coalesce(sum({decay}) FILTER (WHERE rank > {kept_askers}), 0)
+                        AS more_{who}_weight
+                FROM {who}_ranked GROUP BY key
+                """
+            )
+            con.execute(f"DROP TABLE {who}_ranked")
+        # asks per wording, and its most common raw form (ties: the first by text)
+        con.execute(
+            """
+            CREATE TEMP TABLE by_form AS
+            SELECT key, hits, form AS question FROM (
+                SELECT key, form, sum(n) OVER (PARTITION BY key) AS hits,
+                    row_number() OVER (PARTITION BY key ORDER BY n DESC, form) AS rank
+                FROM (SELECT key, form, count(*) AS n FROM kept GROUP BY key, form)
+            )
+            WHERE rank = 1
+            """
+        )
+        return con.sql(
+            """
+            WITH normalized AS (SELECT DISTINCT key, normalized FROM judged WHERE key IS NOT NULL)
+            SELECT u.key,
+                coalesce(t.normalized, c.normalized) AS normalized,
+                coalesce(f.question, c.question) AS question,
+                coalesce(f.hits, 0)::BIGINT AS hits,
+                u.user_count, u.users, u.more_user_weight,
+                coalesce(n.network_count, 0) AS network_count,
+                coalesce(n.networks, []) AS networks,
+                CASE WHEN coalesce(n.network_count, 0) = 0 THEN u.user_count
+                    ELSE least(u.user_count, n.network_count) END AS askers
+            FROM by_user u
+            LEFT JOIN by_network n USING (key)
+            LEFT JOIN by_form f USING (key)
+            LEFT JOIN normalized t USING (key)
+            LEFT JOIN carried c USING (key)
+            ORDER BY askers DESC, hits DESC, key
+            """
+        ).to_arrow_table()
+
+
+def recency_weight(ts: datetime, now: datetime, half_life_days: float) -> float:
+    """What an ask counts for ``now``: ``0.5 ** (age / half_life)``, 1 for one not in the past."""
+    return math.pow(0.5, max((now - ts).total_seconds(), 0.0) / 86400 / half_life_days)
+
+
+def _us(ts: datetime) -> int:
+    """Microseconds since the epoch (UTC), exactly."""
+    delta = as_utc(ts) - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def from_us(value: int) -> datetime:
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=value)
+
+
+def _sql_literal(text: str) -> str:
+    return text.replace("'", "''")
+
+
+def _progress(total: int, what: str, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=what, unit="text", leave=False)
