@@ -24,13 +24,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import io
+import itertools
 import logging
 import re
 import signal
 import threading
 import uuid
 import weakref
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -400,36 +401,66 @@ def read_log_tables(
     """The valid rows of the partitions ``since``..``until`` (inclusive), one Arrow table per
     file (in ``schema()``), in log order: days, then files as listed, then rows. A file whose
     columns have the expected types is checked column-wise; one with odd types row by row."""
+    stats = stats if stats is not None else LogReadStats()
+    paths = (
+        path
+        for day in days(since, until)
+        for path in store.list(partition_path(day))
+        if path.endswith(".parquet")
+    )
+    for path, table in _fetched(store, paths):
+        stats.files += 1
+        if isinstance(table, Exception):  # not Parquet, truncated, unreadable
+            log.warning("skipping unreadable log file %s: %s", path, table)
+            stats.bad_files += 1
+            continue
+        stats.rows += len(table)
+        typed = _typed(table)
+        if typed is None:  # odd column types: judged row by row
+            valid = []
+            for row in _rows_of(table):
+                bad = _valid(row)
+                if bad is None:
+                    valid.append(row)
+                else:
+                    _malformed(stats, bad)
+            yield _table_of(valid)
+            continue
+        bad = _bad_fields(typed)
+        for name, n in _count_values(bad).items():
+            _malformed(stats, name, n)
+        yield typed.filter(_is_null(bad))
+
+
+FETCH_WORKERS = 4  # log files fetched and parsed ahead (an object store's latency, hidden)
+
+
+def _fetched(
+    store: Store, paths: Iterable[str], workers: int = FETCH_WORKERS
+) -> Iterator[tuple[str, pa.Table | Exception]]:
+    """Each path with its file parsed as Parquet (or why it could not be), in order; a few
+    files fetched ahead at once, never more than ``2 × workers`` held."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     from edge_index.store import parquet_table
 
-    stats = stats if stats is not None else LogReadStats()
-    for day in days(since, until):
-        for path in store.list(partition_path(day)):
-            if not path.endswith(".parquet"):
-                continue
-            stats.files += 1
+    def read(path: str) -> pa.Table:
+        return parquet_table(store.get(path))
+
+    pending: deque[tuple[str, Future[pa.Table]]] = deque()
+    queue = iter(paths)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for path in itertools.islice(queue, 2 * workers):
+            pending.append((path, pool.submit(read, path)))
+        while pending:
+            path, future = pending.popleft()
+            following = next(queue, None)
+            if following is not None:
+                pending.append((following, pool.submit(read, following)))
             try:
-                table = parquet_table(store.get(path))
-            except Exception as error:  # not Parquet, truncated, unreadable
-                log.warning("skipping unreadable log file %s: %s", path, error)
-                stats.bad_files += 1
-                continue
-            stats.rows += len(table)
-            typed = _typed(table)
-            if typed is None:  # odd column types: judged row by row
-                valid = []
-                for row in _rows_of(table):
-                    bad = _valid(row)
-                    if bad is None:
-                        valid.append(row)
-                    else:
-                        _malformed(stats, bad)
-                yield _table_of(valid)
-                continue
-            bad = _bad_fields(typed)
-            for name, n in _count_values(bad).items():
-                _malformed(stats, name, n)
-            yield typed.filter(_is_null(bad))
+                yield path, future.result()
+            except Exception as error:
+                yield path, error
 
 
 def _malformed(stats: LogReadStats, name: str, n: int = 1) -> None:

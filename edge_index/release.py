@@ -386,6 +386,41 @@ def verified_manifest(
     return manifest, manifest_sha
 
 
+OBJECT_WORKERS = 16  # answer objects fetched at once when a release is checked whole
+
+
+def _check_objects(store: Store, prefix: str, rows: pa.Table, root: str) -> None:
+    """Fetch every answer object of ``rows`` (``OBJECT_WORKERS`` at a time: a release of a
+    million objects is a million round trips) and check it against its row's sha256 and the
+    answers root; ``ReleaseError`` names the first bad one in row order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def problem(item: tuple[str, str]) -> str | None:
+        key, digest = item
+        path = f"{prefix}/{object_path(key)}"
+        try:
+            data = store.get(path, max_bytes=MAX_ANSWER_OBJECT_BYTES)
+        except ObjectNotFoundError:
+            return f"{path} is missing"
+        except ObjectTooLargeError:
+            return f"{path} is over {MAX_ANSWER_OBJECT_BYTES} bytes"
+        if sha256_hex(data) != digest:
+            return f"{path} does not match its row's object_sha256"
+        if not proves(json.loads(data), root):
+            return f"{path}: its proof does not lead to the answers root"
+        return None
+
+    items = list(
+        zip(rows.column("key").to_pylist(), rows.column("object_sha256").to_pylist(), strict=True)
+    )
+    with ThreadPoolExecutor(max_workers=OBJECT_WORKERS) as pool:
+        for start in range(0, len(items), 64 * OBJECT_WORKERS):  # a bounded number in flight
+            batch = items[start : start + 64 * OBJECT_WORKERS]
+            for found in pool.map(problem, batch):  # in order; a store error is raised as is
+                if found is not None:
+                    raise ReleaseError(found)
+
+
 def load_release(
     store: Store,
     profile: str,
@@ -424,21 +459,6 @@ def load_release(
             raise ReleaseError(f"{prefix}: shard {entry['id']} index and rows disagree")
         shards.append(Shard(index, rows))
         if check_objects:
-            for key, digest in zip(
-                rows.column("key").to_pylist(),
-                rows.column("object_sha256").to_pylist(),
-                strict=True,
-            ):
-                path = f"{prefix}/{object_path(key)}"
-                try:
-                    data = store.get(path, max_bytes=MAX_ANSWER_OBJECT_BYTES)
-                except ObjectNotFoundError:
-                    raise ReleaseError(f"{path} is missing") from None
-                except ObjectTooLargeError:
-                    raise ReleaseError(f"{path} is over {MAX_ANSWER_OBJECT_BYTES} bytes") from None
-                if sha256_hex(data) != digest:
-                    raise ReleaseError(f"{path} does not match its row's object_sha256")
-                if not proves(json.loads(data), root):
-                    raise ReleaseError(f"{path}: its proof does not lead to the answers root")
+            _check_objects(store, prefix, rows, root)
     embedder_files = {entry["path"]: _checked(store, prefix, entry) for entry in embedder_entries}
     return LoadedRelease(manifest, manifest_sha, shards, embedder_files)

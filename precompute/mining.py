@@ -38,14 +38,20 @@ by reason:
 Each cluster that reached k has a row in ``MiningReport.cluster_rows`` (``HotQuestion.
 report_row``): its askers, the wordings published, those held back (by key) and why.
 
-Carried evidence (``carry``): answers served from the CDN are never logged, so a published
-question would drop below ``k`` the night after and come back the night after that. Before rule 5,
-the wordings of the clusters the parent release's run mined, published or held back (its private
+Carried evidence: answers served from the CDN are never logged, so a published question would
+drop below ``k`` the night after and come back the night after that. Before rule 5, the wordings
+of the clusters the parent release's run mined, published or held back (its private
 ``hot.json``: hashed users and networks with the time of their latest ask) are merged in, per
 user and per network, keeping the latest time; an ask older than ``carry_half_lives`` half-lives
 (weight ``0.5 ** carry_half_lives``, 1/16: 28 days at the default 7-day half-life) is dropped,
 so a cluster nobody asks for fades out. The text rules (3-4) are applied to carried phrasings
 again; rules 5-8 apply to them as to logged ones.
+
+What runs where: rules 1-4 and the carried evidence's merge run in DuckDB over the window's rows
+(``logwindow.py``: no list of rows in Python), the text rules once per distinct text
+(``textrules.py``); rule 5 embeds and searches in batches (``clustering.py``); rules 6-8 run here,
+on the clusters only, and a cluster whose wordings' askers add up to fewer than k is dropped
+before any of its wordings becomes a ``Phrasing``. ``MiningReport.seconds`` times each step.
 """
 
 from __future__ import annotations
