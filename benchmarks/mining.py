@@ -42,8 +42,9 @@ from edge_index.embedder import load_embedder
 from edge_index.guard import content_tokens
 from edge_index.keys import key
 from precompute.config import MiningConfig
-from precompute.mining import mine, text_problem
+from precompute.mining import mine
 from precompute.samplelogs import INTENTS
+from precompute.textrules import text_problem
 
 NOW = datetime(2026, 11, 29, tzinfo=UTC)
 ASIDES = (", I am Anna Kowalczyk", " - Jan Nowak here", " for my son Piotr")

@@ -162,8 +162,9 @@ def child_mine(args: dict[str, Any]) -> dict[str, Any]:
 
 def child_aggregate(args: dict[str, Any]) -> dict[str, Any]:
     """The log window alone: aggregation and text rules, no embedding."""
-    from edge_index.logs import LogReadStats, read_log_tables
+    from edge_index.logreader import LogReadStats, read_log_tables
     from edge_index.store import open_store
+    from precompute.carry import carry
     from precompute.config import MiningConfig
     from precompute.logwindow import LogWindow
 
@@ -173,7 +174,9 @@ def child_aggregate(args: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     with LogWindow(config.memory_mb) as window:
         window.add(read_log_tables(open_store(params.logs_uri), params.since, params.until, stats))
-        table, counts = window.wordings(config, params.now, (), params.language)
+        table, counts = window.wordings(
+            config, params.now, carry((), config, params.now).tables, params.language
+        )
     return {
         "stage_s": round(time.perf_counter() - started, 2),
         "peak_rss_mb": _peak_rss_mb(),
@@ -380,8 +383,16 @@ def child_write_edge_release(args: dict[str, Any]) -> dict[str, Any]:
             },
         )
         written = time.perf_counter() - began
-        publish(FileStore(store_dir), Path(tmp), keep=2)
-    return {"rows": m, "write_s": round(written, 2), "peak_rss_mb": _peak_rss_mb()}
+        began = time.perf_counter()
+        report = publish(FileStore(store_dir), Path(tmp), keep=2)
+    return {
+        "rows": m,
+        "write_s": round(written, 2),
+        "publish_file_s": round(time.perf_counter() - began, 2),
+        "files": report.files,
+        "bytes": report.bytes,
+        "peak_rss_mb": _peak_rss_mb(),
+    }
 
 
 def child_load_edge_release(args: dict[str, Any]) -> dict[str, Any]:
@@ -414,15 +425,19 @@ CHILDREN = {
 
 
 def run_child(task: str, args: dict[str, Any]) -> dict[str, Any]:
-    """``task`` in a fresh process: its own peak RSS, nothing shared with the last one."""
+    """``task`` in a fresh process: its own peak RSS, nothing shared with the last one. A
+    failed task is reported (``error``: its last lines), and the run goes on."""
     began = time.perf_counter()
     done = subprocess.run(
         [sys.executable, __file__, "--child", task, "--child-args", json.dumps(args)],
-        stdout=subprocess.PIPE,
+        capture_output=True,
         text=True,
-        check=True,
         cwd=ROOT,
+        check=False,
     )
+    sys.stderr.write(done.stderr)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-3:], "task": task}
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     result["wall_s"] = round(time.perf_counter() - began, 2)
     return result
@@ -446,6 +461,9 @@ def mine_sizes(sizes: list[int], work: Path, seed: int, exact_at: int | None) ->
             result = run_child(
                 "mine", {"logs": str(logs), "out": out, "exact": False, "calibrate": True}
             )
+            if "error" in result:
+                results[str(rows)] = result
+                continue
             approx = {tuple(c) for c in json.loads((Path(out) / "qualifying.json").read_text())}
         mining = result["mining"]
         seconds = mining["seconds"]
@@ -512,29 +530,42 @@ def main() -> None:
             "days": DAYS,
         }
     }
+    partial = work / "partial.json"  # what is done so far, should a later part fail or hang
+
+    def done(part: str, value: Any) -> None:
+        out[part] = value
+        partial.write_text(json.dumps(out))
+
     if "mine" not in skip:
-        out["mine"] = mine_sizes(sizes, work, args.seed, sizes[0] if sizes else None)
-        if len(sizes) >= 2:
-            first, last = out["mine"][str(sizes[0])], out["mine"][str(sizes[-1])]
-            out["growth"] = {
-                "s_per_row_ratio": round(last["s_per_row_us"] / first["s_per_row_us"], 3),
-                "peak_rss_delta_mb": round(last["peak_rss_mb"] - first["peak_rss_mb"], 1),
-            }
+        mined = mine_sizes(sizes, work, args.seed, sizes[0] if sizes else None)
+        done("mine", mined)
+        ends = [mined[str(size)] for size in (sizes[0], sizes[-1])] if len(sizes) >= 2 else []
+        if ends and all("error" not in end for end in ends):
+            done(
+                "growth",
+                {
+                    "s_per_row_ratio": round(ends[1]["s_per_row_us"] / ends[0]["s_per_row_us"], 3),
+                    "peak_rss_delta_mb": round(ends[1]["peak_rss_mb"] - ends[0]["peak_rss_mb"], 1),
+                },
+            )
         if args.full:
             logs = logs_for(work, 10_000_000, args.seed)
-            out["mine"]["10000000"] = {
-                "aggregate_only": run_child("aggregate", {"logs": str(logs)})
-            }
+            mined["10000000"] = {"aggregate_only": run_child("aggregate", {"logs": str(logs)})}
+            done("mine", mined)
     if "release" not in skip and args.release:
         with tempfile.TemporaryDirectory(dir=work) as tmp:
-            out["release"] = run_child("release", {"work": tmp, "n": args.release})
+            done("release", run_child("release", {"work": tmp, "n": args.release}))
     if "edge_load" not in skip and args.edge_rows:
         with tempfile.TemporaryDirectory(dir=work) as tmp:
             store = Path(tmp) / "store"
             store.mkdir()
             written = run_child("write_edge_release", {"rows": args.edge_rows, "store": str(store)})
-            loaded = run_child("load_edge_release", {"store": str(store)})
-            out["edge_load"] = {"write": written, "load": loaded}
+            loaded = (
+                run_child("load_edge_release", {"store": str(store)})
+                if "error" not in written
+                else {}
+            )
+            done("edge_load", {"write": written, "load": loaded})
     print(json.dumps(out))
 
 

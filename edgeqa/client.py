@@ -17,9 +17,9 @@ from typing import Any
 
 import httpx
 
+from edge_index.answer_objects import answer_object_problem
 from edge_index.keys import key
 from edge_index.languages import language_of
-from edge_index.release import answer_object_problem
 from edge_index.signing import signed_root
 
 

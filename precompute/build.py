@@ -2,7 +2,8 @@
 
 One row per published phrasing (every phrasing of a cluster is indexed under the cluster's
 answer, so each has its own exact-tier object and its own vector). Embeddings are computed in
-batches; rows are cut into shards of ``shard_rows`` and each shard gets its own FAISS index
+batches; rows are cut into shards of ``shard_rows`` (fewer when a shard's index would near the
+1 GiB readers accept: ``shard_rows_for``) and each shard gets its own FAISS index
 (``factory``: ``auto`` picks HNSW32 with efConstruction >= 200 below ``ivf_rows`` rows, and above
 an IVF index trained on a sample of 64 points per list; any FAISS factory string works). IVF
 training runs on a GPU through faiss-gpu when one is present. The semantic tier's decision is
@@ -24,22 +25,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edge_index.answer_objects import answer_fields, answer_object, canonical_json
 from edge_index.answers import CHECKS, answer_problem
 from edge_index.guard import Guard
-from edge_index.matcher import Calibration, Decision, Queries, calibrate
 from edge_index.proofs import leaf, tree
 from edge_index.query_encoder import encode_many
 from edge_index.release import (
     FORMAT,
-    answer_fields,
-    answer_object,
-    canonical_json,
+    MAX_SHARD_FILE_BYTES,
     object_path,
     row_schema,
     serialize_index,
     sha256_hex,
     shard_paths,
 )
+from precompute.calibration import HeldBack, calibrate_rows, semantic_decision
 from precompute.config import BuildConfig
 
 if TYPE_CHECKING:
@@ -68,6 +68,14 @@ def factory_for(config: BuildConfig, rows: int) -> str:
     if rows >= config.ivf_rows:
         return f"IVF{min(max(int(4 * math.sqrt(rows)), 256), 4096)},Flat"
     return "HNSW32,Flat"
+
+
+def shard_rows_for(config: BuildConfig, dim: int) -> int:
+    """Rows per shard: ``shard_rows``, and few enough that a shard's index stays well under
+    what readers accept (``MAX_SHARD_FILE_BYTES``: a 384-d float vector and its graph links are
+    ~2 KB, so ~470,000 rows a shard)."""
+    per_row = 4 * max(dim, 1) + 512  # the vector, and an HNSW node's links (M=32) or IVF ids
+    return max(1, min(config.shard_rows, int(0.9 * MAX_SHARD_FILE_BYTES) // per_row))
 
 
 def _jitter(key: str) -> float:
@@ -106,86 +114,6 @@ def _train(index: faiss.Index, vectors: np.ndarray) -> faiss.Index:
         return faiss.index_gpu_to_cpu(gpu)
     index.train(vectors)
     return index
-
-
-def calibrate_rows(
-    rows: list[dict[str, Any]],
-    vectors: np.ndarray,
-    config: BuildConfig,
-    held_back: HeldBack | None = None,
-) -> Calibration:
-    """The semantic tier's decision, calibrated leave-one-out on the release's own phrasings
-    (label = the answer's cluster) and on the held-back wordings of its clusters (``held_back``:
-    real paraphrases of the questions it answers, looked up against the published phrasings;
-    they stay in the work area, only the decision is published); a deterministic sample of each
-    when there are very many."""
-    import random
-
-    chosen = list(range(len(rows)))
-    if len(chosen) > config.calibration_rows:
-        chosen = sorted(random.Random(0).sample(chosen, config.calibration_rows))
-    queries = None
-    if held_back is not None and len(held_back.labels):
-        picked = list(range(len(held_back.labels)))
-        if len(picked) > config.calibration_rows:
-            picked = sorted(random.Random(1).sample(picked, config.calibration_rows))
-        queries = Queries(
-            held_back.vectors[picked],
-            [held_back.labels[i] for i in picked],
-            [held_back.texts[i] for i in picked],
-        )
-    return calibrate(
-        vectors[chosen],
-        [rows[i]["cluster"] for i in chosen],
-        [rows[i]["question"] for i in chosen],
-        Guard(),
-        target_precision=config.target_precision,
-        out_of_scope_share=config.out_of_scope_share,
-        fallback=Decision(
-            threshold=0.9 if config.threshold is None else config.threshold,
-            margin=0.05 if config.margin is None else config.margin,
-        ),
-        queries=queries,
-    )
-
-
-@dataclass
-class HeldBack:
-    """The held-back wordings of a release's clusters, for calibration only: their clusters
-    (``labels``), raw texts and vectors, row for row."""
-
-    labels: list[str]
-    texts: list[str]
-    vectors: np.ndarray
-
-    @classmethod
-    def of(cls, hot: list[HotQuestion], built: set[str], embedder: SentenceTransformer) -> HeldBack:
-        """The held-back wordings of the clusters in ``built`` (keys), embedded."""
-        from edge_index.query_encoder import encode_many
-
-        wordings = [(h.key, p) for h in hot if h.key in built for p in h.held_back]
-        vectors = encode_many(embedder, [p.normalized for _, p in wordings])
-        return cls([k for k, _ in wordings], [p.question for _, p in wordings], vectors)
-
-
-def semantic_decision(calibration: Calibration, config: BuildConfig) -> dict[str, Any]:
-    """The manifest's ``threshold``: the calibrated decision, and whether the semantic tier
-    serves (``semantic``) — never on a decision that calibration could not show to reach the
-    target precision, unless the build was told to (``semantic_uncalibrated``); the reason when
-    it is off."""
-    threshold = calibration.as_manifest()
-    on = calibration.calibrated or config.semantic_uncalibrated
-    threshold["semantic"] = on
-    threshold["semantic_off_reason"] = None
-    if not on:
-        threshold["semantic_off_reason"] = (
-            f"calibration could not show precision {config.target_precision} on "
-            f"{calibration.samples} lookups ({calibration.held_back_samples} of held-back "
-            f"wordings; leave-one-out precision "
-            f"{calibration.precision:.4f}, lower bound {calibration.precision_lower_bound:.4f}): "
-            "exact tier only"
-        )
-    return threshold
 
 
 def _copy_embedder(folder: Path, staging: Path) -> list[dict[str, Any]]:
@@ -262,10 +190,11 @@ def write_release_files(
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
     shards = []
-    for shard, start in enumerate(range(0, len(rows), config.shard_rows)):
-        chunk = rows[start : start + config.shard_rows]
+    per_shard = shard_rows_for(config, vectors.shape[1] if vectors.ndim == 2 else 0)
+    for shard, start in enumerate(range(0, len(rows), per_shard)):
+        chunk = rows[start : start + per_shard]
         index = build_index(
-            vectors[start : start + config.shard_rows], factory_for(config, len(chunk)), config
+            vectors[start : start + per_shard], factory_for(config, len(chunk)), config
         )
         index_path, rows_path = shard_paths(shard)
         index_bytes = serialize_index(index)
@@ -423,7 +352,10 @@ def write_release(
         "embedder": embedder,
         "metric": "inner_product",
         "index": {
-            "factory": factory_for(config, len(rows)),
+            # the largest shard's (every shard but the last is that large)
+            "factory": factory_for(
+                config, min(len(rows), shard_rows_for(config, vectors.shape[1]))
+            ),
             "ef_construction": config.ef_construction,
             "ef_search": config.ef_search,
             "nprobe": config.nprobe,

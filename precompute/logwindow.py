@@ -21,38 +21,37 @@ its kept set alone already holds k distinct askers, and so does the union, whate
 Counts and scores add the askers beyond the kept ones (exact per wording; over a cluster, someone
 typing two wordings that both overflow counts twice).
 
-Arrow tables in, an Arrow table out (``WORDINGS``' columns), sorted the way clustering takes them:
-most askers first, then most asks, then key.
+Arrow tables in, an Arrow table out (``LogWindow.wordings``), one row per wording sorted the way
+clustering takes them: most askers first, then most asks, then key.
 """
 
 from __future__ import annotations
 
 import logging
-import math
+import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge_index.logs import as_utc
+from precompute.asks import to_us
 from precompute.config import MiningConfig
-from precompute.textrules import CHUNK, judge_all, text_problem
+from precompute.textrules import CHUNK, judge_all
 
 if TYPE_CHECKING:
     import duckdb
     import pyarrow as pa
-
-    from precompute.questions import Phrasing
 
 log = logging.getLogger(__name__)
 
 # the rows mining reads: any other column of the logs is not loaded
 ROW_COLUMNS = ("ts", "user", "network", "query", "turns", "tier", "status")
 ROWS_PER_INSERT = 50_000  # dict rows are batched into Arrow tables of this many
+MB_PER_THREAD = 128  # DuckDB's memory per thread it runs
 _US_PER_DAY = 86_400_000_000
 
 
@@ -76,16 +75,13 @@ def _rows_schema() -> pa.Schema:
 @dataclass
 class WindowCounts:
     """What the window's reduction counted: the rows of the language mined, exclusions by reason
-    (per row) and kind, and the carried evidence's figures (``mining.MiningReport`` fields)."""
+    (per row) and kind, the asks carried in (``mining.MiningReport`` fields)."""
 
     rows: int = 0
     excluded_rows: dict[str, int] = field(default_factory=dict)
     pii_by_kind: dict[str, int] = field(default_factory=dict)
     time_sensitive_by_kind: dict[str, int] = field(default_factory=dict)
-    excluded_phrasings: dict[str, int] = field(default_factory=dict)
-    carried_phrasings: int = 0
-    carried_users: int = 0
-    expired_users: int = 0
+    carried_users: int = 0  # (wording, user) asks the carried evidence added to the logs'
     distinct_texts: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -102,10 +98,14 @@ class LogWindow:
         import duckdb
 
         self._folder = Path(tempfile.mkdtemp(prefix="edgeqa-mining-", dir=temp_dir))  # 0700
+        # each thread needs buffers of its own: a small budget runs on fewer threads rather
+        # than fail (at 64 MB two threads ran out of memory where one spills)
+        threads = max(1, min(os.cpu_count() or 1, memory_mb // MB_PER_THREAD))
         self.con: duckdb.DuckDBPyConnection = duckdb.connect(
             str(self._folder / "window.duckdb"),
             config={
                 "memory_limit": f"{memory_mb}MB",
+                "threads": threads,
                 "temp_directory": str(self._folder / "spill"),
                 "preserve_insertion_order": False,
                 # nothing is downloaded at run time: no extension may be fetched or loaded
@@ -164,7 +164,7 @@ class LogWindow:
         rows, self._pending = self._pending, []
         columns: dict[str, list[Any]] = {name: [] for name in ROW_COLUMNS}
         for row in rows:
-            columns["ts"].append(_us(row["ts"]))
+            columns["ts"].append(to_us(row["ts"]))
             columns["user"].append(str(row["user"]))
             network = row.get("network")
             columns["network"].append(None if network is None else str(network))
@@ -224,12 +224,17 @@ class LogWindow:
         self,
         config: MiningConfig,
         now: datetime,
-        carried: Sequence[Phrasing] = (),
+        carried: Mapping[str, pa.Table],
         language: str | None = None,
         progress: bool = False,
     ) -> tuple[pa.Table, WindowCounts]:
-        """The window's wordings (one row per key: ``WORDINGS``' columns, in clustering's order)
-        and what was counted. ``language``: only this language's rows count (None: all)."""
+        """The window's wordings (one row per key, in clustering's order: ``key``,
+        ``normalized``, ``question`` (the most common raw form), ``hits``, ``user_count``,
+        ``users`` (the kept ones: a list of {name, ts}, ts in µs since the epoch),
+        ``more_user_weight`` (the others' summed recency weight), ``network_count``,
+        ``networks``, ``askers``)
+        and what was counted. ``carried``: the parent run's evidence (``carry.py``);
+        ``language``: only this language's rows count (None: all)."""
         counts = WindowCounts()
         counts.seconds["aggregate"] = self.seconds_adding
         started = time.perf_counter()
@@ -237,7 +242,7 @@ class LogWindow:
         counts.seconds["rules"] = time.perf_counter() - started
         started = time.perf_counter()
         self._classify(config, counts)
-        self._carry(carried, config, now, counts)
+        self._carry(carried, counts)
         table = self._reduce(config, now)
         counts.seconds["aggregate"] += time.perf_counter() - started
         return table, counts
@@ -341,58 +346,10 @@ class LogWindow:
             _bump(counts.excluded_rows, "over_user_share", over)
         con.execute("DROP TABLE classified")
 
-    def _carry(
-        self, carried: Sequence[Phrasing], config: MiningConfig, now: datetime, counts: WindowCounts
-    ) -> None:
-        """The parent run's wordings (``mining.carry``'s rules) into tables ``carried``,
-        ``carried_users`` and ``carried_networks``: each young enough ask, to be merged per user
-        and per network with the logged ones."""
-        import pyarrow as pa
-
-        floor = math.pow(0.5, config.carry_half_lives)
-        phrasings: dict[str, list[Any]] = {"key": [], "normalized": [], "question": []}
-        users: dict[str, list[Any]] = {"key": [], "user": [], "ts": []}
-        networks: dict[str, list[Any]] = {"key": [], "network": [], "ts": []}
-
-        def young(times: Mapping[str, datetime]) -> dict[str, datetime]:
-            return {
-                name: ts
-                for name, ts in times.items()
-                if recency_weight(ts, now, config.half_life_days) >= floor
-            }
-
-        for old in carried if config.carry_half_lives > 0 else ():
-            problem = text_problem(old.question)  # today's rules, which may be stricter
-            if problem:
-                _bump(counts.excluded_phrasings, problem[0])
-                continue
-            young_users = young(old.latest_by_user)
-            counts.expired_users += len(old.latest_by_user) - len(young_users)
-            if not young_users:
-                continue
-            counts.carried_phrasings += 1
-            for name, value in (("key", old.key), ("normalized", old.normalized)):
-                phrasings[name].append(value)
-            phrasings["question"].append(old.question)
-            for user, ts in young_users.items():
-                users["key"].append(old.key)
-                users["user"].append(user)
-                users["ts"].append(_us(ts))
-            for network, ts in young(old.latest_by_network).items():
-                networks["key"].append(old.key)
-                networks["network"].append(network)
-                networks["ts"].append(_us(ts))
-        string, integer = pa.string(), pa.int64()
-        tables = {
-            "carried": pa.table(phrasings, pa.schema([(n, string) for n in phrasings])),
-            "carried_users": pa.table(
-                users, pa.schema([("key", string), ("user", string), ("ts", integer)])
-            ),
-            "carried_networks": pa.table(
-                networks, pa.schema([("key", string), ("network", string), ("ts", integer)])
-            ),
-        }
-        for name, table in tables.items():
+    def _carry(self, carried: Mapping[str, pa.Table], counts: WindowCounts) -> None:
+        """The carried evidence (``carry.carry``' tables ``carried``, ``carried_users`` and
+        ``carried_networks``) in, to be merged per user and per network with the logged asks."""
+        for name, table in carried.items():
             self.con.register(f"{name}_arrow", table)
             self.con.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM {name}_arrow")
             self.con.unregister(f"{name}_arrow")
@@ -402,13 +359,12 @@ class LogWindow:
         )
 
     def _reduce(self, config: MiningConfig, now: datetime) -> pa.Table:
-        """One row per wording: ``WORDINGS``' columns, in clustering's order. Step by step into
+        """One row per wording (``wordings``' columns), in clustering's order. Step by step into
         temporary tables: each step one operator DuckDB can spill (grouping, window, join)."""
         con = self.con
         kept_askers = int(config.kept_askers)
-        decay = (
-            f"pow(0.5, greatest({_us(now)} - ts, 0) / ({_US_PER_DAY} * {config.half_life_days!r}))"
-        )
+        half_life_us = _US_PER_DAY * config.half_life_days
+        decay = f"pow(0.5, greatest({to_us(now)} - ts, 0) / {half_life_us!r})"
         sources = {
             "user": "SELECT key, user, ts FROM kept",
             # a row without a network counts its user as its network (logs from before them)
@@ -473,21 +429,6 @@ class LogWindow:
             ORDER BY askers DESC, hits DESC, key
             """
         ).to_arrow_table()
-
-
-def recency_weight(ts: datetime, now: datetime, half_life_days: float) -> float:
-    """What an ask counts for ``now``: ``0.5 ** (age / half_life)``, 1 for one not in the past."""
-    return math.pow(0.5, max((now - ts).total_seconds(), 0.0) / 86400 / half_life_days)
-
-
-def _us(ts: datetime) -> int:
-    """Microseconds since the epoch (UTC), exactly."""
-    delta = as_utc(ts) - datetime(1970, 1, 1, tzinfo=UTC)
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def from_us(value: int) -> datetime:
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=value)
 
 
 def _sql_literal(text: str) -> str:

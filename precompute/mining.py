@@ -64,8 +64,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge_index.guard import content_tokens, numbers, remove_tokens
-from edge_index.keys import key, normalize
+from edge_index.guard import numbers
+from precompute.asks import from_us, recency_weight
+from precompute.carry import carry
 from precompute.clustering import (
     ClusterStats,
     embed,
@@ -74,22 +75,13 @@ from precompute.clustering import (
     sample_rows,
 )
 from precompute.config import MiningConfig
-from precompute.logwindow import LogWindow, WindowCounts, from_us, recency_weight
-from precompute.questions import HotQuestion, Phrasing, askers, askers_count, held_back_rows
-from precompute.textrules import text_problem
+from precompute.logwindow import LogWindow, WindowCounts
+from precompute.questions import HotQuestion, Phrasing, askers_count, held_back_rows
+from precompute.safetext import publishable
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from sentence_transformers import SentenceTransformer
-
-__all__ = [
-    "MiningReport",
-    "drop_clusters",
-    "mine",
-    "recency_weight",
-    "safe_question",
-    "text_problem",
-]
 
 # the steps whose seconds the report gives (``MiningReport.seconds``)
 STEPS = ("aggregate", "rules", "embed", "cluster", "k_and_text_rules", "rank")
@@ -138,10 +130,7 @@ class MiningReport:
             "excluded_rows",
             "pii_by_kind",
             "time_sensitive_by_kind",
-            "excluded_phrasings",
-            "carried_phrasings",
             "carried_users",
-            "expired_users",
             "distinct_texts",
         ):
             setattr(self, name, getattr(counts, name))
@@ -155,73 +144,6 @@ class MiningReport:
 
 def _exclude(counts: dict[str, int], reason: str, n: int = 1) -> None:
     counts[reason] = counts.get(reason, 0) + n
-
-
-@dataclass
-class Evidence:
-    """Who typed each content token (``edge_index.guard.content_tokens``) of a cluster's
-    wordings: the users and networks of every wording holding it, each counted once."""
-
-    tokens: dict[str, set[str]]  # wording key -> its content tokens
-    users: dict[str, set[str]]  # token -> users of the wordings holding it
-    networks: dict[str, set[str]]
-
-    @classmethod
-    def of(cls, members: Iterable[Phrasing]) -> Evidence:
-        evidence = cls({}, {}, {})
-        for member in members:
-            tokens = evidence.tokens[member.key] = content_tokens(member.question)
-            for token in tokens:
-                evidence.users.setdefault(token, set()).update(member.users)
-                evidence.networks.setdefault(token, set()).update(member.networks)
-        return evidence
-
-    def safe(self, k: int) -> set[str]:
-        """The tokens typed by at least ``k`` askers of the cluster."""
-        return {t for t, users in self.users.items() if askers(users, self.networks[t]) >= k}
-
-
-def safe_question(text: str, safe: set[str]) -> str | None:
-    """``text`` without its content tokens not in ``safe`` (``guard.remove_tokens``), when what
-    is left is made of ``safe`` tokens only, keeps at least half of ``text``'s content tokens
-    and all its numbers ("the limit for 100" never becomes "the limit for"), and passes the text
-    rules; else None."""
-    tokens = content_tokens(text)
-    question = remove_tokens(text, tokens - safe)
-    left = content_tokens(question)
-    if (
-        not tokens
-        or not left <= safe
-        or 2 * len(left & tokens) < len(tokens)
-        or numbers(question) != numbers(text)
-        or text_problem(question)
-    ):
-        return None
-    return question
-
-
-def _split(
-    members: list[Phrasing], k: int, taken: _KeySet
-) -> tuple[list[Phrasing], list[Phrasing], dict[str, int], bool]:
-    """What a cluster that reached k publishes: its k-safe wordings (every content token typed
-    by ``k`` of the cluster's askers), canonical first, or else a question built from k-safe
-    tokens, or else nothing (``no_k_safe_text``); the wordings held back, with how many rare
-    tokens each holds; and whether the canonical question was built.
-    ``taken``: keys in use, which a built question may not take."""
-    evidence = Evidence.of(members)
-    safe = evidence.safe(k)
-    published = [m for m in members if evidence.tokens[m.key] <= safe]
-    held_back = [m for m in members if not evidence.tokens[m.key] <= safe]
-    rare = {m.key: len(evidence.tokens[m.key] - safe) for m in held_back}
-    if published:
-        return published, held_back, rare, False
-    # the wording that loses the smallest share of its tokens; the most asked among equals
-    for member in sorted(members, key=lambda m: rare[m.key] / len(evidence.tokens[m.key])):
-        question = safe_question(member.question, safe)
-        if question is not None and key(question) not in taken:
-            built = Phrasing(key(question), normalize(question), question, set(), 0, {})
-            return [built], held_back, rare, True
-    return [], held_back, rare, False
 
 
 def mine(
@@ -244,10 +166,14 @@ def mine(
     config = config or MiningConfig()
     now = now or datetime.now(UTC)
     report = MiningReport()
+    evidence = carry(carried, config, now)
     with LogWindow(config.memory_mb) as window:
         window.add(rows)
-        table, counts = window.wordings(config, now, list(carried), language, progress)
+        table, counts = window.wordings(config, now, evidence.tables, language, progress)
     report.take(counts)
+    report.excluded_phrasings.update(evidence.excluded_phrasings)
+    report.carried_phrasings = evidence.carried_phrasings
+    report.expired_users = evidence.expired_users
     report.phrasings = len(table)
     if embedder is None and embedder_loader is not None and len(table) > 1:
         embedder = embedder_loader()
@@ -342,7 +268,7 @@ def _qualifying(
             below_k_rows += sum(w.hits for w in wordings)
             continue
         report.qualifying_clusters += 1
-        published, held_back, rare, synthesized = _split(wordings, config.k, taken)
+        published, held_back, rare, synthesized = publishable(wordings, config.k, taken)
         if not published:
             _exclude_wordings(report, wordings, "no_k_safe_text")
             report.cluster_rows.append(

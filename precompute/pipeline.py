@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from edge_index.errors import EdgeQAError
 from edge_index.languages import DEFAULT_LANGUAGE, LANGUAGES
-from edge_index.logs import LogReadStats, read_log_tables
+from edge_index.logreader import LogReadStats, read_log_tables
 from edge_index.release import (
     read_pointer,
 )

@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 from prometheus_client import generate_latest
 
-from edge_index.logs import LogReadStats, LogWriter, read_logs
+from edge_index.logreader import LogReadStats, read_logs
+from edge_index.logs import LogWriter
 from edge_index.store import FileStore, Store, open_store
 from edge_index.users import UserHasher, hash_user
 from tests.s3proxy import FaultyS3

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from edge_index.answer_objects import answer_object_problem
 from edge_index.proofs import leaf, object_leaf, proof_root, tree
-from edge_index.release import answer_object_problem
 from edge_index.signing import (
     KmsSigner,
     LocalSigner,

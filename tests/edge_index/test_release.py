@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 import edge_index.release as release
+from edge_index.answer_objects import answer_object_problem
 from edge_index.release import (
     ReleaseError,
-    answer_object_problem,
     load_release,
     pointer_path,
     read_manifest,

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from edge_index.logs import read_logs
+from edge_index.logreader import read_logs
 from edge_index.profiles import NoProfileError, resolve_profile
 from edge_index.release import release_prefix
 from edge_index.service import create_app

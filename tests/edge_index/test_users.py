@@ -13,7 +13,8 @@ import pytest
 from starlette.requests import Request
 
 from edge_index.config import ConfigError, EdgeSettings, parse_networks
-from edge_index.logs import LogWriter, read_logs
+from edge_index.logreader import read_logs
+from edge_index.logs import LogWriter
 from edge_index.service import create_app
 from edge_index.store import FileStore
 from edge_index.users import UserHasher, mint_user_token

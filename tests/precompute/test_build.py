@@ -125,3 +125,13 @@ def test_held_back_wordings_calibrate_a_release_that_publishes_one_wording_per_c
     for where in ("with", "without"):  # the held-back texts stay in the work area
         published = b"".join(p.read_bytes() for p in (tmp_path / where).rglob("*") if p.is_file())
         assert b"please help" not in published and b"quickly" not in published
+
+
+def test_a_shard_stays_under_what_readers_accept() -> None:
+    from edge_index.release import MAX_SHARD_FILE_BYTES
+    from precompute.build import shard_rows_for
+
+    rows = shard_rows_for(BuildConfig(), 384)
+    assert 400_000 < rows < 500_000  # a million phrasings go out in three shards
+    assert rows * 384 * 4 < MAX_SHARD_FILE_BYTES  # the vectors alone fit, with room for links
+    assert shard_rows_for(BuildConfig(shard_rows=1000), 384) == 1000

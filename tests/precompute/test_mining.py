@@ -15,8 +15,9 @@ from edge_index.guard import content_tokens
 from edge_index.keys import key
 from precompute.build import build_release
 from precompute.config import BuildConfig, MiningConfig
-from precompute.mining import drop_clusters, mine, safe_question
+from precompute.mining import drop_clusters, mine
 from precompute.questions import HotQuestion, Phrasing
+from precompute.safetext import safe_question
 from precompute.samplelogs import spread_askers
 from tests.anonymity import rare_tokens
 

@@ -1,6 +1,6 @@
 """Writes proofs.json: signed pointers and answer objects with Merkle proofs, and what a client
 must conclude from each (edge_index/signing.py signed_root and edge_index/release.py
-answer_object_problem; web/edgeqa.js signedRoot and answerObjectProblem).
+answer_objects.answer_object_problem; web/edgeqa.js signedRoot and answerObjectProblem).
 
 The hashes follow docs/release-format.md#browser-proofs and are computed here with hashlib and
 cryptography alone, so the file does not depend on the implementation it tests. The signing key

@@ -27,7 +27,8 @@ import openai
 import pytest
 
 from edge_index.answers import CACHE_SKIP_REASONS, uncacheable
-from edge_index.logs import LogWriter, read_logs
+from edge_index.logreader import read_logs
+from edge_index.logs import LogWriter
 from edge_index.store import FileStore
 from edge_index.users import mint_user_token
 from edge_index.watcher import ORIGIN_METRICS, Releases, ReleaseWatcher

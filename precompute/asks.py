@@ -1,0 +1,24 @@
+"""An ask's time: as the log window stores it (microseconds since the epoch, UTC) and what it
+weighs in the ranking and in carried evidence (its recency)."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+
+from edge_index.logs import as_utc
+
+
+def recency_weight(ts: datetime, now: datetime, half_life_days: float) -> float:
+    """What an ask counts for ``now``: ``0.5 ** (age / half_life)``, 1 for one not in the past."""
+    return math.pow(0.5, max((now - ts).total_seconds(), 0.0) / 86400 / half_life_days)
+
+
+def to_us(ts: datetime) -> int:
+    """Microseconds since the epoch (UTC), exactly."""
+    delta = as_utc(ts) - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def from_us(value: int) -> datetime:
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=value)

@@ -1,0 +1,101 @@
+"""The semantic tier's decision for a release being built: calibrated on its published phrasings
+(leave-one-out, leave-label-out) and on the held-back wordings of its clusters — real paraphrases
+its users typed, kept in the run's private work area (``edge_index/matcher.py: calibrate``) — and
+whether the tier serves (``semantic_decision``: never on a decision calibration could not show
+to reach the target precision, unless the build is told to)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edge_index.guard import Guard
+from edge_index.matcher import Calibration, Decision, Queries, calibrate
+from precompute.config import BuildConfig
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+    from precompute.questions import HotQuestion
+
+
+def calibrate_rows(
+    rows: list[dict[str, Any]],
+    vectors: np.ndarray,
+    config: BuildConfig,
+    held_back: HeldBack | None = None,
+) -> Calibration:
+    """The semantic tier's decision, calibrated leave-one-out on the release's own phrasings
+    (label = the answer's cluster) and on the held-back wordings of its clusters (``held_back``:
+    real paraphrases of the questions it answers, looked up against the published phrasings;
+    they stay in the work area, only the decision is published); a deterministic sample of each
+    when there are very many."""
+    import random
+
+    chosen = list(range(len(rows)))
+    if len(chosen) > config.calibration_rows:
+        chosen = sorted(random.Random(0).sample(chosen, config.calibration_rows))
+    queries = None
+    if held_back is not None and len(held_back.labels):
+        picked = list(range(len(held_back.labels)))
+        if len(picked) > config.calibration_rows:
+            picked = sorted(random.Random(1).sample(picked, config.calibration_rows))
+        queries = Queries(
+            held_back.vectors[picked],
+            [held_back.labels[i] for i in picked],
+            [held_back.texts[i] for i in picked],
+        )
+    return calibrate(
+        vectors[chosen],
+        [rows[i]["cluster"] for i in chosen],
+        [rows[i]["question"] for i in chosen],
+        Guard(),
+        target_precision=config.target_precision,
+        out_of_scope_share=config.out_of_scope_share,
+        fallback=Decision(
+            threshold=0.9 if config.threshold is None else config.threshold,
+            margin=0.05 if config.margin is None else config.margin,
+        ),
+        queries=queries,
+    )
+
+
+@dataclass
+class HeldBack:
+    """The held-back wordings of a release's clusters, for calibration only: their clusters
+    (``labels``), raw texts and vectors, row for row."""
+
+    labels: list[str]
+    texts: list[str]
+    vectors: np.ndarray
+
+    @classmethod
+    def of(cls, hot: list[HotQuestion], built: set[str], embedder: SentenceTransformer) -> HeldBack:
+        """The held-back wordings of the clusters in ``built`` (keys), embedded."""
+        from edge_index.query_encoder import encode_many
+
+        wordings = [(h.key, p) for h in hot if h.key in built for p in h.held_back]
+        vectors = encode_many(embedder, [p.normalized for _, p in wordings])
+        return cls([k for k, _ in wordings], [p.question for _, p in wordings], vectors)
+
+
+def semantic_decision(calibration: Calibration, config: BuildConfig) -> dict[str, Any]:
+    """The manifest's ``threshold``: the calibrated decision, and whether the semantic tier
+    serves (``semantic``) — never on a decision that calibration could not show to reach the
+    target precision, unless the build was told to (``semantic_uncalibrated``); the reason when
+    it is off."""
+    threshold = calibration.as_manifest()
+    on = calibration.calibrated or config.semantic_uncalibrated
+    threshold["semantic"] = on
+    threshold["semantic_off_reason"] = None
+    if not on:
+        threshold["semantic_off_reason"] = (
+            f"calibration could not show precision {config.target_precision} on "
+            f"{calibration.samples} lookups ({calibration.held_back_samples} of held-back "
+            f"wordings; leave-one-out precision "
+            f"{calibration.precision:.4f}, lower bound {calibration.precision_lower_bound:.4f}): "
+            "exact tier only"
+        )
+    return threshold

@@ -1,0 +1,86 @@
+"""Mining's rule 7, token-level k: what a cluster that reached k may publish as text.
+
+A content token (``edge_index.guard.content_tokens``) is k-safe in a cluster when the wordings
+holding it were typed by at least k of its askers; a wording is published only when all its
+tokens are, else held back (``rare_tokens``). When none is, the canonical question is built from
+k-safe tokens (``safe_question``), or nothing is published (``no_k_safe_text``). So nothing
+published holds a token fewer than k people typed: a name, an account detail, a rare
+circumstance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterable
+from dataclasses import dataclass
+
+from edge_index.guard import content_tokens, numbers, remove_tokens
+from edge_index.keys import key, normalize
+from precompute.questions import Phrasing, askers
+from precompute.textrules import text_problem
+
+
+@dataclass
+class Evidence:
+    """Who typed each content token (``edge_index.guard.content_tokens``) of a cluster's
+    wordings: the users and networks of every wording holding it, each counted once."""
+
+    tokens: dict[str, set[str]]  # wording key -> its content tokens
+    users: dict[str, set[str]]  # token -> users of the wordings holding it
+    networks: dict[str, set[str]]
+
+    @classmethod
+    def of(cls, members: Iterable[Phrasing]) -> Evidence:
+        evidence = cls({}, {}, {})
+        for member in members:
+            tokens = evidence.tokens[member.key] = content_tokens(member.question)
+            for token in tokens:
+                evidence.users.setdefault(token, set()).update(member.users)
+                evidence.networks.setdefault(token, set()).update(member.networks)
+        return evidence
+
+    def safe(self, k: int) -> set[str]:
+        """The tokens typed by at least ``k`` askers of the cluster."""
+        return {t for t, users in self.users.items() if askers(users, self.networks[t]) >= k}
+
+
+def safe_question(text: str, safe: set[str]) -> str | None:
+    """``text`` without its content tokens not in ``safe`` (``guard.remove_tokens``), when what
+    is left is made of ``safe`` tokens only, keeps at least half of ``text``'s content tokens
+    and all its numbers ("the limit for 100" never becomes "the limit for"), and passes the text
+    rules; else None."""
+    tokens = content_tokens(text)
+    question = remove_tokens(text, tokens - safe)
+    left = content_tokens(question)
+    if (
+        not tokens
+        or not left <= safe
+        or 2 * len(left & tokens) < len(tokens)
+        or numbers(question) != numbers(text)
+        or text_problem(question)
+    ):
+        return None
+    return question
+
+
+def publishable(
+    members: list[Phrasing], k: int, taken: Container[str]
+) -> tuple[list[Phrasing], list[Phrasing], dict[str, int], bool]:
+    """What a cluster that reached k publishes: its k-safe wordings (every content token typed
+    by ``k`` of the cluster's askers), canonical first, or else a question built from k-safe
+    tokens, or else nothing (``no_k_safe_text``); the wordings held back, with how many rare
+    tokens each holds; and whether the canonical question was built.
+    ``taken``: keys in use, which a built question may not take."""
+    evidence = Evidence.of(members)
+    safe = evidence.safe(k)
+    published = [m for m in members if evidence.tokens[m.key] <= safe]
+    held_back = [m for m in members if not evidence.tokens[m.key] <= safe]
+    rare = {m.key: len(evidence.tokens[m.key] - safe) for m in held_back}
+    if published:
+        return published, held_back, rare, False
+    # the wording that loses the smallest share of its tokens; the most asked among equals
+    for member in sorted(members, key=lambda m: rare[m.key] / len(evidence.tokens[m.key])):
+        question = safe_question(member.question, safe)
+        if question is not None and key(question) not in taken:
+            built = Phrasing(key(question), normalize(question), question, set(), 0, {})
+            return [built], held_back, rare, True
+    return [], held_back, rare, False
