@@ -22,6 +22,7 @@ forward in fp32, texts of one token length at a time: no padding, no attention m
 
 from __future__ import annotations
 
+import functools
 import logging
 import statistics
 import threading
@@ -273,11 +274,35 @@ def encode_chunks(
             out = np.asarray(vectors, dtype=np.float32).reshape(len(chunk), dim)
         else:
             out = _encode_by_length(lean, transformer, chunk, dim)
+        _return_freed_heap()
         if bar is not None:
             bar.update(len(chunk))
         yield out
     if bar is not None:
         bar.close()
+
+
+def _return_freed_heap() -> None:
+    """Hand the heap a chunk's forwards freed back to the system (glibc's ``malloc_trim``;
+    elsewhere nothing). glibc keeps freed activations' pages for reuse, and the chunks' vectors
+    land between them: measured, a million log rows' 402,732 wordings (618 MB of vectors) left
+    the process 1.5 GB larger, not 0.6, for the index and the clusters to sit on top of. Dask
+    trims its workers' heaps for the same reason; the next chunk allocates afresh at no
+    measurable cost."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows)
+        return None
 
 
 def _encode_by_length(lean: _LeanBert, transformer: Any, texts: list[str], dim: int) -> np.ndarray:

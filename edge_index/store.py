@@ -17,6 +17,7 @@ import errno
 import hashlib
 import os
 import random
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -174,12 +175,17 @@ class FileStore(Store):
     def _path(self, path: str) -> Path:
         return self.root / _clean(path)
 
-    def _write(self, target: Path, data: bytes) -> None:
+    def _write(self, target: Path, data: bytes | Path) -> None:
+        """``data``, or the file at that path (copied a block at a time), into ``target``."""
         target.parent.mkdir(parents=True, exist_ok=True)
         temp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
         try:
             with open(temp, "wb") as f:
-                f.write(data)
+                if isinstance(data, Path):
+                    with open(data, "rb") as source:
+                        shutil.copyfileobj(source, f)
+                else:
+                    f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(temp, target)
@@ -189,6 +195,10 @@ class FileStore(Store):
     def put(self, path: str, data: bytes, content_type: str | None = None) -> None:
         target = self._path(path)
         with_retries(lambda: _file_call(lambda: self._write(target, data)), self.retries)
+
+    def put_file(self, path: str, local: Path, content_type: str | None = None) -> None:
+        target, source = self._path(path), Path(local)
+        with_retries(lambda: _file_call(lambda: self._write(target, source)), self.retries)
 
     def get_with_etag(self, path: str, max_bytes: int | None = None) -> tuple[bytes, str]:
         target = self._path(path)

@@ -207,7 +207,8 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
             type=option.kind,
             choices=option.choices or None,
             default=None,
-            help=f"{option.help} ({source}default {option.default})",
+            # argparse %-formats help: a literal % ("20% jitter") is written %%
+            help=f"{option.help} ({source}default {option.default})".replace("%", "%%"),
         )
 
 
@@ -239,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--quantization",
         choices=weights.choices,
         default=None,
-        help=f"{weights.help} (default {weights.default})",
+        help=f"{weights.help} (default {weights.default})".replace("%", "%%"),
     )
     demo.add_argument("--serve", action="store_true", help="keep the services up (Ctrl-C ends)")
     demo.add_argument("--workdir", default="var/demo", help="where the demo's store goes")

@@ -297,7 +297,7 @@ def build_release(
     version = release_version(now, content)
     dim = int(embedder.get_embedding_dimension() or 0)
     all_vectors = encode_many(embedder, [r["normalized"] for r in rows]).reshape(len(rows), dim)
-    held_back = HeldBack.of(hot, {r["cluster"] for r in rows}, embedder)
+    held_back = HeldBack.of(hot, {r["cluster"] for r in rows}, embedder, config.calibration_rows)
     calibration = calibrate_rows(rows, all_vectors, config, held_back)
     embedder_entry = {
         "name": embedder_name,

@@ -32,16 +32,10 @@ def calibrate_rows(
     real paraphrases of the questions it answers, looked up against the published phrasings;
     they stay in the work area, only the decision is published); a deterministic sample of each
     when there are very many."""
-    import random
-
-    chosen = list(range(len(rows)))
-    if len(chosen) > config.calibration_rows:
-        chosen = sorted(random.Random(0).sample(chosen, config.calibration_rows))
+    chosen = _sample(len(rows), config.calibration_rows, seed=0)
     queries = None
     if held_back is not None and len(held_back.labels):
-        picked = list(range(len(held_back.labels)))
-        if len(picked) > config.calibration_rows:
-            picked = sorted(random.Random(1).sample(picked, config.calibration_rows))
+        picked = _sample(len(held_back.labels), config.calibration_rows, seed=1)
         queries = Queries(
             held_back.vectors[picked],
             [held_back.labels[i] for i in picked],
@@ -62,6 +56,15 @@ def calibrate_rows(
     )
 
 
+def _sample(n: int, limit: int, seed: int) -> list[int]:
+    """``range(n)``, or past ``limit`` a deterministic sample of that many, ascending."""
+    import random
+
+    if n <= limit:
+        return list(range(n))
+    return sorted(random.Random(seed).sample(range(n), limit))
+
+
 @dataclass
 class HeldBack:
     """The held-back wordings of a release's clusters, for calibration only: their clusters
@@ -72,11 +75,22 @@ class HeldBack:
     vectors: np.ndarray
 
     @classmethod
-    def of(cls, hot: list[HotQuestion], built: set[str], embedder: SentenceTransformer) -> HeldBack:
-        """The held-back wordings of the clusters in ``built`` (keys), embedded."""
+    def of(
+        cls,
+        hot: list[HotQuestion],
+        built: set[str],
+        embedder: SentenceTransformer,
+        limit: int | None = None,
+    ) -> HeldBack:
+        """The held-back wordings of the clusters in ``built`` (keys), embedded: all of them,
+        or past ``limit`` the deterministic sample ``calibrate_rows`` draws (only those are
+        embedded: a million log rows hold back ~110,000 wordings, of which 20,000 calibrate)."""
         from edge_index.query_encoder import encode_many
 
         wordings = [(h.key, p) for h in hot if h.key in built for p in h.held_back]
+        if limit is not None and len(wordings) > limit:
+            picked = _sample(len(wordings), limit, seed=1)
+            wordings = [wordings[i] for i in picked]
         vectors = encode_many(embedder, [p.normalized for _, p in wordings])
         return cls([k for k, _ in wordings], [p.question for _, p in wordings], vectors)
 

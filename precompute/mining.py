@@ -57,7 +57,7 @@ before any of its wordings becomes a ``Phrasing``. ``MiningReport.seconds`` time
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -257,11 +257,9 @@ def _qualifying(
             below_k_rows += int(hits[rows].sum())
             continue
         candidates.append(members)
-    phrasings = _phrasings(table, sorted({row for members in candidates for row in members}))
     taken = _KeySet(table.column("key"))
     hot = []
-    for members in candidates:
-        wordings = [phrasings[row] for row in members]
+    for wordings in _with_phrasings(table, candidates):
         users, score = _askers_and_score(wordings, now, config.half_life_days)
         if users < config.k:
             below_k_wordings += len(wordings)
@@ -327,6 +325,26 @@ def _askers_and_score(
     users = askers_count(user_count, len(networks) + more_networks)
     weight = sum(recency_weight(ts, now, half_life_days) for ts in latest.values()) + more_weight
     return users, weight * (users / max(user_count, 1))  # many users from few networks weigh as few
+
+
+PHRASING_ROWS = 8192  # wordings turned into ``Phrasing``s at a time
+
+
+def _with_phrasings(table: pa.Table, clusters: list[list[int]]) -> Iterator[list[Phrasing]]:
+    """Each cluster's wordings as ``Phrasing``s, in order, built ~``PHRASING_ROWS`` wordings at a
+    time: what a cluster below k holds goes with its batch (a million log rows: ~200,000
+    candidate wordings, a million kept askers — built at once they held 800 MB)."""
+    start = 0
+    while start < len(clusters):
+        end, rows = start, 0
+        while end < len(clusters) and (end == start or rows + len(clusters[end]) <= PHRASING_ROWS):
+            rows += len(clusters[end])
+            end += 1
+        batch = clusters[start:end]
+        phrasings = _phrasings(table, sorted({row for members in batch for row in members}))
+        for members in batch:
+            yield [phrasings[row] for row in members]
+        start = end
 
 
 def _phrasings(table: pa.Table, rows: list[int]) -> dict[int, Phrasing]:

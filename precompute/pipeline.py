@@ -186,7 +186,7 @@ def mine_stage(
         profile, [h.question for h in hot], parent.version if parent else None, curated_sha
     )
     work = WorkArea(out, profile.name, run)
-    work.put_json("hot.json", [h.as_dict() for h in hot])
+    work.put_json_list("hot.json", (h.as_dict() for h in hot))
     work.put_json("clusters.json", mining.cluster_rows)
     work.put_json("profile.json", profile.inputs)
     # the operator's answers first, then the parent's still fresh ones

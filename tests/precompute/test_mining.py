@@ -443,16 +443,22 @@ def _keyed(wordings: list[str]) -> list[Phrasing]:
 GOLDEN = Path(__file__).resolve().parents[1] / "vectors" / "sample_logs_mined.json"
 
 
+@pytest.mark.parametrize("phrasing_rows", [None, 3])
 def test_the_sample_logs_mine_the_same_clusters_as_before_the_log_window_moved_to_duckdb(
-    embedder: Any, multilingual_embedder: Any
+    embedder: Any,
+    multilingual_embedder: Any,
+    phrasing_rows: int | None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """And the same when the candidate clusters' wordings are read a few at a time."""
     from datetime import date
 
+    import precompute.mining
     from precompute.samplelogs import ZH_INTENTS, generate_rows
 
     expected = json.loads(GOLDEN.read_text())["clusters"]
     now = datetime(2026, 11, 28, 23, 59, 59, tzinfo=UTC)
-    for language, rows, model, threshold in (
+    languages = [
         ("en", generate_rows(date(2026, 11, 28)), embedder, 0.9),
         (
             "zh",
@@ -460,7 +466,11 @@ def test_the_sample_logs_mine_the_same_clusters_as_before_the_log_window_moved_t
             multilingual_embedder,
             0.97,
         ),
-    ):
+    ]
+    if phrasing_rows is not None:
+        monkeypatch.setattr(precompute.mining, "PHRASING_ROWS", phrasing_rows)
+        languages = languages[:1]
+    for language, rows, model, threshold in languages:
         hot, _ = mine(rows, model, MiningConfig(cluster_threshold=threshold, k=5), now)
         mined = [
             [

@@ -113,6 +113,17 @@ def test_precompute_run_publishes_what_the_rules_allow(
             assert not find_pii(r["question"])
 
 
+def test_a_list_written_an_item_at_a_time_is_the_same_json(tmp_path: Path) -> None:
+    work = WorkArea(FileStore(tmp_path), "p", "run")
+    items = [{"b": 1, "a": [1.5, None, {"z": "é\u2028", "y": True}]}, {"x": 'q"'}, [], "s"]
+    work.put_json("whole.json", items)
+    work.put_json_list("streamed.json", iter(items))
+    work.put_json_list("empty.json", iter([]))
+    store = work.store
+    assert store.get(f"{work.prefix}/streamed.json") == store.get(f"{work.prefix}/whole.json")
+    assert work.get_json("streamed.json") == items and work.get_json("empty.json") == []
+
+
 def test_generation_resumes_after_a_crash_without_redoing_finished_partitions(
     embedded_model: Any, tmp_path: Path
 ) -> None:
