@@ -15,11 +15,9 @@ What it costs grows ``n log n``, not ``n²``:
   (``IVF<n/list_rows>_HNSW32,SQfp16``: assigning a vector costs ``log`` of the lists), searched in
   the ``nprobe`` nearest lists: each query scans ``nprobe × list_rows`` vectors. The lists hold
   the vectors in fp16 (``SQfp16``): half the memory of fp32, whose lists, grown one vector at a
-  time, hold ~1.4× their vectors (402,732 wordings: 830 MB in fp32 lists, 416 MB in fp16). What
-  is stored is a vector's residual to its list's centroid (FAISS's default for a scalar
-  quantizer), which rounds finer than the vector would; a cosine moves by ~10⁻⁵ against fp32,
-  and the recall measured below, asked with the stored vectors as the greedy pass asks, counts
-  it. SemDeDup's design
+  time, hold ~1.4× their vectors (402,732 wordings: 830 MB in fp32 lists, 416 MB in fp16); a
+  cosine moves by at most 2⁻¹¹ (~10⁻⁵ typically) against fp32, and the recall measured below
+  counts it. SemDeDup's design
   (k-means partitions, pairs searched only in a partition and its nearest ones) as FAISS builds
   it. Every night measures its recall against an exact search on sampled wordings and probes
   more lists until it reaches ``recall`` (``neighbour_index``); ``benchmarks/scale.py`` reports
@@ -95,18 +93,13 @@ def estimated_cluster_threshold(vectors: Any, sample: int = 2000) -> float:
 
 
 def embed(
-    texts: Sequence[str],
-    embedder: SentenceTransformer,
-    progress: bool = False,
-    dtype: Any = np.float32,
+    texts: Sequence[str], embedder: SentenceTransformer, progress: bool = False
 ) -> list[np.ndarray]:
-    """Unit-length vectors of ``texts``, row for row, in chunks (``neighbour_index`` moves
-    them into the index a chunk at a time: the night's vectors are held once). Computed in fp32,
-    held as ``dtype``: fp16 for an inverted file, whose lists keep fp16 anyway (half the memory
-    while they wait: 309 MB, not 618, for a million log rows' wordings)."""
+    """Unit-length fp32 vectors of ``texts``, row for row, in chunks (``neighbour_index`` moves
+    them into the index a chunk at a time: the night's vectors are held once)."""
     from edge_index.query_encoder import encode_chunks
 
-    return [chunk.astype(dtype, copy=False) for chunk in encode_chunks(embedder, texts, progress)]
+    return list(encode_chunks(embedder, texts, progress=progress))
 
 
 def sample_rows(chunks: Sequence[np.ndarray], rows: int, seed: int = 0) -> np.ndarray:
@@ -150,9 +143,8 @@ def neighbour_index(
     hashtable = faiss.DirectMap.Hashtable  # type: ignore[attr-defined]
     ivf.set_direct_map_type(hashtable)  # vectors read back by id, and removable
     probes_at, exact = _exact_neighbours(chunks, threshold, RECALL_PROBES)
+    probe_vectors = _rows_of(chunks, probes_at)
     _add(index, chunks)
-    # asked as the greedy pass asks: with the vectors the index holds (fp16), not the originals
-    probe_vectors = index.reconstruct_batch(probes_at.astype(np.int64))
     wanted = sum(len(e) for e in exact)
     ivf.nprobe = min(nprobe, nlist)
     while True:
@@ -174,8 +166,7 @@ def _add(index: faiss.Index, chunks: list[np.ndarray]) -> None:
     start = 0
     while chunks:
         chunk = chunks.pop(0)
-        vectors = np.ascontiguousarray(chunk, dtype=np.float32)
-        index.add_with_ids(vectors, np.arange(start, start + len(chunk), dtype=np.int64))
+        index.add_with_ids(chunk, np.arange(start, start + len(chunk), dtype=np.int64))
         start += len(chunk)
 
 
@@ -183,12 +174,12 @@ RECALL_PROBES = 500  # wordings whose neighbours are searched exactly too, to me
 
 
 def _rows_of(chunks: Sequence[np.ndarray], rows: np.ndarray) -> np.ndarray:
-    """The vectors at ``rows`` (ascending) of the chunks, in that order, in fp32."""
+    """The vectors at ``rows`` (ascending) of the chunks, in that order."""
     dim = chunks[0].shape[1] if chunks else 0
     picked, start = [], 0
     for chunk in chunks:
         inside = rows[(rows >= start) & (rows < start + len(chunk))] - start
-        picked.append(chunk[inside].astype(np.float32, copy=False))
+        picked.append(chunk[inside])
         start += len(chunk)
     return np.concatenate(picked) if picked else np.zeros((0, dim), dtype=np.float32)
 
@@ -204,7 +195,7 @@ def _exact_neighbours(
     exact: list[set[int]] = [set() for _ in rows]
     start = 0
     for chunk in chunks:
-        hit_probe, hit_row = np.nonzero(asked @ chunk.astype(np.float32).T >= threshold)
+        hit_probe, hit_row = np.nonzero(asked @ chunk.T >= threshold)
         for probe, row in zip(hit_probe.tolist(), (hit_row + start).tolist(), strict=True):
             if row != rows[probe]:  # itself is no neighbour
                 exact[probe].add(row)

@@ -211,9 +211,7 @@ def _clusters(
         clusters = [[i] for i in range(n)]
     else:
         started = time.perf_counter()
-        # held in fp16 for an inverted file (it keeps fp16); in fp32 for the exact index
-        held = np.float16 if n > config.exact_cluster_rows else np.float32
-        chunks = embed(normalized, embedder, progress, held)
+        chunks = embed(normalized, embedder, progress)
         stats.embed_s = time.perf_counter() - started
         threshold = config.cluster_threshold
         if threshold is None:
