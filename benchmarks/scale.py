@@ -19,7 +19,7 @@ built, validated and published, and the edge loading a release of a million entr
 2. **Release** (``--release N``, default 100,000): logs in which N distinct questions are each
    asked by 5 to 7 people, mined; answers from an operator's answers file (``--answers``, so no
    LLM time is spent); then build, validate and publish to ``file://`` and to S3 (moto's server
-   on loopback), seconds each.
+   on loopback; ``--skip s3`` leaves it out: moto takes ~60 objects/s), seconds each.
 3. **Edge load** (``--edge-rows M``, default 1,000,000): a release of M entries (its vectors
    drawn at random, not embedded: what is measured is the load) written by the release writer,
    then loaded as the edge loads one (``edge_index.lookup.load_index``) in a child process:
@@ -189,14 +189,8 @@ def child_aggregate(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def child_release(args: dict[str, Any]) -> dict[str, Any]:
-    """N questions mined, answered from an answers file, built, validated, published."""
-    import logging
-
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-
-    from edge_index.store import open_store
+    """N questions mined, answered from an answers file, built, validated, published (to
+    file://, and to S3 on loopback unless ``s3`` is false)."""
     from precompute.pipeline import (
         build_stage,
         generate_stage,
@@ -204,7 +198,6 @@ def child_release(args: dict[str, Any]) -> dict[str, Any]:
         publish_stage,
         validate_stage,
     )
-    from precompute.publish import publish
 
     work = Path(args["work"])
     n = int(args["n"])
@@ -238,6 +231,35 @@ def child_release(args: dict[str, Any]) -> dict[str, Any]:
     built = timed("build", lambda: build_stage(params, mined))
     validated = timed("validate", lambda: validate_stage(params, mined))
     published = timed("publish_file", lambda: publish_stage(params, mined))
+    s3_report = _publish_to_s3(params, mined, timed) if args.get("s3", True) else None
+    return {
+        "questions_asked": len(questions),
+        "clusters": built["clusters"],
+        "rows": built["rows"],
+        "curated": mined["curated"],
+        "timings_s": timings,
+        "build_validate_publish_file_s": round(
+            timings["build"] + timings["validate"] + timings["publish_file"], 2
+        ),
+        "validate": validated["status"],
+        "published": published["status"],
+        "s3_files": s3_report.files if s3_report else None,
+        "s3_bytes": s3_report.bytes if s3_report else None,
+        "peak_rss_mb": _peak_rss_mb(),
+    }
+
+
+def _publish_to_s3(params: Any, mined: dict[str, Any], timed: Any) -> Any:
+    """The staged release published to S3 on loopback (moto's server; ``timed`` as
+    ``publish_s3``)."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    from edge_index.store import open_store
+    from precompute.publish import publish
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
@@ -253,26 +275,11 @@ def child_release(args: dict[str, Any]) -> dict[str, Any]:
         boto3.client("s3").create_bucket(Bucket="scale-releases")
         s3 = open_store("s3://scale-releases/edgeqa")
         with _work_area(params, mined).staged_release_folder() as folder:
-            report = timed(
+            return timed(
                 "publish_s3", lambda: publish(s3, folder, keep=params.config.keep, signer=None)
             )
     finally:
         server.stop()
-    return {
-        "questions_asked": len(questions),
-        "clusters": built["clusters"],
-        "rows": built["rows"],
-        "curated": mined["curated"],
-        "timings_s": timings,
-        "build_validate_publish_file_s": round(
-            timings["build"] + timings["validate"] + timings["publish_file"], 2
-        ),
-        "validate": validated["status"],
-        "published": published["status"],
-        "s3_files": report.files,
-        "s3_bytes": report.bytes,
-        "peak_rss_mb": _peak_rss_mb(),
-    }
 
 
 def _release_questions(n: int) -> list[str]:
@@ -506,7 +513,11 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="also 10,000,000 rows (aggregate)")
     parser.add_argument("--release", type=int, default=100_000, help="clusters of the release")
     parser.add_argument("--edge-rows", type=int, default=1_000_000, help="entries the edge loads")
-    parser.add_argument("--skip", default="", help="parts to skip: mine,release,edge_load")
+    parser.add_argument(
+        "--skip",
+        default="",
+        help="parts to skip: mine,release,edge_load; s3: the release's publish to S3 on loopback",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default=str(ROOT / "benchmarks" / "out" / "scale"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -554,7 +565,8 @@ def main() -> None:
             done("mine", mined)
     if "release" not in skip and args.release:
         with tempfile.TemporaryDirectory(dir=work) as tmp:
-            done("release", run_child("release", {"work": tmp, "n": args.release}))
+            release = {"work": tmp, "n": args.release, "s3": "s3" not in skip}
+            done("release", run_child("release", release))
     if "edge_load" not in skip and args.edge_rows:
         with tempfile.TemporaryDirectory(dir=work) as tmp:
             store = Path(tmp) / "store"

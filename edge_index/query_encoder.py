@@ -297,12 +297,13 @@ def _return_freed_heap() -> None:
 @functools.cache
 def _malloc_trim() -> Any:
     import ctypes
-    import ctypes.util
 
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        trim = ctypes.CDLL("libc.so.6").malloc_trim  # glibc's soname
     except (OSError, AttributeError):  # not glibc (musl, macOS, Windows)
         return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
 
 
 def _encode_by_length(lean: _LeanBert, transformer: Any, texts: list[str], dim: int) -> np.ndarray:

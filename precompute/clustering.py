@@ -7,8 +7,10 @@ and takes every wording not yet in a cluster at cosine >= threshold whose number
 What it costs grows ``n log n``, not ``n²``:
 
 - Embedding: every wording once, in batches through the embedder's fast path
-  (``edge_index.query_encoder.encode_many``: fp32, texts grouped by token length; ``encode`` on
-  a GPU).
+  (``edge_index.query_encoder.encode_chunks``: fp32, texts grouped by token length; ``encode``
+  on a GPU). Past ``exact_rows`` the wordings are embedded in a random order
+  (``embedding_order``): the inverted file trains on the first chunks, a fair sample, and every
+  later chunk goes into it as it is embedded, so the night's fp32 vectors are never all held.
 - Neighbours: a wording's neighbours at the threshold come from a range search. Up to
   ``exact_rows`` wordings the index is exact (``IndexFlatIP``); past it, an inverted file whose
   lists hold ~``list_rows`` wordings each, the coarse centroids in an HNSW graph
@@ -31,7 +33,7 @@ What it costs grows ``n log n``, not ``n²``:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -92,59 +94,147 @@ def estimated_cluster_threshold(vectors: Any, sample: int = 2000) -> float:
     return float(min(0.99, max(0.85, median + CLUSTER_Z * spread)))
 
 
+def embedding_order(n: int, exact_rows: int) -> np.ndarray:
+    """The order the night's ``n`` wordings are embedded in: as they are, up to ``exact_rows``
+    (the exact index holds them all); past it, at random (seeded), so that the first chunks
+    embedded are a fair sample to train the inverted file on and every later chunk goes into it
+    as it is embedded. Only the rows it trains on wait for the index (a million log rows:
+    114,688 of 402,732 wordings, whole chunks; 176 MB of fp32 vectors, where all of them held
+    618 MB)."""
+    if n <= exact_rows:
+        return np.arange(n, dtype=np.int64)
+    return np.random.default_rng(0).permutation(n).astype(np.int64)
+
+
 def embed(
-    texts: Sequence[str], embedder: SentenceTransformer, progress: bool = False
-) -> list[np.ndarray]:
-    """Unit-length fp32 vectors of ``texts``, row for row, in chunks (``neighbour_index`` moves
-    them into the index a chunk at a time: the night's vectors are held once)."""
+    texts: Sequence[str],
+    embedder: SentenceTransformer,
+    order: np.ndarray | None = None,
+    progress: bool = False,
+) -> Iterator[np.ndarray]:
+    """Unit-length fp32 vectors of ``texts[order[0]]``, ``texts[order[1]]``, ... (None: row
+    order), a chunk at a time, as they are embedded."""
     from edge_index.query_encoder import encode_chunks
 
-    return list(encode_chunks(embedder, texts, progress=progress))
+    picked = texts if order is None else [texts[i] for i in order.tolist()]
+    return encode_chunks(embedder, picked, progress=progress)
 
 
-def sample_rows(chunks: Sequence[np.ndarray], rows: int, seed: int = 0) -> np.ndarray:
-    """``rows`` vectors drawn at random (all when there are fewer), in row order."""
-    n = sum(len(c) for c in chunks)
-    chosen = np.arange(n) if n <= rows else np.random.default_rng(seed).choice(n, rows, False)
-    return _rows_of(chunks, np.sort(chosen))
+def sample_rows(vectors: np.ndarray, rows: int, seed: int = 0) -> np.ndarray:
+    """``rows`` of ``vectors`` drawn at random (all when there are fewer), in the array's order."""
+    if len(vectors) <= rows:
+        return vectors
+    return vectors[np.sort(np.random.default_rng(seed).choice(len(vectors), rows, False))]
+
+
+RECALL_PROBES = 500  # wordings whose neighbours are searched exactly too, to measure recall
+TRAIN_ROWS_PER_LIST = 64  # k-means points per list (FAISS warns below 39): linear in the night
+
+
+class _Embedded:
+    """The chunks as they come, each with its rows (``order``, in turn); the seconds spent
+    waiting for them are the embedder's (``stats.embed_s``)."""
+
+    def __init__(self, chunks: Iterable[np.ndarray], order: np.ndarray, stats: ClusterStats):
+        self._chunks, self._order, self._stats, self._start = iter(chunks), order, stats, 0
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        return self
+
+    def __next__(self) -> tuple[np.ndarray, np.ndarray]:
+        started = time.perf_counter()
+        try:
+            vectors = next(self._chunks)
+        finally:
+            self._stats.embed_s += time.perf_counter() - started
+        rows = self._order[self._start : self._start + len(vectors)]
+        if len(rows) != len(vectors):
+            raise ValueError(f"more vectors than the {len(self._order)} rows in order")
+        self._start += len(vectors)
+        return rows, vectors
+
+    def check_all_came(self) -> None:
+        if self._start != len(self._order):
+            raise ValueError(f"vectors for {self._start} of the {len(self._order)} rows came")
 
 
 def neighbour_index(
-    chunks: list[np.ndarray],
+    chunks: Iterable[np.ndarray],
+    order: np.ndarray,
     exact_rows: int,
     list_rows: int,
     nprobe: int,
-    threshold: float = 0.9,
+    threshold: float | None = None,
     stats: ClusterStats | None = None,
     recall: float = 0.99,
-) -> tuple[faiss.Index, str, int | None]:
+) -> tuple[faiss.Index, str, int | None, float]:
     """The index the greedy pass searches (ids = row numbers; vectors read back by id), its
-    factory string and probes. Consumes ``chunks``: each one moves into the index.
+    factory string, its probes and the threshold (None: estimated from the vectors). Each chunk
+    goes into the index as it comes: the vectors of rows ``order[0]``, ``order[1]``, ...
 
-    An inverted file's probes are chosen per night: from ``nprobe``, doubled until the
-    neighbours at ``threshold`` it finds for ``RECALL_PROBES`` random wordings hold ``recall``
-    of those an exact search finds (``stats.neighbour_recall``: the share reached). The lists
-    a near-duplicate falls into spread as the night grows (437,551 wordings, 256 a list: 16
+    An inverted file is trained on the first ``TRAIN_ROWS_PER_LIST`` rows a list that come (a
+    fair sample: ``embedding_order``; held, as whole chunks, until trained), and its probes are
+    chosen per night: from ``nprobe``, doubled until the neighbours at the threshold it finds
+    for ``RECALL_PROBES`` random wordings (not trained on, where enough came past those) hold
+    ``recall`` of those an exact search finds (``stats.neighbour_recall``: the share reached;
+    the exact ones found as the chunks pass, ``probes × n`` scores in all). The lists a
+    near-duplicate falls into spread as the night grows (437,551 wordings, 256 a list: 16
     probes find 0.955 of the neighbours, 32 find 0.996), so a fixed number would lose recall
     with size."""
     import faiss
 
-    n, dim = sum(len(c) for c in chunks), chunks[0].shape[1]
+    stats = stats if stats is not None else ClusterStats()
+    n = len(order)
+    embedded = _Embedded(chunks, order, stats)
     if n <= exact_rows:
-        flat = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))  # ids survive removals
-        _add(flat, chunks)
-        return flat, "Flat", None
+        held = list(embedded)
+        embedded.check_all_came()
+        vectors = np.concatenate([v for _, v in held])
+        rows = np.concatenate([r for r, _ in held])
+        del held
+        if threshold is None:
+            threshold = estimated_cluster_threshold(sample_rows(vectors, 2000))
+        flat = faiss.IndexIDMap2(faiss.IndexFlatIP(vectors.shape[1]))  # ids survive removals
+        flat.add_with_ids(vectors, rows)
+        return flat, "Flat", None, threshold
     nlist = max(1, n // list_rows)
     factory = f"IVF{nlist}_HNSW32,SQfp16"
-    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
-    # k-means on 64 points per list (FAISS warns below 39): linear in the night's size
-    index.train(sample_rows(chunks, 64 * nlist))
+    wanted = min(n, TRAIN_ROWS_PER_LIST * nlist)
+    came, held = _first_rows(embedded, wanted, n)
+    if not len(came):
+        embedded.check_all_came()
+    if threshold is None:
+        threshold = estimated_cluster_threshold(sample_rows(came, 2000))
+    index = faiss.index_factory(came.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+    index.train(came[:wanted])
     ivf = faiss.extract_index_ivf(index)
     hashtable = faiss.DirectMap.Hashtable  # type: ignore[attr-defined]
     ivf.set_direct_map_type(hashtable)  # vectors read back by id, and removable
-    probes_at, exact = _exact_neighbours(chunks, threshold, RECALL_PROBES)
-    probe_vectors = _rows_of(chunks, probes_at)
-    _add(index, chunks)
+    # the recall probes: rows the k-means did not train on where enough came past them
+    spare = len(came) - wanted >= RECALL_PROBES
+    start = wanted if spare else 0
+    picked = np.random.default_rng(1).choice(
+        len(came) - start, min(RECALL_PROBES, len(came)), False
+    )
+    asked = start + np.sort(picked)
+    probe_vectors = came[asked].copy()
+    probe_rows = np.concatenate([r for r, _ in held])[asked]
+    del came
+    exact: list[set[int]] = [set() for _ in asked]
+
+    def take(rows: np.ndarray, vectors: np.ndarray) -> None:
+        hit_probe, hit_at = np.nonzero(probe_vectors @ vectors.T >= threshold)
+        for probe, row in zip(hit_probe.tolist(), rows[hit_at].tolist(), strict=True):
+            if row != probe_rows[probe]:  # itself is no neighbour
+                exact[probe].add(row)
+        index.add_with_ids(vectors, rows)
+
+    while held:
+        take(*held.pop(0))
+    for rows, vectors in embedded:
+        take(rows, vectors)
+        del vectors  # in the index now: not held while the next chunk is embedded
+    embedded.check_all_came()
     wanted = sum(len(e) for e in exact)
     ivf.nprobe = min(nprobe, nlist)
     while True:
@@ -156,56 +246,43 @@ def neighbour_index(
         if reached >= recall or ivf.nprobe >= nlist:
             break
         ivf.nprobe = min(2 * ivf.nprobe, nlist)
-    if stats is not None:
-        stats.neighbour_recall = round(reached, 4)
-    return index, factory, int(ivf.nprobe)
+    stats.neighbour_recall = round(reached, 4)
+    return index, factory, int(ivf.nprobe), threshold
 
 
-def _add(index: faiss.Index, chunks: list[np.ndarray]) -> None:
-    """Move the chunks into ``index``, ids = row numbers."""
-    start = 0
-    while chunks:
-        chunk = chunks.pop(0)
-        index.add_with_ids(chunk, np.arange(start, start + len(chunk), dtype=np.int64))
-        start += len(chunk)
-
-
-RECALL_PROBES = 500  # wordings whose neighbours are searched exactly too, to measure recall
-
-
-def _rows_of(chunks: Sequence[np.ndarray], rows: np.ndarray) -> np.ndarray:
-    """The vectors at ``rows`` (ascending) of the chunks, in that order."""
-    dim = chunks[0].shape[1] if chunks else 0
-    picked, start = [], 0
-    for chunk in chunks:
-        inside = rows[(rows >= start) & (rows < start + len(chunk))] - start
-        picked.append(chunk[inside])
-        start += len(chunk)
-    return np.concatenate(picked) if picked else np.zeros((0, dim), dtype=np.float32)
-
-
-def _exact_neighbours(
-    chunks: Sequence[np.ndarray], threshold: float, probes: int
-) -> tuple[np.ndarray, list[set[int]]]:
-    """``probes`` random rows, and each one's rows at ``threshold`` or above, found exactly
-    (a product with every chunk: ``probes × n`` scores, a chunk at a time)."""
-    n = sum(len(c) for c in chunks)
-    rows = np.sort(np.random.default_rng(1).choice(n, min(probes, n), replace=False))
-    asked = _rows_of(chunks, rows)
-    exact: list[set[int]] = [set() for _ in rows]
-    start = 0
-    for chunk in chunks:
-        hit_probe, hit_row = np.nonzero(asked @ chunk.T >= threshold)
-        for probe, row in zip(hit_probe.tolist(), (hit_row + start).tolist(), strict=True):
-            if row != rows[probe]:  # itself is no neighbour
-                exact[probe].add(row)
-        start += len(chunk)
-    return rows, exact
+def _first_rows(
+    embedded: Iterator[tuple[np.ndarray, np.ndarray]], wanted: int, n: int
+) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """The chunks that come until ``wanted`` rows (of ``n``) have: their vectors in one array
+    (what the index trains on), copied in as each chunk comes, and each chunk as (its rows, a
+    view into the array): held once."""
+    joined = np.zeros((0, 0), dtype=np.float32)
+    came: list[np.ndarray] = []
+    got = 0
+    for rows, vectors in embedded:
+        if not len(rows):
+            continue
+        if got + len(rows) > len(joined):  # room for whole chunks of this size
+            room = min(n, max(got + len(rows), -(-wanted // len(rows)) * len(rows)))
+            grown = np.empty((room, vectors.shape[1]), dtype=np.float32)
+            if got:
+                grown[:got] = joined[:got]
+            joined = grown
+        joined[got : got + len(rows)] = vectors
+        came.append(rows)
+        got += len(rows)
+        if got >= wanted:
+            break
+    held, start = [], 0
+    for rows in came:
+        held.append((rows, joined[start : start + len(rows)]))
+        start += len(rows)
+    return joined[:got], held
 
 
 def greedy_clusters(
-    chunks: list[np.ndarray],
-    threshold: float,
+    chunks: Iterable[np.ndarray],
+    threshold: float | None,
     numbers_of: Callable[[int], Any],
     exact_rows: int = 20_000,
     list_rows: int = 256,
@@ -213,22 +290,32 @@ def greedy_clusters(
     stats: ClusterStats | None = None,
     progress: bool = False,
     recall: float = 0.99,
+    order: np.ndarray | None = None,
 ) -> list[list[int]]:
-    """Rows of the vectors in ``chunks`` (unit length, in the greedy order: most asked first;
-    consumed) grouped: each cluster's rows, its head first, the others ascending.
-    ``numbers_of(row)``: what must match for two rows to join (``edge_index.guard.numbers`` of
-    the wording)."""
+    """Rows of the night's vectors (unit length; row numbers in the greedy order: most asked
+    first) grouped: each cluster's rows, its head first, the others ascending. ``chunks``: the
+    vectors of rows ``order[0]``, ``order[1]``, ..., a chunk at a time, consumed as they come
+    (``order`` None: ``chunks`` is a list, in row order, emptied as it goes; an inverted file
+    then trains on its first rows, so shuffle them first: ``embedding_order``). ``threshold``
+    None: estimated from the vectors. ``numbers_of(row)``: what must match for two rows to
+    join (``edge_index.guard.numbers`` of the wording). The seconds spent waiting for chunks are
+    ``stats.embed_s``; the rest ``stats.cluster_s``."""
     import faiss
 
     stats = stats if stats is not None else ClusterStats()
-    started = time.perf_counter()
-    n = sum(len(c) for c in chunks)
-    stats.threshold = threshold
+    started, waited = time.perf_counter(), stats.embed_s
+    if order is None:
+        listed = chunks if isinstance(chunks, list) else list(chunks)
+        order = np.arange(sum(len(c) for c in listed), dtype=np.int64)
+        chunks = (listed.pop(0) for _ in range(len(listed)))  # each one let go once it is in
+    n = len(order)
     if n == 0:
+        stats.threshold = threshold
         return []
-    index, stats.index, stats.nprobe = neighbour_index(
-        chunks, exact_rows, list_rows, nprobe, threshold, stats, recall
+    index, stats.index, stats.nprobe, threshold = neighbour_index(
+        chunks, order, exact_rows, list_rows, nprobe, threshold, stats, recall
     )
+    stats.threshold = threshold
     numbers: dict[int, Any] = {}
 
     def numbers_at(row: int) -> Any:
@@ -277,5 +364,5 @@ def greedy_clusters(
             bar.update(len(taken))
     if bar is not None:
         bar.close()
-    stats.cluster_s += time.perf_counter() - started
+    stats.cluster_s += time.perf_counter() - started - (stats.embed_s - waited)
     return clusters

@@ -70,9 +70,8 @@ from precompute.carry import carry
 from precompute.clustering import (
     ClusterStats,
     embed,
-    estimated_cluster_threshold,
+    embedding_order,
     greedy_clusters,
-    sample_rows,
 )
 from precompute.config import MiningConfig
 from precompute.logwindow import LogWindow, WindowCounts
@@ -210,15 +209,10 @@ def _clusters(
     if embedder is None or n <= 1:
         clusters = [[i] for i in range(n)]
     else:
-        started = time.perf_counter()
-        chunks = embed(normalized, embedder, progress)
-        stats.embed_s = time.perf_counter() - started
-        threshold = config.cluster_threshold
-        if threshold is None:
-            threshold = estimated_cluster_threshold(sample_rows(chunks, 2000))
+        order = embedding_order(n, config.exact_cluster_rows)
         clusters = greedy_clusters(
-            chunks,
-            threshold,
+            embed(normalized, embedder, order, progress),
+            config.cluster_threshold,
             lambda row: numbers(normalized[row]),
             exact_rows=config.exact_cluster_rows,
             list_rows=config.cluster_list_rows,
@@ -226,6 +220,7 @@ def _clusters(
             stats=stats,
             progress=progress,
             recall=config.cluster_recall,
+            order=order,
         )
     report.seconds["embed"] = stats.embed_s
     report.seconds["cluster"] = stats.cluster_s

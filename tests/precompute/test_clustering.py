@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -10,16 +11,22 @@ from typing import Any
 import numpy as np
 
 from benchmarks.synthetic_logs import synthetic_tables
-from precompute.clustering import ClusterStats, greedy_clusters
+from precompute.clustering import (
+    TRAIN_ROWS_PER_LIST,
+    ClusterStats,
+    embedding_order,
+    greedy_clusters,
+    neighbour_index,
+)
 from precompute.config import MiningConfig
 from precompute.mining import mine
 from precompute.samplelogs import INTENTS
 
 
-def _groups(n_groups: int, size: int, spread: float, seed: int = 0) -> np.ndarray:
+def _groups(n_groups: int, size: int, spread: float, seed: int = 0, dim: int = 64) -> np.ndarray:
     """Unit vectors around ``n_groups`` random centres: near-duplicates, and unrelated ones."""
     rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((n_groups, 64)).astype(np.float32)
+    centres = rng.standard_normal((n_groups, dim)).astype(np.float32)
     points = np.repeat(centres, size, axis=0)
     points += spread * rng.standard_normal(points.shape).astype(np.float32)
     points /= np.linalg.norm(points, axis=1, keepdims=True)
@@ -87,6 +94,71 @@ def test_an_inverted_file_finds_the_same_clusters_and_reports_its_recall() -> No
     assert probes[0.5] == 1 and recall[0.5] is not None and 0.5 <= recall[0.5] < 0.95
     assert probes[0.99] is not None and probes[0.99] > 1  # probed more lists until ...
     assert recall[0.99] is not None and recall[0.99] >= 0.99  # ... the recall was reached
+
+
+def test_vectors_coming_in_any_order_and_any_chunks_find_the_exact_search_s_clusters() -> None:
+    """The night's vectors embedded in a random order (``embedding_order``), in chunks of any
+    size: the clusters an exact search finds; the seconds spent waiting for chunks are the
+    embedder's, the rest the clustering's."""
+    vectors = _groups(400, 10, 0.12, seed=2)
+    order = embedding_order(len(vectors), exact_rows=100)
+    assert sorted(order.tolist()) == list(range(len(vectors)))
+    assert order[:5].tolist() != [0, 1, 2, 3, 4]  # drawn at random
+    assert embedding_order(50, exact_rows=100).tolist() == list(range(50))  # exact: as they are
+    exact = greedy_clusters(_chunks(vectors), 0.9, lambda r: 0, exact_rows=10**6)
+    sizes = [97, 250, 31, 400, 1]  # smaller than the recall probes, larger, uneven
+
+    def chunks() -> Any:
+        start, i = 0, 0
+        while start < len(order):
+            time.sleep(0.02)  # the embedder's time
+            size = sizes[i % len(sizes)]
+            yield vectors[order[start : start + size]]
+            start, i = start + size, i + 1
+
+    stats = ClusterStats()
+    streamed = greedy_clusters(
+        chunks(), 0.9, lambda r: 0, exact_rows=100, list_rows=256, stats=stats, order=order
+    )
+    same = {tuple(c) for c in exact} & {tuple(c) for c in streamed}
+    assert len(same) >= 0.99 * len(exact) and len(streamed) < len(vectors) / 2
+    assert stats.index.startswith("IVF") and stats.neighbour_recall is not None
+    assert stats.neighbour_recall >= 0.99
+    assert stats.embed_s >= 0.02 * len(order) / sum(sizes) * len(sizes) * 0.9
+    assert 0 < stats.cluster_s and stats.embed_s > 0.5 * stats.cluster_s  # the sleeps counted
+
+
+def test_past_the_rows_the_inverted_file_trains_on_no_chunk_waits_for_the_index() -> None:
+    """Each chunk goes into the index as it comes: once the next one is asked for, no chunk
+    past those trained on is held (not even as a copy), so what the build holds is the
+    training rows and a chunk, not the night's vectors."""
+    import tracemalloc
+    import weakref
+
+    vectors = _groups(1000, 10, 0.12, seed=4, dim=256)  # 10,000 rows: 10 MB of fp32
+    order = embedding_order(len(vectors), exact_rows=100)
+    handed: list[weakref.ref[np.ndarray]] = []
+    alive_when_asked: list[int] = []
+
+    def chunks() -> Any:
+        for start in range(0, len(order), 250):
+            alive_when_asked.append(sum(ref() is not None for ref in handed))
+            chunk = vectors[order[start : start + 250]]
+            handed.append(weakref.ref(chunk))
+            yield chunk
+            del chunk  # this generator's own reference
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        neighbour_index(chunks(), order, 100, 256, 16, 0.9)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    trained_on = -(-TRAIN_ROWS_PER_LIST * (len(vectors) // 256) // 250)  # chunks, rounded up
+    assert len(alive_when_asked) == 40 and trained_on == 10
+    assert max(alive_when_asked[trained_on + 1 :]) == 0, alive_when_asked
+    assert peak < 0.6 * vectors.nbytes, (peak, vectors.nbytes)  # all of them held: > 1.0
 
 
 def test_mining_with_the_approximate_search_finds_the_exact_search_s_qualifying_clusters(
