@@ -120,11 +120,11 @@ def embed(
     return encode_chunks(embedder, picked, progress=progress)
 
 
-def sample_rows(vectors: np.ndarray, rows: int, seed: int = 0) -> np.ndarray:
-    """``rows`` of ``vectors`` drawn at random (all when there are fewer), in the array's order."""
-    if len(vectors) <= rows:
-        return vectors
-    return vectors[np.sort(np.random.default_rng(seed).choice(len(vectors), rows, False))]
+def sample_rows(n: int, rows: int, seed: int = 0) -> np.ndarray:
+    """``rows`` of ``range(n)`` drawn at random (all when there are fewer), ascending."""
+    if n <= rows:
+        return np.arange(n, dtype=np.int64)
+    return np.sort(np.random.default_rng(seed).choice(n, rows, False)).astype(np.int64)
 
 
 RECALL_PROBES = 500  # wordings whose neighbours are searched exactly too, to measure recall
@@ -187,15 +187,16 @@ def neighbour_index(
     n = len(order)
     embedded = _Embedded(chunks, order, stats)
     if n <= exact_rows:
-        held = list(embedded)
+        flat = None
+        for rows, vectors in embedded:
+            if flat is None:  # ids survive removals
+                flat = faiss.IndexIDMap2(faiss.IndexFlatIP(vectors.shape[1]))
+            flat.add_with_ids(vectors, rows)
         embedded.check_all_came()
-        vectors = np.concatenate([v for _, v in held])
-        rows = np.concatenate([r for r, _ in held])
-        del held
-        if threshold is None:
-            threshold = estimated_cluster_threshold(sample_rows(vectors, 2000))
-        flat = faiss.IndexIDMap2(faiss.IndexFlatIP(vectors.shape[1]))  # ids survive removals
-        flat.add_with_ids(vectors, rows)
+        if flat is None:
+            raise ValueError("no vectors to index")
+        if threshold is None:  # exact copies of the vectors, read back by id
+            threshold = estimated_cluster_threshold(flat.reconstruct_batch(sample_rows(n, 2000)))
         return flat, "Flat", None, threshold
     nlist = max(1, n // list_rows)
     factory = f"IVF{nlist}_HNSW32,SQfp16"
@@ -204,7 +205,7 @@ def neighbour_index(
     if not len(came):
         embedded.check_all_came()
     if threshold is None:
-        threshold = estimated_cluster_threshold(sample_rows(came, 2000))
+        threshold = estimated_cluster_threshold(came[sample_rows(len(came), 2000)])
     index = faiss.index_factory(came.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
     index.train(came[:wanted])
     ivf = faiss.extract_index_ivf(index)
