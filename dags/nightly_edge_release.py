@@ -4,9 +4,14 @@ One DAG per language profile in ``EDGEQA_LANGUAGES`` (``nightly_edge_release_en`
 ``nightly_edge_release_zh``): each mines its language's questions only (``languages.py``: CJK
 questions are ``zh``) and publishes that profile's release with that language's embedder.
 
-mine -> generate (one mapped task per partition, pool ``gpu_a10``) -> build -> validate -> publish
--> prune: the stages of ``precompute.pipeline`` (``STAGES``), in its order, each task one call.
-The stages keep their state in the output store, so tasks may run on different workers. The
+mine -> generate -> build -> validate -> publish -> prune: the stages of ``precompute.pipeline``
+(``STAGES``), in its order, each task one call. The stages keep their state in the output store,
+so tasks may run on different workers. The model stages do not run on Airflow's workers: mining
+embeds the night's wordings and generate answers every partition as Ray jobs
+(``precompute/fleet/``) on the cluster ``EDGEQA_RAY_ADDRESS`` names (the GPU fleet:
+``infra/terraform/modules/ray``), or on a local Ray when it is unset; the task is the job's
+driver and waits for it. A partition is checkpointed in the store as soon as it is answered, so
+a retry, a lost Ray worker or a rerun redoes only the partitions not written yet. The
 validate task is the quality gate: empty answers, a calibrated precision below target, or a
 release shrinking by more than ``max_shrink`` against its parent fails the run and the previous
 release stays live. Re-running a data interval reuses the finished generation partitions and
@@ -28,7 +33,6 @@ from airflow.sdk import Param, dag, get_current_context, task
 
 from precompute.config import RUN_OPTIONS, PrecomputeSettings
 
-GPU_POOL = "gpu_a10"
 _JSON_TYPES = {int: "integer", float: "number", str: "string"}
 
 
@@ -107,15 +111,11 @@ def _pipeline() -> None:
             raise ValueError(f"profile {mined['profile']} is not the expected {expected}")
         return mined
 
-    @task
-    def partitions(mined: Any) -> list[int]:
-        return list(mined["partitions"])
-
-    @task(pool=GPU_POOL, retries=3, retry_exponential_backoff=True, max_active_tis_per_dag=8)
-    def generate(partition: Any, mined: Any) -> dict[str, Any]:
+    @task(retries=3, retry_exponential_backoff=True)
+    def generate(mined: Any) -> dict[str, Any]:
         from precompute.pipeline import generate_stage
 
-        return generate_stage(_run_params(), mined, partition)
+        return generate_stage(_run_params(), mined)
 
     @task
     def build(mined: Any, generated: Any) -> dict[str, Any]:
@@ -142,8 +142,7 @@ def _pipeline() -> None:
         return prune_stage(_run_params(), mined)
 
     mined = mine()
-    generated = generate.partial(mined=mined).expand(partition=partitions(mined))
-    built = build(mined, generated)
+    built = build(mined, generate(mined))
     prune(mined, publish(mined, validate(mined, built)))
 
 

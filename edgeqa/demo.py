@@ -119,9 +119,13 @@ def build_release(
         lines = {
             "mine": lambda r: (
                 f"{r['questions']} questions to answer ({r.get('curated', 0)} curated), "
-                f"profile {r['profile']}"
+                f"profile {r['profile']}; wordings embedded on "
+                f"{r['mining'].get('clustering', {}).get('embedded_on') or 'nothing'}"
             ),
-            "generate": lambda r: f"{r['answers']} answers, {r.get('tokens_per_s') or 0} tok/s",
+            "generate": lambda r: (
+                f"{r['answers']} answers ({r['generated']} generated, {r['reused']} taken), "
+                f"{r.get('tokens_per_s') or 0} tok/s on {r['ran_on']}"
+            ),
             "build": lambda r: (
                 f"{r['rows']} phrasings in {r['shards']} shard(s), version {r['version']}"
             ),
@@ -134,7 +138,12 @@ def build_release(
         }
         _say(out, f"   {stage:<9} {lines[stage](result)} ({seconds:.1f} s)")
 
-    return run_languages(params, ("en", "zh"), on_stage=said)
+    from precompute.fleet import disconnect
+
+    try:
+        return run_languages(params, ("en", "zh"), on_stage=said)
+    finally:
+        disconnect()  # the model stages are done: the local Ray they ran on goes
 
 
 def cdn_app(root: Path) -> Any:

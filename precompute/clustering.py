@@ -43,6 +43,10 @@ if TYPE_CHECKING:
     import faiss
     from sentence_transformers import SentenceTransformer
 
+# texts (and whether to show progress) -> their unit-length fp32 vectors, a chunk at a time,
+# in order
+Encoder = Callable[..., Iterator[np.ndarray]]
+
 CLUSTER_Z = 6.8  # all-MiniLM-L6-v2 on banking77: median 0.21 + 6.8 x MAD 0.10 = its 0.9
 QUERY_BATCH = 4096  # wordings whose neighbours one range search asks for
 
@@ -108,16 +112,22 @@ def embedding_order(n: int, exact_rows: int) -> np.ndarray:
 
 def embed(
     texts: Sequence[str],
-    embedder: SentenceTransformer,
+    encode: Encoder,
     order: np.ndarray | None = None,
     progress: bool = False,
 ) -> Iterator[np.ndarray]:
     """Unit-length fp32 vectors of ``texts[order[0]]``, ``texts[order[1]]``, ... (None: row
-    order), a chunk at a time, as they are embedded."""
+    order), a chunk at a time, as ``encode`` makes them: ``local_encoder``'s, or a Ray job's
+    (``fleet.embedding.RayEncoder``)."""
+    picked = texts if order is None else [texts[i] for i in order.tolist()]
+    return encode(picked, progress)
+
+
+def local_encoder(embedder: SentenceTransformer) -> Encoder:
+    """``embedder`` in this process (``encode_chunks``) as an ``Encoder``."""
     from edge_index.query_encoder import encode_chunks
 
-    picked = texts if order is None else [texts[i] for i in order.tolist()]
-    return encode_chunks(embedder, picked, progress=progress)
+    return lambda texts, progress=False: encode_chunks(embedder, texts, progress=progress)
 
 
 def sample_rows(n: int, rows: int, seed: int = 0) -> np.ndarray:

@@ -14,6 +14,7 @@ Airflow parses it.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,10 +36,26 @@ class PrecomputeSettings(EngineSettings):
     # DuckDB's memory while it reduces the log window; past it, it spills to a temporary folder
     mining_memory_mb: int = Field(1024, ge=64)
     keep_releases: int = Field(5, ge=2)
+    # where embedding and generation run (precompute/fleet/): "" = a local Ray started by the
+    # run; else the cluster's address (ray://head:10001)
+    ray_address: str = ""
+    # the most model actors (one engine or embedder each) a job runs at once; 0 = one per CPU
+    # slot (or GPU) locally, and on a cluster as many GPU workers as it has, at least 8
+    ray_workers: int = Field(0, ge=0)
     # base64 Ed25519 private key releases are signed with ("" = published unsigned) ...
     signing_key: str = ""
     # ... or an AWS KMS key (id, ARN or alias) of spec ECC_NIST_EDWARDS25519, which wins
     signing_kms_key: str = ""
+
+    @field_validator("ray_address", mode="after")
+    @classmethod
+    def _ray_address(cls, value: str) -> str:
+        if value and not re.fullmatch(r"(ray://)?[A-Za-z0-9.\-]+:\d{1,5}|auto", value):
+            raise ValueError(
+                f"{value!r} is not a Ray address: ray://<head>:10001 (Ray Client), "
+                "<head>:6379 (inside the cluster) or auto"
+            )
+        return value
 
     @field_validator("signing_key", mode="after")
     @classmethod

@@ -156,6 +156,8 @@ class GenerationReport:
     tokens: int = 0
     seconds: float = 0.0
     flagged: dict[str, int] = field(default_factory=dict)
+    ran_on: str = "this process"  # or the fleet (``fleet.Fleet.where``)
+    redone: list[int] = field(default_factory=list)  # partitions started again (a lost worker)
 
     def as_dict(self) -> dict[str, Any]:
         result = dict(self.__dict__)

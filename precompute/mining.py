@@ -69,9 +69,11 @@ from precompute.asks import from_us, recency_weight
 from precompute.carry import carry
 from precompute.clustering import (
     ClusterStats,
+    Encoder,
     embed,
     embedding_order,
     greedy_clusters,
+    local_encoder,
 )
 from precompute.config import MiningConfig
 from precompute.logwindow import LogWindow, WindowCounts
@@ -153,15 +155,16 @@ def mine(
     carried: Iterable[Phrasing] = (),
     language: str | None = None,
     progress: bool = False,
-    embedder_loader: Callable[[], SentenceTransformer] | None = None,
+    encoder: Callable[[], Encoder] | None = None,
 ) -> tuple[list[HotQuestion], MiningReport]:
     """The hot questions to answer, best first, and the report of what was excluded and why.
 
     ``rows``: the window's request-log rows in log order, as Arrow tables of the logs' columns
     (``edge_index.logs.read_log_tables``) or dicts; reduced by DuckDB (``logwindow.py``), never
     held as a list. ``carried``: the parent run's phrasings, whose evidence is merged in.
-    ``language``: only this language's rows count (None: all). ``embedder_loader``: loads the
-    embedder when ``embedder`` is None and there are wordings to cluster."""
+    ``language``: only this language's rows count (None: all). ``encoder``: makes what embeds the
+    wordings when ``embedder`` (embedding in this process) is None and there are wordings to
+    cluster: the nightly job's embeds them on Ray (``fleet.embedding.RayEncoder``)."""
     config = config or MiningConfig()
     now = now or datetime.now(UTC)
     report = MiningReport()
@@ -174,9 +177,10 @@ def mine(
     report.carried_phrasings = evidence.carried_phrasings
     report.expired_users = evidence.expired_users
     report.phrasings = len(table)
-    if embedder is None and embedder_loader is not None and len(table) > 1:
-        embedder = embedder_loader()
-    clusters = _clusters(table, embedder, config, report, progress)
+    encode = local_encoder(embedder) if embedder is not None else None
+    if encode is None and encoder is not None and len(table) > 1:
+        encode = encoder()
+    clusters = _clusters(table, encode, config, report, progress)
     started = time.perf_counter()
     hot = _qualifying(table, clusters, config, now, report)
     report.seconds["k_and_text_rules"] = time.perf_counter() - started
@@ -196,7 +200,7 @@ def mine(
 
 def _clusters(
     table: pa.Table,
-    embedder: SentenceTransformer | None,
+    encode: Encoder | None,
     config: MiningConfig,
     report: MiningReport,
     progress: bool,
@@ -206,12 +210,12 @@ def _clusters(
     n = len(table)
     stats = ClusterStats(wordings=n)
     normalized: list[str] = table.column("normalized").to_pylist()
-    if embedder is None or n <= 1:
+    if encode is None or n <= 1:
         clusters = [[i] for i in range(n)]
     else:
         order = embedding_order(n, config.exact_cluster_rows)
         clusters = greedy_clusters(
-            embed(normalized, embedder, order, progress),
+            embed(normalized, encode, order, progress),
             config.cluster_threshold,
             lambda row: numbers(normalized[row]),
             exact_rows=config.exact_cluster_rows,
@@ -225,6 +229,8 @@ def _clusters(
     report.seconds["embed"] = stats.embed_s
     report.seconds["cluster"] = stats.cluster_s
     report.clustering = stats.as_dict()
+    if encode is not None and n > 1:  # where the wordings were embedded (``precompute/fleet/``)
+        report.clustering["embedded_on"] = getattr(encode, "where", "") or "this process"
     return clusters
 
 

@@ -46,6 +46,7 @@ from edge_index.release import (
 from edge_index.store import ObjectNotFoundError, open_store
 from precompute.config import PipelineConfig
 from precompute.curated import CURATED, curated_rows, read_curated
+from precompute.fleet import ran_on
 from precompute.generate import (
     answer_schema,
     generate_all,
@@ -145,8 +146,8 @@ def mine_stage(
 ) -> dict[str, Any]:
     import pyarrow as pa
 
-    from edge_index.embedder import load_embedder
     from origin.model import load_tokenizer
+    from precompute.fleet.embedding import wordings_encoder
 
     config, settings = params.config, params.config.settings
     tokenizer = model[1] if model else load_tokenizer(settings.model, settings.cache_dir)
@@ -157,6 +158,7 @@ def mine_stage(
     parent = current_release(out, profile.name)
     carried = parent_phrasings(out, parent)
     spec = settings.embedders[params.language]
+
     # this run's language only: every other language's questions are another profile's; a
     # language without two wordings tonight needs no embedder (loaded only when one is needed)
     hot, mining = mine(
@@ -167,7 +169,8 @@ def mine_stage(
         carried,
         language=params.language,
         progress=progress,
-        embedder_loader=lambda: load_embedder(spec, cache_dir=settings.cache_dir),
+        # on Ray; here when the run was handed a model loaded here (a test, a benchmark)
+        encoder=lambda: wordings_encoder(settings, spec, here=model is not None),
     )
     mining.carried_from = parent.version if carried and parent else None
     # a cluster holding a revoked phrasing stays out until it is unrevoked
@@ -221,17 +224,22 @@ def mine_stage(
 
 
 def generate_stage(
-    params: RunParams,
-    mined: Mined,
-    partition: int | None = None,
-    model: LoadedModel | None = None,
-    progress: bool = False,
+    params: RunParams, mined: Mined, model: LoadedModel | None = None, progress: bool = False
 ) -> dict[str, Any]:
-    """Answer ``partition`` (an Airflow mapped task does one), or every partition (one engine
-    for all of them in one process)."""
+    """Answer every partition not answered yet: on Ray (``precompute/fleet/``: a local Ray, or
+    the cluster ``EDGEQA_RAY_ADDRESS`` names), one engine per actor; or, given a ``model``
+    loaded in this process, here with it (one engine for every partition)."""
+    from precompute.fleet import connect
+    from precompute.fleet.generation import Job, generate_on_fleet
+
     config, settings = params.config, params.config.settings
     work = _work(params, mined)
     hot = _hot(work)
+    keys, questions = [h.key for h in hot], [h.question for h in hot]
+    size = config.generation.partition_size
+    if model is None:  # the actors take the run's reused answers from the work area
+        job = Job.of(settings, config.generation.quantization, params.out_uri, work, params.now)
+        return generate_on_fleet(connect(settings), job, work, keys, questions, size).as_dict()
     try:
         reused = {r["key"]: r for r in work.get_table(work.reused).to_pylist()}
     except ObjectNotFoundError:  # mined before answers were reused
@@ -239,16 +247,15 @@ def generate_stage(
     _, report = generate_all(
         lambda: nightly_engine(settings, config.generation.quantization, model),
         work,
-        [h.key for h in hot],
-        [h.question for h in hot],
+        keys,
+        questions,
         settings,
-        config.generation.partition_size,
+        size,
         generated_at=params.now,
-        only=None if partition is None else [partition],
         progress=progress,
         reused=reused,
     )
-    return {"partition": partition, **report.as_dict()}
+    return report.as_dict()
 
 
 def build_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
@@ -398,9 +405,7 @@ def run_pipeline(
         mining=mined["mining"],
         excluded_rows=mined["excluded_rows"],
     )
-    report["generation"] = stage(
-        "generate", lambda: generate_stage(params, mined, None, model, progress)
-    )
+    report["generation"] = stage("generate", lambda: generate_stage(params, mined, model, progress))
     report["build"] = stage("build", lambda: build_stage(params, mined))
     try:
         report["validate"] = stage("validate", lambda: validate_stage(params, mined))
@@ -411,6 +416,7 @@ def run_pipeline(
     report["prune"] = stage("prune", lambda: prune_stage(params, mined))
     report["status"] = report["publish"]["status"]
     report["version"] = report["publish"]["version"]
+    report["ran_on"] = ran_on(report)
     assert list(report["timings_s"]) == list(STAGES), "run_pipeline must run STAGES in order"
     return report
 

@@ -6,6 +6,8 @@
     <profile>/work/<run>/profile.json          what the answers depend on (mine)
     <profile>/work/<run>/reused.parquet        the parent release's answers taken as they are (mine)
     <profile>/work/<run>/gen/<nnnnn>.parquet   one generated partition each (generate)
+    <profile>/work/<run>/attempts/<nnnnn>-<worker>-<t>.json
+                                               a worker started generating it (generate)
     <profile>/work/<run>/release/...           the built release, staged (build)
 
 ``run`` is a digest of the profile, the mined questions and the parent release, so the same input
@@ -18,7 +20,9 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,6 +57,21 @@ class WorkArea:
 
     def partition(self, index: int) -> str:
         return f"{self.prefix}/gen/{index:05d}.parquet"
+
+    def attempt(self, index: int, worker: str) -> None:
+        """Record that ``worker`` (``host:pid``) starts generating partition ``index``."""
+        started = time.time()
+        name = re.sub(r"[^A-Za-z0-9.-]+", "-", worker)
+        record = {"partition": index, "worker": worker, "started": started}
+        self.put_json(f"attempts/{index:05d}-{name}-{started:.6f}.json", record)
+
+    def attempts(self) -> dict[int, list[dict[str, Any]]]:
+        """Every recorded attempt, by partition (``attempt``)."""
+        found: dict[int, list[dict[str, Any]]] = {}
+        for path in self.store.list(f"{self.prefix}/attempts"):
+            record = json.loads(self.store.get(path))
+            found.setdefault(int(record["partition"]), []).append(record)
+        return found
 
     def put_json(self, name: str, value: Any) -> None:
         self.store.put(f"{self.prefix}/{name}", json.dumps(value, sort_keys=True).encode())

@@ -76,11 +76,38 @@ def multilingual_embedder(model_cache_dir: Path):  # type: ignore[no-untyped-def
     return load_embedder("multilingual", device="cpu", cache_dir=model_cache_dir)
 
 
+@pytest.fixture(scope="session")
+def ray_address() -> Iterator[str]:
+    """One local Ray for the session (the nightly job's model stages run on Ray:
+    ``precompute/fleet/``): this process's stages use it as it is, a child (the CLI, Airflow)
+    joins it through ``EDGEQA_RAY_ADDRESS``; its address."""
+    import logging
+
+    import ray
+
+    from precompute.fleet import LOCAL_OBJECT_STORE_BYTES
+
+    if not ray.is_initialized():  # else a stage of an earlier test started it
+        ray.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+        )
+    yield str(ray.get_runtime_context().gcs_address)
+    ray.shutdown()
+
+
 @pytest.fixture()
 def cli_env(model_cache_dir: Path) -> dict[str, str]:
     """Environment for running the ``edgeqa`` console script against the session's cache."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEQA_")}
     env["EDGEQA_CACHE_DIR"] = str(model_cache_dir)
+    # a local Ray has token authentication on (its token in ~/.ray/auth_token): a child joining
+    # the session's must say so before it imports Ray
+    env["RAY_AUTH_MODE"] = "token"
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     return env
 

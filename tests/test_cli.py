@@ -105,10 +105,13 @@ def test_an_unexpected_failure_shows_its_traceback(cli_env: dict[str, str], tmp_
     assert "edgeqa: internal error" in out.stderr.splitlines()[-1]
 
 
-def test_demo_runs_the_product_end_to_end(cli_env: dict[str, str], tmp_path: Path) -> None:
+def test_demo_runs_the_product_end_to_end(
+    cli_env: dict[str, str], tmp_path: Path, ray_address: str
+) -> None:
     # the quickest weights (the nightly default, int8, runs end to end in test_pipeline.py), and
-    # the origin's answers kept short: only their tiers are checked
-    env = dict(cli_env, EDGEQA_MAX_TOKENS="48")
+    # the origin's answers kept short: only their tiers are checked; the model stages on the
+    # session's Ray
+    env = dict(cli_env, EDGEQA_MAX_TOKENS="48", EDGEQA_RAY_ADDRESS=ray_address)
     out = _edgeqa(env, "demo", "--workdir", str(tmp_path), "--quantization", fast_weights())
     assert out.returncode == 0, out.stderr
     text = out.stdout
@@ -141,4 +144,7 @@ def test_demo_runs_the_product_end_to_end(cli_env: dict[str, str], tmp_path: Pat
     assert ("exact", "cdn") in {(tier, source) for tier, source, _ in session}, text
     assert "excluded from the release" in text and "pii" in text and "multi_turn" in text
     assert "validate  passed" in text and "publish   published" in text
+    # the model stages ran as Ray jobs, and the printout says where
+    assert re.search(rf"generate .* tok/s on ray \({re.escape(ray_address)}, \d workers?\)", text)
+    assert re.search(rf"wordings embedded on ray \({re.escape(ray_address)}, 1 worker\)", text)
     assert (tmp_path / "store" / "logs").is_dir()

@@ -1,6 +1,7 @@
 # edgeqa on AWS: the store (S3), the CDN (CloudFront), the origin (GPU Auto Scaling group behind an
-# ALB), the edge index service (ECS Fargate, one module instance per region) and the nightly DAG
-# (MWAA). Every module takes only what it needs; IAM is least privilege per deployable.
+# ALB), the edge index service (ECS Fargate, one module instance per region), the nightly DAG
+# (MWAA) and its GPU fleet (a Ray cluster on EKS that scales its GPUs from zero). Every module takes
+# only what it needs; IAM is least privilege per deployable.
 
 locals {
   name = "edgeqa-${var.environment}"
@@ -94,4 +95,27 @@ module "airflow" {
   bucket_arn         = module.storage.bucket_arn
   kms_key_arn        = module.storage.kms_key_arn
   signing_key_arn    = module.signing.key_arn
+  # the DAG's one setting for its GPU stages: EDGEQA_RAY_ADDRESS on the workers
+  ray_address = module.ray.client_address
+  # and how many GPU workers a job may ask its autoscaler for (the GPU node group's ceiling)
+  ray_workers = module.ray.max_gpu_workers
+}
+
+module "ray" {
+  source             = "./modules/ray"
+  name               = "${local.name}-ray"
+  account_id         = data.aws_caller_identity.current.account_id
+  region             = var.region
+  vpc_id             = var.vpc_id
+  private_subnet_ids = var.private_subnet_ids
+  api_cidr_blocks    = var.ray_api_cidr_blocks
+  # only the DAG's workers reach the head (Ray Client, job API)
+  client_security_group_ids = [module.airflow.security_group_id]
+  image                     = var.ray_image
+  ray_version               = var.ray_version
+  gpu_instance_type         = var.ray_gpu_instance_type
+  gpu_max_nodes             = var.ray_gpu_max_nodes
+  bucket_arn                = module.storage.bucket_arn
+  kms_key_arn               = module.storage.kms_key_arn
+  log_retention_days        = var.log_retention_days
 }

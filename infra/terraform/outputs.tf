@@ -32,3 +32,18 @@ output "release_public_key" {
   description = "The release signing key's public half (base64 DER): EDGEQA_RELEASE_PUBLIC_KEYS for anything that reads releases, and releasePublicKeys of the web client (the origin's /config.json serves it)."
   value       = module.signing.public_key
 }
+
+output "ray_client_address" {
+  description = "The Ray head's Ray Client address (ray://<internal NLB>:10001), handed to the MWAA workers as EDGEQA_RAY_ADDRESS."
+  value       = module.ray.client_address
+}
+
+output "ray_dashboard_address" {
+  description = "The Ray job API and dashboard (http://<internal NLB>:8265), reachable from the MWAA workers only."
+  value       = module.ray.dashboard_address
+}
+
+output "ray_cluster_name" {
+  description = "The Ray cluster's EKS cluster (private API: aws eks update-kubeconfig from inside the VPC)."
+  value       = module.ray.cluster_name
+}

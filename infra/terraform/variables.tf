@@ -1,5 +1,5 @@
 variable "region" {
-  description = "AWS region of the store, the origins, the edge service and MWAA."
+  description = "AWS region of the store, the origins, the edge service, MWAA and the Ray cluster."
   type        = string
   default     = "eu-west-1"
 }
@@ -11,7 +11,7 @@ variable "environment" {
 }
 
 variable "vpc_id" {
-  description = "VPC for the origin, the edge service and MWAA."
+  description = "VPC for the origin, the edge service, MWAA and the Ray cluster."
   type        = string
 }
 
@@ -21,7 +21,7 @@ variable "public_subnet_ids" {
 }
 
 variable "private_subnet_ids" {
-  description = "Subnets of the origin instances, the edge tasks and MWAA (two or more AZs)."
+  description = "Subnets of the origin instances, the edge tasks, MWAA and the Ray cluster (two or more AZs)."
   type        = list(string)
 }
 
@@ -110,4 +110,33 @@ variable "identity_secret_arn" {
 variable "api_keys_secret_arn" {
   description = "Secrets Manager secret holding EDGEQA_API_KEYS (comma-separated, 16+ characters each): the keys the origin's /v1/* accepts; each key is one asker with its own share (in flight, tokens a minute)."
   type        = string
+}
+
+variable "ray_image" {
+  description = "The project's image built with the gpu extra (the top-level Dockerfile, --build-arg EXTRAS=gpu) as <repository>:<tag>: the Ray head and GPU workers run it."
+  type        = string
+}
+
+variable "ray_version" {
+  description = "The Ray version in ray_image; the Airflow workers' Ray Client must run the same Ray (and the same Python minor)."
+  type        = string
+  default     = "2.60.0"
+}
+
+variable "ray_gpu_instance_type" {
+  description = "Instance type of the Ray GPU workers' nodes, a g5 (A10G): g5.xlarge has one GPU, one Ray worker, one actor."
+  type        = string
+  default     = "g5.xlarge"
+}
+
+variable "ray_gpu_max_nodes" {
+  description = "Most GPU nodes a night may use; the group scales from zero to this and back to zero."
+  type        = number
+  default     = 4
+}
+
+variable "ray_api_cidr_blocks" {
+  description = "Who may reach the Ray cluster's private Kubernetes API (where terraform apply and kubectl run). Empty: the VPC's CIDR."
+  type        = list(string)
+  default     = []
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections import defaultdict
 from datetime import date
@@ -43,12 +44,13 @@ def _alone_above_k(rows: list[dict[str, Any]], k: int) -> set[str]:
 
 
 def test_precompute_run_publishes_what_the_rules_allow(
-    s3_bucket: str, cli_env: dict[str, str]
+    s3_bucket: str, cli_env: dict[str, str], ray_address: str
 ) -> None:
     rows = generate_rows(UNTIL, intents=5, users=120, asks=500, tail_questions=20)
     logs = open_store(f"s3://{s3_bucket}/logs-root")
     assert write_logs(logs, rows) == len(rows)
     env = {**cli_env, **{k: v for k, v in os.environ.items() if k.startswith("AWS_")}}
+    env["EDGEQA_RAY_ADDRESS"] = ray_address  # the model stages on the session's Ray
     result = subprocess.run(
         [
             "edgeqa",
@@ -107,6 +109,11 @@ def test_precompute_run_publishes_what_the_rules_allow(
     assert gen["answers_per_s"] > 0 and gen["tokens_per_s"] > 0
     assert list(report["timings_s"]) == list(STAGES)  # every stage ran, in order
     assert report["validate"]["status"] == "passed" and report["runner"] == "cli"
+    # where each stage ran: the model stages as Ray jobs on the Ray it was told of
+    on_ray = rf"ray \({re.escape(ray_address)}, \d workers?\)"
+    assert re.fullmatch(on_ray, report["ran_on"]["generate"]), report["ran_on"]
+    assert re.fullmatch(rf"this process; embedding: {on_ray}", report["ran_on"]["mine"])
+    assert set(report["ran_on"]) == set(STAGES) and report["ran_on"]["build"] == "this process"
     # nothing personal reached the edge
     for shard in release.shards:
         for r in shard.rows.to_pylist():

@@ -1,7 +1,8 @@
 # MWAA (managed Airflow) running dags/nightly_edge_release.py. Its own bucket holds the DAG and
 # requirements.txt (MWAA needs a versioned bucket of its own); the execution role may read and
-# write the store (logs in, releases out) and nothing else. Generation runs on the workers in the
-# pool gpu_a10 (create the pool with as many slots as GPU workers; see dags/README.md).
+# write the store (logs in, releases out) and nothing else. The GPU stages run on the Ray cluster
+# (modules/ray): a worker drives them as a Ray Client, at the address the startup script exports
+# as EDGEQA_RAY_ADDRESS, through the head's internal NLB.
 
 resource "aws_s3_bucket" "dags" {
   bucket = "${var.name}-dags-${var.account_id}"
@@ -50,6 +51,10 @@ resource "aws_s3_bucket_lifecycle_configuration" "dags" {
   }
 }
 
+data "aws_vpc" "this" {
+  id = var.vpc_id
+}
+
 resource "aws_security_group" "mwaa" {
   name        = "${var.name}-mwaa"
   description = "${var.name}: MWAA components talk to each other"
@@ -71,6 +76,20 @@ resource "aws_security_group" "mwaa" {
     #checkov:skip=CKV_AWS_382:AWS APIs have no fixed CIDR; egress is HTTPS only
   }
   egress {
+    description = "Ray Client to the Ray head's internal NLB (the GPU stages)"
+    from_port   = 10001
+    to_port     = 10001
+    protocol    = "tcp"
+    cidr_blocks = [data.aws_vpc.this.cidr_block]
+  }
+  egress {
+    description = "Ray job API to the Ray head's internal NLB"
+    from_port   = 8265
+    to_port     = 8265
+    protocol    = "tcp"
+    cidr_blocks = [data.aws_vpc.this.cidr_block]
+  }
+  egress {
     description = "MWAA components among themselves (metadata database, workers)"
     from_port   = 0
     to_port     = 0
@@ -83,10 +102,13 @@ resource "aws_s3_object" "startup" {
   bucket     = aws_s3_bucket.dags.id
   key        = "startup.sh"
   kms_key_id = var.kms_key_arn
-  # releases are signed in KMS: the private key never reaches a worker (edge_index/signing.py)
+  # releases are signed in KMS: the private key never reaches a worker (edge_index/signing.py);
+  # the GPU stages run on the Ray cluster, this address is the DAG's one setting for it
   content = <<-SH
     #!/bin/sh
     export EDGEQA_SIGNING_KMS_KEY='${var.signing_key_arn}'
+    export EDGEQA_RAY_ADDRESS='${var.ray_address}'
+    export EDGEQA_RAY_WORKERS='${var.ray_workers}'
   SH
 }
 

@@ -7,3 +7,8 @@ output "dags_bucket" {
   description = "Upload dags/ and requirements.txt here."
   value       = aws_s3_bucket.dags.bucket
 }
+
+output "security_group_id" {
+  description = "The MWAA workers' security group (the Ray head admits it)."
+  value       = aws_security_group.mwaa.id
+}

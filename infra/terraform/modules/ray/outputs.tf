@@ -1,0 +1,39 @@
+output "client_address" {
+  description = "The Ray Client address of the head (ray://<internal NLB>:10001): EDGEQA_RAY_ADDRESS for the DAG's workers."
+  value       = "ray://${aws_lb.head.dns_name}:${local.head_ports.client.port}"
+}
+
+output "dashboard_address" {
+  description = "The Ray job API and dashboard (http://<internal NLB>:8265), from the Airflow workers' security group only."
+  value       = "http://${aws_lb.head.dns_name}:${local.head_ports.dashboard.port}"
+}
+
+output "max_gpu_workers" {
+  description = "The most GPU workers (one Ray actor each) the cluster scales to: the DAG's workers' EDGEQA_RAY_WORKERS."
+  value       = var.gpu_max_nodes * local.gpus_per_node
+}
+
+output "cluster_name" {
+  description = "The EKS cluster (aws eks update-kubeconfig --name ...; its API is private)."
+  value       = aws_eks_cluster.this.name
+}
+
+output "cluster_endpoint" {
+  description = "The EKS API's private endpoint (the helm and kubernetes providers)."
+  value       = aws_eks_cluster.this.endpoint
+}
+
+output "cluster_certificate_authority" {
+  description = "The EKS API's CA certificate, base64 (the helm and kubernetes providers)."
+  value       = aws_eks_cluster.this.certificate_authority[0].data
+}
+
+output "worker_role_arn" {
+  description = "The Ray pods' IAM role (IRSA): the store's logs and work areas only."
+  value       = aws_iam_role.irsa["ray"].arn
+}
+
+output "security_group_id" {
+  description = "The Ray head NLB's security group."
+  value       = aws_security_group.head.id
+}

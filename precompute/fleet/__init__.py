@@ -1,0 +1,235 @@
+"""Where the nightly job's model stages run: Ray, on this machine or on a GPU fleet.
+
+Embedding the night's distinct wordings (mining's rule 5) and generating the hot questions'
+answers are Ray Data jobs: ``map_batches`` over an actor pool, one model (embedder or engine)
+per actor, built once and kept for every batch the actor is handed — one actor per GPU on a
+cluster, one per CPU slot locally. The code in the actor is the in-process code
+(``clustering.embed``'s ``encode_chunks``, ``generate.generate_partition`` with the origin's
+``build_engine``), so the vectors and the tokens are the ones this process would make.
+
+Where Ray is (``EDGEQA_RAY_ADDRESS``):
+
+- unset: a local Ray, started by the first job of the process with one CPU slot per core
+  (``EDGEQA_RAY_WORKERS`` to cap it) and kept for the process: ``make demo``, the tests,
+  ``edgeqa precompute run`` on a laptop. A Ray this process already joined (a test session's)
+  is used as it is.
+- set: the cluster there (``ray://head:10001``, Ray Client: this process is the driver, the
+  actors run on the cluster's GPU workers, which its autoscaler starts for the job). The
+  workers run the project's image (``Dockerfile``) and reach the store with their own role.
+
+This module connects (``connect``) and says where things ran; the jobs are ``embedding.py``
+(mining's wordings) and ``generation.py`` (the answers, checkpointed per partition).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from edge_index.errors import EdgeQAError
+
+if TYPE_CHECKING:
+    from origin.config import EngineSettings
+    from precompute.config import PrecomputeSettings
+
+log = logging.getLogger(__name__)
+
+# what a local Ray keeps in shared memory: the blocks in flight (a chunk of wordings, their
+# vectors, a partition's questions), never the night's data
+LOCAL_OBJECT_STORE_BYTES = 256 << 20
+# the GPU workers a job on a fleet asks its autoscaler for at most (``EDGEQA_RAY_WORKERS``
+# unset): a fleet scaled to zero has none to count
+FLEET_WORKERS = 8
+# the environment a local Ray's workers need from this process to reach the same store as it
+# (a cluster's workers have their own: the role of their service account, the image's)
+_LOCAL_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "HF_HUB_OFFLINE",
+)
+# the settings an actor never needs: left out of what is shipped to it
+_SECRETS = ("user_salt", "identity_secret", "signing_key", "signing_kms_key")
+
+
+class FleetError(EdgeQAError, RuntimeError):
+    """Ray could not be started or reached, or a job failed."""
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The Ray this process runs its model stages on."""
+
+    address: str  # "" = a local Ray started by this process
+    local: bool  # this machine's Ray (started here, or joined on loopback: a test session's)
+    workers: int  # the most actors one job runs at once
+    gpus: float  # per actor: 1 where the actors answer on GPUs, else 0
+
+    def where(self, workers: int) -> str:
+        """What the run report says a job ran on: ``ray (local, 2 workers)``."""
+        kind = "GPU workers" if self.gpus else "workers"
+        kind = kind[:-1] if workers == 1 else kind
+        return f"ray ({self.address or 'local'}, {workers} {kind})"
+
+    def actors(self, blocks: int) -> dict[str, Any]:
+        """``map_batches``' arguments for an actor pool over ``blocks`` blocks: never more
+        actors than blocks (an idle actor still loads its model), and locally the CPU slots'
+        threads shared out among them (an actor holds one slot, so Ray's own tasks always find
+        one); on a cluster the pool starts at one and grows as the autoscaler brings GPUs."""
+        from ray.data import ActorPoolStrategy
+
+        most = max(1, min(self.workers, blocks))
+        resources: dict[str, Any] = {"num_gpus": self.gpus} if self.gpus else {"num_cpus": 1}
+        if self.local:
+            env = {k: os.environ[k] for k in _LOCAL_ENV if k in os.environ}
+            if not self.gpus:  # a pool smaller than the CPU slots shares out their threads
+                env["OMP_NUM_THREADS"] = str(max(1, self.workers // most))
+            resources["runtime_env"] = {"env_vars": env}
+            return {"compute": ActorPoolStrategy(size=most), **resources}
+        return {"compute": ActorPoolStrategy(min_size=1, max_size=most), **resources}
+
+
+_connected: dict[str, Fleet] = {}  # the process's Ray, once connected
+
+
+def connect(settings: PrecomputeSettings) -> Fleet:
+    """Ray for this process: joined (``EDGEQA_RAY_ADDRESS``) or started locally, once."""
+    import ray
+
+    if "fleet" in _connected and ray.is_initialized():
+        return _connected["fleet"]
+    address = settings.ray_address
+    quiet = {"logging_level": logging.WARNING, "log_to_driver": False}
+    if address and not ray.is_initialized():
+        _check_reachable(address)  # Ray itself waits minutes on a GCS that is not there
+    try:
+        if ray.is_initialized():  # joined already (a test session's, a Ray job's driver)
+            gcs = ray.get_runtime_context().gcs_address
+            address = "" if _loopback(gcs) else gcs
+        elif address:
+            ray.init(address=address, **quiet)  # type: ignore[arg-type]
+        else:
+            # Ray's default for a new local cluster, token authentication, is kept: not said
+            logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
+            ray.init(
+                address="local",  # a Ray of its own, never one found running on the machine
+                num_cpus=settings.ray_workers or os.cpu_count() or 1,
+                include_dashboard=False,
+                object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                **quiet,  # type: ignore[arg-type]
+            )
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        where = address or "a local Ray"
+        raise FleetError(
+            f"Ray at {where} could not be reached (EDGEQA_RAY_ADDRESS): {error}"
+        ) from None
+    _quiet_ray_data()
+    if address == "auto":  # the cluster Ray found: named by its GCS
+        address = ray.get_runtime_context().gcs_address
+    local = not address or _loopback(address)
+    resources = ray.cluster_resources()
+    gpus_now = int(resources.get("GPU", 0))
+    if local:  # one actor per GPU if there are any, else per CPU slot
+        workers = settings.ray_workers or max(1, gpus_now or int(resources.get("CPU", 1)))
+        gpus = 1.0 if gpus_now and settings.device != "cpu" else 0.0
+    else:  # a fleet: GPUs, which its autoscaler brings only once a job asks for them
+        workers = settings.ray_workers or max(FLEET_WORKERS, gpus_now)
+        gpus = 0.0 if settings.device == "cpu" else 1.0
+    fleet = _connected["fleet"] = Fleet(address, local, workers, gpus)
+    log.info("model stages run on %s", fleet.where(fleet.workers))
+    return fleet
+
+
+def disconnect() -> None:
+    """Leave Ray (a local one this process started stops with it); the next job connects
+    again."""
+    import ray
+
+    _connected.clear()
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Raise ``FleetError`` unless the Ray address (``[ray://]host:port``) accepts a TCP
+    connection within ``timeout_s``; ``auto`` is Ray's to find."""
+    if address == "auto":
+        return
+    host, port = address.split("://", 1)[-1].rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        raise FleetError(
+            f"Ray at {address} could not be reached (EDGEQA_RAY_ADDRESS): {error}"
+        ) from None
+
+
+def _loopback(address: str) -> bool:
+    """Whether a Ray address is this machine's (a test session's Ray joined by a child)."""
+    from ray.util import get_node_ip_address
+
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1", get_node_ip_address())
+
+
+def _quiet_ray_data() -> None:
+    """Ray Data's progress bars and per-job banners off: the run report says what ran where."""
+    from ray.data import DataContext
+
+    context = DataContext.get_current()
+    context.enable_progress_bars = False
+    context.execution_options.preserve_order = True  # vectors come back in the wordings' order
+    for name in ("ray.data", "ray.data._internal"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "bars disabled"
+
+
+def shipped(settings: PrecomputeSettings) -> EngineSettings:
+    """What an actor is handed: the engine's settings, without a secret."""
+    from origin.config import EngineSettings
+
+    values = {k: getattr(settings, k) for k in EngineSettings.model_fields if k not in _SECRETS}
+    return EngineSettings.model_construct(**values)
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def bound_class(cls: type, **arguments: Any) -> type:
+    """``cls`` with its constructor's arguments bound: shipped with the class (small: names and
+    settings), not as objects in the store, which a restarted actor could not get back."""
+
+    class Bound(cls):  # type: ignore[valid-type,misc]
+        def __init__(self) -> None:
+            super().__init__(**arguments)
+
+    Bound.__name__ = Bound.__qualname__ = cls.__name__
+    return Bound
+
+
+def pool_size(pool: Mapping[str, Any]) -> int:
+    """The most actors of a pool (``Fleet.actors``)."""
+    return int(pool["compute"].max_size)
+
+
+def ran_on(report: Mapping[str, Any]) -> dict[str, str]:
+    """Where each stage of a run ran (``pipeline.run_pipeline``'s report, its stages in
+    ``timings_s``): the model stages on Ray (``Fleet.where``), the rest in the process that ran
+    the stage."""
+    here = "this process"
+    where = {stage: here for stage in report.get("timings_s", {})}
+    embedded = report.get("mining", {}).get("clustering", {}).get("embedded_on")
+    if embedded:
+        where["mine"] = f"{here}; embedding: {embedded}"
+    if "generation" in report:
+        where["generate"] = report["generation"].get("ran_on", here)
+    return where

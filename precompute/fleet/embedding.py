@@ -1,0 +1,98 @@
+"""Mining's embedding as a Ray Data job: the night's wordings, a chunk per batch, one embedder
+per actor (``encode_chunks``, the lean fp32 forward), the vectors back in order as they come
+(``clustering.embed``'s ``encode``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from precompute.fleet import Fleet, FleetError, bound_class, pool_size
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+
+    from precompute.clustering import Encoder
+    from precompute.config import PrecomputeSettings
+
+
+class _Embedder:
+    """One embedder per actor; a batch is a chunk of texts, its vectors the chunk's, in order."""
+
+    def __init__(self, spec: str, cache_dir: Path | None) -> None:
+        from edge_index.embedder import load_embedder
+
+        self.model = load_embedder(spec, cache_dir=cache_dir)
+
+    def __call__(self, batch: pa.Table) -> dict[str, Any]:
+        import numpy as np
+
+        from edge_index.query_encoder import encode_chunks
+
+        texts = batch.column("text").to_pylist()
+        vectors = np.concatenate(list(encode_chunks(self.model, texts)))
+        return {"vector": vectors}
+
+
+@dataclass
+class RayEncoder:
+    """Embeds texts on the fleet, a chunk at a time, in order (``clustering.embed``'s
+    ``encode``); ``where`` says what it ran on once it has."""
+
+    fleet: Fleet
+    spec: str
+    cache_dir: Path | None
+    chunk: int
+    where: str = ""
+
+    def __call__(self, texts: Sequence[str], progress: bool = False) -> Iterator[np.ndarray]:
+        import numpy as np
+        import pyarrow as pa
+        import ray.data
+
+        from edge_index.embedder import resolve_embedder_path
+
+        if not texts:
+            return
+        resolve_embedder_path(self.spec, self.cache_dir)  # converted once, here, not per actor
+        blocks = [
+            pa.table({"text": pa.array(list(texts[i : i + self.chunk]), pa.string())})
+            for i in range(0, len(texts), self.chunk)
+        ]
+        pool = self.fleet.actors(len(blocks))
+        dataset = ray.data.from_arrow(blocks).map_batches(
+            bound_class(_Embedder, spec=self.spec, cache_dir=self.cache_dir),
+            batch_size=self.chunk,  # a block (one chunk) per call
+            batch_format="pyarrow",
+            **pool,
+        )
+        self.where = self.fleet.where(pool_size(pool))
+        came = 0
+        for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
+            vectors = np.ascontiguousarray(batch["vector"], dtype=np.float32)
+            came += len(vectors)
+            yield vectors
+        if came != len(texts):
+            raise FleetError(f"the embedding job returned {came} vectors for {len(texts)} texts")
+
+
+def encoder(fleet: Fleet, spec: str, cache_dir: Path | None) -> RayEncoder:
+    from edge_index.query_encoder import TOKENIZE_CHUNK
+
+    return RayEncoder(fleet, spec, cache_dir, TOKENIZE_CHUNK)
+
+
+def wordings_encoder(settings: PrecomputeSettings, spec: str, here: bool = False) -> Encoder:
+    """What embeds the night's wordings with embedder ``spec``: a Ray job on the fleet
+    (``connect``), or, ``here``, the embedder in this process (a run handed a model loaded
+    here: a test's, a benchmark's)."""
+    from edge_index.embedder import load_embedder
+    from precompute.clustering import local_encoder
+    from precompute.fleet import connect
+
+    if here:
+        return local_encoder(load_embedder(spec, cache_dir=settings.cache_dir))
+    return encoder(connect(settings), spec, settings.cache_dir)
