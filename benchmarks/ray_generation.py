@@ -95,7 +95,7 @@ def main() -> None:
         # on a local Ray: the nightly job's path (Ray started first, as a run's mining does)
         fleet = connect(settings)
         work = WorkArea(store, "bench", "ray")
-        job = Job.of(settings, args.quantization, store.uri, work, at)  # type: ignore[arg-type]
+        job = Job.of(fleet, settings, args.quantization, work, at)  # type: ignore[arg-type]
         started = time.perf_counter()
         report = generate_on_fleet(fleet, job, work, keys, questions, args.partition_size)
         systems["ray_local"] = _system(report, time.perf_counter() - started)

@@ -101,7 +101,8 @@ def nightly_edge_release(language: str) -> Any:
 
 def _pipeline() -> None:
     # task arguments are XComArgs when wired below and plain values when the task runs: Any
-    @task
+    # the Ray jobs' tasks end in time: a night stuck waiting for GPUs fails, and is retried
+    @task(execution_timeout=timedelta(hours=6))
     def mine() -> dict[str, Any]:
         from precompute.pipeline import mine_stage
 
@@ -111,7 +112,7 @@ def _pipeline() -> None:
             raise ValueError(f"profile {mined['profile']} is not the expected {expected}")
         return mined
 
-    @task(retries=3, retry_exponential_backoff=True)
+    @task(retries=3, retry_exponential_backoff=True, execution_timeout=timedelta(hours=8))
     def generate(mined: Any) -> dict[str, Any]:
         from precompute.pipeline import generate_stage
 

@@ -50,7 +50,8 @@ class PrecomputeSettings(EngineSettings):
     @field_validator("ray_address", mode="after")
     @classmethod
     def _ray_address(cls, value: str) -> str:
-        if value and not re.fullmatch(r"(ray://)?[A-Za-z0-9.\-]+:\d{1,5}|auto", value):
+        found = re.fullmatch(r"(ray://)?[A-Za-z0-9.\-]+:(\d{1,5})|auto", value)
+        if value and (not found or (found.group(2) and not 0 < int(found.group(2)) < 65536)):
             raise ValueError(
                 f"{value!r} is not a Ray address: ray://<head>:10001 (Ray Client), "
                 "<head>:6379 (inside the cluster) or auto"

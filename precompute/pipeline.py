@@ -238,8 +238,9 @@ def generate_stage(
     keys, questions = [h.key for h in hot], [h.question for h in hot]
     size = config.generation.partition_size
     if model is None:  # the actors take the run's reused answers from the work area
-        job = Job.of(settings, config.generation.quantization, params.out_uri, work, params.now)
-        return generate_on_fleet(connect(settings), job, work, keys, questions, size).as_dict()
+        fleet = connect(settings)
+        job = Job.of(fleet, settings, config.generation.quantization, work, params.now)
+        return generate_on_fleet(fleet, job, work, keys, questions, size).as_dict()
     try:
         reused = {r["key"]: r for r in work.get_table(work.reused).to_pylist()}
     except ObjectNotFoundError:  # mined before answers were reused

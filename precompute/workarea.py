@@ -73,6 +73,13 @@ class WorkArea:
             found.setdefault(int(record["partition"]), []).append(record)
         return found
 
+    def attempted(self) -> list[int]:
+        """The partition of every recorded attempt, from the objects' names (one listing)."""
+        return [
+            int(path.rsplit("/", 1)[-1].split("-", 1)[0])
+            for path in self.store.list(f"{self.prefix}/attempts")
+        ]
+
     def put_json(self, name: str, value: Any) -> None:
         self.store.put(f"{self.prefix}/{name}", json.dumps(value, sort_keys=True).encode())
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ log = logging.getLogger(__name__)
 # what a local Ray keeps in shared memory: the blocks in flight (a chunk of wordings, their
 # vectors, a partition's questions), never the night's data
 LOCAL_OBJECT_STORE_BYTES = 256 << 20
+# times a lost worker's actor is restarted (and its batch retried) before the job fails
+ACTOR_RESTARTS = 3
 # the GPU workers a job on a fleet asks its autoscaler for at most (``EDGEQA_RAY_WORKERS``
 # unset): a fleet scaled to zero has none to count
 FLEET_WORKERS = 8
@@ -82,12 +85,16 @@ class Fleet:
     def actors(self, blocks: int) -> dict[str, Any]:
         """``map_batches``' arguments for an actor pool over ``blocks`` blocks: never more
         actors than blocks (an idle actor still loads its model), and locally the CPU slots'
-        threads shared out among them (an actor holds one slot, so Ray's own tasks always find
-        one); on a cluster the pool starts at one and grows as the autoscaler brings GPUs."""
+        threads shared out among them; on a cluster the pool starts at one and grows as the
+        autoscaler brings GPUs (``reserve_gpus`` asks for them all at once)."""
         from ray.data import ActorPoolStrategy
 
         most = max(1, min(self.workers, blocks))
         resources: dict[str, Any] = {"num_gpus": self.gpus} if self.gpus else {"num_cpus": 1}
+        # a lost worker's actor is restarted and its batch retried, a few times, not forever: a
+        # partition that kills every worker it meets (out of memory, a CUDA fault) fails the
+        # job, whose finished partitions stay written for the retry
+        resources.update(max_restarts=ACTOR_RESTARTS, max_task_retries=ACTOR_RESTARTS)
         if self.local:
             env = {k: os.environ[k] for k in _LOCAL_ENV if k in os.environ}
             if not self.gpus:  # a pool smaller than the CPU slots shares out their threads
@@ -97,7 +104,7 @@ class Fleet:
         return {"compute": ActorPoolStrategy(min_size=1, max_size=most), **resources}
 
 
-_connected: dict[str, Fleet] = {}  # the process's Ray, once connected
+_connected: dict[str, Any] = {}  # the process's Ray, once connected; whether it started it
 
 
 def connect(settings: PrecomputeSettings) -> Fleet:
@@ -105,7 +112,8 @@ def connect(settings: PrecomputeSettings) -> Fleet:
     import ray
 
     if "fleet" in _connected and ray.is_initialized():
-        return _connected["fleet"]
+        fleet: Fleet = _connected["fleet"]
+        return fleet
     address = settings.ray_address
     quiet = {"logging_level": logging.WARNING, "log_to_driver": False}
     if address and not ray.is_initialized():
@@ -119,6 +127,7 @@ def connect(settings: PrecomputeSettings) -> Fleet:
         else:
             # Ray's default for a new local cluster, token authentication, is kept: not said
             logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
+            _connected["started"] = True
             ray.init(
                 address="local",  # a Ray of its own, never one found running on the machine
                 num_cpus=settings.ray_workers or os.cpu_count() or 1,
@@ -148,13 +157,27 @@ def connect(settings: PrecomputeSettings) -> Fleet:
     return fleet
 
 
+def reserve_gpus(fleet: Fleet, count: int) -> None:
+    """On a fleet, ask its autoscaler for ``count`` GPUs at once (Ray Data's pool would
+    otherwise grow a node at a time); ``count`` 0 hands them back. Nothing locally."""
+    if fleet.local or not fleet.gpus:
+        return
+    from ray.autoscaler.sdk import request_resources
+
+    try:
+        request_resources(bundles=[{"GPU": 1.0}] * count)
+    except Exception as error:  # an autoscaler that does not take requests: the pool grows
+        log.warning("could not ask the autoscaler for %d GPUs: %s", count, error)
+
+
 def disconnect() -> None:
-    """Leave Ray (a local one this process started stops with it); the next job connects
-    again."""
+    """Stop the local Ray this process started (``connect``); a Ray it only joined (a test
+    session's, a cluster) is left as it is. The next job connects again."""
     import ray
 
+    started = _connected.pop("started", False)
     _connected.clear()
-    if ray.is_initialized():
+    if started and ray.is_initialized():
         ray.shutdown()
 
 
@@ -214,6 +237,14 @@ def bound_class(cls: type, **arguments: Any) -> type:
 
     Bound.__name__ = Bound.__qualname__ = cls.__name__
     return Bound
+
+
+def last_line(error: BaseException) -> str:
+    """A failed Ray job's error in one line: the remote exception's own (Ray wraps it in the
+    actor's name and a traceback), colours removed."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(error).splitlines()]
+    lines = [line for line in lines if line]
+    return lines[-1] if lines else type(error).__name__
 
 
 def pool_size(pool: Mapping[str, Any]) -> int:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from precompute.fleet import Fleet, FleetError, bound_class, pool_size
+from precompute.fleet import Fleet, FleetError, bound_class, last_line, pool_size, reserve_gpus
 
 if TYPE_CHECKING:
     import numpy as np
@@ -57,24 +57,38 @@ class RayEncoder:
 
         if not texts:
             return
-        resolve_embedder_path(self.spec, self.cache_dir)  # converted once, here, not per actor
+        cache_dir = self.cache_dir if self.fleet.local else None  # a fleet's: its machines' own
+        if self.fleet.local:
+            resolve_embedder_path(self.spec, cache_dir)  # converted once, here, not per actor
         blocks = [
             pa.table({"text": pa.array(list(texts[i : i + self.chunk]), pa.string())})
             for i in range(0, len(texts), self.chunk)
         ]
         pool = self.fleet.actors(len(blocks))
         dataset = ray.data.from_arrow(blocks).map_batches(
-            bound_class(_Embedder, spec=self.spec, cache_dir=self.cache_dir),
+            bound_class(_Embedder, spec=self.spec, cache_dir=cache_dir),
             batch_size=self.chunk,  # a block (one chunk) per call
             batch_format="pyarrow",
             **pool,
         )
         self.where = self.fleet.where(pool_size(pool))
         came = 0
-        for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
-            vectors = np.ascontiguousarray(batch["vector"], dtype=np.float32)
-            came += len(vectors)
-            yield vectors
+        batches = iter(dataset.iter_batches(batch_size=None, batch_format="numpy"))
+        reserve_gpus(self.fleet, pool_size(pool))
+        try:
+            while True:
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    break
+                except Exception as error:  # past Ray's retries: one line, as generation's
+                    where = self.where
+                    raise FleetError(f"embedding on {where} failed: {last_line(error)}") from error
+                vectors = np.ascontiguousarray(batch["vector"], dtype=np.float32)
+                came += len(vectors)
+                yield vectors
+        finally:
+            reserve_gpus(self.fleet, 0)
         if came != len(texts):
             raise FleetError(f"the embedding job returned {came} vectors for {len(texts)} texts")
 

@@ -6,13 +6,26 @@ attempt is recorded (``WorkArea.attempt``): the report names the partitions redo
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from precompute.fleet import Fleet, FleetError, bound_class, pool_size, shipped, worker_name
+from precompute.fleet import (
+    Fleet,
+    FleetError,
+    bound_class,
+    last_line,
+    pool_size,
+    reserve_gpus,
+    shipped,
+    worker_name,
+)
+from precompute.generate import answer_schema
 
 if TYPE_CHECKING:
     from origin.config import EngineSettings
@@ -26,24 +39,35 @@ if TYPE_CHECKING:
 class Job:
     """One run's generation, as its actors need it: where its work area is and how to answer."""
 
-    out_uri: str
+    out_uri: str  # the store's absolute URI: an actor's working folder is not the driver's
     profile: str
     run: str
     settings: EngineSettings
     quantization: EngineQuantization
     generated_at: datetime
+    own_cache: bool = False  # the actors use their own EDGEQA_CACHE_DIR (a fleet's machines)
 
     @classmethod
     def of(
         cls,
+        fleet: Fleet,
         settings: PrecomputeSettings,
         quantization: EngineQuantization,
-        out_uri: str,
         work: WorkArea,
         generated_at: datetime,
     ) -> Job:
-        """The job of ``work``'s run, its settings without a secret (``shipped``)."""
-        return cls(out_uri, work.profile, work.run, shipped(settings), quantization, generated_at)
+        """The job of ``work``'s run on ``fleet``, its settings without a secret
+        (``shipped``)."""
+        engine = shipped(settings)
+        return cls(
+            work.store.uri,
+            work.profile,
+            work.run,
+            engine,
+            quantization,
+            generated_at,
+            not fleet.local,
+        )
 
 
 class _Answerer:
@@ -56,12 +80,21 @@ class _Answerer:
         from precompute.workarea import WorkArea
 
         self.job = job
+        if job.own_cache:  # the driver's cache folder is on the driver's machine
+            from origin.config import EngineSettings
+
+            own = EngineSettings.from_env().cache_dir
+            self.job = dataclasses.replace(
+                job, settings=job.settings.model_copy(update={"cache_dir": own})
+            )
         self.work = WorkArea(open_store(job.out_uri), job.profile, job.run)
+        # the run's reused answers as one Arrow table (a million answers' text is held once,
+        # not as a dict per row); a partition takes its own rows from it
         try:
-            rows = self.work.get_table(self.work.reused).to_pylist()
+            self.reused = self.work.get_table(self.work.reused)
         except ObjectNotFoundError:
-            rows = []
-        self.reused = {row["key"]: row for row in rows}
+            self.reused = answer_schema().empty_table()
+        self.reused_at = {k: i for i, k in enumerate(self.reused.column("key").to_pylist())}
         self.engine: Any = None
 
     def _engine(self) -> Any:
@@ -72,17 +105,21 @@ class _Answerer:
         return self.engine
 
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, list[Any]]:
+        import pyarrow as pa
+
         from precompute.generate import generate_partition
 
-        done: dict[str, list[Any]] = {
-            k: [] for k in ("partition", "generated", "tokens", "started", "ended", "worker")
-        }
+        fields = ("partition", "generated", "tokens", "started", "ended", "worker", "flags")
+        done: dict[str, list[Any]] = {k: [] for k in fields}
         for index, keys, questions in zip(
             batch["partition"], batch["keys"], batch["questions"], strict=True
         ):
             names, texts = [str(k) for k in keys], [str(q) for q in questions]
             self.work.attempt(int(index), worker_name())
-            todo = sum(1 for k in names if k not in self.reused)
+            taken = [self.reused_at[k] for k in names if k in self.reused_at]
+            rows = self.reused.take(pa.array(taken, pa.int64())).to_pylist()
+            reused = {r["key"]: r for r in rows}
+            todo = len(names) - len(reused)
             if todo:
                 self._engine()  # built before the clock starts: the answers are timed
             started = time.time()
@@ -93,15 +130,13 @@ class _Answerer:
                 self.job.settings.max_tokens,
                 self.job.settings.system_prompt,
                 self.job.generated_at,
-                self.reused,
+                reused,
             )
             self.work.put_table(self.work.partition(int(index)), table)  # the checkpoint
-            for name, value in zip(
-                done,
-                (int(index), todo, tokens, started, time.time(), worker_name()),
-                strict=True,
-            ):
-                done[name].append(value)
+            flags = Counter(f for f in table.column("flag").to_pylist() if f)
+            values = (int(index), todo, tokens, started, time.time(), worker_name(), flags)
+            for name, value in zip(fields, values, strict=True):
+                done[name].append(json.dumps(value) if name == "flags" else value)
         return done
 
 
@@ -141,6 +176,7 @@ def generate_partitions(
         for n, i in enumerate(todo)
     ]
     pool = fleet.actors(len(items))
+    reserve_gpus(fleet, pool_size(pool))
     dataset = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
         bound_class(_Answerer, job=job),
         batch_size=1,  # a partition per call: each is checkpointed before the next starts
@@ -150,7 +186,9 @@ def generate_partitions(
         rows = dataset.take_all()
     except Exception as error:  # a partition failed past Ray's retries: the rest are kept
         where = fleet.where(pool_size(pool))
-        raise FleetError(f"generation on {where} failed: {error}") from error
+        raise FleetError(f"generation on {where} failed: {last_line(error)}") from error
+    finally:
+        reserve_gpus(fleet, 0)
     workers = len({r["worker"] for r in rows})
     return Generated(rows, fleet.where(workers))
 
@@ -174,9 +212,13 @@ def generate_on_fleet(
     key_parts = partitions(keys, partition_size)
     question_parts = partitions(questions, partition_size)
     report.partitions = len(key_parts)
+    written = set(work.store.list(work.partition(0).rsplit("/", 1)[0]))  # one listing
     todo: list[int] = []
     for index in range(len(key_parts)):
-        try:
+        if work.partition(index) not in written:
+            todo.append(index)
+            continue
+        try:  # answered by an earlier attempt at this run: counted as it is
             report.count_flags(work.get_table(work.partition(index)).to_pylist())
             report.partitions_reused += 1
         except ObjectNotFoundError:
@@ -188,17 +230,19 @@ def generate_on_fleet(
         [key_parts[i] for i in todo],
         [question_parts[i] for i in todo],
     )
-    for row in done.rows:
-        table = work.get_table(work.partition(row["partition"]))
-        report.count_flags(table.to_pylist())
+    for row in done.rows:  # what each partition's actor counted as it wrote it
+        answers = len(key_parts[row["partition"]])
+        report.answers += answers
+        for flag, n in json.loads(row["flags"]).items():
+            report.flagged[flag] = report.flagged.get(flag, 0) + n
         report.generated += row["generated"]
-        report.reused += table.num_rows - row["generated"]
+        report.reused += answers - row["generated"]
         report.tokens += row["tokens"]
     missing = sorted(set(todo) - {row["partition"] for row in done.rows})
     if missing:
         raise FleetError(f"partitions {missing} came back from no worker")
     report.seconds = done.seconds
     report.ran_on = done.where or "nothing to generate"
-    attempts = work.attempts()
-    report.redone = sorted(i for i in todo if len(attempts.get(i, ())) > 1)
+    tried = Counter(work.attempted())
+    report.redone = sorted(i for i in todo if tried[i] > 1)
     return report
