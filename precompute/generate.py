@@ -295,16 +295,16 @@ def generate_all(
     settings: EngineSettings,
     partition_size: int,
     generated_at: datetime | None = None,
-    only: Sequence[int] | None = None,
     progress: bool = True,
     reused: Mapping[str, dict[str, Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], GenerationReport]:
     """Answer every question (``settings``: max_tokens, system prompt), partition by partition,
-    reusing finished partitions; ``only``: just these partition indexes (an Airflow mapped task
-    does one each). ``generated_at``: the instant the answers are dated (the run's "as of", so
-    that re-running a night builds the same release; default now). ``reused``: answers taken as
-    they are instead of generated, by key (``reusable_answers``). Returns the rows of the
-    partitions done, in order, and the report."""
+    in this process with one engine, reusing finished partitions (the nightly job's path is
+    ``fleet.generation.generate_on_fleet``: the same partitions as a Ray job).
+    ``generated_at``: the instant the answers are dated (the run's "as of", so that re-running a
+    night builds the same release; default now). ``reused``: answers taken as they are instead
+    of generated, by key (``reusable_answers``). Returns the rows of the partitions done, in
+    order, and the report."""
     from tqdm import tqdm
 
     report = GenerationReport()
@@ -321,7 +321,7 @@ def generate_all(
     reused = reused or {}
     rows: list[dict[str, Any]] = []
     bar = tqdm(total=len(questions), desc="generating", unit="answer", disable=not progress)
-    for index in range(len(key_parts)) if only is None else only:
+    for index in range(len(key_parts)):
         path = work.partition(index)
         try:
             table = work.get_table(path)

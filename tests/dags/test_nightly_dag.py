@@ -57,7 +57,7 @@ def _logs(store: Any) -> None:
 
 @pytest.fixture(scope="module")
 def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """An Airflow home (SQLite) with the DAG folder and the GPU pool, migrated once."""
+    """An Airflow home (SQLite) with the DAG folder, migrated once."""
     home = tmp_path_factory.mktemp("airflow")
     bin_dir = Path(sys.executable).parent
     env = {
