@@ -18,6 +18,11 @@ if TYPE_CHECKING:
 # nothing may come from a hub: every model is local
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # the suite runs as two workers (pyproject's addopts: a test file per worker at a time): one
+    # math thread each, and their children's, so two workers share the cores instead of four
+    # threads spinning on two
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,6 +36,21 @@ def fast_weights() -> str:
 
 
 VENV_BIN = Path(sys.executable).parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before the workers start (in the controller, once): the token a local Ray authenticates
+    with (``~/.ray/auth_token``), made if missing, so that two workers starting their Rays at
+    once do not each write their own."""
+    if hasattr(config, "workerinput"):
+        return
+    from ray._private.authentication.authentication_token_setup import (
+        _get_default_token_path,
+        generate_and_save_token,
+    )
+
+    if not _get_default_token_path().is_file():
+        generate_and_save_token()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

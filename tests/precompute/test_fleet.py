@@ -133,7 +133,7 @@ def test_a_ray_run_builds_the_in_process_release_and_a_lost_worker_redoes_only_i
     # greedy: the tokens do not depend on where they are made (the quickest weights here; the
     # nightly default, int8, is compared answer for answer by benchmarks/ray_generation.py)
     config = PipelineConfig.from_env(
-        {}, max_tokens=64, partition_size=3, quantization=fast_weights()
+        {}, max_tokens=32, partition_size=3, quantization=fast_weights()
     )
     started = datetime(2026, 11, 29, 2, tzinfo=UTC)
 
