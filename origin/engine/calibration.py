@@ -9,7 +9,12 @@ minimise the layer's output error; ``alpha = 0`` (no scaling) is always a candid
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,6 +40,110 @@ CALIBRATION_PROMPTS = (
 
 ALPHAS = (0.0, 0.25, 0.5, 0.75)
 _MAX_ROWS = 512
+# the chosen scales, kept beside a converted model (``origin.model``'s cache folder): collecting
+# the activations and searching the alphas take seconds per engine built (7 s on 2 cores), which
+# every INT8 origin start and every nightly actor would spend again on the same weights
+CACHE_FILE = "edgeqa-int8-calibration.safetensors"
+_METHOD = "awq-weight-error-1"  # bump when what is chosen, or how, changes
+
+log = logging.getLogger(__name__)
+
+Quantize = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def awq_scales(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    weights: Mapping[tuple[int, str], torch.Tensor],
+    quantize: Quantize,
+) -> dict[tuple[int, str], torch.Tensor | None]:
+    """Per linear (``weights``: (layer, name) -> [out, in]), the input-channel scales that
+    ``activation_scales`` picks (None: scaling does not help it). A model converted into the
+    cache (``origin.model``) keeps them beside its weights, keyed by its source file, this
+    method, the calibration prompts and the CPU's kernels, so the next engine built on the same
+    weights reads them back instead of calibrating again."""
+    key = _cache_key(model)
+    cached = _read(model, key, weights) if key else None
+    if cached is not None:
+        return cached
+    inputs = collect_linear_inputs(model, tokenizer)
+    chosen = {
+        name: activation_scales(weight, inputs[name], quantize)[0]
+        for name, weight in weights.items()
+        if name in inputs
+    }
+    if key:
+        _write(model, key, chosen)
+    return chosen
+
+
+def _cache_key(model: PreTrainedModel) -> str | None:
+    """What the chosen scales depend on, or None for a model not converted into the cache (a
+    folder of the user's own: calibrated every time, nothing written into it)."""
+    from origin.model import MARKER
+
+    try:
+        record = json.loads((Path(str(model.name_or_path)) / MARKER).read_text())
+        fingerprint = str(record["fingerprint"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    parts = {
+        "method": _METHOD,
+        "weights": fingerprint,
+        "dtype": str(model.dtype),
+        "prompts": CALIBRATION_PROMPTS,
+        "alphas": ALPHAS,
+        "rows": _MAX_ROWS,
+        # the activations are the forward's: its kernels' rounding differs by ISA and version
+        "torch": torch.__version__,
+        "isa": torch.backends.cpu.get_cpu_capability(),
+        "onednn": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _read(
+    model: PreTrainedModel, key: str, weights: Mapping[tuple[int, str], torch.Tensor]
+) -> dict[tuple[int, str], torch.Tensor | None] | None:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(Path(str(model.name_or_path)) / CACHE_FILE), "pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("key") != key:
+                return None
+            names = {f"{i}.{n}" for i, n in weights}
+            if set(json.loads(meta["linears"])) != names:
+                return None
+            stored = set(f.keys())
+            scales: dict[tuple[int, str], torch.Tensor | None] = {}
+            for i, n in weights:
+                name = f"{i}.{n}"
+                value = f.get_tensor(name) if name in stored else None
+                if value is not None and value.shape != (weights[(i, n)].shape[1],):
+                    return None
+                scales[(i, n)] = value
+            return scales
+    except (OSError, SafetensorError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write(
+    model: PreTrainedModel, key: str, scales: Mapping[tuple[int, str], torch.Tensor | None]
+) -> None:
+    from safetensors.torch import save_file
+
+    target = Path(str(model.name_or_path)) / CACHE_FILE
+    tensors = {f"{i}.{n}": s.float().contiguous() for (i, n), s in scales.items() if s is not None}
+    meta = {"key": key, "linears": json.dumps(sorted(f"{i}.{n}" for i, n in scales))}
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        save_file(tensors, str(tmp), meta)
+        tmp.chmod(0o644)  # readable as the conversion beside it is
+        os.replace(tmp, target)
+    except OSError as error:  # a read-only cache: calibrated again next time
+        log.info("could not keep the INT8 calibration in %s: %s", target, error)
+        tmp.unlink(missing_ok=True)
 
 
 def collect_linear_inputs(
@@ -96,7 +205,7 @@ def _recorder(
 def activation_scales(
     weight: torch.Tensor,
     inputs: torch.Tensor,
-    quantize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    quantize: Quantize,
     alphas: Sequence[float] = ALPHAS,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """The per-input-channel scales ``s`` ([in], or None for none) that minimise

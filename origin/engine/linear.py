@@ -176,16 +176,16 @@ def calibrated_int8(
     weight: torch.Tensor, calibration: torch.Tensor | None
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """(the activations' scale at run time or None, INT8 weights [out, in], per-channel scales):
-    activation-aware scaling (``calibration.py``) when sample inputs are given."""
-    from origin.engine.calibration import activation_scales
-
+    with ``calibration``, the input-channel scales ``s`` that activation-aware calibration chose
+    (``calibration.awq_scales``), the weights quantized as ``W s`` and the activations divided
+    by ``s`` at run time."""
     if calibration is None:
         q, scales = quantize_per_channel_int8(weight)
         return None, q, scales
-    act_scales, q, scales = activation_scales(weight, calibration, quantize_per_channel_int8)
     device = weight.device
-    input_scale = None if act_scales is None else (1.0 / act_scales).to(device)
-    return input_scale, q.to(device), scales.to(device)
+    act_scales = calibration.float().cpu()
+    q, scales = quantize_per_channel_int8(weight.float().cpu() * act_scales[None, :])
+    return (1.0 / act_scales).to(device), q.to(device), scales.to(device)
 
 
 class Int8WeightOnlyLinear:

@@ -19,7 +19,7 @@ import torch
 from origin.engine import kernels
 from origin.engine.attention import AttentionPlan
 from origin.engine.kv_cache import SlotKVCache
-from origin.engine.linear import Linear, make_linear
+from origin.engine.linear import Linear, make_linear, quantize_per_channel_int8
 from origin.engine.ops import rms_norm, rope_table, rotate, silu_mul
 from origin.precision import GGUF_BLOCK_QUANTIZATIONS
 
@@ -148,16 +148,18 @@ class LlamaRunner:
         self.eps = config.rms_norm_eps
         self.scale = self.head_dim**-0.5
         base: Any = model.model
-        calibration: dict[tuple[int, str], torch.Tensor] = {}
+        calibration: dict[tuple[int, str], torch.Tensor | None] = {}
         calibrated = quantization == "w8a8" or (
             quantization == "int8" and self.device.type == "cpu"
         )
-        if calibrated and tokenizer is not None:
-            from origin.engine.calibration import collect_linear_inputs
-
-            calibration = collect_linear_inputs(model, tokenizer)
         with torch.no_grad():
             fused = [fused_projections(layer) for layer in base.layers]
+        if calibrated and tokenizer is not None:
+            from origin.engine.calibration import awq_scales
+
+            weights = {(i, n): w for i, group in enumerate(fused) for n, (w, _) in group.items()}
+            calibration = awq_scales(model, tokenizer, weights, quantize_per_channel_int8)
+        with torch.no_grad():
             linears, self.lm_head = self._linears(model, fused, quantization, calibration)
             self.layers = [
                 _Layer(layer, layer_linears, self.batch_invariant)
@@ -194,7 +196,7 @@ class LlamaRunner:
         model: PreTrainedModel,
         fused: list[dict[str, tuple[torch.Tensor, torch.Tensor | None]]],
         quantization: str,
-        calibration: dict[tuple[int, str], torch.Tensor],
+        calibration: dict[tuple[int, str], torch.Tensor | None],
     ) -> tuple[list[dict[str, Linear]], Linear]:
         """Every layer's linears and the LM head, for ``quantization``."""
         head_weight = model.lm_head.weight.detach()

@@ -86,7 +86,10 @@ class Fleet:
         """``map_batches``' arguments for an actor pool over ``blocks`` blocks: never more
         actors than blocks (an idle actor still loads its model), and locally the CPU slots'
         threads shared out among them; on a cluster the pool starts at one and grows as the
-        autoscaler brings GPUs (``reserve_gpus`` asks for them all at once)."""
+        autoscaler brings GPUs (``reserve_gpus`` asks for them all at once). A batch goes only
+        to an idle actor: the first actor ready would otherwise queue the first batches while
+        the others still load their models (measured: 40,000 wordings in 3 blocks ran at 281/s
+        on 2 workers, against 457/s in one process)."""
         from ray.data import ActorPoolStrategy
 
         most = max(1, min(self.workers, blocks))
@@ -100,8 +103,10 @@ class Fleet:
             if not self.gpus:  # a pool smaller than the CPU slots shares out their threads
                 env["OMP_NUM_THREADS"] = str(max(1, self.workers // most))
             resources["runtime_env"] = {"env_vars": env}
-            return {"compute": ActorPoolStrategy(size=most), **resources}
-        return {"compute": ActorPoolStrategy(min_size=1, max_size=most), **resources}
+            pool = ActorPoolStrategy(size=most, max_tasks_in_flight_per_actor=1)
+            return {"compute": pool, **resources}
+        pool = ActorPoolStrategy(min_size=1, max_size=most, max_tasks_in_flight_per_actor=1)
+        return {"compute": pool, **resources}
 
 
 _connected: dict[str, Any] = {}  # the process's Ray, once connected; whether it started it

@@ -1,4 +1,4 @@
-"""Mining's embedding as a Ray Data job: the night's wordings, a chunk per batch, one embedder
+"""Mining's embedding as a Ray Data job: the night's wordings, a block per batch, one embedder
 per actor (``encode_chunks``, the lean fp32 forward), the vectors back in order as they come
 (``clustering.embed``'s ``encode``)."""
 
@@ -94,6 +94,9 @@ class RayEncoder:
 
 
 def encoder(fleet: Fleet, spec: str, cache_dir: Path | None) -> RayEncoder:
+    """Blocks of ``TOKENIZE_CHUNK`` texts, the chunks ``encode_chunks`` cuts in one process:
+    the same rows in each forward, so the same vectors; small enough (4,096) that every actor
+    stays busy to the end of the night's wordings."""
     from edge_index.query_encoder import TOKENIZE_CHUNK
 
     return RayEncoder(fleet, spec, cache_dir, TOKENIZE_CHUNK)

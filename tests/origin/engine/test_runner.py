@@ -90,3 +90,42 @@ def test_sliding_window_shorter_than_max_len_is_refused() -> None:
     with pytest.raises(ValueError, match="sliding_window 16"):
         LlamaRunner(model, num_slots=1, max_len=64)
     assert isinstance(make_runner(model, 1, 64), HFRunner)
+
+
+def _int8_weights(runner: LlamaRunner) -> list[torch.Tensor]:
+    return [
+        t
+        for layer in runner.layers
+        for name in ("qkv", "o", "gate_up", "down")
+        for t in (getattr(layer, name).packed, getattr(layer, name).in_scale)
+        if t is not None
+    ]
+
+
+def test_int8_calibration_is_kept_beside_the_conversion_and_read_back(
+    embedded_model, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Activation-aware INT8 calibration runs once per converted model: the next runner built on
+    the same weights reads the chosen scales back (the same INT8 weights) instead of running the
+    calibration prompts again; a record made another way (here: another method) is not used."""
+    from pathlib import Path
+
+    from origin.engine import calibration
+
+    model, tokenizer = embedded_model
+    kept = Path(str(model.name_or_path)) / calibration.CACHE_FILE
+    kept.unlink(missing_ok=True)
+    first = _int8_weights(make_runner(model, 1, 64, "int8", tokenizer))
+    assert kept.is_file()
+
+    def no_calibration(*_: object, **__: object) -> None:
+        raise AssertionError("calibrated again")
+
+    monkeypatch.setattr(calibration, "collect_linear_inputs", no_calibration)
+    again = _int8_weights(make_runner(model, 1, 64, "int8", tokenizer))
+    assert len(again) == len(first) and any(t.dtype == torch.float32 for t in first)
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+
+    monkeypatch.setattr(calibration, "_METHOD", "another-method")
+    with pytest.raises(AssertionError, match="calibrated again"):
+        make_runner(model, 1, 64, "int8", tokenizer)
