@@ -103,8 +103,8 @@ def embedding_order(n: int, exact_rows: int) -> np.ndarray:
     (the exact index holds them all); past it, at random (seeded), so that the first chunks
     embedded are a fair sample to train the inverted file on and every later chunk goes into it
     as it is embedded. Only the rows it trains on wait for the index (a million log rows:
-    114,688 of 402,732 wordings, whole chunks; 176 MB of fp32 vectors, where all of them held
-    618 MB)."""
+    114,688 of 402,732 wordings, whole chunks of 16,384 as then; 176 MB of fp32 vectors, where
+    all of them held 618 MB)."""
     if n <= exact_rows:
         return np.arange(n, dtype=np.int64)
     return np.random.default_rng(0).permutation(n).astype(np.int64)

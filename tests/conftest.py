@@ -42,13 +42,15 @@ def pytest_configure(config: pytest.Config) -> None:
     """Before the workers start (in the controller, once): the token a local Ray authenticates
     with (``~/.ray/auth_token``), made if missing, so that two workers starting their Rays at
     once do not each write their own."""
-    if hasattr(config, "workerinput"):
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", 0):
         return
-    from ray._private.authentication.authentication_token_setup import (
-        _get_default_token_path,
-        generate_and_save_token,
-    )
-
+    try:  # Ray's own token file and format (ray 2.60; a later Ray that moves them: no token)
+        from ray._private.authentication.authentication_token_setup import (
+            _get_default_token_path,
+            generate_and_save_token,
+        )
+    except ImportError:
+        return
     if not _get_default_token_path().is_file():
         generate_and_save_token()
 

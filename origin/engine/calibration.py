@@ -62,7 +62,7 @@ def awq_scales(
     cache (``origin.model``) keeps them beside its weights, keyed by its source file, this
     method, the calibration prompts and the CPU's kernels, so the next engine built on the same
     weights reads them back instead of calibrating again."""
-    key = _cache_key(model)
+    key = _cache_key(model, quantize)
     cached = _read(model, key, weights) if key else None
     if cached is not None:
         return cached
@@ -77,20 +77,28 @@ def awq_scales(
     return chosen
 
 
-def _cache_key(model: PreTrainedModel) -> str | None:
+def _cache_key(model: PreTrainedModel, quantize: Quantize) -> str | None:
     """What the chosen scales depend on, or None for a model not converted into the cache (a
     folder of the user's own: calibrated every time, nothing written into it)."""
+    import transformers
+
     from origin.model import MARKER
 
+    folder = Path(str(model.name_or_path))
     try:
-        record = json.loads((Path(str(model.name_or_path)) / MARKER).read_text())
+        record = json.loads((folder / MARKER).read_text())
         fingerprint = str(record["fingerprint"])
+        weights = (folder / "model.safetensors").stat()  # the converted weights, as written
     except (OSError, ValueError, KeyError, TypeError):
         return None
     parts = {
         "method": _METHOD,
-        "weights": fingerprint,
+        "quantize": f"{quantize.__module__}.{quantize.__qualname__}",
+        "weights": [fingerprint, weights.st_size, weights.st_mtime_ns],
         "dtype": str(model.dtype),
+        "device": model.device.type,
+        "attention": str(getattr(model.config, "_attn_implementation", "")),
+        "transformers": transformers.__version__,
         "prompts": CALIBRATION_PROMPTS,
         "alphas": ALPHAS,
         "rows": _MAX_ROWS,
@@ -120,7 +128,7 @@ def _read(
             for i, n in weights:
                 name = f"{i}.{n}"
                 value = f.get_tensor(name) if name in stored else None
-                if value is not None and value.shape != (weights[(i, n)].shape[1],):
+                if value is not None and not _usable(value, weights[(i, n)].shape[1]):
                     return None
                 scales[(i, n)] = value
             return scales
@@ -128,9 +136,20 @@ def _read(
         return None
 
 
+def _usable(scales: torch.Tensor, in_features: int) -> bool:
+    """Scales a runner can divide by: one per input channel, finite and positive."""
+    return (
+        scales.dtype == torch.float32
+        and scales.shape == (in_features,)
+        and bool(torch.isfinite(scales).all())
+        and bool((scales > 0).all())
+    )
+
+
 def _write(
     model: PreTrainedModel, key: str, scales: Mapping[tuple[int, str], torch.Tensor | None]
 ) -> None:
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     target = Path(str(model.name_or_path)) / CACHE_FILE
@@ -141,7 +160,7 @@ def _write(
         save_file(tensors, str(tmp), meta)
         tmp.chmod(0o644)  # readable as the conversion beside it is
         os.replace(tmp, target)
-    except OSError as error:  # a read-only cache: calibrated again next time
+    except (OSError, SafetensorError) as error:  # a read-only cache: calibrated next time
         log.info("could not keep the INT8 calibration in %s: %s", target, error)
         tmp.unlink(missing_ok=True)
 

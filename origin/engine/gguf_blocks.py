@@ -95,6 +95,7 @@ def _load_cached(
 def _save_cached(
     model: PreTrainedModel, fingerprint: str, linears: dict[str, kernels.PackedLinear]
 ) -> None:
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     target = _cache_file(model)
@@ -108,7 +109,7 @@ def _save_cached(
         save_file({n: p.packed.contiguous() for n, p in linears.items()}, str(tmp), meta)
         tmp.chmod(0o644)  # readable as the conversion beside it is
         os.replace(tmp, target)
-    except OSError as error:  # a read-only cache: packed again next time
+    except (OSError, SafetensorError) as error:  # a read-only cache: packed again next time
         log.info("could not keep the packed GGUF blocks in %s: %s", target, error)
         tmp.unlink(missing_ok=True)
 

@@ -392,7 +392,8 @@ def make_linear(
     act_bits: int = 8,
     fixed_order: bool = False,
 ) -> Linear:
-    """The linear layer for ``quantization``; ``calibration`` (sample inputs) tunes CPU INT8;
+    """The linear layer for ``quantization``; ``calibration`` (the input-channel scales
+    ``calibration.awq_scales`` chose) tunes CPU INT8;
     ``act_bits``: the activation integers' width in ``w8a8``; ``fixed_order``: the batch-invariant
     CPU GEMM for fp32, bf16 and INT8 weights (``w8a8`` is invariant by its arithmetic)."""
     if quantization not in ENGINE_QUANTIZATIONS:

@@ -412,7 +412,8 @@ def make_runner(
 ) -> Runner:
     """The lean runner when the architecture allows, else the generic one (no INT8 there).
 
-    With a tokenizer, CPU INT8 is calibrated on a few prompts (activation-aware scaling);
+    With a tokenizer, CPU INT8 is calibrated on a few prompts (activation-aware scaling; the
+    chosen scales kept beside a converted model: ``calibration.awq_scales``);
     ``batch_invariant``: a row's numbers never depend on the rest of the step (``docs/engine.md``).
     The generic runner computes one segment per forward, so only its prompt chunking can vary."""
     if unsupported_reason(model, max_len) is None:

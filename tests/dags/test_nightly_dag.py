@@ -210,8 +210,16 @@ def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
     report = json.loads(refused.stdout)["en"]
     assert report["status"] == "refused" and "at least 100000 required" in report["refused"]
     assert report["runner"] == "cli" and report["generation"]["generated"] == 0
-    assert report["build"]["version"] == pointer["version"]  # the DAG's release, to the byte
     assert read_pointer(store, profiles[0])[0] == pointer  # untouched
+    # the release it staged is the DAG's: the same version (its rows and instant) and the same
+    # manifest, field for field, but for who ran it, the run and what it was built on
+    staged = f"{profiles[0]}/work/{report['run_id']}/release/manifest.json"
+    from_cli = json.loads(store.get(staged))
+    assert from_cli["version"] == pointer["version"] and from_cli["runner"] == "cli"
+    run_fields = {"runner", "run_id", "parent"}
+    assert {k: v for k, v in from_dag.items() if k not in run_fields} == {
+        k: v for k, v in from_cli.items() if k not in run_fields
+    }
 
 
 # -- the stages the DAG calls ---------------------------------------------------------------------

@@ -129,3 +129,30 @@ def test_int8_calibration_is_kept_beside_the_conversion_and_read_back(
     monkeypatch.setattr(calibration, "_METHOD", "another-method")
     with pytest.raises(AssertionError, match="calibrated again"):
         make_runner(model, 1, 64, "int8", tokenizer)
+    monkeypatch.undo()
+
+    # a damaged record is not used, and a cache that cannot be written only costs the next
+    # engine its calibration again (safetensors reports a failed write as its own error)
+    from safetensors import SafetensorError
+
+    kept.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")
+
+    def unwritable(*_: object, **__: object) -> None:
+        raise SafetensorError("Error while serializing: I/O error: Read-only file system")
+
+    monkeypatch.setattr("safetensors.torch.save_file", unwritable)
+    damaged = _int8_weights(make_runner(model, 1, 64, "int8", tokenizer))
+    assert all(torch.equal(a, b) for a, b in zip(first, damaged, strict=True))
+    assert kept.read_bytes().endswith(b"garbage")
+
+
+def test_a_model_folder_of_the_users_own_gets_no_calibration_written(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Only a conversion in the cache (its marker beside the weights) keeps a calibration: a
+    folder the user pointed at is never written into."""
+    from types import SimpleNamespace
+
+    from origin.engine import calibration
+    from origin.engine.linear import quantize_per_channel_int8
+
+    mine = SimpleNamespace(name_or_path=str(tmp_path))
+    assert calibration._cache_key(mine, quantize_per_channel_int8) is None  # type: ignore[arg-type]
