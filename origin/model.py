@@ -108,6 +108,25 @@ def is_complete(folder: Path) -> bool:
     return all((folder / name).is_file() for name in _REQUIRED_FILES)
 
 
+def keep_beside(
+    target: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str], what: str
+) -> None:
+    """Write ``tensors`` (safetensors, with ``metadata``) to ``target`` in a conversion's folder
+    atomically (a temporary file renamed), readable as the conversion beside it is. A folder
+    that cannot be written costs only the work again next time: logged, never raised."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        save_file(tensors, str(tmp), metadata)
+        tmp.chmod(0o644)
+        os.replace(tmp, target)
+    except (OSError, SafetensorError) as error:  # safetensors' own error for a failed write
+        log.info("could not keep %s in %s: %s", what, target, error)
+        tmp.unlink(missing_ok=True)
+
+
 def ensure_converted(gguf_path: Path, cache_dir: Path) -> Path:
     """Return the safetensors folder of ``gguf_path``, converting it first if needed."""
     final = converted_dir(gguf_path, cache_dir)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -45,8 +44,6 @@ _MAX_ROWS = 512
 # every INT8 origin start and every nightly actor would spend again on the same weights
 CACHE_FILE = "edgeqa-int8-calibration.safetensors"
 _METHOD = "awq-weight-error-1"  # bump when what is chosen, or how, changes
-
-log = logging.getLogger(__name__)
 
 Quantize = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -149,20 +146,12 @@ def _usable(scales: torch.Tensor, in_features: int) -> bool:
 def _write(
     model: PreTrainedModel, key: str, scales: Mapping[tuple[int, str], torch.Tensor | None]
 ) -> None:
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
+    from origin.model import keep_beside
 
     target = Path(str(model.name_or_path)) / CACHE_FILE
     tensors = {f"{i}.{n}": s.float().contiguous() for (i, n), s in scales.items() if s is not None}
     meta = {"key": key, "linears": json.dumps(sorted(f"{i}.{n}" for i, n in scales))}
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        save_file(tensors, str(tmp), meta)
-        tmp.chmod(0o644)  # readable as the conversion beside it is
-        os.replace(tmp, target)
-    except (OSError, SafetensorError) as error:  # a read-only cache: calibrated next time
-        log.info("could not keep the INT8 calibration in %s: %s", target, error)
-        tmp.unlink(missing_ok=True)
+    keep_beside(target, tensors, meta, "the INT8 calibration")
 
 
 def collect_linear_inputs(

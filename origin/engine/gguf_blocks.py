@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +22,6 @@ from origin.engine import kernels
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-log = logging.getLogger(__name__)
 
 # GGUF names of a Llama layer's projections, in the runner's fused order
 LAYER_GROUPS = {
@@ -95,23 +91,15 @@ def _load_cached(
 def _save_cached(
     model: PreTrainedModel, fingerprint: str, linears: dict[str, kernels.PackedLinear]
 ) -> None:
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
+    from origin.model import keep_beside
 
-    target = _cache_file(model)
     meta = {
         "fingerprint": fingerprint,
         "layout": _LAYOUT,
         "linears": json.dumps({n: (p.out_features, p.kind) for n, p in linears.items()}),
     }
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        save_file({n: p.packed.contiguous() for n, p in linears.items()}, str(tmp), meta)
-        tmp.chmod(0o644)  # readable as the conversion beside it is
-        os.replace(tmp, target)
-    except (OSError, SafetensorError) as error:  # a read-only cache: packed again next time
-        log.info("could not keep the packed GGUF blocks in %s: %s", target, error)
-        tmp.unlink(missing_ok=True)
+    tensors = {n: p.packed.contiguous() for n, p in linears.items()}
+    keep_beside(_cache_file(model), tensors, meta, "the packed GGUF blocks")
 
 
 @functools.cache
