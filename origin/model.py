@@ -131,6 +131,7 @@ def ensure_converted(gguf_path: Path, cache_dir: Path) -> Path:
     """Return the safetensors folder of ``gguf_path``, converting it first if needed."""
     final = converted_dir(gguf_path, cache_dir)
     if is_complete(final):
+        _adopt_source(final, gguf_path)
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(final) + ".lock", timeout=_LOCK_TIMEOUT_S)
@@ -152,6 +153,29 @@ def ensure_converted(gguf_path: Path, cache_dir: Path) -> Path:
         if not is_complete(final):
             _convert(gguf_path, final)
     return final
+
+
+def _adopt_source(final: Path, gguf_path: Path) -> None:
+    """Name ``gguf_path`` as the source of the conversion ``final`` when the file its marker names
+    is gone or another file now. The folder is named by the GGUF's content, so the same file
+    installed elsewhere (a fresh virtual environment) finds it; precision ``gguf`` reads the
+    blocks from the source the marker names (``gguf_blocks.source_gguf``)."""
+    marker = final / MARKER
+    try:
+        record = json.loads(marker.read_text())
+        recorded = Path(record["source"])
+        if recorded.is_file() and gguf_fingerprint(recorded) == record["fingerprint"]:
+            return
+        record["source"] = str(gguf_path)
+        tmp = marker.with_name(f".{MARKER}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record, indent=2))
+        tmp.chmod(0o644)
+        os.replace(tmp, marker)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        # a cache that cannot be written still serves every precision but gguf, which says why
+        log.info("could not name %s as the source of %s: %s", gguf_path, final, error)
+        return
+    log.info("conversion %s now names its source %s", final.name, gguf_path)
 
 
 def _convert(gguf_path: Path, final: Path) -> None:

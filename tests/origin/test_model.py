@@ -172,6 +172,42 @@ def test_damaged_conversion_is_redone(model_cache_dir: Path, tmp_path: Path) -> 
     assert os.path.getsize(folder / "model.safetensors") == size
 
 
+def test_a_conversion_whose_source_is_gone_takes_the_installed_gguf(
+    model_cache_dir: Path, tmp_path: Path
+) -> None:
+    """A cache shared by two virtual environments: the conversion (named by the GGUF's content)
+    was made from a GGUF in an environment since deleted; the next load names the installed
+    file as its source, so precision gguf reads its blocks from a file that is there."""
+    from types import SimpleNamespace
+
+    from origin.engine.gguf_blocks import GGUFWeightsError, source_gguf
+    from origin.model import ensure_converted
+
+    cache = tmp_path / "cache"
+    shutil.copytree(model_cache_dir, cache)
+    gguf = embedded_gguf_path()
+    folder = converted_dir(gguf, cache)
+    record = json.loads((folder / MARKER).read_text())
+    gone = tmp_path / "deleted-venv" / gguf.name
+    (folder / MARKER).write_text(json.dumps({**record, "source": str(gone)}))
+    model = SimpleNamespace(name_or_path=str(folder))
+    with pytest.raises(GGUFWeightsError, match="gone or changed"):
+        source_gguf(model)  # type: ignore[arg-type]
+    weights = (folder / "model.safetensors").stat()
+
+    assert ensure_converted(gguf, cache) == folder
+    assert source_gguf(model) == (gguf, record["fingerprint"])  # type: ignore[arg-type]
+    assert json.loads((folder / MARKER).read_text()) == record
+    assert (folder / "model.safetensors").stat().st_mtime_ns == weights.st_mtime_ns  # not redone
+
+    # a source that is there and the same file is left as it is
+    other = tmp_path / "other-venv" / gguf.name
+    other.parent.mkdir()
+    shutil.copyfile(gguf, other)
+    assert ensure_converted(other, cache) == folder
+    assert json.loads((folder / MARKER).read_text())["source"] == str(gguf)
+
+
 def test_a_qwen2_folder_plugs_in_as_the_model_of_a_chinese_profile(
     embedded_model, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
