@@ -7,7 +7,7 @@ words and no others.
 converted from a GGUF file from that file's own 4- and 8-bit blocks, bitwise the fp32 model's
 results; ``gguf-a8`` (CPU) multiplies those blocks with activations quantized to 8 bits per block
 of 32, the arithmetic of llama.cpp's CPU backend: on AVX-512 VNNI 2x gguf's throughput at full
-batches (elsewhere several times slower than gguf: plain C), still
+batches (on AVX2 a little above gguf's; without AVX2 several times slower: plain C), still
 batch-invariant, not the fp32 model's numbers; ``auto`` is a setting's way of letting the
 builder decide for the device and model (``origin/runtime.py``): an engine itself always runs
 one of ``ENGINE_QUANTIZATIONS``.

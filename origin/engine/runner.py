@@ -126,10 +126,10 @@ class LlamaRunner:
         blocks = quantization in GGUF_BLOCK_QUANTIZATIONS
         if blocks and self.device.type != "cpu":
             raise ValueError(f"precision {quantization} runs on the CPU's kernels, not on CUDA")
-        if quantization == "gguf-a8" and not kernels.has_vnni():
+        if quantization == "gguf-a8" and kernels.a8_path() == "c":
             logger.warning(
-                "gguf-a8 without AVX-512 VNNI on this CPU: its integer dot products run in plain "
-                "C, slower than gguf's (the same answers as on a VNNI CPU); prefer gguf here"
+                "gguf-a8 without AVX2 on this CPU: its integer dot products run in plain C, "
+                "slower than gguf's (the same answers as with AVX2 or VNNI); prefer gguf here"
             )
         # batch-invariant on a CPU: the fixed-order kernels (kernels/), fp32 activations and cache;
         # GGUF blocks are read by those kernels alone

@@ -95,8 +95,8 @@ def library() -> ctypes.CDLL:
     lib.fo_forward.restype = ctypes.c_int
     lib.fo_set_simd.argtypes = [ctypes.c_int]
     lib.fo_set_simd.restype = ctypes.c_int
-    lib.fo_has_vnni.argtypes = []
-    lib.fo_has_vnni.restype = ctypes.c_int
+    lib.fo_a8_path.argtypes = []
+    lib.fo_a8_path.restype = ctypes.c_int
     return lib
 
 
@@ -137,10 +137,14 @@ def set_simd(on: bool | None) -> int:
     return int(library().fo_set_simd(-1 if on is None else int(on)))
 
 
-def has_vnni() -> bool:
-    """Whether this CPU runs the 8-bit activation kernels' integer dot products in AVX-512 VNNI
-    (``gguf-a8``); without it they run in plain C: the same numbers, several times slower."""
-    return bool(library().fo_has_vnni())
+A8_PATHS = ("c", "avx2", "vnni")
+
+
+def a8_path() -> str:
+    """Where the 8-bit activation kernels' integer dot products (``gguf-a8``) run on this CPU, at
+    the SIMD level in use: ``vnni`` (AVX-512 VNNI), ``avx2`` (VPMADDUBSW on 4-bit halves) or
+    ``c`` (plain C, an order of magnitude slower). The same numbers on each."""
+    return A8_PATHS[library().fo_a8_path()]
 
 
 def pack_weight(weight_t: torch.Tensor) -> torch.Tensor:

@@ -68,10 +68,10 @@ int fo_set_simd(int on) {
     return use_avx2;
 }
 
-/* whether gguf-a8's integer dot products run in VNNI here (else plain C, far slower) */
-int fo_has_vnni(void) {
+/* where gguf-a8's integer dot products run: 2 AVX-512 VNNI, 1 AVX2, 0 plain C (far slower) */
+int fo_a8_path(void) {
     if (use_avx2 < 0) fo_set_simd(-1);
-    return vnni;
+    return use_avx2 == 2 && vnni ? 2 : use_avx2 ? 1 : 0;
 }
 
 static inline float w_scalar(const void *w, int kind, int64_t i) {
@@ -713,11 +713,151 @@ A8_TILE(q8_tile1, q8_tile(a, K, w, y, ldy, r0, 1, p, 1))
 A8_TILE(q16_tile4, q8_tile(a, K, w, y, ldy, r0, 4, p, 2))
 A8_TILE(q16_tile1, q8_tile(a, K, w, y, ldy, r0, 1, p, 2))
 
+/* AVX2 without VNNI: VPDPBUSD's exact sums as VPMADDUBSW (unsigned x signed bytes, pairs
+ * summed in 16 bits), on 4-bit weights only: Q4_1's nibbles as they are, each Q8_0 byte as two
+ * nibbles (16 hi + lo). A 16-bit lane gets at most 8 such pairs in a block (activations are in
+ * -127..127): |sum| <= 8 * 2 * 15 * 127 = 30480 < 2^15, exact, and widened to 32 bits (VPMADDWD)
+ * once per block. Half a panel (8 columns, one 256-bit vector) at a time; the block's float
+ * steps are a8_scalar's, lane by lane. */
+#define TAVX2 __attribute__((target("avx2,fma,f16c")))
+
+/* Q4_1_A8: rows [r0, r0 + R) (R <= A8_ROWS) of columns 8h..8h + 7 of panel p */
+TAVX2 static inline void q4_half(const act8 *a, int64_t K, const uint8_t *w, float *y,
+                                 int64_t ldy, int64_t r0, const int R, int64_t p, int h) {
+    const int64_t nb = K / QK;
+    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    __m256 acc[A8_ROWS];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < nb; g++) {
+        const uint8_t *b = w + (p * nb + g) * Q4_BLOCK;
+        __m256i pairs[A8_ROWS]; /* 16-bit sums of 8 pairs */
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) pairs[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int G = 0; G < 4; G++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 4 * PANEL + G * 64 + 32 * h));
+            const __m256i lo = _mm256_and_si256(v, low);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const int8_t *q = a->q + (r0 + r) * K + g * QK + G * 8;
+                int32_t q0, q1;
+                memcpy(&q0, q, 4);
+                memcpy(&q1, q + 4, 4);
+                pairs[r] = _mm256_add_epi16(
+                    pairs[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(q0)),
+                                               _mm256_maddubs_epi16(hi, _mm256_set1_epi32(q1))));
+            }
+        }
+        __m256i is[A8_ROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) is[r] = _mm256_madd_epi16(pairs[r], ones);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16 * h)));
+        const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 32 + 16 * h)));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const int64_t at = (r0 + r) * nb + g;
+            const __m256 t = _mm256_mul_ps(_mm256_set1_ps(a->d[at]), _mm256_cvtepi32_ps(is[r]));
+            acc[r] = _mm256_fmadd_ps(dw, t, acc[r]);
+            acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a->s[at]), acc[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (r0 + r) * ldy + p * PANEL + 8 * h, acc[r]);
+}
+
+/* Q8_0_A8 (PASSES 1) and Q8_0_A16 (PASSES 2): rows [r0, r0 + R) of columns 8h..8h + 7 of p */
+TAVX2 static inline void q8_half(const act8 *a, int64_t K, const uint8_t *w, float *y,
+                                 int64_t ldy, int64_t r0, const int R, int64_t p, int h,
+                                 const int PASSES) {
+    const int64_t nb = K / QK;
+    const int8_t *qs[2] = {a->q, a->q2};
+    const float *ds[2] = {a->d, a->d2};
+    const int32_t *sums[2] = {a->sum, a->sum2};
+    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const __m256i sixteen = _mm256_set1_epi16(16);
+    __m256 acc[A8_ROWS];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < nb; g++) {
+        const uint8_t *b = w + (p * nb + g) * Q8_BLOCK;
+        __m256i los[2][A8_ROWS], his[2][A8_ROWS]; /* 16-bit sums of 8 pairs */
+#pragma GCC unroll 2
+        for (int i = 0; i < PASSES; i++)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) los[i][r] = his[i][r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int G = 0; G < 8; G++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(b + 2 * PANEL + G * 64 + 32 * h));
+            const __m256i lo = _mm256_and_si256(v, low);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+#pragma GCC unroll 2
+            for (int i = 0; i < PASSES; i++)
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    int32_t q;
+                    memcpy(&q, qs[i] + (r0 + r) * K + g * QK + G * 4, 4);
+                    const __m256i x = _mm256_set1_epi32(q);
+                    los[i][r] = _mm256_add_epi16(los[i][r], _mm256_maddubs_epi16(lo, x));
+                    his[i][r] = _mm256_add_epi16(his[i][r], _mm256_maddubs_epi16(hi, x));
+                }
+        }
+        __m256i is[2][A8_ROWS];
+#pragma GCC unroll 2
+        for (int i = 0; i < PASSES; i++)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                is[i][r] = _mm256_add_epi32(_mm256_madd_epi16(los[i][r], ones),
+                                            _mm256_madd_epi16(his[i][r], sixteen));
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16 * h)));
+#pragma GCC unroll 2
+        for (int i = 0; i < PASSES; i++)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const int64_t at = (r0 + r) * nb + g;
+                /* the weights' +128 offset taken back */
+                const __m256i isum =
+                    _mm256_sub_epi32(is[i][r], _mm256_set1_epi32(128 * sums[i][at]));
+                const __m256 t = _mm256_mul_ps(_mm256_set1_ps(ds[i][at]), _mm256_cvtepi32_ps(isum));
+                acc[r] = _mm256_fmadd_ps(dw, t, acc[r]);
+            }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (r0 + r) * ldy + p * PANEL + 8 * h, acc[r]);
+}
+
+#define A8_HALF(NAME, CALL)                                                                     \
+    TAVX2 static void NAME(const act8 *a, int64_t K, const uint8_t *w, float *y, int64_t ldy,   \
+                           int64_t r0, int64_t p, int h) {                                      \
+        CALL;                                                                                   \
+    }
+A8_HALF(q4_half4, q4_half(a, K, w, y, ldy, r0, 4, p, h))
+A8_HALF(q4_half1, q4_half(a, K, w, y, ldy, r0, 1, p, h))
+A8_HALF(q8_half4, q8_half(a, K, w, y, ldy, r0, 4, p, h, 1))
+A8_HALF(q8_half1, q8_half(a, K, w, y, ldy, r0, 1, p, h, 1))
+A8_HALF(q16_half4, q8_half(a, K, w, y, ldy, r0, 4, p, h, 2))
+A8_HALF(q16_half1, q8_half(a, K, w, y, ldy, r0, 1, p, h, 2))
+
+static void a8_avx2(const act8 *a, int64_t K, const void *w, int kind, float *y, int64_t ldy,
+                    int64_t M, int64_t p0, int64_t p1) {
+    typedef void (*half_fn)(const act8 *, int64_t, const uint8_t *, float *, int64_t, int64_t,
+                            int64_t, int);
+    const half_fn four = kind == W_Q4_1_A8 ? q4_half4 : kind == W_Q8_0_A8 ? q8_half4 : q16_half4;
+    const half_fn one = kind == W_Q4_1_A8 ? q4_half1 : kind == W_Q8_0_A8 ? q8_half1 : q16_half1;
+    for (int64_t p = p0; p < p1; p++)
+        for (int h = 0; h < 2; h++) {
+            int64_t r0 = 0;
+            for (; M - r0 >= 4; r0 += 4) four(a, K, (const uint8_t *)w, y, ldy, r0, p, h);
+            for (; r0 < M; r0++) one(a, K, (const uint8_t *)w, y, ldy, r0, p, h);
+        }
+}
+
 /* panels [p0, p1) for rows [0, M) of quantized activations */
 static void a8_panels(const act8 *a, int64_t K, const void *w, int kind, float *y, int64_t ldy,
                       int64_t M, int64_t p0, int64_t p1, int simd) {
     if (simd < 2 || !vnni) {
-        a8_scalar(a, K, w, kind, y, ldy, M, p0, p1);
+        (simd ? a8_avx2 : a8_scalar)(a, K, w, kind, y, ldy, M, p0, p1);
         return;
     }
     typedef void (*a8_fn)(const act8 *, int64_t, const uint8_t *, float *, int64_t, int64_t,
@@ -730,7 +870,7 @@ static void a8_panels(const act8 *a, int64_t K, const void *w, int kind, float *
         for (; M - r0 >= 4; r0 += 4) four(a, K, (const uint8_t *)w, y, ldy, r0, p);
         for (; r0 < M; r0++) one(a, K, (const uint8_t *)w, y, ldy, r0, p);
     }
-    if (p < p1) a8_scalar(a, K, w, kind, y, ldy, M, p, p1);
+    if (p < p1) a8_avx2(a, K, w, kind, y, ldy, M, p, p1);
 }
 
 /* y [M, N] (row stride ldy) = x [M, K] (row stride ldx) @ packed w ([N / PANEL][K][PANEL]) */

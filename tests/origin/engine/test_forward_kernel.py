@@ -55,6 +55,50 @@ def _a8(linear: kernels.PackedLinear, residual: bool = False) -> kernels.PackedL
     return kernels.PackedLinear(packed, linear.out_features, kind=kind)
 
 
+@pytest.mark.parametrize("weight", [-128, -127, 127])
+def test_8bit_activations_at_the_extremes_give_exact_integer_sums_on_every_path(
+    weight: int,
+) -> None:
+    """The largest integer sums a block can hold: every activation at +-127 (a constant row is
+    its block's maximum everywhere) times Q8_0 weights at an end of the byte's range and Q4_1
+    weights at 15. The AVX2 path sums 16-bit pairs, which would saturate past 2^15: every path
+    must still give the scalar path's bits, and those must be the exact product."""
+    k, n = 256, 32
+    d = torch.full((n, k // 32), 2.0**-10).half()
+    q8 = torch.full((n, k), weight, dtype=torch.int8)
+    q8[1::2] = 127  # the other columns at the top end
+    q4 = torch.full((n, k), 15, dtype=torch.uint8)
+    m = torch.zeros(n, k // 32).half()
+    cases = [
+        (kernels.PackedLinear(kernels.pack_q8_0(d, q8), n, kind=kernels.Q8_0), q8.float(), False),
+        (kernels.PackedLinear(kernels.pack_q8_0(d, q8), n, kind=kernels.Q8_0), q8.float(), True),
+        (
+            kernels.PackedLinear(kernels.pack_q4_1(d, m, q4), n, kind=kernels.Q4_1),
+            q4.float(),
+            False,
+        ),
+    ]
+    x = torch.ones(4, k) * torch.tensor([[1.0], [-1.0], [0.5], [-3.0]])
+    try:
+        for linear, q, residual in cases:
+            a8 = _a8(linear, residual)
+            kernels.set_simd(False)
+            scalar = kernels.gemm(x, a8.packed, n, a8.kind)
+            # x's blocks quantize to +-127 exactly (d = |x| / 127): the product is exact
+            exact = (
+                (x.double().sign() * 127)
+                @ (q.double().t() * 2.0**-10)
+                * x.abs().double()[:, :1]
+                / 127
+            )
+            torch.testing.assert_close(scalar.double(), exact, rtol=1e-6, atol=0)
+            for simd in (True, None):
+                kernels.set_simd(simd)
+                assert torch.equal(kernels.gemm(x, a8.packed, n, a8.kind), scalar), (simd, residual)
+    finally:
+        kernels.set_simd(None)
+
+
 class _Model:
     def __init__(self, kind: str, seed: int = 0) -> None:
         rng = np.random.default_rng(seed)
@@ -176,7 +220,7 @@ def test_8bit_activations_are_row_invariant_and_close_to_the_weights(
 ) -> None:  # type: ignore[no-untyped-def]
     """gguf-a8: each row's activations quantized alone per block of 32 (the LM head's with a
     second pass on the rounding error), exact integer dot products, then the block's float steps
-    in order. Every path (VNNI, AVX2 machines' plain C, scalar) and every row count give the same
+    in order. Every path (VNNI, AVX2, scalar) and every row count give the same
     bits; the result is the weights' product up to the activations' rounding."""
     rng = np.random.default_rng(6)
     k, n = 576, 200  # 13 panels: VNNI pairs and a last panel alone
