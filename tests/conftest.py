@@ -68,10 +68,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def model_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A cache dir holding the converted embedded model (converted once per session)."""
+    """A cache dir holding the converted embedded model, converted once per test run: the
+    workers of a parallel run share it (the conversion is locked, ``origin.model``), and with it
+    what is kept beside the conversion (the INT8 calibration, the packed GGUF blocks)."""
     from origin.model import embedded_gguf_path, ensure_converted
 
-    cache = tmp_path_factory.mktemp("edgeqa-cache")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's base temp is in the run's
+        cache = tmp_path_factory.getbasetemp().parent / "edgeqa-cache"
+        cache.mkdir(exist_ok=True)
+    else:
+        cache = tmp_path_factory.mktemp("edgeqa-cache")
     ensure_converted(embedded_gguf_path(), cache)
     return cache
 

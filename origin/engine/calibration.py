@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from filelock import FileLock, Timeout
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -43,7 +44,10 @@ _MAX_ROWS = 512
 # the activations and searching the alphas take seconds per engine built (7 s on 2 cores), which
 # every INT8 origin start and every nightly actor would spend again on the same weights
 CACHE_FILE = "edgeqa-int8-calibration.safetensors"
-_METHOD = "awq-weight-error-1"  # bump when what is chosen, or how, changes
+_METHOD = "awq-weight-error-1"
+# how long an engine build waits for another's calibration of the same weights (seconds: 7 s
+# on 2 cores, a minute on one busy thread) before it calibrates itself
+_LOCK_TIMEOUT_S = 300.0  # bump when what is chosen, or how, changes
 
 Quantize = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -60,18 +64,39 @@ def awq_scales(
     method, the calibration prompts and the CPU's kernels, so the next engine built on the same
     weights reads them back instead of calibrating again."""
     key = _cache_key(model, quantize)
-    cached = _read(model, key, weights) if key else None
+    if not key:
+        return _calibrate(model, tokenizer, weights, quantize)
+    cached = _read(model, key, weights)
     if cached is not None:
         return cached
+    # engines built at once on the same weights (a machine's Ray actors, origin workers) wait
+    # for the first one's scales instead of each calibrating; a folder where no lock can be made
+    # (read-only), or a holder stuck past the timeout, only costs the calibration here
+    lock = FileLock(str(Path(str(model.name_or_path)) / f"{CACHE_FILE}.lock"), _LOCK_TIMEOUT_S)
+    try:
+        with lock:
+            cached = _read(model, key, weights)
+            if cached is not None:
+                return cached
+            chosen = _calibrate(model, tokenizer, weights, quantize)
+            _write(model, key, chosen)
+            return chosen
+    except (OSError, Timeout):
+        return _calibrate(model, tokenizer, weights, quantize)
+
+
+def _calibrate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    weights: Mapping[tuple[int, str], torch.Tensor],
+    quantize: Quantize,
+) -> dict[tuple[int, str], torch.Tensor | None]:
     inputs = collect_linear_inputs(model, tokenizer)
-    chosen = {
+    return {
         name: activation_scales(weight, inputs[name], quantize)[0]
         for name, weight in weights.items()
         if name in inputs
     }
-    if key:
-        _write(model, key, chosen)
-    return chosen
 
 
 def _cache_key(model: PreTrainedModel, quantize: Quantize) -> str | None:

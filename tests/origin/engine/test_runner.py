@@ -102,8 +102,29 @@ def _int8_weights(runner: LlamaRunner) -> list[torch.Tensor]:
     ]
 
 
+@pytest.fixture
+def own_conversion(model_cache_dir, tmp_path):  # type: ignore[no-untyped-def]
+    """The embedded model loaded from a conversion folder of this test's own (its files linked
+    from the session's, what is kept beside them left out): the session's, shared by the suite's
+    workers, is not damaged under them."""
+    import os
+    import shutil
+
+    from origin.engine import calibration
+    from origin.model import converted_dir, embedded_gguf_path, load_model
+
+    folder = tmp_path / "models" / "converted"
+    shutil.copytree(
+        converted_dir(embedded_gguf_path(), model_cache_dir),
+        folder,
+        ignore=shutil.ignore_patterns(f"{calibration.CACHE_FILE}*", "edgeqa-gguf-blocks*"),
+        copy_function=os.link,
+    )
+    return load_model(str(folder))
+
+
 def test_int8_calibration_is_kept_beside_the_conversion_and_read_back(
-    embedded_model, monkeypatch: pytest.MonkeyPatch
+    own_conversion, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
     """Activation-aware INT8 calibration runs once per converted model: the next runner built on
     the same weights reads the chosen scales back (the same INT8 weights) instead of running the
@@ -112,7 +133,7 @@ def test_int8_calibration_is_kept_beside_the_conversion_and_read_back(
 
     from origin.engine import calibration
 
-    model, tokenizer = embedded_model
+    model, tokenizer = own_conversion
     kept = Path(str(model.name_or_path)) / calibration.CACHE_FILE
     kept.unlink(missing_ok=True)
     first = _int8_weights(make_runner(model, 1, 64, "int8", tokenizer))
@@ -144,6 +165,53 @@ def test_int8_calibration_is_kept_beside_the_conversion_and_read_back(
     damaged = _int8_weights(make_runner(model, 1, 64, "int8", tokenizer))
     assert all(torch.equal(a, b) for a, b in zip(first, damaged, strict=True))
     assert kept.read_bytes().endswith(b"garbage")
+
+
+def test_engines_built_at_once_wait_for_one_calibration(
+    own_conversion, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Two engines built at once on the same weights (a machine's Ray actors): the second waits
+    for the first's calibration, under a lock beside the weights, and reads it back instead of
+    calibrating too. Here the test holds the lock as the first builder; the second must not
+    calibrate once the scales are there when it gets the lock."""
+    import threading
+    from pathlib import Path
+
+    from filelock import FileLock
+
+    from origin.engine import calibration
+
+    model, tokenizer = own_conversion
+    kept = Path(str(model.name_or_path)) / calibration.CACHE_FILE
+    first = _int8_weights(make_runner(model, 1, 64, "int8", tokenizer))
+    record = kept.read_bytes()
+    kept.unlink()
+
+    looked = threading.Event()
+    read = calibration._read
+
+    def read_and_say(*args: object) -> object:
+        found = read(*args)  # type: ignore[arg-type]
+        looked.set()
+        return found
+
+    def no_calibration(*_: object, **__: object) -> None:
+        raise AssertionError("calibrated again")
+
+    monkeypatch.setattr(calibration, "_read", read_and_say)
+    monkeypatch.setattr(calibration, "collect_linear_inputs", no_calibration)
+    built: list[object] = []
+    lock = FileLock(str(kept) + ".lock")
+    with lock:
+        second = threading.Thread(
+            target=lambda: built.append(_int8_weights(make_runner(model, 1, 64, "int8", tokenizer)))
+        )
+        second.start()
+        assert looked.wait(timeout=300)  # it found no scales: it now waits for the lock
+        kept.write_bytes(record)  # the first builder's scales
+    second.join(timeout=300)
+    assert built, "the second build failed (see the thread's error above)"
+    assert all(torch.equal(a, b) for a, b in zip(first, built[0], strict=True))  # type: ignore[call-overload]
 
 
 def test_a_model_folder_of_the_users_own_gets_no_calibration_written(tmp_path) -> None:  # type: ignore[no-untyped-def]
