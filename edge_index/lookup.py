@@ -158,6 +158,9 @@ class ReleaseIndex:
         if not self.semantic:  # not even embedded
             return Miss("semantic_off", self.version)
         normalized = normalized if normalized is not None else normalize(query)
+        if key_of_normalized(normalized) in self.revoked:
+            # the revoked wording itself never gets a neighbour's answer in its place
+            return Miss("revoked", self.version)
         vector = self.embed([normalized])
         scores, ids = self.search(vector, self.k)
         return self.decide(query, scores[0], ids[0])

@@ -41,10 +41,12 @@ def load_index(
     public_keys: tuple[str, ...] = (),
     embedder_spec: str | None = None,
     version: str | None = None,
+    manifest_sha256: str | None = None,
 ) -> ReleaseIndex:
-    """A release (the pointer's when ``version`` is None), verified and ready for lookups, as
-    the edge and the origin serve it (``edgeqa release explain`` uses the same)."""
-    release = load_release(store, profile, version, public_keys=public_keys)
+    """A release (the pointer's when ``version`` is None; with ``manifest_sha256``, that
+    manifest's), verified and ready for lookups, as the edge and the origin serve it
+    (``edgeqa release explain`` uses the same)."""
+    release = load_release(store, profile, version, manifest_sha256, public_keys=public_keys)
     return ReleaseIndex(release, embedder_for(release, embedder, embedder_spec))
 
 

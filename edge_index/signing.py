@@ -10,8 +10,9 @@ short *statement* for each release with an Ed25519 key into ``manifest.sig`` bes
 (canonical JSON). The manifest holds the sha256 of every shard and every row the sha256 of its
 answer object, so through ``manifest_sha256`` one signature covers every byte the edge and the
 origin read; through ``answers_root`` (``proofs.py``) it covers every answer object a browser
-reads. Publishing copies ``manifest.sig`` into ``current.json`` as ``signed``, so a browser needs
-nothing but the pointer and one object. Readers hold the public keys
+reads. Publishing signs ``current.json`` too (``pointers.py``: the same release, plus a sequence
+and an expiry, against rollback and freeze), so a browser needs nothing but the pointer and one
+object. Readers hold the public keys
 (``EDGEQA_RELEASE_PUBLIC_KEYS``, several during a rotation) and refuse a release that is unsigned
 or signed by any other key.
 
@@ -173,9 +174,12 @@ def sign_statement(text: bytes, signer: Signer) -> bytes:
     return json.dumps(body, sort_keys=True).encode()
 
 
-def verify_statement(signature: Any, public_keys: Iterable[str]) -> dict[str, Any]:
+def verify_statement(
+    signature: Any, public_keys: Iterable[str], formats: tuple[str, ...] = (STATEMENT_FORMAT,)
+) -> dict[str, Any]:
     """The statement ``signature`` (the ``manifest.sig`` object, as bytes or parsed; None when
-    absent) signs, parsed; ``SignatureError`` unless one of the keys signed it."""
+    absent) signs, parsed; ``SignatureError`` unless one of the keys signed it and it is of one
+    of ``formats`` (a release statement; ``pointers.py`` reads pointer statements too)."""
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -195,24 +199,7 @@ def verify_statement(signature: Any, public_keys: Iterable[str]) -> dict[str, An
         except InvalidSignature:
             continue
         found = json.loads(text)
-        if not isinstance(found, dict) or found.get("format") != STATEMENT_FORMAT:
-            raise SignatureError("the signed statement is not an edgeqa release statement")
+        if not isinstance(found, dict) or found.get("format") not in formats:
+            raise SignatureError(f"the signed statement is not one of {', '.join(formats)}")
         return found
     raise SignatureError("manifest.sig is not a signature by a trusted key")
-
-
-def signed_root(pointer: Any, profile: str, public_keys: Iterable[str]) -> str | None:
-    """The ``answers_root`` a client may check answer objects against: the one the pointer's
-    ``signed`` statement names, when a trusted key signed it for this profile and the version
-    the pointer names; None otherwise (the client then skips the CDN). ``web/edgeqa.js``
-    (``signedRoot``) applies the same rule, on ``tests/vectors/proofs.json``."""
-    if not isinstance(pointer, dict):
-        return None
-    try:
-        signed = verify_statement(pointer.get("signed"), public_keys)
-    except SignatureError:
-        return None
-    if (signed.get("profile"), signed.get("version")) != (profile, pointer.get("version")):
-        return None
-    root = signed.get("answers_root")
-    return root if isinstance(root, str) else None

@@ -8,6 +8,10 @@ counted (``ReleaseMetrics``, exported by whichever service owns the watcher) and
 previous one keeps serving. Only an integrity failure refuses a release (until the pointer
 changes); a store that fails (throttling, an outage, a lost connection) is retried with backoff,
 and ``health()`` says why nothing is served yet instead of looking dead.
+
+With public keys, the pointer's own signature is checked first (``pointers.py``): a pointer older
+than one already verified (in memory, or on local disk across restarts) is refused as a rollback
+and the served release stays; a served pointer past its expiry keeps serving, reported stale.
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ from typing import TYPE_CHECKING
 
 from edge_index.languages import DEFAULT_LANGUAGE, language_of
 from edge_index.lookup import ReleaseIndex
+from edge_index.pointers import PointerMemory, PointerState, RollbackError, SignedPointer
 from edge_index.profiles import NoProfileError, load_index, resolve_profile
-from edge_index.release import read_pointer, verified_manifest
+from edge_index.release import pointer_path, read_pointer, verified_manifest
+from edge_index.release_metrics import EDGE_METRICS, ORIGIN_METRICS, ReleaseMetrics
+from edge_index.signing import SignatureError
 from edge_index.store import Store, StoreError
 
 if TYPE_CHECKING:
@@ -33,50 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-EDGE_METRICS = "edgeqa_edge_release"  # the edge service's names
-ORIGIN_METRICS = "edgeqa_origin_release"  # the origin's
-
-
-class ReleaseMetrics:
-    """The served release of each language profile, and loads by result (``ok``, ``refused``,
-    ``retry``), under ``<prefix>_*`` with a ``language`` label, in a registry of their own that
-    the owning service registers in its ``/metrics`` registry."""
-
-    def __init__(self, prefix: str, languages: tuple[str, ...] = (DEFAULT_LANGUAGE,)) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge
-
-        self.registry = registry = CollectorRegistry()
-        self.info = Gauge(
-            f"{prefix}_info",
-            "The release being served (value 1)",
-            ["language", "version"],
-            registry=registry,
-        )
-        self.age = Gauge(
-            f"{prefix}_age_seconds",
-            "Seconds since the served release was built",
-            ["language"],
-            registry=registry,
-        )
-        self.entries = Gauge(
-            f"{prefix}_entries", "Phrasings in the served release", ["language"], registry=registry
-        )
-        self.semantic = Gauge(
-            f"{prefix}_semantic_enabled",
-            "1 when the served release's semantic tier serves (its calibration reached the "
-            "target), 0 when it answers exact hits only",
-            ["language"],
-            registry=registry,
-        )
-        self.loads = Counter(
-            f"{prefix}_loads",
-            "Release loads by result (ok, refused, retry)",
-            ["language", "result"],
-            registry=registry,
-        )
-        for language in languages:
-            for result in ("ok", "refused", "retry"):
-                self.loads.labels(language, result)
+__all__ = ["EDGE_METRICS", "ORIGIN_METRICS", "ReleaseMetrics", "ReleaseWatcher", "Releases"]
 
 
 class ReleaseWatcher:
@@ -96,6 +60,7 @@ class ReleaseWatcher:
         embedder_spec: str | None = None,
         warm_up: int = 64,
         public_keys: tuple[str, ...] = (),
+        memory: PointerMemory | None = None,
     ) -> None:
         """``profile``: the profile served; None: found in the store (``resolve_profile``: of
         ``language`` among ``candidates`` when given). ``embedder``: the model, or a function
@@ -103,8 +68,9 @@ class ReleaseWatcher:
         ``EDGEQA_EMBEDDER`` names for it (a release embedded with another is refused).
         ``metrics`` (shared by the watchers of one service) or ``metrics_prefix``: the names
         the owning service exports the release metrics under (``EDGE_METRICS``,
-        ``ORIGIN_METRICS``); ``public_keys``: a release must be signed by one of them
-        (``signing.py``), or is refused; () = signatures are not checked."""
+        ``ORIGIN_METRICS``); ``public_keys``: a release and its pointer must be signed by one of
+        them (``signing.py``, ``pointers.py``), or are refused; () = signatures are not checked.
+        ``memory``: the newest pointers verified (default: in this process only)."""
         self.store = store
         self.public_keys = public_keys
         self.profile = profile or None  # None: found in the store, once one is published
@@ -122,6 +88,7 @@ class ReleaseWatcher:
         self.failures = 0  # store failures in a row (retried with backoff)
         self.store_error: str | None = None  # the last store failure, while failing
         self.refusal: str | None = None  # why the pointer's release was refused
+        self.pointers = PointerState(public_keys, memory)  # signed, newest, fresh
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._refresh_lock = threading.Lock()
@@ -151,32 +118,71 @@ class ReleaseWatcher:
                     log.info("%s", error)
                     return False
             pointer, _ = read_pointer(self.store, self.profile)
+            self.failures, self.store_error = 0, None  # the store answered
             if pointer is None:
-                self.failures, self.store_error = 0, None
                 return False
+            sha = pointer.get("manifest_sha256")
             # what the pointer names (a pointer without a manifest hash is refused, once)
-            wanted = pointer.get("manifest_sha256") or f"version {pointer.get('version')}"
-            if wanted in (self.manifest_sha256, self._refused):
-                self.failures, self.store_error = 0, None  # the store answered; nothing new
+            wanted = f"{sha or 'version ' + str(pointer.get('version'))}"
+            seen = self.pointers.rollback
+            try:
+                signed = self.pointers.verify(pointer, self.profile, self._where)
+            except RollbackError as error:  # the served release stays, reported stale
+                if seen != str(error):
+                    self.metrics.loads.labels(self.label, "rollback").inc()
+                    log.error("%s; still serving %s", error, self.version or "nothing")
+                self.metrics.stale.labels(self.label).set(1)
+                return False
+            except SignatureError as error:
+                if wanted != self._refused:
+                    self._refuse(wanted, f"release {pointer.get('version')}: {error}")
+                return False
+            if signed is not None:
+                wanted = f"{wanted}#{signed.sequence}"
+            if sha is not None and sha == self.manifest_sha256:
+                if signed is not None and signed != self.pointers.served:  # renewed
+                    self._remember(signed)
+                return False
+            if wanted == self._refused:
                 return False
             self._revoke_early(pointer)
             try:
                 index = load_index(
-                    self.store, self.profile, self.embedder, self.public_keys, self.embedder_spec
+                    self.store,
+                    self.profile,
+                    self.embedder,
+                    self.public_keys,
+                    self.embedder_spec,
+                    str(pointer["version"]),
+                    sha if isinstance(sha, str) else "",
                 )
             except StoreError as error:  # the store failed (throttling, an outage): try again
                 self._failed(error)
                 self.metrics.loads.labels(self.label, "retry").inc()
                 return False
             except Exception as error:  # the release itself is bad (or cannot be used here)
-                self._refused = wanted
-                self.refusal = f"release {pointer.get('version')}: {error}"
-                self.metrics.loads.labels(self.label, "refused").inc()
-                log.error("refusing %s; still serving %s", self.refusal, self.version or "nothing")
+                self._refuse(wanted, f"release {pointer.get('version')}: {error}")
                 return False
-            self.failures, self.store_error, self.refusal = 0, None, None
+            self.refusal = None
             self._serve(index, index.release.manifest_sha256)
+            if signed is not None:
+                self._remember(signed)
             return True
+
+    @property
+    def _where(self) -> str:
+        return f"{self.store.uri}/{pointer_path(str(self.profile))}"
+
+    def _remember(self, signed: SignedPointer) -> None:
+        self.pointers.serve(self._where, signed)
+        self.metrics.sequence.labels(self.label).set(signed.sequence)
+        self.observe_age()
+
+    def _refuse(self, wanted: str, why: str) -> None:
+        self._refused = wanted
+        self.refusal = why
+        self.metrics.loads.labels(self.label, "refused").inc()
+        log.error("refusing %s; still serving %s", why, self.version or "nothing")
 
     def _revoke_early(self, pointer: dict[str, object]) -> None:
         """Before a new release is loaded (seconds to minutes for a large one), apply the
@@ -235,6 +241,9 @@ class ReleaseWatcher:
             state.update(status="degraded", reason="refused")
         else:
             state.update(status="degraded", reason="no_release")
+        pointer = self.pointers.health()
+        if pointer is not None:
+            state["pointer"] = pointer
         error = self.store_error or self.refusal
         if error is not None:
             state["error"] = error[:300]
@@ -279,10 +288,15 @@ class ReleaseWatcher:
         return (datetime.now(UTC) - created).total_seconds()
 
     def observe_age(self) -> None:
-        """Set the age gauge (called at scrape time)."""
+        """Set the age and the pointer's gauges (called at scrape time)."""
         age = self.age_s()
         if age is not None:
             self.metrics.age.labels(self.label).set(age)
+        signed = self.pointers.served
+        if signed is not None and signed.not_after is not None:
+            left = (signed.not_after - datetime.now(UTC)).total_seconds()
+            self.metrics.expires.labels(self.label).set(left)
+        self.metrics.stale.labels(self.label).set(int(self.pointers.stale() is not None))
 
     def _run(self) -> None:
         while not self._stop.wait(self.next_poll_s()):
@@ -344,6 +358,8 @@ class Releases:
         languages = settings.language_list
         metrics = ReleaseMetrics(metrics_prefix, languages)
         given = embedders or {}
+        # the newest pointers verified, kept across restarts (a rollback stays refused)
+        memory = PointerMemory(settings.cache_dir / "pointers" / metrics_prefix)
 
         def loader(spec: str) -> Callable[[], SentenceTransformer]:
             return lambda: (
@@ -361,6 +377,7 @@ class Releases:
                 candidates=settings.profile_names,
                 embedder_spec=settings.embedders[language],
                 public_keys=settings.public_keys,
+                memory=memory,
             )
             for language in languages
         }
@@ -396,6 +413,12 @@ class Releases:
             state["reason"] = failing[0]["reason"] if failing else "no_release"
         state["languages"] = states
         return state
+
+    def pointers(self) -> dict[str, dict[str, object]]:
+        """Each language's served pointer (sequence, expiry, whether it is stale and why), for
+        the languages whose pointer is signed."""
+        found = {language: w.pointers.health() for language, w in self.watchers.items()}
+        return {language: state for language, state in found.items() if state is not None}
 
     def observe_age(self) -> None:
         for watcher in self.watchers.values():

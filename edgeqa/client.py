@@ -20,7 +20,7 @@ import httpx
 from edge_index.answer_objects import answer_object_problem
 from edge_index.keys import key
 from edge_index.languages import language_of
-from edge_index.signing import signed_root
+from edge_index.pointers import client_verdict
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,11 @@ class EdgeQAClient:
         self.http = client or httpx.Client(timeout=120)
         # by profile: ((version, answers root) or None, read at)
         self._pointers: dict[str, tuple[tuple[str, str] | None, float]] = {}
+        # by profile: the newest pointer verified, (sequence, manifest sha256): an older one put
+        # back in the store is refused (edge_index/pointers.py)
+        self.newest: dict[str, tuple[int, str]] = {}
+        # by profile: why the CDN's pointer was last refused (unsigned, rollback, stale)
+        self.pointer_problems: dict[str, str] = {}
 
     def profile_for(self, question: str) -> str:
         """The profile ``question`` is looked up under ("" when none is known)."""
@@ -72,8 +77,9 @@ class EdgeQAClient:
 
     def current_release(self, profile: str | None = None) -> tuple[str, str] | None:
         """(version, answers root) of ``profile``'s current release (default: ``profile``'s)
-        when its pointer is signed by one of ``public_keys``; None when not, or when the CDN is
-        down (the other layers answer)."""
+        when its pointer is signed by one of ``public_keys``, fresh, and not older than one read
+        before; None when not (``pointer_problems`` says why), or when the CDN is down (the
+        other layers answer)."""
         profile = profile if profile is not None else self.profile
         if not self.cdn or not profile or not self.public_keys:
             return None
@@ -81,8 +87,17 @@ class EdgeQAClient:
         if cached and time.monotonic() - cached[1] < self.pointer_ttl_s:
             return cached[0]
         pointer = self._json("GET", f"{self.cdn}/{profile}/current.json")
-        root = signed_root(pointer, profile, self.public_keys)
-        release = (str(pointer["version"]), root) if pointer and root else None
+        release = None
+        if pointer is not None:
+            signed, problem = client_verdict(
+                pointer, profile, self.public_keys, self.newest.get(profile)
+            )
+            if problem is None and signed is not None:
+                self.newest[profile] = (signed.sequence, signed.manifest_sha256)
+                release = (signed.version, signed.answers_root)
+                self.pointer_problems.pop(profile, None)
+            else:
+                self.pointer_problems[profile] = str(problem)
         self._pointers[profile] = (release, time.monotonic())
         return release
 

@@ -59,6 +59,11 @@ def add_release_commands(commands: Any) -> None:
         "rollback", "make a kept release current again", _cmd_release_rollback
     )
     rollback.add_argument("version")
+    release_command(
+        "renew",
+        "sign the current pointer again with a fresh expiry (nothing else changes)",
+        _cmd_release_renew,
+    )
     revoke = release_command(
         "revoke",
         "take a published answer down everywhere: recorded, and a release published without it",
@@ -244,9 +249,34 @@ def _cmd_release_explain(args: argparse.Namespace) -> int:
 def _cmd_release_rollback(args: argparse.Namespace) -> int:
     from precompute.releases import rollback
 
-    settings, store, profile = _release_context(args)
-    done = rollback(store, profile, args.version, settings.public_keys)
+    settings, store, profile = _release_context(args, writes=True)
+    done = rollback(
+        store,
+        profile,
+        args.version,
+        settings.public_keys,
+        settings.signer(),
+        settings.pointer_expires_s,
+    )
     _print(args, done, lambda d: f"{profile}: {d['status']} ({d['previous']} -> {d['version']})")
+    return 0
+
+
+def _cmd_release_renew(args: argparse.Namespace) -> int:
+    from precompute.releases import renew
+
+    settings, store, profile = _release_context(args, writes=True)
+    done = renew(
+        store, profile, settings.signer(), settings.public_keys, settings.pointer_expires_s
+    )
+
+    def text(d: dict[str, Any]) -> str:
+        return (
+            f"{profile}: {d['version']} signed again (sequence {d['sequence']}), "
+            f"fresh until {d['not_after']}"
+        )
+
+    _print(args, done, text)
     return 0
 
 
@@ -271,6 +301,7 @@ def _cmd_release_revoke(args: argparse.Namespace) -> int:
         signer=settings.signer(),
         public_keys=settings.public_keys,
         keep=settings.keep_releases,
+        expires_s=settings.pointer_expires_s,
     )
 
     def text(d: dict[str, Any]) -> str:
@@ -288,7 +319,7 @@ def _cmd_release_revoke(args: argparse.Namespace) -> int:
 def _cmd_release_unrevoke(args: argparse.Namespace) -> int:
     from precompute.revocations import unrevoke
 
-    _, store, profile = _release_context(args, writes=True)
+    settings, store, profile = _release_context(args, writes=True)
     done = unrevoke(
         store,
         profile,
@@ -297,6 +328,8 @@ def _cmd_release_unrevoke(args: argparse.Namespace) -> int:
         entry=args.entry,
         key=args.key,
         cluster=args.cluster,
+        signer=settings.signer(),
+        public_keys=settings.public_keys,
     )
     _print(args, done, lambda d: f"{profile}: ended {', '.join(d['ended'])}")
     return 0

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from edge_index.config import MAX_OUT_OF_SCOPE_SHARE, OUT_OF_SCOPE_SHARE, ConfigError
+from edge_index.pointers import DEFAULT_EXPIRES_S
 from edge_index.signing import LocalSigner, Signer, signer_from
 from origin.config import EngineSettings
 from origin.precision import ENGINE_QUANTIZATIONS, EngineQuantization
@@ -46,6 +47,8 @@ class PrecomputeSettings(EngineSettings):
     signing_key: str = ""
     # ... or an AWS KMS key (id, ARN or alias) of spec ECC_NIST_EDWARDS25519, which wins
     signing_kms_key: str = ""
+    # how long a signed current.json stays fresh (edge_index/pointers.py); the nightly renews it
+    pointer_expires_s: float = Field(DEFAULT_EXPIRES_S, gt=0)
 
     @field_validator("ray_address", mode="after")
     @classmethod

@@ -40,9 +40,7 @@ from typing import TYPE_CHECKING, Any
 from edge_index.errors import EdgeQAError
 from edge_index.languages import DEFAULT_LANGUAGE, LANGUAGES
 from edge_index.logreader import LogReadStats, read_log_tables
-from edge_index.release import (
-    read_pointer,
-)
+from edge_index.release import read_pointer
 from edge_index.store import ObjectNotFoundError, open_store
 from precompute.config import PipelineConfig
 from precompute.curated import CURATED, curated_rows, read_curated
@@ -61,7 +59,7 @@ from precompute.mining import MiningReport, drop_clusters, mine
 from precompute.parent import current_release, parent_flagged, parent_phrasings, parent_rows
 from precompute.publish import prune, publish
 from precompute.questions import HotQuestion
-from precompute.revocations import in_force, is_revoked
+from precompute.revocations import is_revoked, nightly_revocations
 from precompute.workarea import WorkArea
 
 if TYPE_CHECKING:
@@ -174,7 +172,7 @@ def mine_stage(
     )
     mining.carried_from = parent.version if carried and parent else None
     # a cluster holding a revoked phrasing stays out until it is unrevoked
-    revoked = is_revoked(in_force(out, profile.name))
+    revoked = is_revoked(nightly_revocations(out, profile.name, settings, parent))
     hot = drop_clusters(
         hot,
         lambda h: any(revoked({"key": p.key, "cluster": h.key}) for p in h.phrasings),
@@ -296,7 +294,7 @@ def build_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
                 "runner": params.runner,
                 "log_range": {"since": params.since.isoformat(), "until": params.until.isoformat()},
                 "excluded_rows": dict(sorted(mined["excluded_rows"].items())),
-                "revoked": in_force(work.store, work.profile),
+                "revoked": nightly_revocations(work.store, work.profile, settings),
                 "mining": {
                     "k": config.mining.k,
                     "top_n": config.mining.top_n,
@@ -365,6 +363,7 @@ def publish_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
             folder,
             keep=params.config.keep,
             signer=params.config.settings.signer(),
+            expires_s=params.config.settings.pointer_expires_s,
         )
     return {"status": "published", **report.as_dict()}
 

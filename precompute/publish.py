@@ -3,8 +3,9 @@
 Stages, in order (``STAGES``): ``objects`` (exact-tier answer objects), ``shards``, ``manifest``
 (last of the uploads: a version folder without one is an incomplete upload no reader will look
 at), ``verify`` (everything read back and checked against the manifest, and the manifest against
-the local copy), ``flip`` (``current.json`` replaced by a conditional write on the ETag read at the
-start — S3 ``If-Match`` / ``If-None-Match``), ``prune`` (all but the ``keep`` newest releases,
+the local copy), ``flip`` (``current.json``, signed under the next sequence with a fresh expiry
+(``edge_index/pointers.py``), replaced by a conditional write on the ETag read at the start — S3
+``If-Match`` / ``If-None-Match``), ``prune`` (all but the ``keep`` newest releases,
 never the current one or its parent, and their generation work areas).
 
 A failure or kill before ``flip`` leaves readers on the previous release; the flip is one atomic
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_index.errors import EdgeQAError
+from edge_index.pointers import DEFAULT_EXPIRES_S, new_pointer, verify_pointer
 from edge_index.release import (
     MAX_MANIFEST_BYTES,
     ReleaseError,
@@ -42,7 +44,14 @@ from edge_index.release import (
     release_prefix,
     sha256_hex,
 )
-from edge_index.signing import MAX_SIGNATURE_BYTES, SIGNATURE, Signer, sign_statement, statement
+from edge_index.signing import (
+    MAX_SIGNATURE_BYTES,
+    SIGNATURE,
+    SignatureError,
+    Signer,
+    sign_statement,
+    statement,
+)
 from edge_index.store import (
     ObjectNotFoundError,
     ObjectTooLargeError,
@@ -94,11 +103,12 @@ def publish(
     on_stage: Callable[[str], None] | None = None,
     workers: int = 16,
     signer: Signer | None = None,
+    expires_s: float = DEFAULT_EXPIRES_S,
 ) -> PublishReport:
     """Publish the release built in ``staging`` (its ``manifest.json`` says which), signed by
     ``signer`` (``edge_index/signing.py``; None = unsigned, which readers holding public keys
-    refuse). The signature goes beside the manifest and into ``current.json`` (``signed``), where
-    browsers check it."""
+    refuse). The release's signature goes beside the manifest; ``current.json`` is signed too,
+    fresh for ``expires_s`` (``edge_index/pointers.py``)."""
     if keep < 2:
         raise ValueError("keep must be at least 2 (the current release and one to roll back to)")
     started = time.perf_counter()
@@ -144,15 +154,22 @@ def publish(
                 store, profile, version, manifest_sha, check_objects=True, public_keys=keys
             )
         stage("flip")
-        new_pointer = {
-            "version": version,
-            "manifest_sha256": manifest_sha,
-            "published_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "parent": parent,
-            **({"signed": json.loads(signature)} if signature else {}),
-        }
         flipping = True
-        flip_pointer(store, profile, new_pointer, etag)
+        flip_pointer(
+            store,
+            profile,
+            new_pointer(
+                signer,
+                profile,
+                version,
+                manifest_sha,
+                manifest["answers_root"],
+                pointer_sequence(pointer, profile, keys),
+                expires_s=expires_s,
+                parent=parent,
+            ),
+            etag,
+        )
     except BaseException as error:
         # once the pointer write has been sent its outcome may land later (a timed-out write
         # still in flight at S3): only a lost race is sure never to name this version
@@ -229,20 +246,31 @@ def _verifies(
     return True
 
 
-def flip_pointer(store: Store, profile: str, new_pointer: dict[str, Any], etag: str | None) -> None:
-    """Replace ``current.json`` (read at ``etag``) with ``new_pointer``. A write whose outcome is
-    unknown is settled by reading the pointer back: naming our release, it committed; changed to
-    anything else, another publisher won; unchanged, it never happened and is tried again."""
-    data = json.dumps(new_pointer, indent=2).encode()
-    version, sha = new_pointer["version"], new_pointer["manifest_sha256"]
+def pointer_sequence(pointer: dict[str, Any] | None, profile: str, keys: tuple[str, ...]) -> int:
+    """The signed sequence of the pointer a new one replaces (0 when it has none, or none that
+    ``keys`` verify: the next is then the time, ``pointers.next_sequence``)."""
+    if pointer is None or not keys:
+        return 0
+    try:
+        return verify_pointer(pointer, profile, keys).sequence
+    except SignatureError:
+        return 0
+
+
+def flip_pointer(store: Store, profile: str, pointer: dict[str, Any], etag: str | None) -> None:
+    """Replace ``current.json`` (read at ``etag``) with ``pointer``. A write whose outcome is
+    unknown is settled by reading the pointer back: ours, it committed; changed to anything else,
+    another publisher won; unchanged, it never happened and is tried again."""
+    data = json.dumps(pointer, indent=2).encode()
+    version = pointer["version"]
     for attempt in range(store.retries + 1):
         try:
             store.put_if(pointer_path(profile), data, etag)
             return
         except (PreconditionFailedError, TransientStoreError) as error:
             failure: Exception = error
-        pointer, now = read_pointer(store, profile)
-        if _names(pointer, version, sha):
+        found, now = read_pointer(store, profile)
+        if found == pointer:
             log.warning(
                 "%s: the pointer write committed; its response was lost (%s)", profile, failure
             )

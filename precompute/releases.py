@@ -3,8 +3,9 @@
 What is read is verified as the edge verifies it (``load_release``: the hash chain, and the
 signature when public keys are given). A rollback is a pointer write like a publish's flip
 (``publish.flip_pointer``: conditional on the pointer read, settled by reading back when its
-outcome is unknown) to a version that is still kept; the pointer then carries that version's own
-signed statement, so browsers verify it as they verified it the first time.
+outcome is unknown) to a version that is still kept, signed again under a new, higher sequence
+(``edge_index/pointers.py``): readers refuse an old pointer put back, never an operator's
+rollback. ``renew`` re-signs the current pointer with a fresh expiry (nothing else changes).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from edge_index.errors import EdgeQAError
+from edge_index.pointers import DEFAULT_EXPIRES_S, new_pointer
 from edge_index.release import (
     LoadedRelease,
     ReleaseError,
@@ -24,16 +26,18 @@ from edge_index.release import (
     read_manifest,
     read_pointer,
     release_prefix,
+    verified_manifest,
 )
-from edge_index.signing import MAX_SIGNATURE_BYTES, SIGNATURE
+from edge_index.signing import MAX_SIGNATURE_BYTES, SIGNATURE, Signer
 from edge_index.store import ObjectNotFoundError, Store
-from precompute.publish import flip_pointer
+from precompute.publish import flip_pointer, pointer_sequence
 
 ROW_FIELDS = ("key", "question", "answer", "cluster", "canonical", "hits", "users", "expires_at")
 
 
 class RollbackError(EdgeQAError, ValueError):
-    """The version cannot be made current: it is not kept (pruned, or never published)."""
+    """The version cannot be made current: it is not kept (pruned, or never published), or the
+    pointer cannot be signed (readers check signatures, and no signing key is set)."""
 
 
 def _signature(store: Store, profile: str, version: str) -> dict[str, Any] | None:
@@ -221,11 +225,29 @@ def diff_releases(
     }
 
 
+def _signing(signer: Signer | None, public_keys: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """The keys a pointer read before a re-signed write is verified with; ``RollbackError``
+    when readers check signatures and nothing can sign."""
+    if signer is None and public_keys:
+        raise RollbackError(
+            f"{what} signs current.json: set EDGEQA_SIGNING_KEY or EDGEQA_SIGNING_KMS_KEY "
+            "(readers hold EDGEQA_RELEASE_PUBLIC_KEYS)"
+        )
+    return (*public_keys, signer.public_key) if signer else public_keys
+
+
 def rollback(
-    store: Store, profile: str, version: str, public_keys: Iterable[str] = ()
+    store: Store,
+    profile: str,
+    version: str,
+    public_keys: Iterable[str] = (),
+    signer: Signer | None = None,
+    expires_s: float = DEFAULT_EXPIRES_S,
 ) -> dict[str, Any]:
     """Make ``version`` (a kept release) current again: its manifest and shards verified, the
-    pointer flipped by a conditional write. ``RollbackError`` for a version that is not kept."""
+    pointer signed by ``signer`` under a sequence above the current one and flipped by a
+    conditional write. ``RollbackError`` for a version that is not kept."""
+    keys = _signing(signer, tuple(public_keys), "a rollback")
     pointer, etag = read_pointer(store, profile)
     current = pointer.get("version") if pointer else None
     if version not in list_versions(store, profile):
@@ -236,14 +258,62 @@ def rollback(
     release = load_release(store, profile, version, public_keys=tuple(public_keys))
     if version == current:
         return {"version": version, "previous": current, "status": "already_current"}
-    signed = _signature(store, profile, version)
-    new_pointer = {
+    rolled = new_pointer(
+        signer,
+        profile,
+        version,
+        release.manifest_sha256,
+        release.manifest["answers_root"],
+        pointer_sequence(pointer, profile, keys),
+        expires_s=expires_s,
+        parent=release.manifest.get("parent"),
+        rolled_back_from=current,
+    )
+    flip_pointer(store, profile, rolled, etag)
+    return {
         "version": version,
-        "manifest_sha256": release.manifest_sha256,
-        "published_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "parent": release.manifest.get("parent"),
-        "rolled_back_from": current,
-        **({"signed": signed} if signed else {}),
+        "previous": current,
+        "status": "rolled_back",
+        "sequence": rolled["sequence"],
     }
-    flip_pointer(store, profile, new_pointer, etag)
-    return {"version": version, "previous": current, "status": "rolled_back"}
+
+
+def renew(
+    store: Store,
+    profile: str,
+    signer: Signer | None,
+    public_keys: Iterable[str] = (),
+    expires_s: float = DEFAULT_EXPIRES_S,
+) -> dict[str, Any]:
+    """Sign the current pointer again, unchanged but for a higher sequence and an expiry
+    ``expires_s`` from now (TUF's timestamp role): what keeps readers from reporting it stale
+    when no release is published for a while."""
+    keys = _signing(signer, tuple(public_keys), "renewing")
+    pointer, etag = read_pointer(store, profile)
+    if pointer is None:
+        raise RollbackError(f"nothing published yet for profile {profile!r}")
+    named = pointer.get("manifest_sha256")
+    manifest, sha = verified_manifest(
+        store,
+        profile,
+        str(pointer["version"]),
+        named if isinstance(named, str) else "",
+        tuple(public_keys),
+    )
+    kept = {k: v for k, v in pointer.items() if k in ("parent", "rolled_back_from")}
+    renewed = new_pointer(
+        signer,
+        profile,
+        manifest["version"],
+        sha,
+        manifest["answers_root"],
+        pointer_sequence(pointer, profile, keys),
+        expires_s=expires_s,
+        **kept,
+    )
+    flip_pointer(store, profile, renewed, etag)
+    return {
+        "version": manifest["version"],
+        "sequence": renewed["sequence"],
+        "not_after": renewed["not_after"],
+    }

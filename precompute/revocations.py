@@ -11,11 +11,19 @@ online cache and never caches them again while the release lists them (its manif
 ``revoked``). Every later nightly build leaves out a cluster holding a revoked phrasing and lists
 the revocations in force, until ``unrevoke``, which records the change but republishes nothing:
 the next nightly build may publish the question again.
+
+The list is signed by the release signer (``signed``: ``{"format": "edgeqa-revocations/1",
+"profile", "sequence", "sha256"}`` over the canonical JSON of ``revoked``, ``audit`` and
+``sequence``), and each release records the list's ``sequence`` it was built with (its manifest's
+``revoked``). A reader holding public keys refuses a list that is unsigned, signed by another key,
+edited after signing, missing, or older than the one the current release was built with: whoever
+can write the store can neither drop a revocation nor put an older list back.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 import time
 import uuid
@@ -26,16 +34,21 @@ from typing import Any
 
 from edge_index.errors import EdgeQAError
 from edge_index.keys import key as key_of
-from edge_index.release import LoadedRelease, load_release
-from edge_index.signing import Signer
+from edge_index.pointers import DEFAULT_EXPIRES_S, next_sequence
+from edge_index.release import LoadedRelease, ReleaseError, load_release, verified_manifest
+from edge_index.signing import SignatureError, Signer, sign_statement, verify_statement
 from edge_index.store import (
     ObjectNotFoundError,
     ObjectTooLargeError,
     PreconditionFailedError,
     Store,
+    sha256_hex,
 )
 from precompute.build import derive_release
+from precompute.config import PrecomputeSettings
 from precompute.publish import PublishConflictError, publish
+
+log = logging.getLogger(__name__)
 
 MAX_REVOCATIONS_BYTES = 16 << 20
 MAX_REASON_CHARS = 500
@@ -50,14 +63,41 @@ def revocations_path(profile: str) -> str:
     return f"{profile}/revocations.json"
 
 
-def read_revocations(store: Store, profile: str) -> tuple[dict[str, Any], str | None]:
-    """The revocation list (``{"revoked": [...], "audit": [...]}``) and its ETag (None before
-    the first revocation)."""
+REVOCATIONS_FORMAT = "edgeqa-revocations/1"
+
+
+def _body_sha256(document: dict[str, Any]) -> str:
+    body = {name: document.get(name) for name in ("revoked", "audit", "sequence")}
+    return sha256_hex(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+
+
+def _statement(profile: str, document: dict[str, Any]) -> bytes:
+    body = {
+        "format": REVOCATIONS_FORMAT,
+        "profile": profile,
+        "sequence": document["sequence"],
+        "sha256": _body_sha256(document),
+    }
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def read_revocations(
+    store: Store, profile: str, public_keys: tuple[str, ...] = (), floor: int = 0
+) -> tuple[dict[str, Any], str | None]:
+    """The revocation list (``{"revoked": [...], "audit": [...], "sequence"}``) and its ETag
+    (None before the first revocation). With ``public_keys`` it must be signed by one of them
+    once ``floor`` (the list sequence the current release was built with) is above 0, and be no
+    older than that; ``RevocationError`` otherwise."""
     path = revocations_path(profile)
     try:
         data, etag = store.get_with_etag(path, max_bytes=MAX_REVOCATIONS_BYTES)
     except ObjectNotFoundError:
-        return {"revoked": [], "audit": []}, None
+        if public_keys and floor > 0:
+            raise RevocationError(
+                f"{path} is missing, but the current release was built with its sequence "
+                f"{floor}: refusing to act as if nothing were revoked"
+            ) from None
+        return {"revoked": [], "audit": [], "sequence": 0}, None
     except ObjectTooLargeError:
         raise RevocationError(f"{path} is over {MAX_REVOCATIONS_BYTES} bytes") from None
     try:
@@ -67,19 +107,88 @@ def read_revocations(store: Store, profile: str) -> tuple[dict[str, Any], str | 
         for entry in found["revoked"]:
             if not isinstance(entry.get("keys"), list) or not isinstance(entry.get("cluster"), str):
                 raise ValueError("an entry without keys or cluster")
+        found.setdefault("sequence", 0)  # written before lists were signed
+        if type(found["sequence"]) is not int or found["sequence"] < 0:
+            raise ValueError("its sequence is not a whole number")
     except (ValueError, AttributeError, RecursionError) as error:
         raise RevocationError(f"{path} is not a revocation list: {error}") from None
+    if public_keys:
+        _check_signed(found, profile, public_keys, floor)
     return found, etag
 
 
-def in_force(store: Store, profile: str) -> dict[str, Any]:
-    """The revocations in force, as a manifest lists them: ids, clusters and phrasing keys."""
-    revoked = read_revocations(store, profile)[0]["revoked"]
+def _check_signed(
+    document: dict[str, Any], profile: str, public_keys: tuple[str, ...], floor: int
+) -> None:
+    path = revocations_path(profile)
+    if "signed" not in document:
+        if floor > 0:
+            raise RevocationError(
+                f"{path} is unsigned, but the current release was built with its signed "
+                f"sequence {floor}"
+            )
+        log.warning("%s is unsigned (written before lists were signed)", path)
+        return
+    try:
+        signed = verify_statement(document.get("signed"), public_keys, (REVOCATIONS_FORMAT,))
+    except SignatureError as error:
+        raise RevocationError(f"{path}: {error}") from None
+    expected = {
+        "profile": profile,
+        "sequence": document["sequence"],
+        "sha256": _body_sha256(document),
+    }
+    if any(signed.get(name) != value for name, value in expected.items()):
+        raise RevocationError(f"{path} was changed after it was signed")
+    if document["sequence"] < floor:
+        raise RevocationError(
+            f"{path} (sequence {document['sequence']}) is older than the list the current "
+            f"release was built with (sequence {floor}): refused as a rollback"
+        )
+
+
+def list_floor(manifest: dict[str, Any] | None) -> int:
+    """The revocation list sequence the release of ``manifest`` was built with (0: none)."""
+    revoked = (manifest or {}).get("revoked")
+    found = revoked.get("sequence", 0) if isinstance(revoked, dict) else 0
+    return found if type(found) is int else 0
+
+
+def in_force(
+    store: Store, profile: str, public_keys: tuple[str, ...] = (), floor: int = 0
+) -> dict[str, Any]:
+    """The revocations in force, as a manifest lists them: ids, clusters, phrasing keys and
+    the list's sequence (``read_revocations``: verified with ``public_keys``)."""
+    document = read_revocations(store, profile, public_keys, floor)[0]
+    revoked = document["revoked"]
     return {
         "ids": sorted(r["id"] for r in revoked),
         "clusters": sorted({r["cluster"] for r in revoked}),
         "keys": sorted({k for r in revoked for k in r["keys"]}),
+        "sequence": document["sequence"],
     }
+
+
+def nightly_revocations(
+    store: Store, profile: str, settings: PrecomputeSettings, parent: LoadedRelease | None = None
+) -> dict[str, Any]:
+    """``in_force`` as a nightly run reads it: verified with the readers' keys and the signer's,
+    and no older than the list the current release (``parent``, else the pointer's) was built
+    with."""
+    if parent is None:
+        try:
+            manifest: dict[str, Any] | None = verified_manifest(store, profile)[0]
+        except ReleaseError:  # nothing published, or a release that does not load: replaced
+            manifest = None
+    else:
+        manifest = parent.manifest
+    keys = trusted_keys(settings.signer(), settings.public_keys)
+    return in_force(store, profile, keys, list_floor(manifest))
+
+
+def trusted_keys(signer: Signer | None, public_keys: tuple[str, ...]) -> tuple[str, ...]:
+    """What the list is verified with: the readers' keys and the signer's own."""
+    return (*public_keys, signer.public_key) if signer else public_keys
 
 
 def is_revoked(revoked: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
@@ -88,12 +197,29 @@ def is_revoked(revoked: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
     return lambda row: row["key"] in keys or row["cluster"] in clusters
 
 
-def _update(store: Store, profile: str, change: Callable[[dict[str, Any]], None]) -> None:
-    """Apply ``change`` to the revocation list by a conditional write; re-read and re-apply
-    when another writer got there first."""
+def _update(
+    store: Store,
+    profile: str,
+    change: Callable[[dict[str, Any]], None],
+    signer: Signer | None,
+    public_keys: tuple[str, ...],
+) -> None:
+    """Apply ``change`` to the revocation list by a conditional write, signed by ``signer``
+    under the next sequence; re-read and re-apply when another writer got there first."""
+    if signer is None and public_keys:
+        raise RevocationError(
+            "the revocation list is signed: set EDGEQA_SIGNING_KEY or EDGEQA_SIGNING_KMS_KEY "
+            "(readers hold EDGEQA_RELEASE_PUBLIC_KEYS)"
+        )
+    keys = trusted_keys(signer, public_keys)
     for _ in range(_ATTEMPTS):
-        document, etag = read_revocations(store, profile)
+        document, etag = read_revocations(store, profile, keys)
         change(document)
+        document["sequence"] = next_sequence(document["sequence"], datetime.now(UTC))
+        document.pop("signed", None)
+        if signer is not None:
+            signed = sign_statement(_statement(profile, document), signer)
+            document["signed"] = json.loads(signed)
         data = json.dumps(document, indent=1, sort_keys=True, ensure_ascii=False).encode()
         try:
             store.put_if(revocations_path(profile), data, etag)
@@ -137,9 +263,12 @@ def record_revocation(
     reason: str,
     by: str,
     at: str,
+    signer: Signer | None = None,
+    public_keys: tuple[str, ...] = (),
 ) -> str:
     """Add a revocation of ``cluster`` (its phrasing ``keys``) to the list in force, with its
-    audit entry; its id. A cluster revoked before keeps its entry, its keys widened."""
+    audit entry, signed by ``signer``; its id. A cluster revoked before keeps its entry, its keys
+    widened."""
     entry_id = f"r-{uuid.uuid4().hex[:12]}"
 
     def record(document: dict[str, Any]) -> None:
@@ -155,7 +284,7 @@ def record_revocation(
             {"action": "revoke", "id": entry_id, "reason": reason, "by": by, "at": at}
         )
 
-    _update(store, profile, record)
+    _update(store, profile, record, signer, public_keys)
     return entry_id
 
 
@@ -171,6 +300,7 @@ def revoke(
     signer: Signer | None = None,
     public_keys: Iterable[str] = (),
     keep: int = 5,
+    expires_s: float = DEFAULT_EXPIRES_S,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> dict[str, Any]:
     """Revoke the cluster of ``question``, ``key`` or ``cluster`` in the current release: record
@@ -182,9 +312,11 @@ def revoke(
     current = load_release(store, profile, public_keys=keys)
     target, target_keys, canonical = _target(current, question, key, cluster)
     at = now().isoformat(timespec="seconds")
-    entry_id = record_revocation(store, profile, target, target_keys, canonical, reason, by, at)
+    entry_id = record_revocation(
+        store, profile, target, target_keys, canonical, reason, by, at, signer, keys
+    )
     recorded_s = time.perf_counter() - started
-    published = _publish_without(store, profile, signer, keys, keep, entry_id, now)
+    published = _publish_without(store, profile, signer, keys, keep, expires_s, entry_id, now)
     return {
         "id": entry_id,
         "cluster": target,
@@ -202,6 +334,7 @@ def _publish_without(
     signer: Signer | None,
     public_keys: tuple[str, ...],
     keep: int,
+    expires_s: float,
     entry_id: str,
     now: Callable[[], datetime],
 ) -> dict[str, Any]:
@@ -209,7 +342,9 @@ def _publish_without(
     release when a nightly publish (or another revocation) flips the pointer first."""
     for _ in range(_ATTEMPTS):
         current = load_release(store, profile, public_keys=public_keys)
-        revoked = in_force(store, profile)
+        revoked = in_force(
+            store, profile, trusted_keys(signer, public_keys), list_floor(current.manifest)
+        )
         drop = is_revoked(revoked)
         with tempfile.TemporaryDirectory(prefix="edgeqa-revoke-") as tmp:
             staging = Path(tmp) / "release"
@@ -219,7 +354,7 @@ def _publish_without(
             }
             manifest = derive_release(staging, current, drop, extra, now())
             try:
-                report = publish(store, staging, keep=keep, signer=signer)
+                report = publish(store, staging, keep=keep, signer=signer, expires_s=expires_s)
             except PublishConflictError:
                 continue
         rows = manifest["counts"]["rows"]
@@ -238,10 +373,12 @@ def unrevoke(
     entry: str | None = None,
     key: str | None = None,
     cluster: str | None = None,
+    signer: Signer | None = None,
+    public_keys: Iterable[str] = (),
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> dict[str, Any]:
-    """End a revocation (by its id, a phrasing key, or its cluster): recorded, nothing
-    republished; the next nightly build may publish the question again."""
+    """End a revocation (by its id, a phrasing key, or its cluster): recorded (signed by
+    ``signer``), nothing republished; the next nightly build may publish the question again."""
     if not reason.strip() or len(reason) > MAX_REASON_CHARS:
         raise RevocationError(f"a reason is required (at most {MAX_REASON_CHARS} characters)")
     ended: list[str] = []
@@ -263,5 +400,5 @@ def unrevoke(
                 {"action": "unrevoke", "id": found, "reason": reason, "by": by, "at": at}
             )
 
-    _update(store, profile, record)
+    _update(store, profile, record, signer, tuple(public_keys))
     return {"ended": ended}

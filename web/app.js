@@ -22,6 +22,23 @@ function render() {
   $("recent").tBodies[0].replaceChildren(...rows);
 }
 
+// Why the CDN's release pointer was refused, when it was: answers then come from the edge and
+// the origin (a stale pointer costs latency, never a wrong answer).
+const POINTER_PROBLEMS = {
+  rollback: "is older than one this browser already saw (someone put back an old release)",
+  stale: "has expired (no release was published or renewed in time)",
+  unsigned: "is not signed by a trusted key",
+};
+
+function showPointerProblem(profile) {
+  const problem = client.pointerProblems.get(profile) ?? "";
+  $("pointer").dataset.problem = problem;
+  $("pointer").hidden = !problem;
+  $("pointer").textContent = problem
+    ? `The CDN's release pointer ${POINTER_PROBLEMS[problem]}: answering from the edge and the origin.`
+    : "";
+}
+
 $("ask").addEventListener("submit", async (event) => {
   event.preventDefault();
   const question = $("question").value;
@@ -45,6 +62,7 @@ $("ask").addEventListener("submit", async (event) => {
     $("error").textContent = error instanceof InvalidQueryError
       ? `Please check the question: ${error.message}` : error.message;
   } finally {
+    showPointerProblem(client.profileFor(question));
     $("submit").disabled = false;
     document.body.dataset.state = "done";
   }

@@ -8,8 +8,9 @@
 //
 // Tiered lookup (EdgeQAClient.ask):
 //   1. exact  — <cdn>/<profile>/current.json (cached) -> <cdn>/<profile>/releases/<v>/a/<key>.json,
-//               shown only when the pointer's statement is signed by one of releasePublicKeys
-//               and the object's Merkle proof leads to the root it names (docs/security.md)
+//               shown only when the pointer's statement is signed by one of releasePublicKeys,
+//               fresh and not older than one seen before (remembered in localStorage), and the
+//               object's Merkle proof leads to the root it names (docs/security.md)
 //   2. edge   — POST <edge>/v1/lookup {"q"}  (exact or semantic, FAISS + calibrated decision)
 //   3. origin — POST <origin>/v1/chat/completions, streamed (SSE); the origin may still answer
 //               from its own tiers (x-edgeqa-tier: exact | semantic | origin_cache | generated)
@@ -141,10 +142,15 @@ export async function provesAnswer(object, root) {
   return toHex(node) === root;
 }
 
-// The answers root `pointer` (a parsed current.json) proves, or null: its `signed` statement must
-// verify under one of `publicKeys` (base64 raw Ed25519) and name this profile and the pointer's
-// version (edge_index/signing.py signed_root, on tests/vectors/proofs.json).
-export async function signedRoot(pointer, { profile, publicKeys }) {
+const POINTER_FORMAT = "edgeqa-pointer/1";
+const MAX_SEQUENCE = Number.MAX_SAFE_INTEGER;
+
+// What `pointer` (a parsed current.json) says once its `signed` statement verifies under one of
+// `publicKeys` (base64 raw Ed25519) for this profile and the release the pointer names:
+// { version, manifestSha256, root, sequence, notAfterMs }, or null (edge_index/pointers.py
+// verify_pointer, on tests/vectors/proofs.json). A statement signed before pointers carried a
+// sequence (a release's own) reads as sequence 0 with no expiry.
+export async function signedPointer(pointer, { profile, publicKeys }) {
   const signed = pointer?.signed;
   if (!signed || typeof signed !== "object" || signed.alg !== "ed25519" ||
       typeof signed.statement !== "string") {
@@ -164,13 +170,49 @@ export async function signedRoot(pointer, { profile, publicKeys }) {
     if (!verified) continue;
     let statement;
     try { statement = JSON.parse(signed.statement); } catch { return null; }
-    if (statement?.format !== STATEMENT_FORMAT || statement.profile !== profile ||
-        statement.version !== pointer.version || typeof statement.answers_root !== "string") {
+    if (![STATEMENT_FORMAT, POINTER_FORMAT].includes(statement?.format) ||
+        statement.profile !== profile || statement.version !== pointer.version ||
+        statement.manifest_sha256 !== pointer.manifest_sha256 ||
+        typeof statement.answers_root !== "string" || typeof pointer.version !== "string" ||
+        typeof pointer.manifest_sha256 !== "string") {
       return null;
     }
-    return statement.answers_root;
+    let sequence = 0;
+    let notAfterMs = null;
+    if (statement.format === POINTER_FORMAT) {
+      sequence = statement.sequence;
+      if (!Number.isSafeInteger(sequence) || sequence < 1 || sequence > MAX_SEQUENCE) return null;
+      // an ISO 8601 time with a zone (as Python's fromisoformat reads it)
+      if (typeof statement.not_after !== "string" ||
+          !/(Z|[+-]\d\d:\d\d)$/.test(statement.not_after)) return null;
+      notAfterMs = Date.parse(statement.not_after);
+      if (Number.isNaN(notAfterMs)) return null;
+    }
+    return { version: pointer.version, manifestSha256: pointer.manifest_sha256,
+             root: statement.answers_root, sequence, notAfterMs };
   }
   return null;
+}
+
+// The answers root `pointer` proves, or null (edge_index/pointers.py signed_root).
+export async function signedRoot(pointer, options) {
+  return (await signedPointer(pointer, options))?.root ?? null;
+}
+
+// What a client concludes of `pointer`, given the newest { sequence, manifestSha256 } it verified
+// before: { signed, problem }, problem null when answer objects may be read under it, else
+// "unsigned", "rollback" (older than `newest`) or "stale" (expired, or never given an expiry)
+// (edge_index/pointers.py client_verdict, on tests/vectors/proofs.json).
+export async function pointerVerdict(pointer, { profile, publicKeys, newest = null,
+                                                nowMs = Date.now() }) {
+  const signed = await signedPointer(pointer, { profile, publicKeys });
+  if (signed === null) return { signed, problem: "unsigned" };
+  if (newest && (signed.sequence < newest.sequence || (signed.sequence === newest.sequence &&
+      signed.manifestSha256 !== newest.manifestSha256))) {
+    return { signed, problem: "rollback" };
+  }
+  if (signed.notAfterMs === null || nowMs > signed.notAfterMs) return { signed, problem: "stale" };
+  return { signed, problem: null };
 }
 
 // answerObjectProblem, with the object's proof checked against the signed `root` first: the
@@ -191,14 +233,44 @@ export class EdgeQAClient {
   // userToken: the signed user token your backend minted (docs/security.md#identity), if any.
   // releasePublicKeys: the keys releases are signed with (EDGEQA_RELEASE_PUBLIC_KEYS, base64);
   // without them the CDN tier is skipped: an answer object is shown only when it proves itself.
+  // storage: where the newest pointer verified is remembered across page loads (localStorage by
+  // default; null: this client's lifetime only), so an older one put back is refused.
   constructor({ cdn = "", profile = "", profiles = {}, edge = "", origin = "", model = "",
                 apiKey = "", userToken = "", releasePublicKeys = [], pointerTtlMs = 30000,
+                storage = globalThis.localStorage ?? null,
                 fetch = globalThis.fetch.bind(globalThis) } = {}) {
     Object.assign(this, { cdn, profile, profiles, edge, origin, model, apiKey, userToken,
-                          pointerTtlMs });
+                          pointerTtlMs, storage });
     this.releasePublicKeys = releasePublicKeys;
     this.fetch = fetch;
     this.pointers = new Map(); // profile -> { release: { version, root } | null, at }
+    this.newest = new Map(); // profile -> { sequence, manifestSha256 } (without storage)
+    // profile -> why its CDN pointer was last refused: "unsigned", "rollback" or "stale"
+    this.pointerProblems = new Map();
+  }
+
+  #newestKey(profile) { return `edgeqa.pointer:${this.cdn}/${profile}`; }
+
+  // The newest pointer verified for `profile` ({ sequence, manifestSha256 }), or null.
+  newestPointer(profile) {
+    try {
+      const stored = this.storage?.getItem(this.#newestKey(profile));
+      if (stored) {
+        const found = JSON.parse(stored);
+        if (Number.isSafeInteger(found?.sequence) && typeof found.manifestSha256 === "string") {
+          return found;
+        }
+      }
+    } catch { /* storage refused (private mode): memory only */ }
+    return this.newest.get(profile) ?? null;
+  }
+
+  #remember(profile, signed) {
+    const newest = { sequence: signed.sequence, manifestSha256: signed.manifestSha256 };
+    this.newest.set(profile, newest);
+    try {
+      this.storage?.setItem(this.#newestKey(profile), JSON.stringify(newest));
+    } catch { /* storage refused: memory only */ }
   }
 
   // The profile `question` is looked up under ("" when none is known).
@@ -210,8 +282,9 @@ export class EdgeQAClient {
     return this.userToken ? { "x-edgeqa-user": this.userToken } : {};
   }
 
-  // The current release, { version, root }, when its pointer is signed by a trusted key; null
-  // when there is none, it is not signed, or the CDN is down (the other tiers still answer).
+  // The current release, { version, root }, when its pointer is signed by a trusted key, fresh
+  // and not older than one verified before; null when there is none, it is refused
+  // (pointerProblems says why), or the CDN is down (the other tiers still answer).
   async currentRelease(profile = this.profile) {
     if (!this.cdn || !profile || !this.releasePublicKeys.length) return null;
     const cached = this.pointers.get(profile);
@@ -221,8 +294,19 @@ export class EdgeQAClient {
       const response = await this.fetch(`${this.cdn}/${profile}/current.json`);
       if (response.ok) {
         const pointer = await response.json();
-        const root = await signedRoot(pointer, { profile, publicKeys: this.releasePublicKeys });
-        if (root !== null) release = { version: pointer.version, root };
+        const { signed, problem } = await pointerVerdict(pointer, {
+          profile, publicKeys: this.releasePublicKeys, newest: this.newestPointer(profile) });
+        if (problem === null) {
+          this.#remember(profile, signed);
+          this.pointerProblems.delete(profile);
+          release = { version: signed.version, root: signed.root };
+        } else {
+          if (this.pointerProblems.get(profile) !== problem) {
+            console.warn(`edgeqa: the CDN's pointer of ${profile} is refused (${problem}); ` +
+                         "asking the edge and the origin instead");
+          }
+          this.pointerProblems.set(profile, problem);
+        }
       }
     } catch {
       return null;

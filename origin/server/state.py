@@ -122,7 +122,7 @@ class OriginServer:
         if self.draining:
             return 503, {"status": "draining", "in_flight": len(self.in_flight)}
         waiting, tokens = runtime.engine.queue_load()
-        return 200, {
+        body: dict[str, Any] = {
             "status": "ok",
             "model": self.model_name,
             "release": self.release_version(),
@@ -131,6 +131,9 @@ class OriginServer:
             "waiting": waiting,
             "queued_prompt_tokens": tokens,
         }
+        if runtime.releases is not None and (pointers := runtime.releases.pointers()):
+            body["pointers"] = pointers  # each language's signed pointer, stale or not
+        return 200, body
 
     def ready_runtime(self) -> Runtime:
         status, body = self.health()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import base64
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from edge_index.answer_objects import answer_object_problem
+from edge_index.pointers import client_verdict, signed_root
 from edge_index.proofs import leaf, object_leaf, proof_root, tree
 from edge_index.signing import (
     KmsSigner,
@@ -18,7 +20,6 @@ from edge_index.signing import (
     generate_keypair,
     parse_public_keys,
     sign_statement,
-    signed_root,
     statement,
     verify_statement,
 )
@@ -30,8 +31,21 @@ VECTORS = json.loads((Path(__file__).parents[1] / "vectors" / "proofs.json").rea
 def test_a_pointer_yields_a_root_only_when_signed_for_this_profile_and_version(
     case: dict[str, Any],
 ) -> None:
-    found = signed_root(case["pointer"], VECTORS["profile"], VECTORS["public_keys"])
+    found = signed_root(case["pointer"], VECTORS["profile"], tuple(VECTORS["public_keys"]))
     assert found == case["root"]
+
+
+@pytest.mark.parametrize("case", VECTORS["pointers"], ids=lambda c: c["name"])
+def test_a_client_reads_the_cdn_only_under_a_fresh_pointer_no_older_than_one_it_saw(
+    case: dict[str, Any],
+) -> None:
+    seen = case["newest"]
+    newest = (seen["sequence"], seen["manifest_sha256"]) if seen else None
+    now = datetime.fromisoformat(VECTORS["now"])
+    keys = tuple(VECTORS["public_keys"])
+    signed, problem = client_verdict(case["pointer"], VECTORS["profile"], keys, newest, now)
+    assert problem == case["problem"]
+    assert (signed.answers_root if signed else None) == case["root"]
 
 
 @pytest.mark.parametrize("case", VECTORS["objects"], ids=lambda c: c["name"])

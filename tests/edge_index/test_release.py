@@ -180,18 +180,19 @@ def test_a_signed_release_is_served_only_with_a_trusted_signature(
     tmp_path: Path,
 ) -> None:
     from edge_index.config import ConfigError, EdgeSettings
-    from edge_index.signing import LocalSigner, generate_keypair, verify_statement
+    from edge_index.pointers import verify_pointer
+    from edge_index.signing import LocalSigner, generate_keypair
     from precompute.config import PrecomputeSettings
 
     (ours, our_key), (_, their_key) = generate_keypair(), generate_keypair()
     store = FileStore(tmp_path / "store")
     build(embedder, tmp_path / "r1", store)
     version = publish(store, tmp_path / "r1", signer=LocalSigner(ours)).version
-    # the pointer carries the signed statement, for browsers (which read nothing else of it)
-    signed = verify_statement(json.loads(store.get(pointer_path(PROFILE)))["signed"], (our_key,))
+    # the pointer carries a signed statement, for browsers (which read nothing else of it)
+    signed = verify_pointer(json.loads(store.get(pointer_path(PROFILE))), PROFILE, (our_key,))
     manifest = json.loads(store.get(f"{release_prefix(PROFILE, version)}/manifest.json"))
-    assert (signed["profile"], signed["version"]) == (PROFILE, version)
-    assert signed["answers_root"] == manifest["answers_root"]
+    assert (signed.profile, signed.version) == (PROFILE, version)
+    assert signed.answers_root == manifest["answers_root"] and signed.sequence > 0
     assert load_release(store, PROFILE, public_keys=(our_key,)).version == version
     assert load_release(store, PROFILE, public_keys=(their_key, our_key)).version == version
     with pytest.raises(ReleaseError, match="trusted key"):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from edge_index.pointers import signed_root
 from edge_index.release import (
     ReleaseError,
     list_versions,
@@ -20,7 +21,7 @@ from edge_index.release import (
     read_pointer,
     release_prefix,
 )
-from edge_index.signing import LocalSigner, generate_keypair, signed_root
+from edge_index.signing import LocalSigner, generate_keypair
 from edge_index.store import FileStore, Store, open_store
 from precompute.publish import STAGES, PublishConflictError, prune, publish
 from tests.releases import PROFILE, QUESTIONS

@@ -12,10 +12,11 @@ from typing import Any
 import httpx
 import pytest
 
+from edge_index.pointers import verify_pointer
 from edge_index.profiles import load_index
 from edge_index.release import ReleaseError, read_pointer
 from edge_index.service import create_app
-from edge_index.signing import LocalSigner, generate_keypair, signed_root
+from edge_index.signing import LocalSigner, generate_keypair
 from edge_index.store import FileStore, Store
 from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from precompute.publish import publish
@@ -23,6 +24,7 @@ from precompute.releases import (
     RollbackError,
     diff_releases,
     list_releases,
+    renew,
     rollback,
     show_release,
 )
@@ -80,16 +82,36 @@ def test_list_show_diff_and_rollback(embedder, store: Store, tmp_path: Path) -> 
     assert [c["question"] for c in diff["dropped"]] == [QUESTIONS[3]]
     assert {c["question"] for c in diff["changed"]} == set(QUESTIONS[1:3])
 
-    done = rollback(store, PROFILE, first, (public,))
-    assert done == {"version": first, "previous": second, "status": "rolled_back"}
+    # readers check signatures: a rollback signs the pointer again, so it needs the key
+    with pytest.raises(RollbackError, match="EDGEQA_SIGNING_KEY"):
+        rollback(store, PROFILE, first, (public,))
+    signer = LocalSigner(private)
+    before = verify_pointer(read_pointer(store, PROFILE)[0], PROFILE, (public,))
+    done = rollback(store, PROFILE, first, (public,), signer)
+    assert done == {
+        "version": first,
+        "previous": second,
+        "status": "rolled_back",
+        "sequence": done["sequence"],
+    }
     pointer, _ = read_pointer(store, PROFILE)
     assert pointer is not None and pointer["version"] == first
-    # browsers verify the rolled-back pointer as they did the first time
-    assert signed_root(pointer, PROFILE, (public,)) is not None
-    assert rollback(store, PROFILE, first)["status"] == "already_current"
+    # signed again under a higher sequence: readers that saw the second release take it
+    rolled = verify_pointer(pointer, PROFILE, (public,))
+    assert rolled.version == first and rolled.sequence == done["sequence"] > before.sequence
+    assert rolled.stale() is None
+    assert rollback(store, PROFILE, first, (public,), signer)["status"] == "already_current"
     with pytest.raises(RollbackError, match="not a kept release"):
-        rollback(store, PROFILE, "20200101T000000Z-00000000")
-    assert rollback(store, PROFILE, second)["status"] == "rolled_back"
+        rollback(store, PROFILE, "20200101T000000Z-00000000", (public,), signer)
+    assert rollback(store, PROFILE, second, (public,), signer)["status"] == "rolled_back"
+    # renewing signs the same release again, fresh for as long as asked
+    renewed = renew(store, PROFILE, signer, (public,), expires_s=60)
+    again = verify_pointer(read_pointer(store, PROFILE)[0], PROFILE, (public,))
+    assert (again.version, again.sequence) == (second, renewed["sequence"])
+    assert again.sequence > done["sequence"] and again.not_after is not None
+    assert 0 < (again.not_after - datetime.now(UTC)).total_seconds() <= 60
+    with pytest.raises(RollbackError, match="EDGEQA_SIGNING_KEY"):
+        renew(store, PROFILE, None, (public,))
 
 
 def test_release_commands_on_the_command_line(
@@ -117,6 +139,8 @@ def test_release_commands_on_the_command_line(
     assert "Traceback" not in refused.stderr
     rolled = _edgeqa(env, "release", "rollback", first)
     assert rolled.returncode == 0 and "rolled_back" in rolled.stdout
+    renewed = _edgeqa(env, "release", "renew")
+    assert renewed.returncode == 0 and f"{first} signed again" in renewed.stdout
     revoked = _edgeqa(
         env, "release", "revoke", "--question", QUESTIONS[1], "--reason", "wrong", "--json"
     )

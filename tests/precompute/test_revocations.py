@@ -11,18 +11,23 @@ from typing import Any
 import pytest
 
 from edge_index.keys import key
+from edge_index.pointers import signed_root
 from edge_index.release import load_release, object_path, read_pointer, release_prefix
-from edge_index.signing import LocalSigner, generate_keypair, signed_root
+from edge_index.signing import LocalSigner, generate_keypair
 from edge_index.store import FileStore, Store
 from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from origin.server.cache import OnlineCache
 from origin.server.tiers import revoke_cached, scoped_key
+from precompute.config import PrecomputeSettings
 from precompute.publish import publish
 from precompute.revocations import (
     RevocationError,
     in_force,
+    list_floor,
+    nightly_revocations,
     read_revocations,
     record_revocation,
+    revocations_path,
     revoke,
     unrevoke,
 )
@@ -115,6 +120,55 @@ def test_revocation_errors_and_unrevoke(embedder, tmp_path: Path) -> None:  # ty
         in_force(store, PROFILE)
 
 
+def test_the_signed_revocation_list_cannot_be_edited_dropped_or_rolled_back(
+    embedder,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    private, public = generate_keypair()
+    signer, keys = LocalSigner(private), (public,)
+    store = FileStore(tmp_path / "store")
+    _published(embedder, store, tmp_path, signer)
+    first = revoke(
+        store, PROFILE, "wrong", "alice", question=QUESTIONS[1], signer=signer, public_keys=keys
+    )
+    floor = list_floor(load_release(store, PROFILE, public_keys=keys).manifest)
+    listed = in_force(store, PROFILE, keys, floor)
+    assert floor > 0 and listed["sequence"] == floor and listed["ids"] == [first["id"]]
+    nightly = PrecomputeSettings.from_env(
+        {"EDGEQA_SIGNING_KEY": private, "EDGEQA_RELEASE_PUBLIC_KEYS": public}
+    )
+    assert nightly_revocations(store, PROFILE, nightly) == listed
+    path = revocations_path(PROFILE)
+    signed_list = store.get(path)
+    document = json.loads(signed_list)
+
+    def refused(changed: bytes | None, match: str, at: int = floor) -> None:
+        if changed is None:
+            store.delete(path)
+        else:
+            store.put(path, changed)
+        with pytest.raises(RevocationError, match=match):
+            in_force(store, PROFILE, keys, at)
+        with pytest.raises(RevocationError, match=match):
+            nightly_revocations(store, PROFILE, nightly)
+
+    # whoever can write the store drops the entry, or the signature, or the whole list
+    refused(json.dumps({**document, "revoked": []}).encode(), "changed after it was signed")
+    unsigned = {k: v for k, v in document.items() if k != "signed"}
+    refused(json.dumps(unsigned).encode(), "is unsigned")
+    refused(json.dumps({**unsigned, "revoked": []}).encode(), "is unsigned")
+    refused(None, "is missing")
+    # ... or puts the first list back after a second revocation
+    store.put(path, signed_list)
+    revoke(store, PROFILE, "also", "alice", question=QUESTIONS[2], signer=signer, public_keys=keys)
+    later = list_floor(load_release(store, PROFILE, public_keys=keys).manifest)
+    assert later > floor
+    refused(signed_list, "refused as a rollback", later)
+    # readers check the list: writing it needs the signing key
+    with pytest.raises(RevocationError, match="EDGEQA_SIGNING_KEY"):
+        unrevoke(store, PROFILE, "fixed", "bob", cluster=first["cluster"], public_keys=keys)
+
+
 def test_the_origin_cache_drops_revoked_questions_and_never_caches_them_again(
     embedder,  # type: ignore[no-untyped-def]
     tmp_path: Path,
@@ -166,3 +220,20 @@ def test_nightly_mining_leaves_revoked_clusters_out(embedded_model: Any, tmp_pat
     clusters = [h["phrasings"][0]["key"] for h in hot]
     assert [h["phrasings"][0]["key"] for h in remaining] == clusters[1:]
     assert second["excluded_rows"]["revoked"] == hot[0]["hits"]
+
+
+def test_a_revoked_wording_gets_no_semantic_hit_in_its_place(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from edge_index.lookup import Hit, Miss, ReleaseIndex
+
+    store = FileStore(tmp_path / "store")
+    build(embedder, tmp_path / "r1", store)  # without PARAPHRASE: it is a semantic neighbour
+    publish(store, tmp_path / "r1")
+    index = ReleaseIndex(load_release(store, PROFILE), embedder)
+    hit = index.lookup_semantic(PARAPHRASE)
+    assert isinstance(hit, Hit) and hit.question == QUESTIONS[0]
+    # the paraphrase's own key revoked (as a release listing it does): the neighbour's answer is
+    # not served in its place, while the neighbour itself still is
+    index.revoke(frozenset({key(PARAPHRASE)}))
+    refused = index.lookup_semantic(PARAPHRASE)
+    assert isinstance(refused, Miss) and refused.reason == "revoked"
+    assert isinstance(index.lookup_semantic(QUESTIONS[0]), Hit)

@@ -1,6 +1,7 @@
 """Writes proofs.json: signed pointers and answer objects with Merkle proofs, and what a client
-must conclude from each (edge_index/signing.py signed_root and edge_index/release.py
-answer_objects.answer_object_problem; web/edgeqa.js signedRoot and answerObjectProblem).
+must conclude from each (edge_index/pointers.py signed_root and client_verdict,
+edge_index/answer_objects.py answer_object_problem; web/edgeqa.js signedRoot, pointerVerdict and
+answerObjectProblem).
 
 The hashes follow docs/release-format.md#browser-proofs and are computed here with hashlib and
 cryptography alone, so the file does not depend on the implementation it tests. The signing key
@@ -104,10 +105,20 @@ def main() -> None:
     good = {"version": VERSION, "manifest_sha256": statement["manifest_sha256"]}
     pointers: list[dict[str, Any]] = []
 
-    def pointer(name: str, value: Any, expected: str | None) -> None:
-        pointers.append({"name": name, "pointer": value, "root": expected})
+    def pointer(
+        name: str,
+        value: Any,
+        expected: str | None,
+        problem: str | None = "unsigned",
+        newest: dict[str, Any] | None = None,
+    ) -> None:
+        """``root``: what signed_root gives; ``problem``: client_verdict's, at ``now`` after
+        verifying ``newest`` ({sequence, manifest_sha256}) before."""
+        case = {"name": name, "pointer": value, "root": expected, "problem": problem}
+        pointers.append({**case, "newest": newest})
 
-    pointer("signed", {**good, "signed": _signed(trusted, statement)}, root)
+    # a release's own statement (signed before pointers had one): no sequence, never fresh
+    pointer("signed", {**good, "signed": _signed(trusted, statement)}, root, "stale")
     pointer("unsigned", dict(good), None)
     pointer("signed by another key", {**good, "signed": _signed(other, statement)}, None)
     pointer(
@@ -130,6 +141,54 @@ def main() -> None:
     )
     pointer("signature not base64", {**good, "signed": {**edited, "signature": "!!"}}, None)
     pointer("signed is a string", {**good, "signed": "yes"}, None)
+
+    # pointer statements (edge_index/pointers.py): a sequence and an expiry
+    sequence = 1796000000000  # milliseconds since 1970
+    fresh = {
+        **statement,
+        "format": "edgeqa-pointer/1",
+        "sequence": sequence,
+        "not_after": "2026-12-02T00:00:00+00:00",
+    }
+    seen = {"sequence": sequence, "manifest_sha256": good["manifest_sha256"]}
+    other_sha = hashlib.sha256(b"another manifest").hexdigest()
+
+    def signed_pointer(**changes: Any) -> dict[str, Any]:
+        return {**good, "signed": _signed(trusted, {**fresh, **changes})}
+
+    pointer("a fresh signed pointer", signed_pointer(), root, None)
+    pointer("seen before", signed_pointer(), root, None, seen)
+    pointer("newer than one seen", signed_pointer(), root, None, {**seen, "sequence": 7})
+    pointer("expired", signed_pointer(not_after="2026-11-30T23:59:59+00:00"), root, "stale")
+    pointer(
+        "older than one seen",
+        signed_pointer(),
+        root,
+        "rollback",
+        {**seen, "sequence": 1 + sequence},
+    )
+    pointer(
+        "as old as one seen, another release",
+        signed_pointer(),
+        root,
+        "rollback",
+        {**seen, "manifest_sha256": other_sha},
+    )
+    pointer(
+        "a release statement after a pointer statement",
+        {**good, "signed": _signed(trusted, statement)},
+        root,
+        "rollback",
+        {**seen, "sequence": 1},
+    )
+    pointer("sequence not an integer", signed_pointer(sequence=1.5), None)
+    pointer("sequence a string", signed_pointer(sequence=str(sequence)), None)
+    pointer("sequence zero", signed_pointer(sequence=0), None)
+    pointer("sequence past 2**53", signed_pointer(sequence=2**53), None)
+    pointer("expiry without a time zone", signed_pointer(not_after="2026-12-02T00:00:00"), None)
+    pointer("expiry not a time", signed_pointer(not_after="tomorrow"), None)
+    pointer("no expiry", signed_pointer(not_after=None), None)
+    pointer("for another manifest", signed_pointer(manifest_sha256=other_sha), None)
 
     cases: list[dict[str, Any]] = []
 

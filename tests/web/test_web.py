@@ -55,7 +55,7 @@ def test_key_spec_vectors_under_node() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "# pass 6" in done.stdout and "# fail 0" in done.stdout
+    assert "# pass 7" in done.stdout and "# fail 0" in done.stdout
 
 
 @pytest.fixture(scope="module")

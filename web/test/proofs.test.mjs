@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { test } from "node:test";
 
-import { checkAnswerObject, signedRoot } from "../edgeqa.js";
+import { checkAnswerObject, pointerVerdict, signedRoot } from "../edgeqa.js";
 
 const vectors = JSON.parse(
   readFileSync(new URL("../../tests/vectors/proofs.json", import.meta.url), "utf8"));
@@ -21,6 +21,19 @@ test("a pointer yields a root only when signed by a trusted key for this profile
     assert.equal(await signedRoot(signed, { profile, publicKeys: [] }), null);
     assert.equal(await signedRoot(signed, { profile, publicKeys: ["not a key"] }), null);
   });
+
+test("a client reads the CDN only under a fresh pointer no older than one it saw", async () => {
+  assert.ok(vectors.pointers.length >= 20);
+  const nowMs = vectors.now_s * 1000;
+  for (const c of vectors.pointers) {
+    const newest = c.newest && { sequence: c.newest.sequence,
+                                 manifestSha256: c.newest.manifest_sha256 };
+    const { signed, problem } = await pointerVerdict(
+      c.pointer, { profile, publicKeys: vectors.public_keys, newest, nowMs });
+    assert.equal(problem, c.problem, c.name);
+    assert.equal(signed?.root ?? null, c.root, c.name);
+  }
+});
 
 test("an answer object is shown only when it proves itself against the signed root", async () => {
   assert.ok(vectors.objects.length >= 12);
