@@ -259,6 +259,21 @@ def _log_rows(questions: tuple[str, ...], users: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _zh_run(logs: FileStore, out: FileStore, config: Any) -> Any:
+    """The zh run of UNTIL's logs, built as of that day's end."""
+    from precompute.pipeline import RunParams
+
+    return RunParams(
+        logs.uri,
+        out.uri,
+        UNTIL,
+        UNTIL,
+        config,
+        started=datetime.combine(UNTIL, day_time.max, UTC),
+        language="zh",
+    )
+
+
 def test_a_zh_run_publishes_the_curated_answers(
     embedded_model: Any,
     multilingual_embedder: Any,  # converted into model_cache_dir once, for the run to load
@@ -266,7 +281,7 @@ def test_a_zh_run_publishes_the_curated_answers(
     tmp_path: Path,
 ) -> None:
     from precompute.config import PipelineConfig
-    from precompute.pipeline import RunParams, run_pipeline
+    from precompute.pipeline import run_pipeline
 
     logs, out = FileStore(tmp_path / "logs"), FileStore(tmp_path / "out")
     # an English question asked as often: another profile's, not mined tonight
@@ -286,15 +301,7 @@ def test_a_zh_run_publishes_the_curated_answers(
         quantization=fast_weights(),
         ttl_days=3650.0,
     )
-    params = RunParams(
-        logs.uri,
-        out.uri,
-        UNTIL,
-        UNTIL,
-        config,
-        started=datetime.combine(UNTIL, day_time.max, UTC),
-        language="zh",
-    )
+    params = _zh_run(logs, out, config)
     stages: dict[str, dict[str, Any]] = {}
     report = run_pipeline(
         params, model=embedded_model, on_stage=lambda n, r, s: stages.update({n: r})
@@ -334,7 +341,7 @@ def test_a_run_whose_answers_file_was_changed_after_it_was_pinned_publishes_noth
     tmp_path: Path,
 ) -> None:
     from precompute.config import PipelineConfig
-    from precompute.pipeline import RunParams, run_pipeline
+    from precompute.pipeline import run_pipeline
 
     logs, out = FileStore(tmp_path / "logs"), FileStore(tmp_path / "out")
     assert write_logs(logs, _log_rows(ZH_ASKED, 5)) == 15
@@ -351,15 +358,7 @@ def test_a_run_whose_answers_file_was_changed_after_it_was_pinned_publishes_noth
     answers.write_text(
         reviewed.replace("或致电客服", "或把卡号发到 support-desk.example"), encoding="utf-8"
     )
-    params = RunParams(
-        logs.uri,
-        out.uri,
-        UNTIL,
-        UNTIL,
-        config,
-        started=datetime.combine(UNTIL, day_time.max, UTC),
-        language="zh",
-    )
+    params = _zh_run(logs, out, config)
     with pytest.raises(CuratedAnswersError, match="not the pinned"):
         run_pipeline(params)
     assert out.list() == []  # no work area, no release, no pointer
