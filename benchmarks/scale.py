@@ -35,6 +35,7 @@ Run: .venv/bin/python benchmarks/scale.py [--sizes 100000,1000000] [--full] [--r
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
@@ -214,7 +215,13 @@ def child_release(args: dict[str, Any]) -> dict[str, Any]:
         **{
             **params.__dict__,
             "config": params.config.replace(
-                generation={"curated_answers": str(answers), "partition_size": 4096}
+                generation={"curated_answers": str(answers), "partition_size": 4096},
+                # pinned, as every answers file is (precompute/curated.py)
+                run={
+                    "settings": params.config.settings.replace(
+                        curated_answers_sha256=hashlib.sha256(answers.read_bytes()).hexdigest()
+                    )
+                },
             ),
         }
     )

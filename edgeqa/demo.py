@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from collections.abc import Iterator
@@ -100,12 +101,15 @@ def build_release(
     # the embedded model writes no usable Chinese: the Chinese questions get the operator's
     # answers (precompute/curated.py), as a team serving a language its model cannot would
     answers = store.root / "curated-answers.jsonl"
-    answers.write_text(curated_answers(), encoding="utf-8")
+    data = curated_answers().encode("utf-8")
+    answers.write_bytes(data)
     config = PipelineConfig.from_env(
         {**DEMO_ENV, **os.environ},
         max_tokens=max_tokens,
         quantization=quantization,
         answers=str(answers),
+        # pinned as an operator pins the file they reviewed (precompute/curated.py)
+        answers_sha256=hashlib.sha256(data).hexdigest(),
     ).replace(build={"semantic_uncalibrated": True})
     params = RunParams(store.uri, store.uri, until - timedelta(days=6), until, config, "demo")
     _say(out, "2. nightly pipeline (the DAG's stages), once per language profile:")

@@ -49,6 +49,9 @@ class PrecomputeSettings(EngineSettings):
     signing_kms_key: str = ""
     # how long a signed current.json stays fresh (edge_index/pointers.py); the nightly renews it
     pointer_expires_s: float = Field(DEFAULT_EXPIRES_S, gt=0)
+    # the sha256 the curated answers file (--answers) must have: the file an operator reviewed.
+    # Required with --answers; a file whose digest differs is refused (precompute/curated.py)
+    curated_answers_sha256: str = ""
 
     @field_validator("ray_address", mode="after")
     @classmethod
@@ -60,6 +63,15 @@ class PrecomputeSettings(EngineSettings):
                 "<head>:6379 (inside the cluster) or auto"
             )
         return value
+
+    @field_validator("curated_answers_sha256", mode="after")
+    @classmethod
+    def _curated_answers_sha256(cls, value: str) -> str:
+        if value and not re.fullmatch(r"[0-9A-Fa-f]{64}", value):
+            raise ValueError(
+                f"{value!r} is not a sha256 (64 hexadecimal digits, as `sha256sum FILE` prints)"
+            )
+        return value.lower()
 
     @field_validator("signing_key", mode="after")
     @classmethod
@@ -219,6 +231,15 @@ class PipelineConfig:
     # > 0: tune the embedder on the release's phrasings and ship it in the release
     finetune_steps: int = 0
 
+    def __post_init__(self) -> None:
+        # what is published never depends on a file someone changed after it was reviewed
+        if self.generation.curated_answers and not self.settings.curated_answers_sha256:
+            raise ConfigError(
+                "curated answers (--answers) are read only pinned: set "
+                "EDGEQA_CURATED_ANSWERS_SHA256 (or --answers-sha256) to the sha256 of the file "
+                "you reviewed (sha256sum FILE)"
+            )
+
     @classmethod
     def from_settings(cls, settings: PrecomputeSettings) -> PipelineConfig:
         mining = MiningConfig(
@@ -322,6 +343,14 @@ RUN_OPTIONS = (
         str,
         "JSON Lines of operator answers ({question, answer}, a path or s3:// URI) published for "
         "the mined questions they answer instead of generated ones",
+    ),
+    RunOption(
+        "answers_sha256",
+        "settings",
+        "curated_answers_sha256",
+        str,
+        "the sha256 the answers file must have (sha256sum FILE; required with answers): a file "
+        "that differs is refused, nothing published",
     ),
     RunOption("keep", "settings", "keep_releases", int, "releases kept for rollback", 2),
     RunOption(

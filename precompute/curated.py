@@ -11,7 +11,11 @@ mined (k distinct users, no personal data, one turn) like any other, the answer 
 checks before it is published (``edge_index/answers.py``), and a question nobody asked is never
 published because it is curated.
 
-The file is refused as a whole, naming the line, when a line is not such an object, a question is
+The file is pinned: the run's configuration names the sha256 of the file the operator reviewed
+(``EDGEQA_CURATED_ANSWERS_SHA256``, ``--answers-sha256``), and a file with another digest — changed
+in the store after it was reviewed, by whoever may write there — is refused before a line of it is
+read, so a tampered file is never published (and never signed by the nightly job). The file is
+also refused as a whole, naming the line, when a line is not such an object, a question is
 invalid under the key spec, or a question or answer carries personal data (``pii.py``): what is
 published must never depend on a half-read file.
 """
@@ -89,13 +93,26 @@ def parse_curated(data: bytes, name: str = "answers") -> dict[str, dict[str, str
     return curated
 
 
-def read_curated(uri: str) -> tuple[dict[str, dict[str, str]], str]:
-    """The curated answers at ``uri`` and the sha256 of the file (a run depends on it)."""
+def read_curated(uri: str, sha256: str) -> tuple[dict[str, dict[str, str]], str]:
+    """The curated answers at ``uri`` and the sha256 of the file (a run depends on it);
+    ``CuratedAnswersError`` unless that digest is ``sha256``, the pinned one."""
+    if not sha256:
+        raise CuratedAnswersError(
+            f"{uri} is not pinned: set EDGEQA_CURATED_ANSWERS_SHA256 to the sha256 of the file "
+            "you reviewed"
+        )
     try:
         data = read_bytes(uri)
     except FileNotFoundError:
         raise CuratedAnswersError(f"no curated answers file at {uri}") from None
-    return parse_curated(data, uri), hashlib.sha256(data).hexdigest()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha256.lower():
+        raise CuratedAnswersError(
+            f"{uri} has sha256 {digest}, not the pinned {sha256.lower()} "
+            "(EDGEQA_CURATED_ANSWERS_SHA256): refused, nothing of it is published; if the change "
+            "is yours, review the file and pin its new sha256"
+        )
+    return parse_curated(data, uri), digest
 
 
 def curated_rows(

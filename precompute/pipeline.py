@@ -148,6 +148,14 @@ def mine_stage(
     from precompute.fleet.embedding import wordings_encoder
 
     config, settings = params.config, params.config.settings
+    # the operator's answers before anything else: a file that is not the pinned one
+    # (EDGEQA_CURATED_ANSWERS_SHA256) stops the run before hours of mining, nothing published
+    curated: dict[str, dict[str, str]] = {}
+    curated_sha = ""
+    if config.generation.curated_answers:
+        curated, curated_sha = read_curated(
+            config.generation.curated_answers, settings.curated_answers_sha256
+        )
     tokenizer = model[1] if model else load_tokenizer(settings.model, settings.cache_dir)
     profile = make_profile(settings, config.generation.quantization, tokenizer, params.language)
     stats = LogReadStats()
@@ -179,10 +187,6 @@ def mine_stage(
         mining,
         "revoked",
     )
-    curated: dict[str, dict[str, str]] = {}
-    curated_sha = ""
-    if config.generation.curated_answers:
-        curated, curated_sha = read_curated(config.generation.curated_answers)
     run = run_id(
         profile, [h.question for h in hot], parent.version if parent else None, curated_sha
     )

@@ -22,48 +22,48 @@ module "signing" {
 }
 
 module "origin" {
-  source               = "./modules/origin"
-  name                 = "${local.name}-origin"
-  vpc_id               = var.vpc_id
-  public_subnet_ids    = var.public_subnet_ids
-  private_subnet_ids   = var.private_subnet_ids
-  certificate_arn      = var.certificate_arn
-  ami_id               = var.origin_ami_id
-  instance_type        = var.origin_instance_type
-  min_size             = var.origin_min_size
-  max_size             = var.origin_max_size
-  target_waiting       = var.origin_target_waiting
-  bucket_arn           = module.storage.bucket_arn
-  kms_key_arn          = module.storage.kms_key_arn
-  access_logs_bucket   = module.storage.access_logs_bucket
-  profile              = var.profile
-  user_salt_secret_arn = var.user_salt_secret_arn
-  api_keys_secret_arn  = var.api_keys_secret_arn
-  identity_secret_arn  = var.identity_secret_arn
-  release_public_keys  = module.signing.public_key
-  origin_verify_secret = var.origin_verify_secret
+  source                   = "./modules/origin"
+  name                     = "${local.name}-origin"
+  vpc_id                   = var.vpc_id
+  public_subnet_ids        = var.public_subnet_ids
+  private_subnet_ids       = var.private_subnet_ids
+  certificate_arn          = var.certificate_arn
+  ami_id                   = var.origin_ami_id
+  instance_type            = var.origin_instance_type
+  min_size                 = var.origin_min_size
+  max_size                 = var.origin_max_size
+  target_waiting           = var.origin_target_waiting
+  bucket_arn               = module.storage.bucket_arn
+  kms_key_arn              = module.storage.kms_key_arn
+  access_logs_bucket       = module.storage.access_logs_bucket
+  profile                  = var.profile
+  user_salt_secret_arn     = var.user_salt_secret_arn
+  api_keys_secret_arn      = var.api_keys_secret_arn
+  identity_secret_arn      = var.identity_secret_arn
+  release_public_keys      = module.signing.public_key
+  origin_verify_secret_arn = var.origin_verify_secret_arn
 }
 
 module "edge" {
-  source               = "./modules/edge"
-  name                 = "${local.name}-edge"
-  region               = var.region
-  vpc_id               = var.vpc_id
-  public_subnet_ids    = var.public_subnet_ids
-  private_subnet_ids   = var.private_subnet_ids
-  certificate_arn      = var.certificate_arn
-  image                = var.edge_image
-  desired_count        = var.edge_desired_count
-  bucket_arn           = module.storage.bucket_arn
-  bucket_name          = module.storage.bucket_name
-  kms_key_arn          = module.storage.kms_key_arn
-  access_logs_bucket   = module.storage.access_logs_bucket
-  profile              = var.profile
-  user_salt_secret_arn = var.user_salt_secret_arn
-  identity_secret_arn  = var.identity_secret_arn
-  release_public_keys  = module.signing.public_key
-  log_retention_days   = var.log_retention_days
-  origin_verify_secret = var.origin_verify_secret
+  source                   = "./modules/edge"
+  name                     = "${local.name}-edge"
+  region                   = var.region
+  vpc_id                   = var.vpc_id
+  public_subnet_ids        = var.public_subnet_ids
+  private_subnet_ids       = var.private_subnet_ids
+  certificate_arn          = var.certificate_arn
+  image                    = var.edge_image
+  desired_count            = var.edge_desired_count
+  bucket_arn               = module.storage.bucket_arn
+  bucket_name              = module.storage.bucket_name
+  kms_key_arn              = module.storage.kms_key_arn
+  access_logs_bucket       = module.storage.access_logs_bucket
+  profile                  = var.profile
+  user_salt_secret_arn     = var.user_salt_secret_arn
+  identity_secret_arn      = var.identity_secret_arn
+  release_public_keys      = module.signing.public_key
+  log_retention_days       = var.log_retention_days
+  origin_verify_secret_arn = var.origin_verify_secret_arn
 }
 
 module "cdn" {
@@ -72,17 +72,17 @@ module "cdn" {
     aws           = aws
     aws.us_east_1 = aws.us_east_1
   }
-  name                 = local.name
-  bucket_name          = module.storage.bucket_name
-  bucket_arn           = module.storage.bucket_arn
-  bucket_domain_name   = module.storage.bucket_regional_domain_name
-  kms_key_arn          = module.storage.kms_key_arn
-  access_logs_bucket   = module.storage.access_logs_bucket_domain_name
-  origin_domain_name   = module.origin.alb_dns_name
-  edge_domain_name     = module.edge.alb_dns_name
-  aliases              = var.aliases
-  certificate_arn      = var.cloudfront_certificate_arn
-  origin_verify_secret = var.origin_verify_secret
+  name                     = local.name
+  bucket_name              = module.storage.bucket_name
+  bucket_arn               = module.storage.bucket_arn
+  bucket_domain_name       = module.storage.bucket_regional_domain_name
+  kms_key_arn              = module.storage.kms_key_arn
+  access_logs_bucket       = module.storage.access_logs_bucket_domain_name
+  origin_domain_name       = module.origin.alb_dns_name
+  edge_domain_name         = module.edge.alb_dns_name
+  aliases                  = var.aliases
+  certificate_arn          = var.cloudfront_certificate_arn
+  origin_verify_secret_arn = var.origin_verify_secret_arn
 }
 
 module "airflow" {

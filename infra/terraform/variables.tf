@@ -96,10 +96,9 @@ variable "log_retention_days" {
   default     = 400
 }
 
-variable "origin_verify_secret" {
-  description = "A random secret (32+ characters; keep it in Secrets Manager) CloudFront sends to both load balancers as x-edgeqa-origin-verify; a request without it is refused, so nothing reaches the services around CloudFront and its WAF."
+variable "origin_verify_secret_arn" {
+  description = "Secrets Manager secret holding a random value (32+ characters) CloudFront sends to both load balancers as x-edgeqa-origin-verify; a request without it is refused, so nothing reaches the services around CloudFront and its WAF. Terraform reads it (secretsmanager:GetSecretValue for whoever applies); no instance or task role may."
   type        = string
-  sensitive   = true
 }
 
 variable "identity_secret_arn" {

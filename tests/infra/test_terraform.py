@@ -247,3 +247,158 @@ def test_checkov_reports_no_failed_checks() -> None:
     skipped = {c["check_id"] for c in report["results"]["skipped_checks"]}
     assert skipped and skipped <= {check for check, _ in skips}  # none skipped outside the code
     assert all(len(reason.strip()) > 20 for _, reason in skips)
+
+
+def _flat(value: Any) -> list[Any]:
+    """Every scalar in ``value`` (hcl2 wraps values, and lists, in lists)."""
+    if isinstance(value, list):
+        return [item for part in value for item in _flat(part)]
+    return [value]
+
+
+def _resources(parsed: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """``(path, type, name, body)`` of every resource of every file."""
+    found = []
+    for path, body in parsed.items():
+        for block in body.get("resource", []):
+            for type_, named in block.items():
+                for name, spec in named.items():
+                    found.append((path, type_, name, spec))
+    return found
+
+
+# the conditions that tie a service principal's use of a key to the resource it acts for: the
+# global source keys, or (CloudWatch Logs) the log group's ARN it puts in the encryption context
+SOURCE_CONDITIONS = {"aws:SourceArn", "aws:SourceAccount", "kms:EncryptionContext:aws:logs:arn"}
+
+
+def test_a_service_principal_may_use_a_key_only_for_this_accounts_resources(
+    parsed: dict[str, Any],
+) -> None:
+    services: dict[str, dict[str, tuple[str, list[str]]]] = {}
+    keys = [r for r in _resources(parsed) if r[1] == "aws_kms_key"]
+    assert {(path, name) for path, _, name, _ in keys} >= {("modules/storage/main.tf", "store")}
+    for path, _, name, key in keys:
+        document = re.fullmatch(
+            r"\$\{data\.aws_iam_policy_document\.(\w+)\.json\}", _one(key["policy"])
+        )
+        assert document, f"{path}: aws_kms_key.{name} has no policy document of its own"
+        policy = _blocks(parsed, path, "data", "aws_iam_policy_document")[document.group(1)]
+        for statement in policy["statement"]:
+            conditions = {
+                _one(c["variable"]): (_one(c["test"]), _flat(c["values"]))
+                for c in statement.get("condition", [])
+            }
+            for principal in statement.get("principals", []):
+                if _one(principal["type"]) != "Service":
+                    continue
+                for service in _flat(principal["identifiers"]):
+                    where = f"{path}: aws_kms_key.{name}, {service}"
+                    sources = SOURCE_CONDITIONS & set(conditions)
+                    assert sources, f"{where}: no aws:SourceArn/aws:SourceAccount condition"
+                    for variable in sources:
+                        test, values = conditions[variable]
+                        assert test in {"ArnEquals", "ArnLike", "StringEquals"}, where
+                        assert values and all("${var.account_id}" in v for v in values), where
+                    services[service] = conditions
+    # the store's key: CloudFront (origin access control) for this account's distributions;
+    # CloudWatch Logs for this account's log groups (the services', the WAF's, MWAA's, EKS's)
+    assert services["cloudfront.amazonaws.com"]["aws:SourceArn"] == (
+        "ArnLike",
+        ["arn:aws:cloudfront::${var.account_id}:distribution/*"],
+    )
+    assert services["logs.amazonaws.com"]["kms:EncryptionContext:aws:logs:arn"] == (
+        "ArnLike",
+        ["arn:aws:logs:*:${var.account_id}:log-group:*"],
+    )
+
+
+# a shell command that creates or writes a file (a redirection that is not to a descriptor or
+# /dev/null, or a command that makes files)
+WRITES = re.compile(
+    r"(^|[^0-9&<>])>>?\s*(?!&|/dev/null\b)\S|\b(tee|mktemp|install|cp|mv|mkdir|touch|dd)\b"
+)
+
+
+def test_every_user_data_script_sets_umask_077_before_it_writes_a_file(
+    parsed: dict[str, Any],
+) -> None:
+    scripts = []
+    for path, type_, name, spec in _resources(parsed):
+        for field, value in spec.items():
+            if not field.startswith("user_data"):
+                continue
+            files = re.findall(r"path\.module\}/([\w.\-/]+)", json.dumps(value))
+            assert files, f"{path}: {type_}.{name}.{field} is not a script file of the module"
+            scripts += [TERRAFORM / Path(path).parent / f for f in files]
+    assert TERRAFORM / "modules" / "origin" / "user_data.sh" in scripts
+    for script in scripts:
+        # (a heredoc's lines are data; none of these scripts has a '>' in one)
+        lines = [line.split(" #")[0] for line in script.read_text().splitlines()]
+        commands = [(n, line) for n, line in enumerate(lines) if not line.lstrip().startswith("#")]
+        umask = next((n for n, line in commands if re.fullmatch(r"\s*umask 0?077\s*", line)), None)
+        write = next((n for n, line in commands if WRITES.search(line)), None)
+        assert umask is not None, f"{script}: no umask 077"
+        assert write is None or umask < write, f"{script}: line {write + 1} writes before umask"
+
+
+def test_no_variable_carries_a_secret_the_origin_verify_value_is_read_from_secrets_manager(
+    parsed: dict[str, Any],
+) -> None:
+    # a secret is named by its Secrets Manager ARN, never passed as a value (a tfvars file, a
+    # plan's variables, a CI log): no variable is sensitive, each one named for a secret is an ARN
+    for path, body in parsed.items():
+        for block in body.get("variable", []):
+            for name, spec in block.items():
+                assert _one(spec.get("sensitive", False)) is not True, f"{path}: {name}"
+                if "secret" in name:
+                    assert name.endswith("_secret_arn"), f"{path}: variable {name}"
+    root_vars = {k for b in parsed["variables.tf"]["variable"] for k in b}
+    assert "origin_verify_secret_arn" in root_vars and "origin_verify_secret" not in root_vars
+    # Terraform reads it where it configures the header: CloudFront's origins, the ALB's rule,
+    # the regional WAF's exemption
+    for path, secret in (
+        ("modules/cdn/main.tf", "${var.origin_verify_secret_arn}"),
+        ("modules/alb/main.tf", "${var.origin_verify_secret_arn}"),
+        ("modules/waf/main.tf", "${var.rate_limit_exempt_header.secret_arn}"),
+    ):
+        (version,) = _blocks(parsed, path, "data", "aws_secretsmanager_secret_version").values()
+        assert _one(version["secret_id"]) == secret, path
+    cdn = json.dumps(parsed["modules/cdn/main.tf"])
+    assert cdn.count("data.aws_secretsmanager_secret_version.origin_verify.secret_string") == 2
+    alb = json.dumps(parsed["modules/alb/main.tf"])
+    assert "data.aws_secretsmanager_secret_version.origin_verify.secret_string" in alb
+    waf = {k: v for b in parsed["modules/alb/main.tf"]["module"] for k, v in b.items()}["waf"]
+    exempt = _one(waf["rate_limit_exempt_header"])
+    assert exempt["secret_arn"] == "${var.origin_verify_secret_arn}" and "value" not in exempt
+    # each role may read the secrets it needs, named: never a wildcard, never the origin-verify one
+    grants = []
+    for path in parsed:
+        for name, document in _blocks(parsed, path, "data", "aws_iam_policy_document").items():
+            for statement in document.get("statement", []):
+                actions = _flat(statement.get("actions", []))
+                if any(a.startswith("secretsmanager:") or a == "*" for a in actions):
+                    assert actions == ["secretsmanager:GetSecretValue"], f"{path}: {name}"
+                    grants.append((path, name, _flat(statement["resources"])))
+    assert {(path, name) for path, name, _ in grants} == {
+        ("modules/origin/main.tf", "origin"),
+        ("modules/edge/main.tf", "execution"),
+    }
+    for path, name, resources in grants:
+        assert all(re.fullmatch(r"\$\{var\.\w+_secret_arn\}", r) for r in resources), (path, name)
+        assert "${var.origin_verify_secret_arn}" not in resources, (path, name)
+
+
+def test_the_edge_lists_only_its_profiles_keys(parsed: dict[str, Any]) -> None:
+    for path, document in (
+        ("modules/edge/main.tf", "task"),
+        ("modules/origin/main.tf", "origin"),
+    ):
+        policy = _blocks(parsed, path, "data", "aws_iam_policy_document")[document]
+        (listing,) = [
+            s for s in policy["statement"] if "s3:ListBucket" in _flat(s.get("actions", []))
+        ]
+        (condition,) = listing["condition"]
+        assert _one(condition["variable"]) == "s3:prefix", path
+        assert _one(condition["test"]) == "StringLike", path
+        assert _flat(condition["values"]) == ["${var.profile}/*"], path

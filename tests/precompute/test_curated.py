@@ -106,21 +106,75 @@ def test_parse_curated_refuses_a_file_that_is_not_utf8() -> None:
         parse_curated(data, "faq.jsonl")
 
 
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def test_read_curated_returns_the_answers_and_the_file_digest(tmp_path: Path) -> None:
     path = tmp_path / "faq.jsonl"
     data = _jsonl(
         GOOD, {"question": "跨行转账多久能到账？", "answer": "通常两个工作日内。"}
     ).encode()
     path.write_bytes(data)
-    curated, sha = read_curated(str(path))
-    assert sha == hashlib.sha256(data).hexdigest()
+    curated, sha = read_curated(str(path), _sha256(data))
+    assert sha == _sha256(data)
     assert curated == parse_curated(data)
-    assert read_curated(path.as_uri()) == (curated, sha)  # file://...
+    assert read_curated(path.as_uri(), sha.upper()) == (curated, sha)  # file://...
     with pytest.raises(CuratedAnswersError, match="no curated answers file"):
-        read_curated(str(tmp_path / "missing.jsonl"))
+        read_curated(str(tmp_path / "missing.jsonl"), sha)
     path.write_bytes(data + b"\nnot json\n")
     with pytest.raises(CuratedAnswersError, match=r"faq\.jsonl line 3 is not JSON"):
-        read_curated(str(path))
+        read_curated(str(path), _sha256(path.read_bytes()))
+
+
+def test_read_curated_refuses_a_file_that_is_not_the_pinned_one(tmp_path: Path) -> None:
+    path = tmp_path / "faq.jsonl"
+    reviewed = _jsonl(GOOD, {"question": "How do I close my account?", "answer": "Call us."})
+    pinned = _sha256(reviewed.encode())
+    path.write_text(reviewed, encoding="utf-8")
+    assert read_curated(str(path), pinned)[1] == pinned
+    # changed after it was reviewed, by whoever may write where it lives: still a valid file
+    # (nothing but the pin tells), refused whole before a line of it is read
+    for tampered in (
+        reviewed.replace("Call us.", "Send your card number to support-desk.example."),
+        reviewed + "\n" + json.dumps({"question": "Is my money safe?", "answer": "Sell now."}),
+        reviewed + "\n",
+    ):
+        assert parse_curated(tampered.encode())
+        path.write_text(tampered, encoding="utf-8")
+        with pytest.raises(CuratedAnswersError) as caught:
+            read_curated(str(path), pinned)
+        message = str(caught.value)
+        assert f"has sha256 {_sha256(tampered.encode())}, not the pinned {pinned}" in message
+        assert "refused" in message and "EDGEQA_CURATED_ANSWERS_SHA256" in message
+    # a file nobody pinned is not read either
+    path.write_text(reviewed, encoding="utf-8")
+    with pytest.raises(CuratedAnswersError, match=r"faq\.jsonl is not pinned: set EDGEQA_CURATED"):
+        read_curated(str(path), "")
+
+
+def test_curated_answers_are_pinned_by_the_configuration() -> None:
+    from edge_index.config import ConfigError
+    from precompute.config import PipelineConfig
+
+    # answers without a pin: refused when the run is configured, before anything runs
+    with pytest.raises(ConfigError, match=r"--answers.*EDGEQA_CURATED_ANSWERS_SHA256"):
+        PipelineConfig.from_env({}, answers="faq.jsonl")
+    with pytest.raises(ConfigError, match="EDGEQA_CURATED_ANSWERS_SHA256: 'abc' is not a sha256"):
+        PipelineConfig.from_env({"EDGEQA_CURATED_ANSWERS_SHA256": "abc"}, answers="faq.jsonl")
+    pin, other = "ab" * 32, "cd" * 32
+    config = PipelineConfig.from_env(
+        {"EDGEQA_CURATED_ANSWERS_SHA256": pin.upper()}, answers="faq.jsonl"
+    )
+    assert config.settings.curated_answers_sha256 == pin
+    assert config.generation.curated_answers == "faq.jsonl"
+    # the run's option (--answers-sha256, the DAG's answers_sha256) wins over the variable
+    config = PipelineConfig.from_env(
+        {"EDGEQA_CURATED_ANSWERS_SHA256": pin}, answers="faq.jsonl", answers_sha256=other
+    )
+    assert config.settings.curated_answers_sha256 == other
+    # no answers, no pin needed
+    assert PipelineConfig.from_env({}).generation.curated_answers == ""
 
 
 def _phrasing(question: str, users: int = 5) -> Phrasing:
@@ -205,6 +259,21 @@ def _log_rows(questions: tuple[str, ...], users: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _zh_run(logs: FileStore, out: FileStore, config: Any) -> Any:
+    """The zh run of UNTIL's logs, built as of that day's end."""
+    from precompute.pipeline import RunParams
+
+    return RunParams(
+        logs.uri,
+        out.uri,
+        UNTIL,
+        UNTIL,
+        config,
+        started=datetime.combine(UNTIL, day_time.max, UTC),
+        language="zh",
+    )
+
+
 def test_a_zh_run_publishes_the_curated_answers(
     embedded_model: Any,
     multilingual_embedder: Any,  # converted into model_cache_dir once, for the run to load
@@ -212,7 +281,7 @@ def test_a_zh_run_publishes_the_curated_answers(
     tmp_path: Path,
 ) -> None:
     from precompute.config import PipelineConfig
-    from precompute.pipeline import RunParams, run_pipeline
+    from precompute.pipeline import run_pipeline
 
     logs, out = FileStore(tmp_path / "logs"), FileStore(tmp_path / "out")
     # an English question asked as often: another profile's, not mined tonight
@@ -222,21 +291,17 @@ def test_a_zh_run_publishes_the_curated_answers(
     curated_lines = [{"question": q, "answer": a} for q, a in ZH_CURATED.items()]
     answers.write_text(_jsonl(*curated_lines) + "\n", encoding="utf-8")
     config = PipelineConfig.from_env(
-        {"EDGEQA_CACHE_DIR": str(model_cache_dir), "EDGEQA_MIN_USERS": "5"},
+        {
+            "EDGEQA_CACHE_DIR": str(model_cache_dir),
+            "EDGEQA_MIN_USERS": "5",
+            "EDGEQA_CURATED_ANSWERS_SHA256": _sha256(answers.read_bytes()),
+        },
         answers=str(answers),
         max_tokens=8,
         quantization=fast_weights(),
         ttl_days=3650.0,
     )
-    params = RunParams(
-        logs.uri,
-        out.uri,
-        UNTIL,
-        UNTIL,
-        config,
-        started=datetime.combine(UNTIL, day_time.max, UTC),
-        language="zh",
-    )
+    params = _zh_run(logs, out, config)
     stages: dict[str, dict[str, Any]] = {}
     report = run_pipeline(
         params, model=embedded_model, on_stage=lambda n, r, s: stages.update({n: r})
@@ -270,3 +335,30 @@ def test_a_zh_run_publishes_the_curated_answers(
     assert (generated in rows) == (not excluded), excluded
     if excluded:  # held back for its answer (what generation flagged, or the build's checks)
         assert sum(excluded.values()) == 1 and next(iter(excluded)).startswith("answer_")
+
+
+def test_a_run_whose_answers_file_was_changed_after_it_was_pinned_publishes_nothing(
+    tmp_path: Path,
+) -> None:
+    from precompute.config import PipelineConfig
+    from precompute.pipeline import run_pipeline
+
+    logs, out = FileStore(tmp_path / "logs"), FileStore(tmp_path / "out")
+    assert write_logs(logs, _log_rows(ZH_ASKED, 5)) == 15
+    answers = tmp_path / "answers.jsonl"
+    reviewed = _jsonl(*({"question": q, "answer": a} for q, a in ZH_CURATED.items())) + "\n"
+    answers.write_text(reviewed, encoding="utf-8")
+    config = PipelineConfig.from_env(
+        {"EDGEQA_MIN_USERS": "5"},
+        answers=str(answers),
+        answers_sha256=_sha256(reviewed.encode()),
+    )
+    # one answer rewritten in the store after review: a well-formed file the run would publish,
+    # signed, if it read it
+    answers.write_text(
+        reviewed.replace("或致电客服", "或把卡号发到 support-desk.example"), encoding="utf-8"
+    )
+    params = _zh_run(logs, out, config)
+    with pytest.raises(CuratedAnswersError, match="not the pinned"):
+        run_pipeline(params)
+    assert out.list() == []  # no work area, no release, no pointer

@@ -6,6 +6,12 @@ data "aws_ec2_managed_prefix_list" "cloudfront" {
   name = "com.amazonaws.global.cloudfront.origin-facing"
 }
 
+# the header CloudFront sends: read from Secrets Manager by whoever applies, never a variable (a
+# tfvars file, a CI log); the listener rule holds it, so the state does
+data "aws_secretsmanager_secret_version" "origin_verify" {
+  secret_id = var.origin_verify_secret_arn
+}
+
 resource "aws_security_group" "alb" {
   name        = "${var.name}-alb"
   description = "${var.name}: HTTPS from CloudFront only"
@@ -102,7 +108,7 @@ resource "aws_lb_listener_rule" "from_cloudfront" {
   condition {
     http_header {
       http_header_name = "x-edgeqa-origin-verify"
-      values           = [var.origin_verify_secret]
+      values           = [data.aws_secretsmanager_secret_version.origin_verify.secret_string]
     }
   }
 }
@@ -131,8 +137,8 @@ module "waf" {
   # the CDN's WAF (and API keys by the origin); here, per IP, what did not come through CloudFront
   rate_limit_per_5min = 300
   rate_limit_exempt_header = {
-    name  = "x-edgeqa-origin-verify"
-    value = var.origin_verify_secret
+    name       = "x-edgeqa-origin-verify"
+    secret_arn = var.origin_verify_secret_arn
   }
 }
 

@@ -50,10 +50,9 @@ variable "deregistration_delay" {
   default     = 30
 }
 
-variable "origin_verify_secret" {
-  description = "The secret CloudFront sends as x-edgeqa-origin-verify; the load balancer refuses requests without it."
+variable "origin_verify_secret_arn" {
+  description = "Secrets Manager secret holding the value CloudFront sends as x-edgeqa-origin-verify; the load balancer refuses requests without it. Read by Terraform (its value is never a variable)."
   type        = string
-  sensitive   = true
 }
 
 variable "health_check_path" {

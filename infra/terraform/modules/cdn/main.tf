@@ -15,6 +15,12 @@ terraform {
   }
 }
 
+# the header both load balancers require: read from Secrets Manager by whoever applies, never a
+# variable; the distribution's origins hold it, so the state does
+data "aws_secretsmanager_secret_version" "origin_verify" {
+  secret_id = var.origin_verify_secret_arn
+}
+
 resource "aws_cloudfront_origin_access_control" "store" {
   name                              = "${var.name}-store"
   origin_access_control_origin_type = "s3"
@@ -145,7 +151,7 @@ resource "aws_cloudfront_distribution" "this" {
     }
     custom_header {
       name  = "x-edgeqa-origin-verify"
-      value = var.origin_verify_secret
+      value = data.aws_secretsmanager_secret_version.origin_verify.secret_string
     }
   }
 
@@ -160,7 +166,7 @@ resource "aws_cloudfront_distribution" "this" {
     }
     custom_header {
       name  = "x-edgeqa-origin-verify"
-      value = var.origin_verify_secret
+      value = data.aws_secretsmanager_secret_version.origin_verify.secret_string
     }
   }
 

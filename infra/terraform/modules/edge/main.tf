@@ -6,17 +6,17 @@ data "aws_vpc" "this" {
 }
 
 module "alb" {
-  source               = "../alb"
-  name                 = var.name
-  vpc_id               = var.vpc_id
-  public_subnet_ids    = var.public_subnet_ids
-  certificate_arn      = var.certificate_arn
-  target_port          = 8001
-  target_type          = "ip"
-  access_logs_bucket   = var.access_logs_bucket
-  kms_key_arn          = var.kms_key_arn
-  origin_verify_secret = var.origin_verify_secret
-  health_check_path    = "/ready" # no traffic before a release is served
+  source                   = "../alb"
+  name                     = var.name
+  vpc_id                   = var.vpc_id
+  public_subnet_ids        = var.public_subnet_ids
+  certificate_arn          = var.certificate_arn
+  target_port              = 8001
+  target_type              = "ip"
+  access_logs_bucket       = var.access_logs_bucket
+  kms_key_arn              = var.kms_key_arn
+  origin_verify_secret_arn = var.origin_verify_secret_arn
+  health_check_path        = "/ready" # no traffic before a release is served
 }
 
 resource "aws_ecs_cluster" "edge" {
@@ -189,9 +189,15 @@ data "aws_iam_policy_document" "task" {
     resources = ["${var.bucket_arn}/${var.profile}/*"]
   }
   statement {
-    sid       = "ListProfiles"
+    sid       = "ListReleases"
     actions   = ["s3:ListBucket"]
     resources = [var.bucket_arn]
+    # its profile's keys only (the releases it loads): not the request logs, not other profiles
+    condition {
+      test     = "StringLike"
+      variable = "s3:prefix"
+      values   = ["${var.profile}/*"]
+    }
   }
   statement {
     sid       = "WriteRequestLogs"

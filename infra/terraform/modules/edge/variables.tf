@@ -85,10 +85,9 @@ variable "log_retention_days" {
   type        = number
 }
 
-variable "origin_verify_secret" {
-  description = "The secret CloudFront sends as x-edgeqa-origin-verify; the load balancer refuses requests without it."
+variable "origin_verify_secret_arn" {
+  description = "Secrets Manager secret holding the value CloudFront sends as x-edgeqa-origin-verify; the load balancer refuses requests without it. Read by Terraform (its value is never a variable)."
   type        = string
-  sensitive   = true
 }
 
 variable "identity_secret_arn" {

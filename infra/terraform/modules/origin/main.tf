@@ -8,18 +8,18 @@ data "aws_vpc" "this" {
 }
 
 module "alb" {
-  source               = "../alb"
-  name                 = var.name
-  vpc_id               = var.vpc_id
-  public_subnet_ids    = var.public_subnet_ids
-  certificate_arn      = var.certificate_arn
-  target_port          = 8000
-  target_type          = "instance"
-  access_logs_bucket   = var.access_logs_bucket
-  kms_key_arn          = var.kms_key_arn
-  idle_timeout         = 300
-  deregistration_delay = 60
-  origin_verify_secret = var.origin_verify_secret
+  source                   = "../alb"
+  name                     = var.name
+  vpc_id                   = var.vpc_id
+  public_subnet_ids        = var.public_subnet_ids
+  certificate_arn          = var.certificate_arn
+  target_port              = 8000
+  target_type              = "instance"
+  access_logs_bucket       = var.access_logs_bucket
+  kms_key_arn              = var.kms_key_arn
+  idle_timeout             = 300
+  deregistration_delay     = 60
+  origin_verify_secret_arn = var.origin_verify_secret_arn
 }
 
 resource "aws_security_group" "instances" {

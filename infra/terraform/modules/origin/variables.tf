@@ -73,10 +73,9 @@ variable "user_salt_secret_arn" {
   type        = string
 }
 
-variable "origin_verify_secret" {
-  description = "The secret CloudFront sends as x-edgeqa-origin-verify; the load balancer refuses requests without it."
+variable "origin_verify_secret_arn" {
+  description = "Secrets Manager secret holding the value CloudFront sends as x-edgeqa-origin-verify; the load balancer refuses requests without it. Read by Terraform (its value is never a variable)."
   type        = string
-  sensitive   = true
 }
 
 variable "api_keys_secret_arn" {

@@ -13,7 +13,9 @@ data "aws_iam_policy_document" "kms" {
   #checkov:skip=CKV_AWS_109:A key policy's resource is the key itself ("*"); the root statement is AWS's default that delegates to IAM
   #checkov:skip=CKV_AWS_111:A key policy's resource is the key itself ("*"); services get narrower grants through their own IAM policies
   #checkov:skip=CKV_AWS_356:A key policy's resource is always "*" (this key)
-  # the account administers the key; services use it through their own IAM policies
+  # the account administers the key; services use it through their own IAM policies. A service
+  # principal uses it only for this account's resources (a distribution, a log group): another
+  # account's cannot borrow the grant (the confused deputy)
   statement {
     sid       = "AccountAdministers"
     actions   = ["kms:*"]
@@ -31,6 +33,13 @@ data "aws_iam_policy_document" "kms" {
       type        = "Service"
       identifiers = ["cloudfront.amazonaws.com"]
     }
+    # this account's distributions (through their origin access control); the distribution's own
+    # ARN would close a cycle (it is built on this bucket), so its bucket policy pins it instead
+    condition {
+      test     = "ArnLike"
+      variable = "aws:SourceArn"
+      values   = ["arn:aws:cloudfront::${var.account_id}:distribution/*"]
+    }
   }
   statement {
     sid       = "CloudWatchLogsEncrypts"
@@ -39,6 +48,13 @@ data "aws_iam_policy_document" "kms" {
     principals {
       type        = "Service"
       identifiers = ["logs.amazonaws.com"]
+    }
+    # CloudWatch Logs names the calling log group in the encryption context (its source ARN):
+    # this account's log groups only
+    condition {
+      test     = "ArnLike"
+      variable = "kms:EncryptionContext:aws:logs:arn"
+      values   = ["arn:aws:logs:*:${var.account_id}:log-group:*"]
     }
   }
 }

@@ -3,6 +3,13 @@
 # too; alarms watch the count), a per-IP rate limit where asked; logs to CloudWatch.
 # scope = "REGIONAL" for a load balancer, "CLOUDFRONT" (provider in us-east-1) for a distribution.
 
+# the value of the header that exempts a request from the rate limit: read from Secrets Manager by
+# whoever applies, never a variable
+data "aws_secretsmanager_secret_version" "exempt" {
+  count     = var.rate_limit_exempt_header == null ? 0 : 1
+  secret_id = var.rate_limit_exempt_header.secret_arn
+}
+
 locals {
   managed = concat(
     [{ name = "AWSManagedRulesKnownBadInputsRuleSet", metric = "known-bad-inputs", count = false }],
@@ -67,7 +74,7 @@ resource "aws_wafv2_web_acl" "this" {
                 statement {
                   byte_match_statement {
                     positional_constraint = "EXACTLY"
-                    search_string         = scope_down_statement.value.value
+                    search_string         = data.aws_secretsmanager_secret_version.exempt[0].secret_string
                     field_to_match {
                       single_header {
                         name = scope_down_statement.value.name

@@ -27,10 +27,9 @@ variable "kms_key_arn" {
 }
 
 variable "rate_limit_exempt_header" {
-  description = "Requests carrying this header with this value are not rate-limited by IP (null: none)."
-  type        = object({ name = string, value = string })
+  description = "Requests carrying the header `name` with the value of the Secrets Manager secret `secret_arn` are not rate-limited by IP (null: none)."
+  type        = object({ name = string, secret_arn = string })
   default     = null
-  sensitive   = true
 }
 
 variable "log_retention_days" {
