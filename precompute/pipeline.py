@@ -150,12 +150,8 @@ def mine_stage(
     config, settings = params.config, params.config.settings
     # the operator's answers before anything else: a file that is not the pinned one
     # (EDGEQA_CURATED_ANSWERS_SHA256) stops the run before hours of mining, nothing published
-    curated: dict[str, dict[str, str]] = {}
-    curated_sha = ""
-    if config.generation.curated_answers:
-        curated, curated_sha = read_curated(
-            config.generation.curated_answers, settings.curated_answers_sha256
-        )
+    answers, pinned = config.generation.curated_answers, settings.curated_answers_sha256
+    curated, curated_sha = read_curated(answers, pinned) if answers else ({}, "")
     tokenizer = model[1] if model else load_tokenizer(settings.model, settings.cache_dir)
     profile = make_profile(settings, config.generation.quantization, tokenizer, params.language)
     stats = LogReadStats()
