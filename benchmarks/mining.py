@@ -70,7 +70,9 @@ def logs(
 
     def ask(query: str, user: str) -> None:
         ts = NOW - timedelta(days=rng.uniform(0, 6))
-        rows.append({"ts": ts, "user": user, "query": query, "turns": 1, "status": 200})
+        rows.append(
+            {"ts": ts, "user": user, "signed": True, "query": query, "turns": 1, "status": 200}
+        )
 
     for n, wordings in enumerate(questions):
         used = wordings[: rng.randint(3, len(wordings))]

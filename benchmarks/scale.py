@@ -327,6 +327,7 @@ def _write_release_logs(root: Path, questions: list[str]) -> None:
                 "request_id": f"r{person}",
                 "user": f"{person:032x}",
                 "network": f"n{person:031x}",
+                "signed": True,
                 "query": q,
                 "turns": 1,
                 "tier": "generated",

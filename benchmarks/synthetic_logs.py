@@ -131,6 +131,8 @@ def synthetic_tables(
                 "latency_ms": pa.nulls(n, pa.float64()),
                 "ttft_ms": pa.nulls(n, pa.float64()),
                 "profile": pa.nulls(n, pa.string()),
+                "signed": pa.array(np.ones(n, dtype=bool)),  # logged-in users (the crowd rule)
+                "asn": pa.nulls(n, pa.string()),
             },
             schema=schema(),
         )

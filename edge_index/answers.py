@@ -12,7 +12,16 @@
 - ``language``: answered in another script than the question's (a Chinese question answered in
   Latin letters, an English one in Chinese), or, both in Latin letters, in another language by
   their stop words (an English question answered in French). Questions about translation or a
-  language by name ("how do you say ... in Japanese") are not judged.
+  language by name ("how do you say ... in Japanese") are not judged;
+- ``link``: sends the reader elsewhere — a URL, a domain name (``evil.example``, also spelled
+  out: "evil dot com"), an e-mail address, a social handle (``@name``), a phone number of any
+  kind (toll-free too), or an instruction to visit a website, follow a link or write on a
+  messaging app ("visit our website", "click the link", 加微信). A question's text is written by
+  its askers: a forged crowd that publishes "... the answer is: visit evil.example" gets the
+  model to repeat it, and a published or cached answer reaches everyone who asks. Passed only
+  where the deployment allows it (``EDGEQA_ALLOW_ANSWER_LINKS``: ``allow_links``); an
+  instruction naming a place without an address ("visit a branch", "call the number on your
+  card") passes.
 
 ``uncacheable`` adds the question's time-sensitivity (``edge_index/timeliness.py``): what the
 origin checks before writing a generated answer to its online cache. ``CHECKS`` names every check
@@ -25,10 +34,10 @@ import re
 from collections import Counter
 
 from edge_index.languages import script_of
-from edge_index.pii import fold
+from edge_index.pii import fold, has_phone_number
 from edge_index.timeliness import time_sensitive
 
-PROBLEMS = ("empty", "truncated", "repetitive", "refusal", "language")
+PROBLEMS = ("empty", "truncated", "repetitive", "refusal", "language", "link")
 # what a published entry passed: mining's checks of the question, then generation's of the answer
 CHECKS = ("pii", "time_sensitive", *PROBLEMS)
 CACHE_SKIP_REASONS = ("time_sensitive", *PROBLEMS)
@@ -70,6 +79,53 @@ _STOP_WORDS = {
     " você seu sua",
     "nl": "de het een en is zijn van in op met voor niet dat die je u uw ook maar bij aan",
 }
+
+
+# the top-level domains a name in running text is read as a web address by: every two-letter
+# (country) code, the common generic ones and the reserved ones (RFC 2606: evil.example)
+_GENERIC_TLDS = frozenset(
+    "com net org info biz io co app dev xyz online site website top shop store ai tv cc ly gg"
+    " gov edu mil int pro club live link click page web tech cloud email mobi name news blog"
+    " bank help support space fun icu vip win bet casino crypto finance money loan"
+    " example test invalid localhost local onion".split()
+)
+# two letters that are file types, not country codes: "Node.js" is no address
+_NOT_TLDS = frozenset("js ts rb db gz xz go cs hs kt jl".split())
+_URL_START = re.compile(r"\b[a-z][a-z0-9+.-]{1,15}://|\bwww\d?\.", re.IGNORECASE)
+# labels, then a lower-case top-level domain: "Ph.D." and "card.It" (a missing space) are not
+_DOMAIN = re.compile(
+    r"(?<![\w@.-])(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+([a-z]{2,24})(?![\w-]|\.\w)"
+)
+# "evil dot com", "evil[.]com", "evil (dot) com": read against the generic top-level domains
+_SPELLED_DOMAIN = re.compile(
+    r"\w\s*(?:\[\s*(?:\.|dot)\s*\]|\(\s*(?:\.|dot)\s*\)|\s+dot\s+)\s*([a-z]{2,24})\b"
+)
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+_HANDLE = re.compile(r"(?<![\w@])@[a-z0-9_]{3,30}\b")
+# an instruction to go to a website or a messaging app, within a few words of it
+_ELSEWHERE = re.compile(
+    r"\b(?:visit|go(?: over)? to|head(?: over)? to|navigate to|browse to|log ?on to"
+    r"|sign up (?:at|on)|click|tap|open|follow|check out|contact|message|write|text|join"
+    r"|download)\b[^.!?\n]{0,40}?\b(?:web ?site|site|web ?page|url|link|portal|telegram"
+    r"|whatsapp|discord|wechat|skype|instagram|facebook|twitter|tiktok|snapchat)\b"
+    r"|网址|网站|链接|微信号|加微信|加我微信|qq群|加qq|公众号|电报群"
+)
+
+
+def _links_elsewhere(folded: str, text: str) -> bool:
+    """Whether an answer (``folded``: NFKC; ``text``: also case-folded) sends its reader
+    elsewhere (see ``link`` in the module)."""
+    return (
+        _URL_START.search(text) is not None
+        or any(
+            m.group(1) in _GENERIC_TLDS or (len(m.group(1)) == 2 and m.group(1) not in _NOT_TLDS)
+            for m in _DOMAIN.finditer(folded)
+        )
+        or any(m.group(1) in _GENERIC_TLDS for m in _SPELLED_DOMAIN.finditer(text))
+        or ("@" in text and (_EMAIL.search(text) or _HANDLE.search(text)) is not None)
+        or _ELSEWHERE.search(text) is not None
+        or has_phone_number(folded)
+    )
 
 
 def _stop_word_weights() -> dict[str, dict[str, float]]:
@@ -144,9 +200,13 @@ def _other_language(question: str, answer: str) -> bool:
     return asked_in is not None and answered_in is not None and asked_in != answered_in
 
 
-def answer_problem(question: str, answer: str, finish_reason: str | None) -> str | None:
-    """What makes ``answer`` (to ``question``) unfit to publish or cache, or None."""
-    text = fold(answer).casefold()
+def answer_problem(
+    question: str, answer: str, finish_reason: str | None, allow_links: bool = False
+) -> str | None:
+    """What makes ``answer`` (to ``question``) unfit to publish or cache, or None.
+    ``allow_links``: an answer that sends the reader elsewhere passes (``link``)."""
+    folded = fold(answer)
+    text = folded.casefold()
     words = _words(text)
     if not words:
         return "empty"
@@ -158,12 +218,21 @@ def answer_problem(question: str, answer: str, finish_reason: str | None) -> str
         return "refusal"
     if _other_language(fold(question).casefold(), text):
         return "language"
+    if not allow_links and _links_elsewhere(folded, text):
+        return "link"
     return None
 
 
-def uncacheable(question: str, answer: str, finish_reason: str | None) -> str | None:
+def checks_passed(allow_links: bool = False) -> str:
+    """A published row's ``checks`` (``CHECKS``, comma-separated): ``link`` only when it ran."""
+    return ",".join(c for c in CHECKS if c != "link" or not allow_links)
+
+
+def uncacheable(
+    question: str, answer: str, finish_reason: str | None, allow_links: bool = False
+) -> str | None:
     """Why the origin must not write ``answer`` to its online cache (``CACHE_SKIP_REASONS``),
     or None."""
     if time_sensitive(question):
         return "time_sensitive"
-    return answer_problem(question, answer, finish_reason)
+    return answer_problem(question, answer, finish_reason, allow_links)

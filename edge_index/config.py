@@ -181,6 +181,11 @@ class SharedSettings(Settings):
     identity_secret: str = ""
     # CIDRs of the proxies (the load balancer) whose forwarding headers are believed
     trusted_proxies: str = ""
+    # a local IP-to-AS table (edge_index/asn.py) the services log each viewer's AS from ("" = none)
+    asn_table: str = ""
+    # publish and cache answers that send the reader elsewhere (a link, a domain, "visit ...", a
+    # phone number, an e-mail address: edge_index/answers.py's "link"); off: never stored
+    allow_answer_links: bool = False
     # base64 Ed25519 keys a release must be signed by ("" = signatures not checked)
     release_public_keys: str = ""
 

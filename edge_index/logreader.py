@@ -167,6 +167,7 @@ def _typed(table: pa.Table) -> pa.Table | None:
                 (pa.types.is_string(kind) or pa.types.is_large_string(kind))
                 and pa.types.is_string(target.type)
             )
+            or (pa.types.is_boolean(kind) and pa.types.is_boolean(target.type))
             or pa.types.is_null(kind)
         )
         if not same_kind:
@@ -228,6 +229,8 @@ def _table_of(rows: list[dict[str, Any]]) -> pa.Table:
                 value = str(value)
             elif pa.types.is_floating(f.type) and not isinstance(value, int | float):
                 value = None
+            elif pa.types.is_boolean(f.type) and not isinstance(value, bool):
+                value = None  # anything but a boolean is not a signed user's row
             columns[f.name].append(value)
     return pa.table({f.name: pa.array(columns[f.name], f.type) for f in fields}, schema=fields)
 

@@ -3,9 +3,11 @@
 Both the origin and the edge service write them (so they live here, in the package both may
 import); the nightly precompute reads them. Columns (``docs/release-format.md``): ``ts,
 request_id, user, network, tenant, query, normalized, key, turns, tier, status, latency_ms,
-ttft_ms, profile``. ``user`` and ``network`` are salted hashes (``edge_index/users.py``), never a
-raw identity or address; a question with personal data in it is written as ``[personal data:
-<kinds>]`` (``redaction.py``), on the flushing thread, before it reaches disk or the store.
+ttft_ms, profile, signed, asn``. ``user``, ``network`` and ``asn`` are salted hashes
+(``edge_index/users.py``), never a raw identity, address or AS number; ``signed``: the user is a
+signed user token (null in rows from before the column: not signed). A question with personal
+data in it is written as ``[personal data: <kinds>]`` (``redaction.py``), on the flushing
+thread, before it reaches disk or the store.
 
 ``LogWriter`` buffers rows and writes one Parquet file per date partition when ``max_rows`` rows
 are buffered, every ``flush_interval_s`` seconds, and on ``close()``. In a server every store
@@ -63,6 +65,8 @@ COLUMNS = (
     "latency_ms",
     "ttft_ms",
     "profile",
+    "signed",
+    "asn",
 )
 REQUIRED = ("ts", "user", "query", "turns", "tier", "status")
 
@@ -86,6 +90,8 @@ def schema() -> pa.Schema:
             ("latency_ms", pa.float64()),
             ("ttft_ms", pa.float64()),
             ("profile", pa.string()),
+            ("signed", pa.bool_()),  # the user is a token the deployment signed
+            ("asn", pa.string()),  # the viewer's autonomous system, hashed; "" unknown
         ]
     )
 

@@ -446,3 +446,17 @@ def find_pii(text: str) -> list[str]:
 
 def has_pii(text: str) -> bool:
     return bool(find_pii(text))
+
+
+def has_phone_number(text: str) -> bool:
+    """Whether ``text`` holds a phone number of any kind, toll-free and service lines included
+    (which ``find_pii`` passes: nobody's personal number): what a published answer must not send
+    its reader to (``edge_index/answers.py``, ``link``)."""
+    rest = _URL.sub(_MASK, fold(text))
+    if not _DIGIT.search(rest):
+        return False
+    for pattern in (_IPV4, _DATE, _HEX, _CVE, _DOI, _ZIP4):
+        rest = pattern.sub(_MASK, rest)
+    return any(
+        pattern.search(rest) is not None for pattern in (_PHONE_PLUS, _TOLL_FREE, _CN_MOBILE)
+    ) or any(_phone_in(match) for match in _PHONE.finditer(rest))

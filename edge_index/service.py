@@ -143,8 +143,7 @@ def create_app(
         try:
             asker = users.of_request(request)
             logs.write(
-                user=asker.user,
-                network=asker.network,
+                **asker.log_fields(),
                 tenant=request.headers.get("x-edgeqa-tenant", "")[:128],
                 query=query,
                 normalized=normalized,

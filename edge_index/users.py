@@ -17,6 +17,10 @@ be something a client cannot mint at will. In order:
 Logs keep ``user``, HMAC-SHA256 of the identity under ``EDGEQA_USER_SALT``, and ``network``, the
 same of the viewer's /24 (IPv4) or /48 (IPv6): mining counts a phrasing's askers as the fewer of
 its distinct users and distinct networks, so neither one identity nor one network counts twice.
+They also keep ``signed`` (the identity is a signed user token: mining requires
+``EDGEQA_MIN_SIGNED_USERS`` of those per published text, as five /24s are easy to rent and an
+account of the deployment is not) and ``asn``, the same HMAC of the viewer's autonomous system
+when ``EDGEQA_ASN_TABLE`` names a table (``asn.py``; "" otherwise or when unknown).
 ``edgeqa edge serve`` and ``edgeqa origin serve`` refuse to log without a salt (``check_salt``);
 elsewhere (tests, one-process tools) a random per-process salt is used and a warning logged.
 """
@@ -36,6 +40,8 @@ from edge_index.config import MIN_SECRET_CHARS, ConfigError, Network, SharedSett
 
 if TYPE_CHECKING:
     from starlette.requests import Request
+
+    from edge_index.asn import AsnTable
 
 log = logging.getLogger(__name__)
 
@@ -109,11 +115,19 @@ def _address(
 
 @dataclass(frozen=True)
 class Asker:
-    """Who a request counts as, hashed: ``user`` (the identity) and ``network`` (the viewer's
-    /24 or /48; "" when unknown)."""
+    """Who a request counts as, hashed: ``user`` (the identity), ``network`` (the viewer's
+    /24 or /48; "" when unknown), ``asn`` (the viewer's autonomous system; "" when unknown or
+    no table is configured); and ``signed``: the identity is a user token the deployment
+    signed, not an address."""
 
     user: str
     network: str
+    signed: bool = False
+    asn: str = ""
+
+    def log_fields(self) -> dict[str, str | bool]:
+        """The request-log columns (``edge_index/logs.py``) this asker fills."""
+        return {"user": self.user, "network": self.network, "signed": self.signed, "asn": self.asn}
 
 
 class UserHasher:
@@ -124,6 +138,7 @@ class UserHasher:
         salt: str | bytes = "",
         identity_secret: str = "",
         trusted_proxies: Iterable[Network] = (),
+        asn_table: AsnTable | None = None,
     ) -> None:
         if not salt:
             log.warning("EDGEQA_USER_SALT is not set: hashing users with a random per-process salt")
@@ -131,6 +146,7 @@ class UserHasher:
         self.salt = salt.encode("utf-8") if isinstance(salt, str) else salt
         self.identity_secret = identity_secret
         self.trusted_proxies = tuple(trusted_proxies)
+        self.asn_table = asn_table
 
     def __call__(self, user: str) -> str:
         return hash_user(user, self.salt)
@@ -168,15 +184,22 @@ class UserHasher:
             identity = f"key:{key_id}|ip:{viewer}"
         else:
             identity = f"ip:{viewer}" if viewer is not None else ""
-        network = ""
+        network = asn = ""
         if viewer is not None:
             prefix = 24 if viewer.version == 4 else 48
             network = self(f"net:{ipaddress.ip_network(f'{viewer}/{prefix}', strict=False)}")
-        return Asker(self(identity), network)
+            number = self.asn_table.lookup(viewer) if self.asn_table is not None else 0
+            asn = self(f"as:{number}") if number else ""
+        return Asker(self(identity), network, signed is not None, asn)
 
 
 def user_hasher(settings: SharedSettings) -> UserHasher:
-    """Who asked, as the deployment's settings decide it."""
+    """Who asked, as the deployment's settings decide it (the AS table read once, here)."""
+    from edge_index.asn import read_asn_table
+
     return UserHasher(
-        settings.user_salt, settings.identity_secret, parse_networks(settings.trusted_proxies)
+        settings.user_salt,
+        settings.identity_secret,
+        parse_networks(settings.trusted_proxies),
+        read_asn_table(settings.asn_table) if settings.asn_table else None,
     )

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edge_index.answer_objects import answer_fields, answer_object, canonical_json
-from edge_index.answers import CHECKS, answer_problem
+from edge_index.answers import answer_problem, checks_passed
 from edge_index.guard import Guard
 from edge_index.proofs import leaf, tree
 from edge_index.query_encoder import encode_many
@@ -41,6 +41,7 @@ from edge_index.release import (
 )
 from precompute.calibration import HeldBack, calibrate_rows, semantic_decision
 from precompute.config import BuildConfig
+from precompute.curated import CURATED
 
 if TYPE_CHECKING:
     import faiss
@@ -263,9 +264,13 @@ def build_release(
         if generated is None:
             reason = "not_generated"
         else:
-            # checked again: a partition generated before a check existed is held to it too
-            flag = generated["flag"] or answer_problem(
-                cluster.question, generated["answer"], generated.get("finish_reason")
+            # checked again: a partition generated before a check existed is held to it too.
+            # Links are judged here, where an answer is published, not at generation; an
+            # operator's curated answer is trusted content (its links are the operator's)
+            allow_links = config.allow_links or generated.get("reused_from") == CURATED
+            stored = "" if generated["flag"] == "link" else generated["flag"]
+            flag = stored or answer_problem(
+                cluster.question, generated["answer"], generated.get("finish_reason"), allow_links
             )
             reason = f"answer_{flag}" if flag else ""
         if reason:
@@ -290,7 +295,7 @@ def build_release(
                     "cluster": cluster.key,
                     "canonical": phrasing is cluster.canonical,
                     "object_sha256": "",
-                    "checks": ",".join(CHECKS),
+                    "checks": checks_passed(allow_links),
                 }
             )
     content = content_sha256(rows)

@@ -2,12 +2,13 @@
 
 Answers served from the CDN are never logged, so a published question would drop below k the
 night after and come back the night after that. The wordings of the clusters the parent
-release's run mined, published or held back (its private ``hot.json``: hashed users and networks
-with the time of their latest ask), are carried into tonight's log window (``logwindow.py``),
-which merges them per user and per network, keeping the latest ask. Here, before that: today's
-text rules are applied to each carried wording again (a rule added since may exclude it), and an
-ask older than ``carry_half_lives`` half-lives (weight ``0.5 ** carry_half_lives``, 1/16: 28
-days at the default 7-day half-life) is dropped, so a cluster nobody asks for fades out.
+release's run mined, published or held back (its private ``hot.json``: hashed users, networks,
+signed users and autonomous systems with the time of their latest ask), are carried into
+tonight's log window (``logwindow.py``), which merges them per user (signed or not), network and
+AS, keeping the latest ask. Here, before that: today's text rules are applied to each carried
+wording again (a rule added since may exclude it), and an ask older than ``carry_half_lives``
+half-lives (weight ``0.5 ** carry_half_lives``, 1/16: 28 days at the default 7-day half-life)
+is dropped, so a cluster nobody asks for fades out.
 """
 
 from __future__ import annotations
@@ -30,14 +31,18 @@ if TYPE_CHECKING:
 
 def carried_schemas() -> dict[str, pa.Schema]:
     """The tables of carried evidence a window takes (``carry.py``): wordings, and each
-    user's (network's) latest ask of each, ts in µs since the epoch."""
+    user's (network's, AS's) latest ask of each, ts in µs since the epoch, and whether the user
+    was signed."""
     import pyarrow as pa
 
     string, integer = pa.string(), pa.int64()
     return {
         "carried": pa.schema([("key", string), ("normalized", string), ("question", string)]),
-        "carried_users": pa.schema([("key", string), ("user", string), ("ts", integer)]),
+        "carried_users": pa.schema(
+            [("key", string), ("user", string), ("ts", integer), ("signed", pa.bool_())]
+        ),
         "carried_networks": pa.schema([("key", string), ("network", string), ("ts", integer)]),
+        "carried_asns": pa.schema([("key", string), ("asn", string), ("ts", integer)]),
     }
 
 
@@ -84,14 +89,17 @@ def carry(parent: Iterable[Phrasing], config: MiningConfig, now: datetime) -> Ca
         for name, value in (("key", old.key), ("normalized", old.normalized)):
             columns["carried"][name].append(value)
         columns["carried"]["question"].append(old.question)
-        for table, asks in (
-            ("carried_users", users),
-            ("carried_networks", young(old.latest_by_network)),
+        for who, asks in (
+            ("user", users),
+            ("network", young(old.latest_by_network)),
+            ("asn", young(old.latest_by_asn)),
         ):
-            who = "user" if table == "carried_users" else "network"
+            table = f"carried_{who}s"
             for name, ts in asks.items():
                 columns[table]["key"].append(old.key)
                 columns[table][who].append(name)
                 columns[table]["ts"].append(to_us(ts))
+                if who == "user":
+                    columns[table]["signed"].append(name in old.latest_by_signer)
     done.tables = {name: pa.table(columns[name], schema=schema) for name, schema in schemas.items()}
     return done

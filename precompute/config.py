@@ -32,6 +32,11 @@ class PrecomputeSettings(EngineSettings):
     """The nightly job: the origin's model and engine settings, and its own."""
 
     min_users: int = Field(5, ge=1)  # k: distinct users who must have asked
+    # the crowd rule (precompute/mining.py): of those, at least this many signed users (a token
+    # the deployment's backend signed, EDGEQA_IDENTITY_SECRET), and askers from at least this
+    # many autonomous systems (the services' EDGEQA_ASN_TABLE); 0 = that part off
+    min_signed_users: int = Field(3, ge=0)
+    min_asns: int = Field(0, ge=0)
     # the clusters a night publishes at most: the seed's "hottest million"; k decides the rest
     top_n: int = Field(1_000_000, ge=1)
     # DuckDB's memory while it reduces the log window; past it, it spills to a temporary folder
@@ -88,6 +93,10 @@ class PrecomputeSettings(EngineSettings):
 @dataclass(frozen=True)
 class MiningConfig:
     k: int = 5
+    # the crowd rule: what a question (and every token of a published text) needs besides k
+    # askers: that many of them signed users, from that many autonomous systems (0: not needed)
+    min_signed_users: int = 3
+    min_asns: int = 0
     top_n: int = 1_000_000
     half_life_days: float = 7.0
     # wordings at or above this cosine are one question; None: the embedder's own
@@ -117,6 +126,8 @@ class MiningConfig:
     def __post_init__(self) -> None:
         if self.k < 1:
             raise ConfigError("k must be at least 1")
+        if self.min_signed_users < 0 or self.min_asns < 0:
+            raise ConfigError("min_signed_users and min_asns must not be negative")
         if self.top_n < 1:
             raise ConfigError("top_n must be at least 1")
         if self.half_life_days <= 0:
@@ -146,8 +157,14 @@ class MiningConfig:
 
     @property
     def kept_askers(self) -> int:
-        """Askers kept by name per wording: ``askers_kept``, and at least k."""
-        return max(self.askers_kept, self.k)
+        """Askers (users, networks, ASes) kept by name per wording: ``askers_kept``, and at
+        least k and ``min_asns`` (so those are decided exactly)."""
+        return max(self.askers_kept, self.k, self.min_asns)
+
+    def verified_crowd(self, signers: int, asns: int) -> bool:
+        """The crowd rule: ``signers`` distinct signed users and ``asns`` distinct autonomous
+        systems among the askers are enough."""
+        return signers >= self.min_signed_users and asns >= self.min_asns
 
 
 @dataclass(frozen=True)
@@ -196,6 +213,9 @@ class BuildConfig:
     out_of_scope_share: float = OUT_OF_SCOPE_SHARE
     # leave-one-out calibration on at most this many phrasings (and as many held-back wordings)
     calibration_rows: int = 20_000
+    # publish answers that send the reader elsewhere (edge_index/answers.py's "link"):
+    # EDGEQA_ALLOW_ANSWER_LINKS; off, such an answer's cluster is left out (answer_link)
+    allow_links: bool = False
 
     def __post_init__(self) -> None:
         if self.ef_construction < 1 or self.shard_rows < 1 or self.ttl_days <= 0:
@@ -244,10 +264,12 @@ class PipelineConfig:
     def from_settings(cls, settings: PrecomputeSettings) -> PipelineConfig:
         mining = MiningConfig(
             k=settings.min_users,
+            min_signed_users=settings.min_signed_users,
+            min_asns=settings.min_asns,
             top_n=settings.top_n,
             memory_mb=settings.mining_memory_mb,
         )
-        return cls(settings, mining)
+        return cls(settings, mining, build=BuildConfig(allow_links=settings.allow_answer_links))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **options: Any) -> PipelineConfig:

@@ -143,7 +143,9 @@ def answer_schema() -> pa.Schema:
 def flag_of(question: str, text: str, finish_reason: str | None, error: str | None) -> str:
     if error:
         return "error"
-    return answer_problem(question, text, finish_reason) or ""
+    # links are judged where an answer is published (``build.py``) or cached, under the
+    # deployment's EDGEQA_ALLOW_ANSWER_LINKS: a partition stays good whichever it is
+    return answer_problem(question, text, finish_reason, allow_links=True) or ""
 
 
 @dataclass
@@ -226,7 +228,7 @@ def reusable_answers(
         flag = ""
         if found is not None and (
             now - found["generated_at"] > max_age
-            or answer_problem(cluster.question, found["answer"], None)
+            or answer_problem(cluster.question, found["answer"], None, allow_links=True)
         ):
             found = None
         if found is None and cluster.key in unfit:

@@ -11,8 +11,11 @@ embedded DuckDB database in a private temporary folder, which streams and spills
 - rule 4's per-identity and per-network caps, in log order (a sequence number given at ingest);
 - per wording (key): its asks (``hits``), its most common raw form (ties by text), its distinct
   users and networks with each one's latest ask — the ``askers_kept`` latest of each (at least
-  k) as lists, the rest as counts and, for users, their summed recency weight;
-- the parent run's carried evidence merged in per user and per network, keeping the latest ask.
+  k) as lists, the rest as counts and, for users, their summed recency weight — and what the
+  crowd rule counts (``mining.py``): which users came with a token the deployment signed (a flag
+  on each kept user, and their count) and its autonomous systems (kept and counted as networks);
+- the parent run's carried evidence merged in per user (and whether signed), network and AS,
+  keeping the latest ask.
 
 Why a bounded set of askers per wording is enough (``docs/precompute.md``): k is decided on the
 union of a cluster's askers (rule 6) and of a token's wordings (rule 7). When no wording holds
@@ -49,7 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # the rows mining reads: any other column of the logs is not loaded
-ROW_COLUMNS = ("ts", "user", "network", "query", "turns", "tier", "status")
+ROW_COLUMNS = ("ts", "user", "network", "query", "turns", "tier", "status", "signed", "asn")
 ROWS_PER_INSERT = 50_000  # dict rows are batched into Arrow tables of this many
 MB_PER_THREAD = 128  # DuckDB's memory per thread it runs
 _US_PER_DAY = 86_400_000_000
@@ -68,6 +71,8 @@ def _rows_schema() -> pa.Schema:
             ("turns", pa.int32()),
             ("tier", pa.string()),
             ("status", pa.int32()),
+            ("signed", pa.bool_()),  # null (a row from before the column): not signed
+            ("asn", pa.string()),
         ]
     )
 
@@ -115,7 +120,8 @@ class LogWindow:
         )
         self.con.execute(
             "CREATE TABLE rows (seq BIGINT, ts BIGINT, user VARCHAR, network VARCHAR, "
-            "query VARCHAR, turns INTEGER, tier VARCHAR, status INTEGER)"
+            "query VARCHAR, turns INTEGER, tier VARCHAR, status INTEGER, signed BOOLEAN, "
+            "asn VARCHAR)"
         )
         self._seq = 0
         self._pending: list[Mapping[str, Any]] = []
@@ -172,6 +178,10 @@ class LogWindow:
             columns["turns"].append(row.get("turns"))
             columns["tier"].append(row.get("tier"))
             columns["status"].append(row.get("status"))
+            signed = row.get("signed")
+            columns["signed"].append(signed if isinstance(signed, bool) else None)
+            asn = row.get("asn")
+            columns["asn"].append(None if asn is None else str(asn))
         schema = _rows_schema()
         self._append(
             pa.table(
@@ -230,9 +240,10 @@ class LogWindow:
     ) -> tuple[pa.Table, WindowCounts]:
         """The window's wordings (one row per key, in clustering's order: ``key``,
         ``normalized``, ``question`` (the most common raw form), ``hits``, ``user_count``,
-        ``users`` (the kept ones: a list of {name, ts}, ts in µs since the epoch),
-        ``more_user_weight`` (the others' summed recency weight), ``network_count``,
-        ``networks``, ``askers``)
+        ``users`` (the kept ones: a list of {name, ts, signed}, ts in µs since the epoch),
+        ``more_user_weight`` (the others' summed recency weight), ``signer_count`` (users who
+        came with a signed token), ``network_count``, ``networks``, ``asn_count``, ``asns``,
+        ``askers``)
         and what was counted. ``carried``: the parent run's evidence (``carry.py``);
         ``language``: only this language's rows count (None: all)."""
         counts = WindowCounts()
@@ -302,7 +313,7 @@ class LogWindow:
         con.execute(
             """
             CREATE TEMP TABLE classified AS
-            SELECT r.seq, r.ts, r.user, r.network, t.key, t.form, t.kinds,
+            SELECT r.seq, r.ts, r.user, r.network, r.signed, r.asn, t.key, t.form, t.kinds,
                 CASE
                     WHEN r.tier = 'miss' THEN 'edge_miss'
                     WHEN coalesce(nullif(r.status, 0), 200) >= 400
@@ -329,7 +340,7 @@ class LogWindow:
         con.execute(
             f"""
             CREATE TEMP TABLE kept AS
-            SELECT ts, user, network, key, form FROM (
+            SELECT ts, user, network, signed, asn, key, form FROM (
                 SELECT *,
                     row_number() OVER (PARTITION BY user ORDER BY seq) AS user_rows,
                     CASE WHEN coalesce(network, '') <> '' THEN
@@ -347,8 +358,9 @@ class LogWindow:
         con.execute("DROP TABLE classified")
 
     def _carry(self, carried: Mapping[str, pa.Table], counts: WindowCounts) -> None:
-        """The carried evidence (``carry.carry``' tables ``carried``, ``carried_users`` and
-        ``carried_networks``) in, to be merged per user and per network with the logged asks."""
+        """The carried evidence (``carry.carry``' tables ``carried``, ``carried_users``,
+        ``carried_networks`` and ``carried_asns``) in, to be merged per user, network and AS
+        with the logged asks."""
         for name, table in carried.items():
             self.con.register(f"{name}_arrow", table)
             self.con.execute(f"CREATE TEMP TABLE {name} AS SELECT * FROM {name}_arrow")
@@ -365,32 +377,39 @@ class LogWindow:
         kept_askers = int(config.kept_askers)
         half_life_us = _US_PER_DAY * config.half_life_days
         decay = f"pow(0.5, greatest({to_us(now)} - ts, 0) / {half_life_us!r})"
+        # (key, who, ts, signed) per ask, logged or carried. ``signed``: the crowd rule's signed
+        # users, a flag on the user's own entry (a second list of them would double what the
+        # lists hold); a row from before the column is not signed, nor has an AS
         sources = {
-            "user": "SELECT key, user, ts FROM kept",
+            "user": "SELECT key, user, ts, coalesce(signed, false) AS signed FROM kept "
+            "UNION ALL SELECT key, user, ts, signed FROM carried_users",
             # a row without a network counts its user as its network (logs from before them)
             "network": "SELECT key, CASE WHEN coalesce(network, '') = '' THEN 'user:' || user "
-            "ELSE network END AS network, ts FROM kept",
+            "ELSE network END AS network, ts, false AS signed FROM kept "
+            "UNION ALL SELECT key, network, ts, false FROM carried_networks",
+            "asn": "SELECT key, asn, ts, false AS signed FROM kept WHERE coalesce(asn, '') <> '' "
+            "UNION ALL SELECT key, asn, ts, false FROM carried_asns",
         }
         for who, source in sources.items():
-            # each identity's latest ask of each wording, logged or carried, ranked latest first
+            # each identity's latest ask of each wording, ranked latest first
             con.execute(
                 f"""
                 CREATE TEMP TABLE {who}_ranked AS
-                SELECT key, {who}, ts,
+                SELECT key, {who}, ts, signed,
                     row_number() OVER (PARTITION BY key ORDER BY ts DESC, {who}) AS rank
                 FROM (
-                    SELECT key, {who}, max(ts) AS ts
-                    FROM ({source} UNION ALL SELECT key, {who}, ts FROM carried_{who}s)
-                    GROUP BY key, {who}
+                    SELECT key, {who}, max(ts) AS ts, bool_or(signed) AS signed
+                    FROM ({source}) GROUP BY key, {who}
                 )
                 """
             )
+            fields = f"name := {who}, ts := ts" + (", signed := signed" if who == "user" else "")
             con.execute(
                 f"""
                 CREATE TEMP TABLE by_{who} AS
                 SELECT key, count(*) AS {who}_count,
-                    list(struct_pack(name := {who}, ts := ts))
-                        FILTER (WHERE rank <= {kept_askers}) AS {who}s,
+                    count(*) FILTER (WHERE signed) AS signed_{who}_count,
+                    list(struct_pack({fields})) FILTER (WHERE rank <= {kept_askers}) AS {who}s,
                     coalesce(sum({decay}) FILTER (WHERE rank > {kept_askers}), 0)
                         AS more_{who}_weight
                 FROM {who}_ranked GROUP BY key
@@ -417,12 +436,16 @@ class LogWindow:
                 coalesce(f.question, c.question) AS question,
                 coalesce(f.hits, 0)::BIGINT AS hits,
                 u.user_count, u.users, u.more_user_weight,
+                u.signed_user_count AS signer_count,
                 coalesce(n.network_count, 0) AS network_count,
                 coalesce(n.networks, []) AS networks,
+                coalesce(a.asn_count, 0) AS asn_count,
+                coalesce(a.asns, []) AS asns,
                 CASE WHEN coalesce(n.network_count, 0) = 0 THEN u.user_count
                     ELSE least(u.user_count, n.network_count) END AS askers
             FROM by_user u
             LEFT JOIN by_network n USING (key)
+            LEFT JOIN by_asn a USING (key)
             LEFT JOIN by_form f USING (key)
             LEFT JOIN normalized t USING (key)
             LEFT JOIN carried c USING (key)

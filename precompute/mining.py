@@ -20,17 +20,22 @@ by reason:
    of it. Its askers are counted over all its wordings, each identity once however many of them
    it typed: the fewer of its distinct users and its distinct networks (the viewer's /24 or /48,
    ``edge_index/users.py``), so neither one identity nor one network counts twice.
+   ``unverified_crowd``: nor is one that reached k but whose askers hold fewer than
+   ``min_signed_users`` distinct signed users (a token the deployment signed, counted as its
+   user) or come from fewer than ``min_asns`` autonomous systems: five /24s are five cloud
+   regions or free tunnels away, so a crowd made of addresses alone may be one person choosing
+   what is published (and what the answer is generated from).
 7. Token-level k (what may be published as text): a content token
    (``edge_index.guard.content_tokens``: words but function words, Han characters and pairs of
    them, numbers, named entities) is k-safe when the wordings holding it were typed by at least
-   ``k`` askers of the cluster (counted as in rule 6). A wording is published (its key, its row,
-   its answer object) only if all its tokens are k-safe; the others are held back
-   (``rare_tokens``), though their askers counted in rule 6. The canonical question, which the
-   answer is generated from, is the most asked published wording; when no wording is k-safe, it
-   is built from k-safe tokens (``safe_question``: the wording that loses the smallest share of
-   its tokens, without them), or the cluster is dropped (``no_k_safe_text``). So nothing
-   published holds a token that fewer than ``k`` people typed: a name, an account detail, a
-   rare circumstance.
+   ``k`` askers of the cluster (counted as in rule 6) that pass the crowd rule between them. A
+   wording is published (its key, its row, its answer object) only if all its tokens are
+   k-safe; the others are held back (``rare_tokens``), though their askers counted in rule 6.
+   The canonical question, which the answer is generated from, is the most asked published
+   wording; when no wording is k-safe, it is built from k-safe tokens (``safe_question``: the
+   wording that loses the smallest share of its tokens, without them), or the cluster is dropped
+   (``no_k_safe_text``). So nothing published holds a token that fewer than ``k`` people typed
+   (a name, an account detail, a rare circumstance), nor one only a rented crowd typed.
 8. Ranking: over the cluster's distinct users, each contributes ``0.5 ** (age / half_life)`` of
    their latest ask — distinct users × recency decay, scaled down when they come from fewer
    networks than users. ``below_top_n``: clusters past ``top_n``.
@@ -77,7 +82,7 @@ from precompute.clustering import (
 )
 from precompute.config import MiningConfig
 from precompute.logwindow import LogWindow, WindowCounts
-from precompute.questions import HotQuestion, Phrasing, askers_count, held_back_rows
+from precompute.questions import HotQuestion, Phrasing, askers_count, crowd, held_back_rows
 from precompute.safetext import publishable
 
 if TYPE_CHECKING:
@@ -266,8 +271,25 @@ def _qualifying(
             below_k_wordings += len(wordings)
             below_k_rows += sum(w.hits for w in wordings)
             continue
+        signers, asns = crowd(wordings)
+        if not config.verified_crowd(signers, asns):
+            _exclude_wordings(report, wordings, "unverified_crowd")
+            report.cluster_rows.append(
+                {
+                    "cluster": None,
+                    "status": "unverified_crowd",
+                    "identities": users,
+                    "signed_users": signers,
+                    "asns": asns,
+                    "question": None,
+                    "synthesized": False,
+                    "published": [],
+                    "held_back": [],
+                }
+            )
+            continue
         report.qualifying_clusters += 1
-        published, held_back, rare, synthesized = publishable(wordings, config.k, taken)
+        published, held_back, rare, synthesized = publishable(wordings, config, taken)
         if not published:
             _exclude_wordings(report, wordings, "no_k_safe_text")
             report.cluster_rows.append(
@@ -357,6 +379,8 @@ def _phrasings(table: pa.Table, rows: list[int]) -> dict[int, Phrasing]:
     for row, d in zip(rows, picked, strict=True):
         users = {u["name"]: from_us(u["ts"]) for u in d["users"] or ()}
         networks = {n["name"]: from_us(n["ts"]) for n in d["networks"] or ()}
+        signers = {u["name"]: from_us(u["ts"]) for u in d["users"] or () if u["signed"]}
+        asns = {a["name"]: from_us(a["ts"]) for a in d["asns"] or ()}
         out[row] = Phrasing(
             d["key"],
             d["normalized"],
@@ -369,6 +393,10 @@ def _phrasings(table: pa.Table, rows: list[int]) -> dict[int, Phrasing]:
             more_users=int(d["user_count"]) - len(users),
             more_networks=int(d["network_count"]) - len(networks),
             more_weight=float(d["more_user_weight"] or 0.0),
+            latest_by_signer=signers,
+            latest_by_asn=asns,
+            more_signers=int(d["signer_count"]) - len(signers),
+            more_asns=int(d["asn_count"]) - len(asns),
         )
     return out
 

@@ -20,12 +20,30 @@ def askers_count(users: int, networks: int) -> int:
     return min(users, networks) if networks else users
 
 
+def crowd(wordings: Iterable[Phrasing]) -> tuple[int, int]:
+    """The crowd rule's counts over ``wordings`` (``MiningConfig.verified_crowd``): their distinct
+    signed users and distinct autonomous systems, each once whichever wordings it typed (plus
+    those counted beyond the kept ones, per wording)."""
+    signers: set[str] = set()
+    asns: set[str] = set()
+    more = [0, 0]
+    for wording in wordings:
+        signers.update(wording.latest_by_signer)
+        asns.update(wording.latest_by_asn)
+        more[0] += wording.more_signers
+        more[1] += wording.more_asns
+    return len(signers) + more[0], len(asns) + more[1]
+
+
 @dataclass
 class Phrasing:
     """One wording (one key) and who asked it. ``users``/``networks`` hold the latest askers,
     at most ``MiningConfig.askers_kept`` (>= k) of each, with their latest asks; ``more_users``
     and ``more_networks`` count the others (``logwindow.py``: why that decides k exactly), and
-    ``more_weight`` sums the others' recency weights as of the run (not kept in ``hot.json``)."""
+    ``more_weight`` sums the others' recency weights as of the run (not kept in ``hot.json``).
+    ``latest_by_signer``: those of the kept users who came with a signed token, ``more_signers``
+    the others who did; ``latest_by_asn`` and ``more_asns``: the viewers' autonomous systems,
+    kept and counted as networks (the crowd rule's evidence, ``mining.py``)."""
 
     key: str
     normalized: str
@@ -38,6 +56,10 @@ class Phrasing:
     more_users: int = 0
     more_networks: int = 0
     more_weight: float = 0.0
+    latest_by_signer: dict[str, datetime] = field(default_factory=dict)
+    latest_by_asn: dict[str, datetime] = field(default_factory=dict)
+    more_signers: int = 0
+    more_asns: int = 0
 
     @property
     def user_count(self) -> int:
@@ -60,6 +82,10 @@ class Phrasing:
             "latest_by_network": {n: t.isoformat() for n, t in self.latest_by_network.items()},
             **({"more_users": self.more_users} if self.more_users else {}),
             **({"more_networks": self.more_networks} if self.more_networks else {}),
+            "latest_by_signer": {s: t.isoformat() for s, t in self.latest_by_signer.items()},
+            "latest_by_asn": {a: t.isoformat() for a, t in self.latest_by_asn.items()},
+            **({"more_signers": self.more_signers} if self.more_signers else {}),
+            **({"more_asns": self.more_asns} if self.more_asns else {}),
         }
 
     @classmethod
@@ -83,6 +109,15 @@ class Phrasing:
             by_network,
             int(d.get("more_users", 0)),
             int(d.get("more_networks", 0)),
+            # mined before they were kept: no signed user, no AS (the crowd rule's safe side)
+            latest_by_signer={
+                s: datetime.fromisoformat(t) for s, t in d.get("latest_by_signer", {}).items()
+            },
+            latest_by_asn={
+                a: datetime.fromisoformat(t) for a, t in d.get("latest_by_asn", {}).items()
+            },
+            more_signers=int(d.get("more_signers", 0)),
+            more_asns=int(d.get("more_asns", 0)),
         )
 
 

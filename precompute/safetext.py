@@ -1,11 +1,12 @@
 """Mining's rule 7, token-level k: what a cluster that reached k may publish as text.
 
 A content token (``edge_index.guard.content_tokens``) is k-safe in a cluster when the wordings
-holding it were typed by at least k of its askers; a wording is published only when all its
-tokens are, else held back (``rare_tokens``). When none is, the canonical question is built from
-k-safe tokens (``safe_question``), or nothing is published (``no_k_safe_text``). So nothing
-published holds a token fewer than k people typed: a name, an account detail, a rare
-circumstance.
+holding it were typed by at least k of its askers, who pass the crowd rule between them
+(``MiningConfig.verified_crowd``: enough signed users, enough autonomous systems); a wording is
+published only when all its tokens are, else held back (``rare_tokens``). When none is, the
+canonical question is built from k-safe tokens (``safe_question``), or nothing is published
+(``no_k_safe_text``). So nothing published holds a token fewer than k people typed (a name, an
+account detail, a rare circumstance), nor one only a rented crowd of addresses typed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from edge_index.guard import content_tokens, numbers, remove_tokens
 from edge_index.keys import key, normalize
+from precompute.config import MiningConfig
 from precompute.questions import Phrasing, askers
 from precompute.textrules import text_problem
 
@@ -22,25 +24,43 @@ from precompute.textrules import text_problem
 @dataclass
 class Evidence:
     """Who typed each content token (``edge_index.guard.content_tokens``) of a cluster's
-    wordings: the users and networks of every wording holding it, each counted once."""
+    wordings: the users, networks, signed users and autonomous systems of every wording holding
+    it, each counted once."""
 
     tokens: dict[str, set[str]]  # wording key -> its content tokens
     users: dict[str, set[str]]  # token -> users of the wordings holding it
     networks: dict[str, set[str]]
+    signers: dict[str, set[str]]
+    asns: dict[str, set[str]]
+    # token -> signed users and ASes beyond the kept ones, summed over its wordings (an upper
+    # bound, as a cluster's: a wording has them only past ``MiningConfig.askers_kept`` users)
+    more: dict[str, list[int]]
 
     @classmethod
     def of(cls, members: Iterable[Phrasing]) -> Evidence:
-        evidence = cls({}, {}, {})
+        evidence = cls({}, {}, {}, {}, {}, {})
         for member in members:
             tokens = evidence.tokens[member.key] = content_tokens(member.question)
             for token in tokens:
                 evidence.users.setdefault(token, set()).update(member.users)
                 evidence.networks.setdefault(token, set()).update(member.networks)
+                evidence.signers.setdefault(token, set()).update(member.latest_by_signer)
+                evidence.asns.setdefault(token, set()).update(member.latest_by_asn)
+                more = evidence.more.setdefault(token, [0, 0])
+                more[0] += member.more_signers
+                more[1] += member.more_asns
         return evidence
 
-    def safe(self, k: int) -> set[str]:
-        """The tokens typed by at least ``k`` askers of the cluster."""
-        return {t for t, users in self.users.items() if askers(users, self.networks[t]) >= k}
+    def safe(self, config: MiningConfig) -> set[str]:
+        """The tokens typed by at least k askers of the cluster who pass the crowd rule."""
+        return {
+            t
+            for t, users in self.users.items()
+            if askers(users, self.networks[t]) >= config.k
+            and config.verified_crowd(
+                len(self.signers[t]) + self.more[t][0], len(self.asns[t]) + self.more[t][1]
+            )
+        }
 
 
 def safe_question(text: str, safe: set[str]) -> str | None:
@@ -63,15 +83,15 @@ def safe_question(text: str, safe: set[str]) -> str | None:
 
 
 def publishable(
-    members: list[Phrasing], k: int, taken: Container[str]
+    members: list[Phrasing], config: MiningConfig, taken: Container[str]
 ) -> tuple[list[Phrasing], list[Phrasing], dict[str, int], bool]:
     """What a cluster that reached k publishes: its k-safe wordings (every content token typed
-    by ``k`` of the cluster's askers), canonical first, or else a question built from k-safe
-    tokens, or else nothing (``no_k_safe_text``); the wordings held back, with how many rare
-    tokens each holds; and whether the canonical question was built.
+    by k of the cluster's askers who pass the crowd rule, ``config``), canonical first, or else a
+    question built from k-safe tokens, or else nothing (``no_k_safe_text``); the wordings held
+    back, with how many rare tokens each holds; and whether the canonical question was built.
     ``taken``: keys in use, which a built question may not take."""
     evidence = Evidence.of(members)
-    safe = evidence.safe(k)
+    safe = evidence.safe(config)
     published = [m for m in members if evidence.tokens[m.key] <= safe]
     held_back = [m for m in members if not evidence.tokens[m.key] <= safe]
     rare = {m.key: len(evidence.tokens[m.key] - safe) for m in held_back}

@@ -8,7 +8,9 @@ wording alone is typed by k=5 of them (the question publishes; k counts people p
 a few people add a rare aside to a hot question ("... asap", a name), which must never be
 published as text. Plus what the mining rules must exclude: questions carrying personal data,
 multi-turn follow-ups, failed requests, and a long tail of questions only one user asked. Users are
-stored as salted hashes, as the origin does.
+stored as salted hashes, as the origin does; the bank's customers ask from its app, logged in, so
+every row is a signed user's (``signed``: the deployment's backend signed their token), as the
+crowd rule wants (``EDGEQA_MIN_SIGNED_USERS``).
 """
 
 from __future__ import annotations
@@ -298,6 +300,7 @@ def generate_rows(
             "ts": ts,
             "request_id": f"{rng.getrandbits(64):016x}",
             "user": hash_user(user, salt),
+            "signed": True,  # logged in to the bank's app: its backend signed the user's token
             "tenant": "demo",
             "query": query,
             "normalized": normalized,

@@ -26,7 +26,15 @@ QUESTIONS = (
 def hot_questions(embedder: Any, questions: Sequence[str], now: datetime) -> list[HotQuestion]:
     """``questions`` mined as hot questions, each asked by 5 users at ``now``."""
     rows = [
-        {"ts": now, "user": f"u{i}", "query": q, "turns": 1, "tier": "generated", "status": 200}
+        {
+            "ts": now,
+            "user": f"u{i}",
+            "signed": True,
+            "query": q,
+            "turns": 1,
+            "tier": "generated",
+            "status": 200,
+        }
         for q in questions
         for i in range(5)
     ]

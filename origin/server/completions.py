@@ -78,12 +78,12 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
     except APIError as error:
         if asker is None:
             asker = server.users.of_request(request, parsed.user if parsed else None, key_id)
-        row.update(user=asker.user, network=asker.network)
+        row.update(asker.log_fields())
         reason = error.code if error.status == 429 else None
         reason = reason or REFUSAL_REASONS.get(error.status, "invalid")
         return refuse(server, error, reason, row, arrival)
 
-    row.update(user=asker.user, network=asker.network)
+    row.update(asker.log_fields())
     user = asker.user
     shaper = Shaper(kind, request_id, server.model_name, int(time.time()))
     cacheable = tiers.cache_key(parsed, settings.system_prompt) if settings.origin_tiers else None

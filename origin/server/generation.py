@@ -242,7 +242,12 @@ class Generation:
     def _cache(self, cache_key: str, state: Outcome) -> None:
         """Write a complete answer to the online cache, unless it must never be stored: a
         time-sensitive question's, or a degenerate answer (each counted by reason)."""
-        reason = uncacheable(self.parsed.question, state.text, state.finish_reason)
+        reason = uncacheable(
+            self.parsed.question,
+            state.text,
+            state.finish_reason,
+            self.server.settings.allow_answer_links,
+        )
         if reason is not None:
             self.server.metrics.observe_cache_skipped(reason)
         elif state.finish_reason == "stop":

@@ -1,5 +1,5 @@
-"""Degenerate answers: loops, refusals, other languages, empty and cut-off answers are caught;
-good answers, short or long, pass."""
+"""Degenerate answers: loops, refusals, other languages, empty and cut-off answers, and answers
+that send the reader elsewhere, are caught; good answers, short or long, pass."""
 
 from __future__ import annotations
 
@@ -96,6 +96,29 @@ CASES = [
     (FREEZE_ZH, "Open the app and tap Freeze card.", "stop", "language"),
     (CAPITAL_ZH, "Paris.", "stop", "language"),
     (FREEZE, "Чтобы заблокировать карту, откройте приложение.", "stop", "language"),
+    # sending the reader elsewhere: what a forged crowd's question gets the model to repeat
+    (FREEZE, "The answer is: visit evil.example", "stop", "link"),
+    (
+        FREEZE,
+        "To freeze your card, go to https://bank.example.com/freeze and log in.",
+        "stop",
+        "link",
+    ),
+    (FREEZE, "Please go to www.secure-cards.net to freeze it.", "stop", "link"),
+    (FREEZE, "Freeze it at Secure-Bank-Help.com in a minute.", "stop", "link"),
+    (FREEZE, "Go to evil dot com and enter your card number.", "stop", "link"),
+    (FREEZE, "Type evil[.]com in your browser.", "stop", "link"),
+    (TRANSFER, "Email refunds@evil.example with your account details.", "stop", "link"),
+    (TRANSFER, "Message @fastrefunds on Telegram and they will speed it up.", "stop", "link"),
+    (TRANSFER, "Call us on 0800 123 4567 and we will speed it up.", "stop", "link"),
+    (TRANSFER, "Call +44 20 7946 0958 to speed it up.", "stop", "link"),
+    (TRANSFER, "Ring 1-800-555-0199 any time of day.", "stop", "link"),
+    (FREEZE, "Please visit our website for more details.", "stop", "link"),
+    (FREEZE, "Click the link in the text we sent you to freeze your card.", "stop", "link"),
+    (FREEZE, "Open WhatsApp and message our support team.", "stop", "link"),
+    (FREEZE_ZH, "请访问我们的网站，登录后冻结。", "stop", "link"),
+    (FREEZE_ZH, "加微信 bank123 客服帮您冻结。", "stop", "link"),
+    (FREEZE_ZH, "请拨打 400-820-8820 办理冻结。", "stop", "link"),
     # good answers: short, long, repeating a word as real answers do
     (CAPITAL, "Paris.", "stop", None),
     (CAPITAL, "Paris", None, None),
@@ -145,6 +168,38 @@ CASES = [
     ),
     ("怎么下载App？", "在应用商店搜索我们的App，然后点击下载安装。", "stop", None),
     ("What is the chemical formula of water?", "H2O.", "stop", None),
+    # somewhere without an address, in the product, or a number that is no phone number
+    (
+        FREEZE,
+        "Visit your nearest branch with photo ID, or go to Settings in the app.",
+        "stop",
+        None,
+    ),
+    (
+        "What should I do if my card is stolen?",
+        "Freeze it in the app, then call the number on the back of your card.",
+        "stop",
+        None,
+    ),
+    (
+        TRANSFER,
+        "Most arrive within 2 hours; from 2019-2024 the limit was 1,000,000. Fees are 2.5%.",
+        "stop",
+        None,
+    ),
+    (
+        "Which runtime do I need?",
+        "Node.js 18.2 or later, e.g. on a Ph.D. lab's laptop.",
+        "stop",
+        None,
+    ),
+    (FREEZE, "Your card.It is frozen now, as of 2026-12-03 at 10:30.", "stop", None),
+    (
+        FREEZE_ZH,
+        "登录手机银行，进入“卡片管理”，点击“临时冻结”；也可以拨打客服热线办理。",
+        "stop",
+        None,
+    ),
     (
         "What is an ISA?",
         "An ISA (Individual Savings Account) is a tax-free savings account. You can put up to "
@@ -174,3 +229,17 @@ def test_uncacheable_adds_the_question_s_time_sensitivity() -> None:
     assert uncacheable(FREEZE, "Open the app and tap Freeze card.", "stop") is None
     assert uncacheable(FREEZE, "I'm sorry, I can't help with that.", "stop") == "refusal"
     assert set(CACHE_SKIP_REASONS) <= set(CHECKS)
+
+
+def test_an_answer_that_sends_the_reader_elsewhere_is_stored_only_where_allowed() -> None:
+    """Never cached nor published by default (``link``); EDGEQA_ALLOW_ANSWER_LINKS lets a
+    deployment whose answers link to its own pages through, every other check still applied."""
+    from edge_index.answers import checks_passed
+
+    linked = "To freeze your card, visit evil.example and log in."
+    assert uncacheable(FREEZE, linked, "stop") == "link"
+    assert answer_problem(FREEZE, linked, "stop") == "link"
+    assert uncacheable(FREEZE, linked, "stop", allow_links=True) is None
+    assert answer_problem(FREEZE, linked, "length", allow_links=True) == "truncated"
+    assert checks_passed() == ",".join(CHECKS) and "link" in CHECKS
+    assert "link" not in checks_passed(allow_links=True).split(",")

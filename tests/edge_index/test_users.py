@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -17,11 +17,14 @@ from edge_index.logreader import read_logs
 from edge_index.logs import LogWriter
 from edge_index.service import create_app
 from edge_index.store import FileStore
-from edge_index.users import UserHasher, mint_user_token
+from edge_index.users import UserHasher, mint_user_token, user_hasher
 from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from precompute.config import MiningConfig
 from precompute.mining import mine
 from tests.serving import Server
+
+if TYPE_CHECKING:
+    from edge_index.asn import AsnTable
 
 SECRET = "s" * 40
 QUESTION = "How do I change my delivery address?"
@@ -87,12 +90,19 @@ def test_the_viewer_comes_from_trusted_proxies_only() -> None:
         EdgeSettings.from_env({"EDGEQA_IDENTITY_SECRET": "too-short"})
 
 
-def _asks(embedder: Any, tmp_path: Path, askers: list[dict[str, str]]) -> bool:
+def _asks(
+    embedder: Any,
+    tmp_path: Path,
+    askers: list[dict[str, str]],
+    asn_table: AsnTable | None = None,
+    config: MiningConfig | None = None,
+) -> bool:
     """Each of ``askers`` (request headers) looks ``QUESTION`` up at an edge behind a trusted
-    proxy (the test client, on loopback); whether the nightly mining would publish it."""
+    proxy (the test client, on loopback), which looks viewers' ASes up in ``asn_table``; whether
+    the nightly mining (``config``: k=5 and the default crowd rule) would publish it."""
     store = FileStore(tmp_path / "store")
     watcher = ReleaseWatcher(store, "p", embedder, poll_s=3600, metrics_prefix=EDGE_METRICS)
-    users = UserHasher("salt-0123456789abcdef", SECRET, parse_networks("127.0.0.1"))
+    users = UserHasher("salt-0123456789abcdef", SECRET, parse_networks("127.0.0.1"), asn_table)
     logs = LogWriter(store, source="edge", flush_interval_s=0)
     with Server(create_app(watcher, logs, users=users)) as server:
         for headers in askers:
@@ -105,7 +115,8 @@ def _asks(embedder: Any, tmp_path: Path, askers: list[dict[str, str]]) -> bool:
         for r in read_logs(store, today - timedelta(days=1), today)
     ]
     assert len(rows) == len(askers)
-    hot, _ = mine(rows, None, MiningConfig(cluster_threshold=0.9, k=5), datetime.now(UTC))
+    config = config or MiningConfig(cluster_threshold=0.9, k=5)
+    hot, _ = mine(rows, None, config, datetime.now(UTC))
     return any(h.question == QUESTION for h in hot)
 
 
@@ -128,6 +139,51 @@ def test_five_forged_ids_publish_nothing_and_five_real_people_do(embedder, tmp_p
     assert _asks(embedder, tmp_path / "real", real)
 
 
+def test_five_networks_of_one_attacker_publish_nothing_and_real_people_still_do(  # type: ignore[no-untyped-def]
+    embedder, tmp_path: Path
+) -> None:
+    """Five /24s are five cloud regions or free tunnels away: through a real edge, its logs and
+    the nightly mining, an attacker's five addresses publish nothing he wrote, and five people
+    the deployment signed tokens for, from five /24s, still publish their question. Where the
+    AS rule is on, five /24s of one AS count as one, five ASes as five."""
+    rented = [{"x-forwarded-for": f"203.0.{i}.1"} for i in range(5)]  # no token: addresses
+    assert not _asks(embedder, tmp_path / "rented", rented)
+    people = [
+        {"x-edgeqa-user": mint_user_token(f"user-{i}", SECRET), "x-forwarded-for": f"203.0.{i}.9"}
+        for i in range(5)
+    ]
+    assert _asks(embedder, tmp_path / "people", people)
+
+    # 203.0.0.0-203.0.4.255 is one cloud's AS; 198.51.100.0/24 and on, one AS each
+    from edge_index.asn import read_asn_table
+
+    table_path = tmp_path / "ip2asn.tsv"
+    table_path.write_text(
+        "203.0.0.0\t203.0.4.255\t64500\tZZ\tRENT-A-CLOUD\n"
+        + "".join(
+            f"198.51.{100 + i}.0\t198.51.{100 + i}.255\t{64510 + i}\tZZ\tISP\n" for i in range(5)
+        )
+    )
+    table = read_asn_table(table_path)
+    by_as = MiningConfig(cluster_threshold=0.9, k=5, min_asns=3)
+    assert not _asks(embedder, tmp_path / "one-as", people, table, by_as)  # signed, one cloud
+    spread = [
+        {
+            "x-edgeqa-user": mint_user_token(f"user-{i}", SECRET),
+            "x-forwarded-for": f"198.51.{100 + i}.9",
+        }
+        for i in range(5)
+    ]
+    assert _asks(embedder, tmp_path / "five-ases", spread, table, by_as)
+    # the deployment's settings name the table; the services hash the AS like the network
+    settings = EdgeSettings.from_env(
+        {"EDGEQA_ASN_TABLE": str(table_path), "EDGEQA_USER_SALT": "salt-0123456789abcdef"}
+    )
+    asker = user_hasher(settings).of_request(_request("198.51.100.7"))
+    assert asker.asn == user_hasher(settings)("as:64510") and not asker.signed
+    assert user_hasher(settings).of_request(_request("192.0.2.1")).asn == ""  # not in the table
+
+
 def test_one_identity_cannot_fill_a_night() -> None:
     now = datetime(2026, 11, 30, tzinfo=UTC)
     base = {"ts": now, "turns": 1, "tier": "generated", "status": 200}
@@ -135,6 +191,6 @@ def test_one_identity_cannot_fill_a_night() -> None:
         {**base, "user": "attacker", "network": "n0", "query": f"Buy cheap thing number {i}?"}
         for i in range(50)
     ]
-    config = MiningConfig(cluster_threshold=0.9, k=1, max_rows_per_user=10)
+    config = MiningConfig(cluster_threshold=0.9, k=1, max_rows_per_user=10, min_signed_users=0)
     hot, report = mine(flood, None, config, now)
     assert len(hot) == 10 and report.excluded_rows["over_user_share"] == 40

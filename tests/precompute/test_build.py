@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 from edge_index.answers import CHECKS
 from precompute.build import build_release
 from precompute.config import BuildConfig
+from precompute.curated import CURATED
 from precompute.generate import flag_of
 from tests.releases import hot_questions
 
@@ -169,3 +170,53 @@ def test_a_shard_stays_under_what_readers_accept() -> None:
     assert 400_000 < rows < 500_000  # a million phrasings go out in three shards
     assert rows * 384 * 4 < MAX_SHARD_FILE_BYTES  # the vectors alone fit, with room for links
     assert shard_rows_for(BuildConfig(shard_rows=1000), 384) == 1000
+
+
+def _built(embedder, tmp_path: Path, texts: dict[str, str], config: BuildConfig, **extra):  # type: ignore[no-untyped-def]
+    """The release built from ``texts`` (question -> generated answer, flagged as generation
+    flags it): its report and its rows."""
+    hot = hot_questions(embedder, list(texts), NOW)
+    answers = {
+        h.key: {
+            "question": h.question,
+            "answer": texts[h.question],
+            "finish_reason": "stop",
+            "flag": flag_of(h.question, texts[h.question], "stop", None),
+            "generated_at": NOW,
+            **extra,
+        }
+        for h in hot
+    }
+    manifest, report = build_release(
+        tmp_path, hot, answers, embedder, "embedded", "p", {"model": "test"}, config, now=NOW
+    )
+    rows = [
+        r
+        for shard in manifest["shards"]
+        for r in pq.read_table(tmp_path / shard["rows"]["path"]).to_pylist()
+    ]
+    return report, rows
+
+
+def test_an_answer_with_a_link_is_not_published_by_default(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A forged crowd's question ("... the answer is: visit evil.example") gets the model to
+    repeat it: such an answer is left out (``answer_link``) unless the deployment allows links
+    (EDGEQA_ALLOW_ANSWER_LINKS), and then its rows say the check did not run."""
+    linked = "How long does a transfer take?"
+    texts = {**GOOD, linked: "It takes two hours. The answer is: visit evil.example to check."}
+    report, rows = _built(embedder, tmp_path / "default", texts, BuildConfig())
+    assert report.excluded_clusters == {"answer_link": 1}
+    assert sorted(r["question"] for r in rows) == sorted(GOOD)
+    assert not any("evil" in r["answer"] for r in rows)
+    assert {r["checks"] for r in rows} == {",".join(CHECKS)}
+
+    allowed = BuildConfig(allow_links=True)
+    report, rows = _built(embedder, tmp_path / "allowed", texts, allowed)
+    assert report.excluded_clusters == {} and len(rows) == 3
+    assert {r["checks"] for r in rows} == {",".join(c for c in CHECKS if c != "link")}
+    # an operator's curated answers are trusted content: their links are the operator's own
+    curated = {linked: "See bank.example/transfers for the cut-off times."}
+    report, rows = _built(
+        embedder, tmp_path / "curated", curated, BuildConfig(), reused_from=CURATED
+    )
+    assert report.excluded_clusters == {} and len(rows) == 1

@@ -244,6 +244,7 @@ def _log_rows(questions: tuple[str, ...], users: int) -> list[dict[str, Any]]:
                     "ts": start + timedelta(minutes=7 * n + i),
                     "request_id": f"{n:04d}{i:012d}",
                     "user": hash_user(f"person-{n}-{i}", b"test-salt"),
+                    "signed": True,
                     "tenant": "demo",
                     "query": question,
                     "normalized": normalize(question),
