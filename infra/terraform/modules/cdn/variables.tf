@@ -49,7 +49,7 @@ variable "certificate_arn" {
 }
 
 variable "rate_limit_per_5min" {
-  description = "Requests per client IP per 5 minutes before WAF blocks it."
+  description = "Requests per client IP (IPv6: per /128, WAF aggregates no prefix) per 5 minutes before WAF blocks it."
   type        = number
   default     = 6000
 }
@@ -58,4 +58,10 @@ variable "origin_verify_secret" {
   description = "The secret CloudFront sends as x-edgeqa-origin-verify; the load balancer refuses requests without it."
   type        = string
   sensitive   = true
+}
+
+variable "ipv6_enabled" {
+  description = "Serve viewers over IPv6 too. false: IPv4 only, so the WAF's per-IP rate limit holds per host (it counts each IPv6 address apart, and a host may use any address of its /64)."
+  type        = bool
+  default     = true
 }
