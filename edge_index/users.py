@@ -8,11 +8,17 @@ be something a client cannot mint at will. In order:
    an HS256 JWT with ``sub`` and ``exp``, signed with ``EDGEQA_IDENTITY_SECRET`` by the backend
    that knows its users (``mint_user_token``). Anything else in those fields is ignored.
 2. The API key the request authenticated with (the origin's ``EDGEQA_API_KEYS``), with the viewer's
-   address: a key serves many people, so each address behind it counts once.
-3. The viewer's address: the TCP peer, or, when the peer is one of ``EDGEQA_TRUSTED_PROXIES``
-   (CIDRs: the load balancer's subnets), CloudFront's ``CloudFront-Viewer-Address`` header, else
-   the right-most ``X-Forwarded-For`` entry that is not a trusted proxy. A client's own
-   forwarding headers are never believed.
+   host: a key serves many people, so each host behind it counts once.
+3. The viewer's host: its IPv4 address, or its IPv6 /64 (``network_key``). One IPv6 subscriber or
+   machine is routed a whole /64 and may use any address in it (privacy addresses rotate by
+   design), so the /128 would let one host be as many askers as it likes.
+
+The viewer is the TCP peer, or, when the peer is one of ``EDGEQA_TRUSTED_PROXIES`` (CIDRs: the
+load balancer's subnets), CloudFront's ``CloudFront-Viewer-Address`` header, else the right-most
+``X-Forwarded-For`` hop that is not a trusted proxy, over all of that header's lines in order (a
+proxy may append a line of its own after the client's forged one). A client's own forwarding
+headers are never believed. An IPv4-mapped IPv6 address (``::ffff:10.0.0.1``, what a dual-stack
+socket reports for an IPv4 peer) is read as the IPv4 address, wherever it appears.
 
 Logs keep ``user``, HMAC-SHA256 of the identity under ``EDGEQA_USER_SALT``, and ``network``, the
 same of the viewer's /24 (IPv4) or /48 (IPv6): mining counts a phrasing's askers as the fewer of
@@ -21,6 +27,7 @@ They also keep ``signed`` (the identity is a signed user token: mining requires
 ``EDGEQA_MIN_SIGNED_USERS`` of those per published text, as five /24s are easy to rent and an
 account of the deployment is not) and ``asn``, the same HMAC of the viewer's autonomous system
 when ``EDGEQA_ASN_TABLE`` names a table (``asn.py``; "" otherwise or when unknown).
+The origin's per-asker shares and its online cache's k count the same hashed identity.
 ``edgeqa edge serve`` and ``edgeqa origin serve`` refuse to log without a salt (``check_salt``);
 elsewhere (tests, one-process tools) a random per-process salt is used and a warning logged.
 """
@@ -47,8 +54,15 @@ log = logging.getLogger(__name__)
 
 USER_HEADER = "x-edgeqa-user"
 VIEWER_HEADER = "cloudfront-viewer-address"
+FORWARDED_HEADER = "x-forwarded-for"
 MIN_SALT_CHARS = 16
 _PROCESS_SALT = secrets.token_bytes(32)
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+# prefix lengths (IPv4, IPv6) of one host, which counts as one asker, and of one network
+HOST_BITS = (32, 64)
+NETWORK_BITS = (24, 48)
+_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")  # IPv4-mapped IPv6 addresses
 
 
 def check_salt(salt: str) -> None:
@@ -96,21 +110,54 @@ def _verified_user(token: str | None, secret: str) -> str | None:
     return subject if isinstance(subject, str) and subject else None
 
 
-def _address(
-    text: str, with_port: bool = False
-) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+def network_key(address: Address, bits: tuple[int, int] = HOST_BITS) -> str:
+    """``address``'s block as text: its first ``bits[0]`` bits (IPv4) or ``bits[1]`` (IPv6).
+    A whole address is written bare (``203.0.113.5``), a block as a network
+    (``2001:db8:1:2::/64``). The one place an asker's host (``HOST_BITS``) or network
+    (``NETWORK_BITS``) is decided."""
+    prefix = bits[0] if address.version == 4 else bits[1]
+    if prefix == address.max_prefixlen:
+        return str(address)
+    return str(ipaddress.ip_network((address, prefix), strict=False))
+
+
+def _unmapped(address: Address) -> Address:
+    """An IPv4-mapped IPv6 address (``::ffff:10.0.0.1``) as the IPv4 address it stands for."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _unmapped_network(network: Network) -> Network:
+    """A trusted proxy written IPv4-mapped (``::ffff:10.0.0.0/104``) as its IPv4 network, since
+    addresses are compared unmapped."""
+    if isinstance(network, ipaddress.IPv6Network) and network.subnet_of(_MAPPED):
+        low_32 = int(network.network_address) & 0xFFFFFFFF
+        return ipaddress.IPv4Network((low_32, network.prefixlen - 96))
+    return network
+
+
+def _address(text: str, with_port: bool = False) -> Address | None:
     """An address from ``1.2.3.4``, ``1.2.3.4:5678``, ``[::1]:80`` or ``::1``; None if not one.
     ``with_port``: the text always ends in ``:port`` (CloudFront-Viewer-Address writes IPv6
-    without brackets: ``2001:db8::1:443``)."""
+    without brackets: ``2001:db8::1:443``). IPv4-mapped IPv6 comes back as IPv4."""
     text = text.strip()
     if text.startswith("["):
         text = text[1 : text.find("]")] if "]" in text else ""
     elif with_port or text.count(":") == 1:
         text = text.rpartition(":")[0]
     try:
-        return ipaddress.ip_address(text)
+        return _unmapped(ipaddress.ip_address(text))
     except ValueError:
         return None
+
+
+def _forwarded_hops(request: Request) -> list[str]:
+    """Every ``X-Forwarded-For`` hop, over all the header's lines in the order received (repeated
+    lines are one comma-separated list: RFC 9110, 5.3). ``headers.get`` reads the first line
+    only: the client's own, when a proxy appends a line of its own after it."""
+    lines = request.headers.getlist(FORWARDED_HEADER)
+    return ",".join(lines).split(",") if lines else []
 
 
 @dataclass(frozen=True)
@@ -145,16 +192,16 @@ class UserHasher:
             salt = _PROCESS_SALT
         self.salt = salt.encode("utf-8") if isinstance(salt, str) else salt
         self.identity_secret = identity_secret
-        self.trusted_proxies = tuple(trusted_proxies)
+        self.trusted_proxies = tuple(_unmapped_network(net) for net in trusted_proxies)
         self.asn_table = asn_table
 
     def __call__(self, user: str) -> str:
         return hash_user(user, self.salt)
 
-    def _trusted(self, address: ipaddress.IPv4Address | ipaddress.IPv6Address | None) -> bool:
+    def _trusted(self, address: Address | None) -> bool:
         return address is not None and any(address in net for net in self.trusted_proxies)
 
-    def viewer(self, request: Request) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    def viewer(self, request: Request) -> Address | None:
         """The viewer's address: the peer unless the peer is a trusted proxy (see the module)."""
         peer = _address(request.client.host) if request.client else None
         if not self._trusted(peer):
@@ -162,7 +209,7 @@ class UserHasher:
         cloudfront = _address(request.headers.get(VIEWER_HEADER, ""), with_port=True)
         if cloudfront is not None:
             return cloudfront
-        hops = [_address(h) for h in request.headers.get("x-forwarded-for", "").split(",")]
+        hops = [_address(h) for h in _forwarded_hops(request)]
         for hop in reversed(hops):
             if hop is None:
                 return peer  # a malformed chain: believe none of it
@@ -178,16 +225,16 @@ class UserHasher:
         viewer = self.viewer(request)
         signed = _verified_user(request.headers.get(USER_HEADER), self.identity_secret)
         signed = signed or _verified_user(claimed, self.identity_secret)
+        host = network_key(viewer) if viewer is not None else None
         if signed is not None:
             identity = f"user:{signed}"
-        elif key_id:  # one key serves many people: each viewer behind it is one asker
-            identity = f"key:{key_id}|ip:{viewer}"
+        elif key_id:  # one key serves many people: each host behind it is one asker
+            identity = f"key:{key_id}|ip:{host}"
         else:
-            identity = f"ip:{viewer}" if viewer is not None else ""
+            identity = f"ip:{host}" if host is not None else ""
         network = asn = ""
         if viewer is not None:
-            prefix = 24 if viewer.version == 4 else 48
-            network = self(f"net:{ipaddress.ip_network(f'{viewer}/{prefix}', strict=False)}")
+            network = self(f"net:{network_key(viewer, NETWORK_BITS)}")
             number = self.asn_table.lookup(viewer) if self.asn_table is not None else 0
             asn = self(f"as:{number}") if number else ""
         return Asker(self(identity), network, signed is not None, asn)

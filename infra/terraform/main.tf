@@ -83,6 +83,7 @@ module "cdn" {
   aliases                  = var.aliases
   certificate_arn          = var.cloudfront_certificate_arn
   origin_verify_secret_arn = var.origin_verify_secret_arn
+  ipv6_enabled             = var.cloudfront_ipv6
 }
 
 module "airflow" {

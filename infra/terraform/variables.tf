@@ -35,6 +35,12 @@ variable "cloudfront_certificate_arn" {
   type        = string
 }
 
+variable "cloudfront_ipv6" {
+  description = "CloudFront serves viewers over IPv6 too; false: IPv4 only, where the WAF's per-IP rate limit holds per host (WAF counts each IPv6 address apart)."
+  type        = bool
+  default     = true
+}
+
 variable "aliases" {
   description = "Domain names CloudFront answers for (the certificate must cover them)."
   type        = list(string)

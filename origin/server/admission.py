@@ -2,12 +2,13 @@
 joining a queue that only grows.
 
 Bounds: requests waiting for a slot beyond the free ones (``max_queued_requests``), prompt tokens
-waiting for prefill (``max_queued_tokens``), and one asker's share (an API key, a signed user or
-an address: ``edge_index/users.py``): generated requests in flight (``max_in_flight_per_user``)
-and tokens a minute (``max_tokens_per_minute_per_user``: a request is charged its prompt and its
-``max_tokens`` when admitted, so ``ignore_eos`` with a large ``max_tokens`` pays for the slot it
-holds). An admitted request is queued in the engine at once, so that the next request's check
-sees it even before the engine's loop has picked it up.
+waiting for prefill (``max_queued_tokens``), and one asker's share (a signed user, else a host —
+an IPv4 address or an IPv6 /64 — with its API key, if any: ``edge_index/users.py``): generated
+requests in flight (``max_in_flight_per_user``) and tokens a minute
+(``max_tokens_per_minute_per_user``: a request is charged its prompt and its ``max_tokens`` when
+admitted, so ``ignore_eos`` with a large ``max_tokens`` pays for the slot it holds). An admitted
+request is queued in the engine at once, so that the next request's check sees it even before the
+engine's loop has picked it up.
 """
 
 from __future__ import annotations

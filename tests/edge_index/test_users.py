@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 from starlette.requests import Request
+from starlette.testclient import TestClient
 
 from edge_index.config import ConfigError, EdgeSettings, parse_networks
 from edge_index.logreader import read_logs
@@ -30,8 +31,10 @@ SECRET = "s" * 40
 QUESTION = "How do I change my delivery address?"
 
 
-def _request(peer: str, headers: dict[str, str] | None = None) -> Request:
-    raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+def _request(peer: str, headers: dict[str, str] | list[tuple[str, str]] | None = None) -> Request:
+    """A request from ``peer``; ``headers`` as pairs may repeat a name, one line each."""
+    pairs = list(headers.items()) if isinstance(headers, dict) else headers or []
+    raw = [(k.lower().encode(), v.encode()) for k, v in pairs]
     return Request({"type": "http", "headers": raw, "client": (peer, 5000), "method": "GET"})
 
 
@@ -88,6 +91,91 @@ def test_the_viewer_comes_from_trusted_proxies_only() -> None:
         EdgeSettings.from_env({"EDGEQA_TRUSTED_PROXIES": "10.0.0.0/8, not-a-network"})
     with pytest.raises(ConfigError, match="EDGEQA_IDENTITY_SECRET"):
         EdgeSettings.from_env({"EDGEQA_IDENTITY_SECRET": "too-short"})
+
+
+def _logged(
+    tmp_path: Path, trusted: str, asks: list[tuple[str, list[tuple[str, str]]]]
+) -> list[tuple[str, str]]:
+    """Each of ``asks`` (peer, header lines) looks ``QUESTION`` up at the real edge app behind
+    ``trusted`` proxies; the (user, network) the request log holds for each, in order."""
+    store = FileStore(tmp_path / "store")
+    unused = lambda: pytest.fail("no release is served: nothing to embed")  # noqa: E731
+    watcher = ReleaseWatcher(store, "p", unused, poll_s=3600, metrics_prefix=EDGE_METRICS)
+    users = UserHasher("salt-0123456789abcdef", SECRET, parse_networks(trusted))
+    logs = LogWriter(store, source="edge", flush_interval_s=0)
+    app = create_app(watcher, logs, users=users)
+    for i, (peer, headers) in enumerate(asks):
+        client = TestClient(app, client=(peer, 5000))
+        lines = [*headers, ("x-edgeqa-tenant", str(i))]  # which ask a log row is
+        response = client.get("/v1/lookup", params={"q": QUESTION}, headers=lines)
+        assert response.status_code == 404  # nothing published: a miss, logged
+    logs.close()
+    today = datetime.now(UTC).date()
+    rows = {r["tenant"]: r for r in read_logs(store, today - timedelta(days=1), today)}
+    assert len(rows) == len(asks)
+    return [(rows[str(i)]["user"], rows[str(i)]["network"]) for i in range(len(asks))]
+
+
+def test_one_ipv6_host_is_one_asker_whatever_address_of_its_64_it_uses(tmp_path: Path) -> None:
+    # one host is routed a /64 and may use any address in it (privacy addresses rotate at will)
+    same_64 = ["2001:db8:1:2::1", "2001:db8:1:2:8a5c:1f:e3:9", "2001:db8:1:2:ffff:ffff:ffff:ffff"]
+    other_64 = "2001:db8:1:3::1"  # another host of the same /48 site
+    users = UserHasher("salt-0123456789abcdef", SECRET)
+    askers = [users.of_request(_request(peer)) for peer in [*same_64, other_64]]
+    assert len({a.user for a in askers[:3]}) == 1 and askers[3].user != askers[0].user
+    assert len({a.network for a in askers}) == 1  # one /48: one network, as before
+    # behind an API key each host is still one asker
+    keyed = {users.of_request(_request(peer), key_id="k1").user for peer in [*same_64, other_64]}
+    assert len(keyed) == 2
+    # what the edge service logs (and mining counts): the same asker for the whole /64
+    logged = _logged(tmp_path, "", [(peer, []) for peer in [*same_64, other_64]])
+    assert len({user for user, _ in logged[:3]}) == 1 and logged[3][0] != logged[0][0]
+    assert logged[0][0] == askers[0].user
+    # IPv4 is unchanged: each address one asker, each /24 one network
+    v4 = [users.of_request(_request(peer)) for peer in ("203.0.113.5", "203.0.113.6")]
+    assert v4[0].user != v4[1].user and v4[0].network == v4[1].network
+
+
+def test_an_ipv4_mapped_peer_is_its_ipv4_address(tmp_path: Path) -> None:
+    # a dual-stack socket reports an IPv4 proxy as ::ffff:10.0.0.1: still the trusted proxy
+    trusting = UserHasher("salt-0123456789abcdef", SECRET, parse_networks("10.0.0.0/8"))
+    chain = {"x-forwarded-for": "203.0.113.99, 203.0.113.5"}
+    assert str(trusting.viewer(_request("::ffff:10.0.0.1", chain))) == "203.0.113.5"
+    assert str(trusting.viewer(_request("::ffff:198.51.100.7", chain))) == "198.51.100.7"
+    # a proxy listed IPv4-mapped matches the same peers
+    mapped = UserHasher("salt-0123456789abcdef", SECRET, parse_networks("::ffff:10.0.0.0/104"))
+    assert str(mapped.viewer(_request("10.0.0.1", chain))) == "203.0.113.5"
+    # through the edge app: the hop left of the mapped proxy is the asker, in its own /24
+    logged = _logged(
+        tmp_path,
+        "10.0.0.0/8",
+        [
+            ("::ffff:10.0.0.1", [("x-forwarded-for", "203.0.113.5")]),
+            ("203.0.113.5", []),
+            ("::ffff:203.0.113.6", []),
+        ],
+    )
+    assert logged[0] == logged[1]
+    assert logged[2][1] == logged[1][1] and logged[2][0] != logged[1][0]
+
+
+def test_x_forwarded_for_is_read_over_every_header_line(tmp_path: Path) -> None:
+    trusting = UserHasher("salt-0123456789abcdef", SECRET, parse_networks("10.0.0.0/8"))
+    # the client's forged line first, the trusted proxy's appended line second
+    lines = [("x-forwarded-for", "198.51.100.66"), ("x-forwarded-for", "203.0.113.5")]
+    assert str(trusting.viewer(_request("10.0.0.2", lines))) == "203.0.113.5"
+    # the right-most untrusted hop over all lines, past trusted ones in any line
+    hops = [("x-forwarded-for", "198.51.100.66, 203.0.113.5"), ("x-forwarded-for", "10.0.0.9")]
+    assert str(trusting.viewer(_request("10.0.0.2", hops))) == "203.0.113.5"
+    # a forged trusted address in the first line does not make the chain the client's
+    trusted_first = [("x-forwarded-for", "10.9.9.9"), ("x-forwarded-for", "203.0.113.5")]
+    assert str(trusting.viewer(_request("10.0.0.2", trusted_first))) == "203.0.113.5"
+    # junk in any line: believe none of it
+    junk = [("x-forwarded-for", "203.0.113.5"), ("x-forwarded-for", "junk")]
+    assert str(trusting.viewer(_request("10.0.0.2", junk))) == "10.0.0.2"
+    # through the edge app, the lines as a client and a proxy send them
+    logged = _logged(tmp_path, "10.0.0.0/8", [("10.0.0.2", lines), ("203.0.113.5", [])])
+    assert logged[0] == logged[1]
 
 
 def _asks(

@@ -25,8 +25,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from starlette.requests import Request
+from starlette.testclient import TestClient
 
 from edge_index.answers import CACHE_SKIP_REASONS, uncacheable
+from edge_index.keys import key_of_normalized, normalize
 from edge_index.logreader import read_logs
 from edge_index.logs import LogWriter
 from edge_index.store import FileStore
@@ -36,6 +39,7 @@ from origin.config import OriginSettings
 from origin.engine import Engine, EngineConfig
 from origin.runtime import Runtime
 from origin.server import OriginServer, create_app
+from origin.server.tiers import scoped_key
 from precompute.publish import publish
 from tests.releases import PROFILE, QUESTIONS, build
 from tests.serving import Server, free_port, wait_healthy
@@ -500,6 +504,47 @@ def test_one_key_flooding_leaves_another_key_its_share(origin: Origin) -> None:
     over = statuses[-1]
     assert statuses[0].status_code == 200 and over.status_code == 429
     assert over.json()["error"]["code"] == "user_tokens" and int(over.headers["retry-after"]) >= 1
+
+
+def _from(origin: Origin, peer: str) -> TestClient:
+    """The origin's real app, its requests arriving from ``peer`` (no lifespan: the fixture's
+    server is running)."""
+    return TestClient(create_app(origin.server), client=(peer, 5000))
+
+
+def test_one_ipv6_host_is_one_asker_for_shares_and_the_cache(origin: Origin) -> None:
+    """A host is routed a whole /64 and may use any address in it: two of them are one asker
+    for the per-asker shares and toward the online cache's k; two /64s are two askers."""
+    host, same_host, other_host = "2001:db8:6:1::1", "2001:db8:6:1::2", "2001:db8:6:2::1"
+    tenant = {"x-edgeqa-tenant": "ipv6-askers"}  # a cache scope of this test's own
+    # shares: a minute's token budget that one request spends alone
+    saved = origin.server.settings
+    origin.server.settings = saved.replace(
+        max_in_flight_per_user=0, max_tokens_per_minute_per_user=1
+    )
+    try:
+        body = _chat("Count to three.", max_tokens=4)
+        first = _from(origin, host).post("/v1/chat/completions", json=body, headers=tenant)
+        again = _from(origin, same_host).post("/v1/chat/completions", json=body, headers=tenant)
+        other = _from(origin, other_host).post("/v1/chat/completions", json=body, headers=tenant)
+    finally:
+        origin.server.settings = saved
+    assert first.status_code == 200 and other.status_code == 200
+    assert again.status_code == 429 and again.json()["error"]["code"] == "user_tokens"
+    # the cache's k (EDGEQA_CACHE_MIN_USERS, 2 here): an answer cached for the first address (as
+    # its generated answer would be), asked for from another address of its /64, then another /64
+    question = "What makes a rainbow appear after rain?"
+    key = scoped_key(key_of_normalized(normalize(question)), None, tenant["x-edgeqa-tenant"])
+    peer = Request({"type": "http", "headers": [], "client": (host, 5000), "method": "POST"})
+    cached = origin.server.cache.put(
+        key, "Sunlight through raindrops.", 5, asker=origin.server.users.of_request(peer).user
+    )
+    assert cached
+    body = _chat(question, max_tokens=4)
+    held = _from(origin, same_host).post("/v1/chat/completions", json=body, headers=tenant)
+    served = _from(origin, other_host).post("/v1/chat/completions", json=body, headers=tenant)
+    assert held.headers["x-edgeqa-tier"] == "generated"  # still one asker
+    assert served.headers["x-edgeqa-tier"] == "origin_cache"
 
 
 def test_request_timeout(origin: Origin) -> None:

@@ -122,7 +122,7 @@ locals {
 
 resource "aws_cloudfront_distribution" "this" {
   enabled         = true
-  is_ipv6_enabled = true
+  is_ipv6_enabled = var.ipv6_enabled # the WAF's rate limit counts each IPv6 address apart
   comment         = "${var.name}: releases, edge lookups, origin API"
   aliases         = var.aliases
   price_class     = "PriceClass_All"

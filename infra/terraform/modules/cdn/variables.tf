@@ -49,7 +49,7 @@ variable "certificate_arn" {
 }
 
 variable "rate_limit_per_5min" {
-  description = "Requests per client IP per 5 minutes before WAF blocks it."
+  description = "Requests per client IP (IPv6: per /128, WAF aggregates no prefix) per 5 minutes before WAF blocks it."
   type        = number
   default     = 6000
 }
@@ -57,4 +57,10 @@ variable "rate_limit_per_5min" {
 variable "origin_verify_secret_arn" {
   description = "Secrets Manager secret holding the value CloudFront sends as x-edgeqa-origin-verify; the load balancer refuses requests without it. Read by Terraform (its value is never a variable)."
   type        = string
+}
+
+variable "ipv6_enabled" {
+  description = "Serve viewers over IPv6 too. false: IPv4 only, so the WAF's per-IP rate limit holds per host (it counts each IPv6 address apart, and a host may use any address of its /64)."
+  type        = bool
+  default     = true
 }

@@ -1,6 +1,13 @@
 # A WAFv2 web ACL with AWS managed rules: known bad inputs (Log4j and friends) blocked, the common
 # rule set blocked where asked, anonymous IPs counted (VPN and privacy-relay users are customers
 # too; alarms watch the count), a per-IP rate limit where asked; logs to CloudWatch.
+# The rate limit counts each IPv6 address (/128) apart: WAF aggregates on an IP only as the whole
+# address, and none of its rate-based keys (IP, forwarded IP, header, cookie, query, label, ASN,
+# JA3/JA4) takes a prefix, so one host with a /64 is not held to it here. A header key would not
+# do either: the CDN's WAF runs before a CloudFront function or Lambda@Edge could add one, so the
+# only headers it sees are the client's own. The per-host bound is the services': an IPv6 /64 is
+# one asker (edge_index/users.py); the CDN can also serve IPv4 only (modules/cdn's ipv6_enabled),
+# where each host has one address.
 # scope = "REGIONAL" for a load balancer, "CLOUDFRONT" (provider in us-east-1) for a distribution.
 
 # the value of the header that exempts a request from the rate limit: read from Secrets Manager by
@@ -66,7 +73,7 @@ resource "aws_wafv2_web_acl" "this" {
       statement {
         rate_based_statement {
           limit              = rule.value
-          aggregate_key_type = "IP"
+          aggregate_key_type = "IP" # the whole address: an IPv6 /128, not its /64 (above)
           dynamic "scope_down_statement" {
             for_each = var.rate_limit_exempt_header == null ? [] : [var.rate_limit_exempt_header]
             content {

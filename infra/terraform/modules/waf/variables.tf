@@ -15,7 +15,7 @@ variable "common_rules" {
 }
 
 variable "rate_limit_per_5min" {
-  description = "Requests per client IP per 5 minutes before blocking; 0 turns the limit off."
+  description = "Requests per client IP (IPv6: per /128; WAF aggregates no prefix) per 5 minutes before blocking; 0 turns the limit off."
   type        = number
   default     = 0
 }
