@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("origin", "edge_index", "precompute", "edgeqa", "dags")
-MAX_LINES = 450
+MAX_LINES = 600  # a smell detector: split by concept, never to stay under it (issue 33)
 
 
 def test_no_module_is_too_long_to_read() -> None:
