@@ -61,6 +61,7 @@ before any of its wordings becomes a ``Phrasing``. ``MiningReport.seconds`` time
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -88,6 +89,8 @@ from precompute.safetext import publishable
 if TYPE_CHECKING:
     import pyarrow as pa
     from sentence_transformers import SentenceTransformer
+
+log = logging.getLogger(__name__)
 
 # the steps whose seconds the report gives (``MiningReport.seconds``)
 STEPS = ("aggregate", "rules", "embed", "cluster", "k_and_text_rules", "rank")
@@ -323,6 +326,17 @@ def _qualifying(
     ):
         if n:
             _exclude(counts, "below_k", n)
+    crowds = [r for r in report.cluster_rows if r["status"] == "unverified_crowd"]
+    if crowds and not any(r["signed_users"] for r in crowds) and config.min_signed_users:
+        log.warning(
+            "%d question(s) reached k, but none of their askers was a signed user: nothing is "
+            "published from unsigned askers alone (EDGEQA_MIN_SIGNED_USERS=%d). Set "
+            "EDGEQA_IDENTITY_SECRET on the edge and the origin and send user tokens, or, for a "
+            "product without sign-in, EDGEQA_MIN_SIGNED_USERS=0 with EDGEQA_MIN_ASNS and "
+            "EDGEQA_ASN_TABLE",
+            len(crowds),
+            config.min_signed_users,
+        )
     return hot
 
 

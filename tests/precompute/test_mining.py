@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -247,13 +248,17 @@ def _real(query: str, tag: str, n: int = 6) -> list[dict]:
     return rows
 
 
-def test_five_networks_of_one_attacker_publish_nothing(embedder) -> None:  # type: ignore[no-untyped-def]
+def test_five_networks_of_one_attacker_publish_nothing(embedder, caplog) -> None:  # type: ignore[no-untyped-def]
     """Five /24s and no signed user: k distinct users and networks are there, the crowd rule is
     not; nothing they typed is published, neither as a question of its own nor as a wording
     (or a token) of a real question's cluster."""
     config = MiningConfig(cluster_threshold=0.9, k=5)
-    hot, report = mine(_rented(INJECTED, "a"), embedder, config, NOW)
+    with caplog.at_level(logging.WARNING, logger="precompute.mining"):
+        hot, report = mine(_rented(INJECTED, "a"), embedder, config, NOW)
     assert hot == []
+    # a product without sign-in would publish nothing: the run says what to set
+    assert "none of their askers was a signed user" in caplog.text
+    assert "EDGEQA_MIN_SIGNED_USERS=0" in caplog.text
     assert report.excluded_phrasings == {"unverified_crowd": 1}
     assert report.excluded_rows == {"unverified_crowd": 5}
     (row,) = report.cluster_rows
