@@ -22,7 +22,6 @@ Parquet request logs with the user as a salted hash (``users.py``).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -37,6 +36,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edge_index import tiers
+from edge_index.bodies import BodyError, parse_body
 from edge_index.config import EdgeSettings
 from edge_index.keys import MAX_QUERY_CHARS, InvalidQueryError, key_of_normalized, normalize
 from edge_index.logs import LogWriter, open_log_writer
@@ -90,9 +90,9 @@ async def _posted_query(
             return None, None, _error(413, "body", "too_large", f"the body exceeds {limit} bytes")
         chunks.append(chunk)
     try:
-        body = json.loads(b"".join(chunks))
-    except (ValueError, RecursionError):
-        return None, None, _error(400, "body", "invalid", 'the body must be JSON: {"q": "..."}')
+        body = parse_body(b"".join(chunks))
+    except BodyError as error:  # not JSON, or a value no field takes (bodies.py): named
+        return None, None, _error(400, error.field, error.reason, str(error))
     if not isinstance(body, dict):
         message = 'the body must be a JSON object: {"q": "..."}'
         return None, None, _error(400, "body", "invalid", message)

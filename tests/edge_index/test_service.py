@@ -233,6 +233,32 @@ def test_expired_answers_are_not_served(embedder, tmp_path: Path) -> None:  # ty
     assert isinstance(miss, Miss) and miss.reason == "expired"
 
 
+def test_a_posted_value_python_cannot_hold_or_encode_is_a_400_naming_its_field(
+    embedder,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    """An integer past Python's 4300-digit conversion limit, and a lone surrogate (no UTF-8
+    form), are valid JSON: refused naming the field, as any other bad value is."""
+    state = ReleaseWatcher(
+        FileStore(tmp_path / "store"), PROFILE, embedder, poll_s=3600, metrics_prefix=EDGE_METRICS
+    )
+    huge = b"9" * 5000
+    cases = (
+        (b'{"q": ' + huge + b"}", "q"),
+        (b'{"q": "how do I freeze my card", "profile": -' + huge + b"}", "profile"),
+        (b'{"q": "how do I freeze \\ud800 my card"}', "q"),
+        (b'{"q": "how do I freeze my card", "profile": "\\udfff"}', "profile"),
+    )
+    with Server(create_app(state)) as server, httpx.Client(base_url=server.url) as client:
+        for raw, field in cases:
+            refused = client.post("/v1/lookup", content=raw)
+            assert refused.status_code == 400, (raw[-40:], refused.text[:200])
+            error = refused.json()["error"]
+            assert error["field"] == field and error["reason"] == "invalid", raw[-40:]
+        fine = client.post("/v1/lookup", json={"q": "how do I freeze my card \U0001f600"})
+        assert fine.status_code == 404 and fine.json()["reason"] == "no_release"
+
+
 def test_lookups_are_logged_with_hashed_users(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from edge_index.logs import LogWriter
 

@@ -342,6 +342,40 @@ def test_validation_errors_name_the_field_and_others_keep_working(origin: Origin
     assert origin.engine.alive
 
 
+def test_a_value_python_cannot_hold_or_encode_is_a_400_naming_its_field(origin: Origin) -> None:
+    """An integer past Python's 4300-digit conversion limit and a lone surrogate (no UTF-8 form)
+    are valid JSON: each is refused with a 400 naming its field, never a 500."""
+    huge = "9" * 5000
+    hi = '[{"role": "user", "content": "hi"}]'
+    chat, completion = "/v1/chat/completions", "/v1/completions"
+    cases = [
+        (chat, f'{{"messages": {hi}, "max_tokens": {huge}}}', "max_tokens"),
+        (chat, f'{{"messages": {hi}, "seed": -{huge}}}', "seed"),
+        (chat, f'{{"messages": {hi}, "temperature": {huge}}}', "temperature"),
+        (completion, f'{{"prompt": "hi", "max_tokens": {huge}}}', "max_tokens"),
+        (completion, f'{{"prompt": [1, {huge}]}}', "prompt[1]"),
+        (chat, f'{{"messages": {hi}, "user": "\\ud800"}}', "user"),
+        (chat, f'{{"messages": {hi}, "user": "a\\udfffb"}}', "user"),
+        (chat, '{"messages": [{"role": "user", "content": "x\\ud800"}]}', "messages[0].content"),
+        (chat, f'{{"messages": {hi}, "stop": ["ok", "\\udc00"]}}', "stop[1]"),
+    ]
+    with origin.client() as client:
+        for path, raw, param in cases:
+            response = client.post(path, content=raw, headers={"content-type": "application/json"})
+            assert response.status_code == 400, (raw[-60:], response.text[:200])
+            error = response.json()["error"]
+            assert error["param"] == param and error["type"] == "invalid_request_error", raw[-60:]
+        # the surrogate's own bytes (json reads bytes with "surrogatepass"), not an escape
+        raw = b'{"messages": ' + hi.encode() + b', "user": "\xed\xa0\x80"}'
+        response = client.post(chat, content=raw, headers={"content-type": "application/json"})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "user"
+        # an escaped pair is one character, not a lone half
+        paired = f'{{"messages": {hi}, "user": "\\ud83d\\ude00", "max_tokens": 1}}'
+        response = client.post(chat, content=paired, headers={"content-type": "application/json"})
+        assert response.status_code == 200, response.text
+    assert origin.engine.alive
+
+
 # -- auth -----------------------------------------------------------------------------------------
 
 
