@@ -145,7 +145,7 @@ def create_app(
             logs.write(
                 user=asker.user,
                 network=asker.network,
-                tenant=request.headers.get("x-edgeqa-tenant", "")[:128],
+                tenant=users.tenant(request),
                 query=query,
                 normalized=normalized,
                 key=key,

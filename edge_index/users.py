@@ -17,6 +17,8 @@ be something a client cannot mint at will. In order:
 Logs keep ``user``, HMAC-SHA256 of the identity under ``EDGEQA_USER_SALT``, and ``network``, the
 same of the viewer's /24 (IPv4) or /48 (IPv6): mining counts a phrasing's askers as the fewer of
 its distinct users and distinct networks, so neither one identity nor one network counts twice.
+The ``x-edgeqa-tenant`` header is kept the same way (``tenant``): a tenant's name is the
+deployment's customer, not something a log reader needs.
 ``edgeqa edge serve`` and ``edgeqa origin serve`` refuse to log without a salt (``check_salt``);
 elsewhere (tests, one-process tools) a random per-process salt is used and a warning logged.
 """
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 USER_HEADER = "x-edgeqa-user"
+TENANT_HEADER = "x-edgeqa-tenant"
 VIEWER_HEADER = "cloudfront-viewer-address"
 MIN_SALT_CHARS = 16
 _PROCESS_SALT = secrets.token_bytes(32)
@@ -134,6 +137,12 @@ class UserHasher:
 
     def __call__(self, user: str) -> str:
         return hash_user(user, self.salt)
+
+    def tenant(self, request: Request) -> str:
+        """The request's ``x-edgeqa-tenant``, hashed as users are ("" without one): what logs
+        and the origin's per-tenant scopes keep of it."""
+        tenant = request.headers.get(TENANT_HEADER, "")
+        return self(f"tenant:{tenant}") if tenant else ""
 
     def _trusted(self, address: ipaddress.IPv4Address | ipaddress.IPv6Address | None) -> bool:
         return address is not None and any(address in net for net in self.trusted_proxies)

@@ -48,7 +48,7 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
         "request_id": request_id,
         "turns": 1,
         "query": "",
-        "tenant": request.headers.get("x-edgeqa-tenant", "")[:128],
+        "tenant": server.users.tenant(request),  # hashed, as the user is
     }
     parsed: ParsedRequest | None = None
     key_id: str | None = None

@@ -19,6 +19,7 @@ from edge_index.profiles import NoProfileError, resolve_profile
 from edge_index.release import release_prefix
 from edge_index.service import create_app
 from edge_index.store import FileStore, Store, open_store
+from edge_index.users import UserHasher
 from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from precompute.publish import publish
 from tests.releases import PROFILE, QUESTIONS, build
@@ -267,8 +268,11 @@ def test_lookups_are_logged_with_hashed_users(embedder, tmp_path: Path) -> None:
     state = ReleaseWatcher(store, PROFILE, embedder, poll_s=3600, metrics_prefix=EDGE_METRICS)
     state.refresh()
     logs = LogWriter(store, source="edge", flush_interval_s=0)
-    with Server(create_app(state, logs)) as server, httpx.Client(base_url=server.url) as client:
-        client.get("/v1/lookup", params={"q": QUESTIONS[0]}, headers={"x-edgeqa-user": "alice"})
+    users = UserHasher("salt-0123456789abcdef")
+    app = create_app(state, logs, users=users)
+    with Server(app) as server, httpx.Client(base_url=server.url) as client:
+        alice = {"x-edgeqa-user": "alice", "x-edgeqa-tenant": "acme"}
+        client.get("/v1/lookup", params={"q": QUESTIONS[0]}, headers=alice)
         client.get("/v1/lookup", params={"q": "something else entirely"})
         client.get("/v1/lookup", params={"q": ""})
     logs.close()
@@ -277,6 +281,12 @@ def test_lookups_are_logged_with_hashed_users(embedder, tmp_path: Path) -> None:
     assert sorted(r["tier"] for r in rows) == ["exact", "miss", "rejected"]
     assert all(r["user"] and "alice" not in r["user"] for r in rows)
     assert {r["status"] for r in rows} == {200, 404, 400}
+    # the tenant is hashed as the user is; no header, nothing
+    assert {r["tier"]: r["tenant"] for r in rows} == {
+        "exact": users("tenant:acme"),
+        "miss": "",
+        "rejected": "",
+    }
 
 
 def test_profile_resolution(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -631,7 +631,7 @@ def test_metrics_use_vllm_names_and_split_ttft(origin: Origin) -> None:
     assert len(names) > 10 and names <= exported, names - exported
 
 
-def test_every_request_is_logged_with_a_hashed_user(origin: Origin) -> None:
+def test_every_request_is_logged_with_a_hashed_user_and_tenant(origin: Origin) -> None:
     with origin.client() as client:
         client.post(
             "/v1/chat/completions",
@@ -645,7 +645,10 @@ def test_every_request_is_logged_with_a_hashed_user(origin: Origin) -> None:
     rows = read_logs(origin.store, today, today)
     tiers = {r["tier"] for r in rows}
     assert {"exact", "generated", "rejected"} <= tiers
-    alice = [r for r in rows if r["query"] == QUESTIONS[3] and r["tenant"] == "shop"]
+    # the tenant, too, as a salted hash
+    assert all(r["tenant"] != "shop" for r in rows)
+    shop = origin.server.users("tenant:shop")
+    alice = [r for r in rows if r["query"] == QUESTIONS[3] and r["tenant"] == shop]
     assert alice and alice[-1]["user"] and "alice" not in alice[-1]["user"]
     assert alice[-1]["profile"] == PROFILE and alice[-1]["key"]
     assert all("alice@example.com" not in str(r["user"]) for r in rows)
