@@ -34,6 +34,7 @@ from edge_index.users import mint_user_token
 from edge_index.watcher import ORIGIN_METRICS, Releases, ReleaseWatcher
 from origin.config import OriginSettings
 from origin.engine import Engine, EngineConfig
+from origin.engine.scheduler import SHARED_PREFIX_MIN
 from origin.runtime import Runtime
 from origin.server import OriginServer, create_app
 from precompute.publish import publish
@@ -458,6 +459,39 @@ def test_a_non_streaming_client_that_leaves_is_cancelled(origin: Origin) -> None
         )
     _idle(engine, timeout=30)
     assert engine.stats.requests_finished.get("abort", 0) == before + 1
+
+
+def test_prompt_prefixes_are_shared_within_a_tenant_only(origin: Origin) -> None:
+    """A request starts from KV prefixes its own tenant (API key and x-edgeqa-tenant) computed,
+    never another's: its sooner first token would tell it that someone sent a prompt beginning
+    like its own. EDGEQA_PREFIX_CACHING_SCOPE=global shares them between tenants again."""
+    scheduler = origin.engine.scheduler
+    body = {
+        "model": MODEL,
+        "prompt": "Write one sentence about a lighthouse keeper who counted every passing ship.",
+        "max_tokens": 2,
+    }
+
+    def shared(tenant: str) -> int:
+        """Prompt tokens the tenant's request started from instead of computing them."""
+        before = scheduler.prefix_tokens_shared
+        with origin.client() as client:
+            response = client.post(
+                "/v1/completions", json=body, headers={"x-edgeqa-tenant": tenant}
+            )
+        assert response.status_code == 200, response.text
+        return scheduler.prefix_tokens_shared - before
+
+    assert shared("ann-co") == 0
+    assert shared("ann-co") >= SHARED_PREFIX_MIN  # its tenant's prompt, kept in a free slot
+    assert shared("bob-co") == 0  # the same prompt from another tenant: computed
+    saved = origin.server.settings
+    origin.server.settings = saved.replace(prefix_caching_scope="global")
+    try:
+        shared("cy-co")
+        assert shared("dee-co") >= SHARED_PREFIX_MIN
+    finally:
+        origin.server.settings = saved
 
 
 def test_backpressure_answers_429_and_admitted_requests_finish(origin: Origin) -> None:
