@@ -260,6 +260,23 @@ def test_a_posted_value_python_cannot_hold_or_encode_is_a_400_naming_its_field(
         assert fine.status_code == 404 and fine.json()["reason"] == "no_release"
 
 
+def test_metrics_behind_a_bearer_token(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    state = ReleaseWatcher(
+        FileStore(tmp_path / "store"), PROFILE, embedder, poll_s=3600, metrics_prefix=EDGE_METRICS
+    )
+    token = "m" * 24
+    app = create_app(state, metrics_token=token)
+    with Server(app) as server, httpx.Client(base_url=server.url) as client:
+        refused = client.get("/metrics")
+        assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+        assert refused.json()["error"]["field"] == "authorization"
+        wrong = client.get("/metrics", headers={"authorization": f"Bearer {token[:-1]}x"})
+        assert wrong.status_code == 401
+        scraped = client.get("/metrics", headers={"authorization": f"Bearer {token}"})
+        assert scraped.status_code == 200 and "edgeqa_edge_lookups_total" in scraped.text
+        assert client.get("/health").status_code == 200  # load balancers need no token
+
+
 def test_lookups_are_logged_with_hashed_users(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from edge_index.logs import LogWriter
 

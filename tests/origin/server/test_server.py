@@ -402,6 +402,26 @@ def test_api_keys(origin: Origin) -> None:
         origin.server.settings = saved
 
 
+def test_metrics_behind_a_bearer_token(origin: Origin) -> None:
+    token = "m" * 24
+    saved = origin.server.settings
+    origin.server.settings = saved.replace(metrics_token=token)
+    try:
+        with origin.client() as client:
+            refused = client.get("/metrics")
+            assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+            assert refused.json()["error"]["type"] == "authentication_error"
+            wrong = client.get("/metrics", headers={"authorization": f"Bearer {token[:-1]}x"})
+            assert wrong.status_code == 401
+            # what Prometheus sends (scrape_config's authorization), and only that
+            assert client.get("/metrics", headers={"x-api-key": token}).status_code == 401
+            scraped = client.get("/metrics", headers={"authorization": f"Bearer {token}"})
+            assert scraped.status_code == 200 and "vllm:num_requests_running" in scraped.text
+            assert client.get("/health").status_code == 200  # load balancers need no token
+    finally:
+        origin.server.settings = saved
+
+
 # -- backpressure, cancellation, timeouts ---------------------------------------------------------
 
 
