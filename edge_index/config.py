@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -41,6 +41,7 @@ from edge_index.keys import MAX_QUERY_CHARS
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 MIN_SECRET_CHARS = 32  # EDGEQA_IDENTITY_SECRET: an HS256 key
+MIN_TOKEN_CHARS = 16  # EDGEQA_METRICS_TOKEN, as an API key
 
 PREFIX = "EDGEQA_"
 DEFAULT_STORE = "file://./var/store"
@@ -188,6 +189,8 @@ class SharedSettings(Settings):
     allow_answer_links: bool = False
     # base64 Ed25519 keys a release must be signed by ("" = signatures not checked)
     release_public_keys: str = ""
+    # the bearer token /metrics asks for ("" = /metrics is open)
+    metrics_token: str = ""
 
     @field_validator("release_public_keys", mode="after")
     @classmethod
@@ -236,11 +239,12 @@ class SharedSettings(Settings):
 
         return parse_embedders(self.embedder, self.language_list)
 
-    @field_validator("identity_secret", mode="after")
+    @field_validator("identity_secret", "metrics_token", mode="after")
     @classmethod
-    def _long_secret(cls, value: str) -> str:
-        if value and len(value) < MIN_SECRET_CHARS:
-            raise ValueError(f"must have at least {MIN_SECRET_CHARS} characters")
+    def _long_secret(cls, value: str, info: ValidationInfo) -> str:
+        least = MIN_SECRET_CHARS if info.field_name == "identity_secret" else MIN_TOKEN_CHARS
+        if value and len(value) < least:
+            raise ValueError(f"must have at least {least} characters")
         return value
 
     @field_validator("trusted_proxies", mode="after")

@@ -12,7 +12,8 @@ out of URLs and access logs)
   ``store_unreachable``): the service is alive and answers every lookup as a miss, so an
   orchestrator must not restart it in a loop. ``GET /ready``: 503 until a release is served.
 ``GET /metrics`` Prometheus text: lookups by tier and outcome, latency histogram, release
-  version, age, entries, and release loads by result.
+  version, age, entries, and release loads by result; with ``EDGEQA_METRICS_TOKEN`` set, only for
+  ``Authorization: Bearer <token>`` (401 otherwise).
 
 The release is the one ``ReleaseWatcher`` (``watcher.py``) serves: polled, verified and swapped in
 without failing a lookup. A lookup runs the tier cascade (``tiers.py``) and is written to the
@@ -22,7 +23,6 @@ Parquet request logs with the user as a salted hash (``users.py``).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -37,7 +37,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edge_index import tiers
+from edge_index.bodies import BodyError, parse_body
 from edge_index.config import EdgeSettings
+from edge_index.credentials import bearer_token, matching_digest
 from edge_index.keys import MAX_QUERY_CHARS, InvalidQueryError, key_of_normalized, normalize
 from edge_index.logs import LogWriter, open_log_writer
 from edge_index.lookup import Hit, Miss
@@ -90,9 +92,9 @@ async def _posted_query(
             return None, None, _error(413, "body", "too_large", f"the body exceeds {limit} bytes")
         chunks.append(chunk)
     try:
-        body = json.loads(b"".join(chunks))
-    except (ValueError, RecursionError):
-        return None, None, _error(400, "body", "invalid", 'the body must be JSON: {"q": "..."}')
+        body = parse_body(b"".join(chunks))
+    except BodyError as error:  # not JSON, or a value no field takes (bodies.py): named
+        return None, None, _error(400, error.field, error.reason, str(error))
     if not isinstance(body, dict):
         message = 'the body must be a JSON object: {"q": "..."}'
         return None, None, _error(400, "body", "invalid", message)
@@ -119,8 +121,10 @@ def create_app(
     logs: LogWriter | None = None,
     max_query_chars: int = MAX_QUERY_CHARS,
     users: UserHasher | None = None,
+    metrics_token: str = "",
 ) -> Starlette:
-    """The service over ``releases`` (one watcher: a single profile)."""
+    """The service over ``releases`` (one watcher: a single profile); ``metrics_token``: the
+    bearer token ``/metrics`` asks for ("": open)."""
     served = Releases.of(releases) if isinstance(releases, ReleaseWatcher) else releases
     metrics = EdgeMetrics()
     metrics.registry.register(served.metrics.registry)
@@ -144,7 +148,7 @@ def create_app(
             asker = users.of_request(request)
             logs.write(
                 **asker.log_fields(),
-                tenant=request.headers.get("x-edgeqa-tenant", "")[:128],
+                tenant=users.tenant(request),
                 query=query,
                 normalized=normalized,
                 key=key,
@@ -226,6 +230,11 @@ def create_app(
     async def metrics_endpoint(request: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+        if metrics_token and matching_digest(bearer_token(request), (metrics_token,)) is None:
+            message = "missing or invalid metrics token (Authorization: Bearer)"
+            refused = _error(401, "authorization", "unauthorized", message)
+            refused.headers["www-authenticate"] = "Bearer"
+            return refused
         served.observe_age()
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -278,7 +287,8 @@ def serve(settings: EdgeSettings, host: str, port: int, log_requests: bool = Tru
     releases = Releases.from_settings(settings, EDGE_METRICS, store=store)
     logs = open_log_writer(store, "edge", settings) if log_requests else None
     releases.start()
-    app = create_app(releases, logs, settings.max_query_chars, user_hasher(settings))
+    users = user_hasher(settings)
+    app = create_app(releases, logs, settings.max_query_chars, users, settings.metrics_token)
     try:
         # who the viewer is comes from EDGEQA_TRUSTED_PROXIES (users.py), never uvicorn's guess
         uvicorn.run(app, host=host, port=port, log_level="warning", proxy_headers=False)

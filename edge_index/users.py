@@ -28,6 +28,8 @@ They also keep ``signed`` (the identity is a signed user token: mining requires
 account of the deployment is not) and ``asn``, the same HMAC of the viewer's autonomous system
 when ``EDGEQA_ASN_TABLE`` names a table (``asn.py``; "" otherwise or when unknown).
 The origin's per-asker shares and its online cache's k count the same hashed identity.
+The ``x-edgeqa-tenant`` header is kept the same way (``tenant``): a tenant's name is the
+deployment's customer, not something a log reader needs.
 ``edgeqa edge serve`` and ``edgeqa origin serve`` refuse to log without a salt (``check_salt``);
 elsewhere (tests, one-process tools) a random per-process salt is used and a warning logged.
 """
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 USER_HEADER = "x-edgeqa-user"
+TENANT_HEADER = "x-edgeqa-tenant"
 VIEWER_HEADER = "cloudfront-viewer-address"
 FORWARDED_HEADER = "x-forwarded-for"
 MIN_SALT_CHARS = 16
@@ -197,6 +200,12 @@ class UserHasher:
 
     def __call__(self, user: str) -> str:
         return hash_user(user, self.salt)
+
+    def tenant(self, request: Request) -> str:
+        """The request's ``x-edgeqa-tenant``, hashed as users are ("" without one): what logs
+        and the origin's per-tenant scopes keep of it."""
+        tenant = request.headers.get(TENANT_HEADER, "")
+        return self(f"tenant:{tenant}") if tenant else ""
 
     def _trusted(self, address: Address | None) -> bool:
         return address is not None and any(address in net for net in self.trusted_proxies)

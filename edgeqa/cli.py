@@ -144,23 +144,43 @@ def _cmd_edge_serve(args: argparse.Namespace) -> int:
     settings = EdgeSettings.from_env(store=args.store, profile=args.profile)
     if not args.no_logs:
         check_salt(settings.user_salt)
-    _warn_if_unsigned(settings.public_keys)
+    _check_signed("edge serve", settings.public_keys, args.host, args.insecure_unsigned)
     serve(settings, args.host, args.port, log_requests=not args.no_logs)
     return 0
 
 
-def _warn_if_unsigned(public_keys: tuple[str, ...]) -> None:
-    if not public_keys:
-        logging.getLogger("edgeqa").warning(
-            "EDGEQA_RELEASE_PUBLIC_KEYS is not set: releases are served without checking who "
-            "signed them (anyone who can write the store can publish)"
-        )
+def _check_signed(command: str, public_keys: tuple[str, ...], host: str, insecure: bool) -> None:
+    """Without release public keys: refuse a non-loopback ``host`` (unless ``insecure``: the
+    ``--insecure-unsigned`` flag), else warn that releases are served unchecked."""
+    if public_keys:
+        return
+    _refuse_off_loopback(
+        host,
+        insecure,
+        f"{command} on {host} would serve whatever anyone who can write the store publishes: set "
+        "EDGEQA_RELEASE_PUBLIC_KEYS (the public half of `edgeqa keys generate`, or of the KMS "
+        "signing key)",
+        "--insecure-unsigned where only the nightly job can write the store",
+    )
+    logging.getLogger("edgeqa").warning(
+        "EDGEQA_RELEASE_PUBLIC_KEYS is not set: releases are served without checking who "
+        "signed them (anyone who can write the store can publish)"
+    )
+
+
+def _refuse_off_loopback(host: str, insecure: bool, problem: str, flag: str) -> None:
+    """``ConfigError`` (``problem``, then ``flag``) for a server about to listen beyond this
+    machine without a protection, unless the operator passed ``flag``: one rule for the API
+    keys and the release signatures."""
+    from edge_index.config import ConfigError
+
+    if not insecure and not _loopback(host):
+        raise ConfigError(f"{problem}, or pass {flag}")
 
 
 def _cmd_origin_serve(args: argparse.Namespace) -> int:
     spin_openmp_threads()  # first: before anything loads torch
     quiet_libraries()
-    from edge_index.config import ConfigError
     from edge_index.users import check_salt
     from origin.config import OriginSettings
     from origin.server import serve
@@ -173,14 +193,16 @@ def _cmd_origin_serve(args: argparse.Namespace) -> int:
     )
     if settings.log_requests:
         check_salt(settings.user_salt)
-    if not settings.api_keys and not args.insecure_no_auth and not _loopback(args.host):
-        raise ConfigError(
+    if not settings.api_keys:
+        _refuse_off_loopback(
+            args.host,
+            args.insecure_no_auth,
             f"origin serve on {args.host} would let anyone who reaches it spend the GPU: set "
-            "EDGEQA_API_KEYS (comma-separated, 16+ characters each), or pass --insecure-no-auth "
-            "on a network only trusted callers reach"
+            "EDGEQA_API_KEYS (comma-separated, 16+ characters each)",
+            "--insecure-no-auth on a network only trusted callers reach",
         )
-    if settings.origin_tiers:
-        _warn_if_unsigned(settings.public_keys)
+    if settings.origin_tiers:  # --no-tiers serves no release
+        _check_signed("origin serve", settings.public_keys, args.host, args.insecure_unsigned)
     serve(settings, args.host, args.port)
     return 0
 
@@ -282,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     edge_serve.add_argument("--store", default=None, help="store root (default: EDGEQA_STORE)")
     edge_serve.add_argument("--profile", default=None, help=PROFILE_HELP)
     edge_serve.add_argument("--no-logs", action="store_true", help="do not write request logs")
+    _add_insecure_unsigned(edge_serve)
     edge_serve.set_defaults(run=_cmd_edge_serve)
 
     origin = commands.add_parser("origin", help="the origin server (OpenAI-compatible API)")
@@ -304,8 +327,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve without EDGEQA_API_KEYS on a non-loopback address (a trusted network only)",
     )
+    _add_insecure_unsigned(origin_serve)
     origin_serve.set_defaults(run=_cmd_origin_serve)
     return parser
+
+
+def _add_insecure_unsigned(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--insecure-unsigned",
+        action="store_true",
+        help="serve releases without EDGEQA_RELEASE_PUBLIC_KEYS on a non-loopback address "
+        "(only where nothing but the nightly job can write the store)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

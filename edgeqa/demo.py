@@ -197,7 +197,10 @@ def services(
         edge_logs = open_log_writer(store, "edge", settings)
         users = user_hasher(settings)
         edge = stack.enter_context(
-            LocalServer(edge_app(releases, edge_logs, users=users), port=edge_port)
+            LocalServer(
+                edge_app(releases, edge_logs, users=users, metrics_token=settings.metrics_token),
+                port=edge_port,
+            )
         )
         settings = settings.replace(cdn_url=cdn.url, edge_url=edge.url)
         server = OriginServer(

@@ -87,6 +87,9 @@ class OriginSettings(EngineSettings):
     cache_max_bytes: int = Field(64 << 20, ge=0)
     # distinct askers before a cached answer is served (as k is before one is published)
     cache_min_users: int = Field(5, ge=1)
+    # whose KV prefixes a request may start from: its tenant's (API key and x-edgeqa-tenant), or
+    # anyone's (docs/security.md: what a prompt's first-token time tells)
+    prefix_caching_scope: Literal["tenant", "global"] = "tenant"
     shutdown_grace_s: float = Field(30.0, ge=0.0)
     origin_tiers: bool = True
     log_requests: bool = True
@@ -102,6 +105,11 @@ class OriginSettings(EngineSettings):
         if any(len(k) < 16 for k in value):
             raise ValueError("every key must have at least 16 characters")
         return tuple(value)
+
+    @field_validator("prefix_caching_scope", mode="before")
+    @classmethod
+    def _lower_scope(cls, value: Any) -> Any:
+        return lowercase(value)
 
     @field_validator("cdn_url", "edge_url", mode="after")
     @classmethod

@@ -97,6 +97,30 @@ def test_servers_refuse_to_log_without_a_shared_salt(cli_env: dict[str, str]) ->
     assert "--insecure-no-auth" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_servers_off_loopback_refuse_unsigned_releases(cli_env: dict[str, str]) -> None:
+    """Off loopback, both servers need EDGEQA_RELEASE_PUBLIC_KEYS (or --insecure-unsigned), as
+    the origin needs API keys. A store no server can open shows how far each start got: past
+    the checks, it fails there (exit status 1)."""
+    env = dict(
+        cli_env,
+        EDGEQA_USER_SALT="test-salt-0123456789",
+        EDGEQA_API_KEYS="key-0123456789abcdef",
+        EDGEQA_STORE="ftp://nowhere",
+    )
+    for service in ("edge", "origin"):
+        refused = _edgeqa(env, service, "serve", "--host", "0.0.0.0", "--port", "1")
+        assert refused.returncode == 2, (service, refused.stderr[-2000:])
+        assert "EDGEQA_RELEASE_PUBLIC_KEYS" in refused.stderr, service
+        assert "--insecure-unsigned" in refused.stderr and "Traceback" not in refused.stderr
+        for allowed in (("--host", "0.0.0.0", "--insecure-unsigned"), ("--host", "127.0.0.1")):
+            started = _edgeqa(env, service, "serve", *allowed, "--port", "1")
+            assert started.returncode == 1, (service, allowed, started.stderr[-2000:])
+            assert "scheme must be file:// or s3://" in started.stderr, (service, allowed)
+    # an origin that serves no release (--no-tiers) needs no keys
+    untiered = _edgeqa(env, "origin", "serve", "--host", "0.0.0.0", "--port", "1", "--no-tiers")
+    assert untiered.returncode == 1 and "scheme must be file:// or s3://" in untiered.stderr
+
+
 def test_an_unexpected_failure_shows_its_traceback(cli_env: dict[str, str], tmp_path: Path) -> None:
     """Not a user-facing error (``EdgeQAError``): a library failing on a damaged model folder is
     reported whole, with exit status 1, so that nothing about it is lost."""

@@ -139,11 +139,14 @@ class Engine:
         on_output: OutputCallback | None = None,
         request_id: str | None = None,
         arrival: float | None = None,
+        prefix_scope: str = "",
     ) -> Request:
         """Queue a request; ``on_output`` is called from the engine thread with each output.
 
         ``arrival`` (``time.monotonic()``) is when the request reached the caller, say the HTTP
-        server, so that the queue part of the TTFT counts from there."""
+        server, so that the queue part of the TTFT counts from there. ``prefix_scope``: the
+        request starts only from prefixes computed by requests of the same scope (a tenant:
+        prefix sharing's timing tells whether someone sent a prompt beginning like it)."""
         params = params or SamplingParams()
         request = Request(
             request_id or self.new_request_id(),
@@ -152,6 +155,7 @@ class Engine:
             self.tokenizer,
             self.eos_ids,
             on_output,
+            prefix_scope,
         )
         if arrival is not None:
             request.times.arrival = arrival

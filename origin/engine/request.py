@@ -129,6 +129,7 @@ class Request:
         tokenizer: PreTrainedTokenizerBase,
         eos_ids: set[int],
         on_output: OutputCallback | None = None,
+        prefix_scope: str = "",
     ) -> None:
         self.request_id = request_id
         self.prompt_ids = list(prompt_ids)
@@ -139,6 +140,7 @@ class Request:
         self.status = Status.WAITING
         self.slot: int | None = None
         self.num_computed = 0  # tokens of token_ids whose K/V are in the slot
+        self.prefix_scope = prefix_scope  # shares KV prefixes with requests of this scope only
         self.num_preemptions = 0
         self.cancelled = False
         self.finish_reason: str | None = None

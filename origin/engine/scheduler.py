@@ -14,6 +14,8 @@ a free slot still holds from its last owner, starts with that prefix's keys and 
 the free slot taken as it is) instead of computing them: a chat template's system prompt is
 computed once, not once per request. Only where every row's numbers depend on its own tokens
 alone (the batch-invariant kernels) is a copied prefix what the request would have computed.
+A request shares only with requests of its ``prefix_scope`` (the server's tenant): a first token
+that comes sooner would tell it that another scope sent a prompt beginning like its own.
 """
 
 from __future__ import annotations
@@ -92,6 +94,8 @@ class Scheduler:
         self.release = release
         self.share_prefixes = share_prefixes
         self.prefix_tokens_shared = 0  # tokens admitted requests did not compute
+        # free slot -> the prefix scope of the request that left what it holds (cache.kept)
+        self._kept_scopes: dict[int, str] = {}
 
     # -- intake ---------------------------------------------------------------------------------
 
@@ -239,17 +243,21 @@ class Scheduler:
 
     def _allocate(self, request: Request) -> int:
         """A slot for ``request``; with prefix sharing, one holding the longest prefix of its
-        tokens found in a running request or a free slot (at most all but its last token: that
-        one is computed to sample from), with ``num_computed`` set past it."""
+        tokens found in a running request or a free slot of its prefix scope (at most all but
+        its last token: that one is computed to sample from), with ``num_computed`` set past it."""
         if not self.share_prefixes:
             return self.cache.allocate()
-        tokens, limit = request.token_ids, request.num_tokens - 1
+        tokens, limit, scope = request.token_ids, request.num_tokens - 1, request.prefix_scope
         best, source, free = 0, -1, False
         for slot, held in self.cache.kept.items():  # a free slot needs no copy: first on ties
+            if self._kept_scopes.get(slot) != scope:
+                continue
             n = _shared(tokens, held, limit)
             if n > best:
                 best, source, free = n, slot, True
         for other in self.running:
+            if other.prefix_scope != scope:
+                continue
             n = _shared(tokens, other.token_ids, min(limit, other.num_computed))
             if n > best and other.slot is not None:
                 best, source, free = n, other.slot, False
@@ -319,6 +327,7 @@ class Scheduler:
         # with prefix sharing, what its positions hold until the slot's next owner
         holds = request.token_ids[: request.num_computed] if self.share_prefixes else None
         self.cache.free(slot, holds)
+        self._kept_scopes[slot] = request.prefix_scope
         request.slot = None
         if self.release is not None:
             self.release(slot)

@@ -24,11 +24,13 @@ def open_stream(
     request_id: str | None = None,
     arrival: float | None = None,
     timeout_s: float | None = None,
+    prefix_scope: str = "",
 ) -> OutputStream:
     """Queue a request on ``engine`` (starting its loop) and return its outputs as an async
     iterator; call from a running event loop. ``close()`` it, or use it as ``async with``, to
     cancel the request when leaving early. ``timeout_s`` bounds the whole request, from now:
-    past it the request is cancelled and the iterator raises ``TimeoutError``."""
+    past it the request is cancelled and the iterator raises ``TimeoutError``.
+    ``prefix_scope``: as ``Engine.add_request``'s."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
 
@@ -38,7 +40,7 @@ def open_stream(
         except RuntimeError:
             pass  # the consumer's event loop is gone; the request is being cancelled
 
-    request = engine.add_request(prompt, params, deliver, request_id, arrival)
+    request = engine.add_request(prompt, params, deliver, request_id, arrival, prefix_scope)
     engine.start()
     deadline = None if timeout_s is None else loop.time() + timeout_s
     return OutputStream(engine, request.request_id, queue, deadline)

@@ -48,7 +48,7 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
         "request_id": request_id,
         "turns": 1,
         "query": "",
-        "tenant": request.headers.get("x-edgeqa-tenant", "")[:128],
+        "tenant": server.users.tenant(request),  # hashed, as the user is
     }
     parsed: ParsedRequest | None = None
     key_id: str | None = None
@@ -106,7 +106,13 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
             )
 
     cache_key = tiers.scoped_key(cacheable[1], key_id, row["tenant"]) if cacheable else None
-    generation = Generation(server, runtime, parsed, prompt, shaper, user, arrival, row, cache_key)
+    # KV prefixes are shared within the caller's tenant only, unless told otherwise: a sooner
+    # first token would tell the caller that another tenant sent a prompt beginning like its own
+    global_prefixes = settings.prefix_caching_scope == "global"
+    scope = "" if global_prefixes else tiers.tenant_scope(key_id, row["tenant"])
+    generation = Generation(
+        server, runtime, parsed, prompt, shaper, user, arrival, row, cache_key, scope
+    )
     try:
         server.check_admitting()  # a shutdown may have begun while the tiers were looked up
         outputs = server.admission.admit(

@@ -94,6 +94,7 @@ class Generation:
         arrival: float,
         row: dict[str, Any],
         cache_key: str | None,
+        prefix_scope: str = "",
     ) -> None:
         self.server = server
         self.runtime = runtime
@@ -104,6 +105,7 @@ class Generation:
         self.arrival = arrival
         self.row = row
         self.cache_key = cache_key  # where a complete answer goes in the online cache
+        self.prefix_scope = prefix_scope  # whose KV prefixes the request may start from
         self.outcome = Outcome()
         self.outputs: OutputStream | None = None
         self._finished = False
@@ -121,6 +123,7 @@ class Generation:
             self.row["request_id"],
             self.arrival,
             max(0.0, timeout),
+            self.prefix_scope,
         )
         self.server.in_flight.add(self)
         return self.outputs

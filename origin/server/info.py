@@ -1,5 +1,6 @@
-"""The small endpoints: ``/v1/models``, ``/health``, ``/metrics``, and the web client's page and
-``/config.json`` (where it finds the CDN, the edge and the release profile)."""
+"""The small endpoints: ``/v1/models``, ``/health``, ``/metrics`` (behind ``EDGEQA_METRICS_TOKEN``
+when set), and the web client's page and ``/config.json`` (where it finds the CDN, the edge and
+the release profile)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 
-from origin.server.auth import check_api_key
+from origin.server.auth import check_api_key, check_metrics_token
 from origin.server.protocol import APIError
 from origin.server.state import OriginServer
 
@@ -37,6 +38,10 @@ async def health(server: OriginServer, request: Request) -> Response:
 async def metrics(server: OriginServer, request: Request) -> Response:
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+    try:
+        check_metrics_token(request, server.settings.metrics_token)
+    except APIError as error:
+        return error.response()
     runtime = server.runtime
     if runtime is not None and runtime.releases is not None:
         runtime.releases.observe_age()

@@ -9,13 +9,13 @@ change nothing here (``best_of: 1``, ``logprobs: null``, ``n: 1``, zero penaltie
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.responses import JSONResponse
 
+from edge_index.bodies import BodyError, parse_body
 from origin.generate import Message
 from origin.sampling import SamplingParams
 
@@ -96,12 +96,12 @@ class ParsedRequest:
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object; 400 naming ``body``, or the field whose value no field may
+    take (an integer past 4300 digits, a lone surrogate: ``edge_index/bodies.py``)."""
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise APIError(400, f"the body is not valid JSON: {error}", "body") from None
-    except RecursionError:
-        raise APIError(400, "the body's JSON is nested too deeply", "body") from None
+        body = parse_body(raw)
+    except BodyError as error:
+        raise APIError(400, str(error), error.field) from None
     if not isinstance(body, dict):
         raise APIError(400, "the body must be a JSON object", "body")
     return body

@@ -40,10 +40,16 @@ def cache_key(parsed: ParsedRequest, system_prompt: str) -> tuple[str, str] | No
     return normalized, key_of_normalized(normalized)
 
 
+def tenant_scope(key_id: str | None, tenant: str) -> str:
+    """One tenant: an API key and an ``x-edgeqa-tenant`` (hashed) together, what the online
+    cache and the engine's prefix sharing keep apart."""
+    return f"{key_id or ''}\x1f{tenant}"
+
+
 def scoped_key(key: str, key_id: str | None, tenant: str) -> str:
-    """The online cache's key: a question's key within one tenant (its API key and tenant
-    header), so an answer generated for one tenant is never served to another."""
-    return f"{key_id or ''}\x1f{tenant}\x1f{key}"
+    """The online cache's key: a question's key within one tenant (``tenant_scope``), so an
+    answer generated for one tenant is never served to another."""
+    return f"{tenant_scope(key_id, tenant)}\x1f{key}"
 
 
 def revoke_cached(cache: OnlineCache, keys: frozenset[str]) -> int:

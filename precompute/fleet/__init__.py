@@ -60,7 +60,7 @@ _LOCAL_ENV = (
     "HF_HUB_OFFLINE",
 )
 # the settings an actor never needs: left out of what is shipped to it
-_SECRETS = ("user_salt", "identity_secret", "signing_key", "signing_kms_key")
+_SECRETS = ("user_salt", "identity_secret", "signing_key", "signing_kms_key", "metrics_token")
 
 
 class FleetError(EdgeQAError, RuntimeError):

@@ -19,6 +19,7 @@ from edge_index.profiles import NoProfileError, resolve_profile
 from edge_index.release import release_prefix
 from edge_index.service import create_app
 from edge_index.store import FileStore, Store, open_store
+from edge_index.users import UserHasher
 from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from precompute.publish import publish
 from tests.releases import PROFILE, QUESTIONS, build
@@ -233,6 +234,49 @@ def test_expired_answers_are_not_served(embedder, tmp_path: Path) -> None:  # ty
     assert isinstance(miss, Miss) and miss.reason == "expired"
 
 
+def test_a_posted_value_python_cannot_hold_or_encode_is_a_400_naming_its_field(
+    embedder,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    """An integer past Python's 4300-digit conversion limit, and a lone surrogate (no UTF-8
+    form), are valid JSON: refused naming the field, as any other bad value is."""
+    state = ReleaseWatcher(
+        FileStore(tmp_path / "store"), PROFILE, embedder, poll_s=3600, metrics_prefix=EDGE_METRICS
+    )
+    huge = b"9" * 5000
+    cases = (
+        (b'{"q": ' + huge + b"}", "q"),
+        (b'{"q": "how do I freeze my card", "profile": -' + huge + b"}", "profile"),
+        (b'{"q": "how do I freeze \\ud800 my card"}', "q"),
+        (b'{"q": "how do I freeze my card", "profile": "\\udfff"}', "profile"),
+    )
+    with Server(create_app(state)) as server, httpx.Client(base_url=server.url) as client:
+        for raw, field in cases:
+            refused = client.post("/v1/lookup", content=raw)
+            assert refused.status_code == 400, (raw[-40:], refused.text[:200])
+            error = refused.json()["error"]
+            assert error["field"] == field and error["reason"] == "invalid", raw[-40:]
+        fine = client.post("/v1/lookup", json={"q": "how do I freeze my card \U0001f600"})
+        assert fine.status_code == 404 and fine.json()["reason"] == "no_release"
+
+
+def test_metrics_behind_a_bearer_token(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    state = ReleaseWatcher(
+        FileStore(tmp_path / "store"), PROFILE, embedder, poll_s=3600, metrics_prefix=EDGE_METRICS
+    )
+    token = "m" * 24
+    app = create_app(state, metrics_token=token)
+    with Server(app) as server, httpx.Client(base_url=server.url) as client:
+        refused = client.get("/metrics")
+        assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+        assert refused.json()["error"]["field"] == "authorization"
+        wrong = client.get("/metrics", headers={"authorization": f"Bearer {token[:-1]}x"})
+        assert wrong.status_code == 401
+        scraped = client.get("/metrics", headers={"authorization": f"Bearer {token}"})
+        assert scraped.status_code == 200 and "edgeqa_edge_lookups_total" in scraped.text
+        assert client.get("/health").status_code == 200  # load balancers need no token
+
+
 def test_lookups_are_logged_with_hashed_users(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from edge_index.logs import LogWriter
 
@@ -241,8 +285,11 @@ def test_lookups_are_logged_with_hashed_users(embedder, tmp_path: Path) -> None:
     state = ReleaseWatcher(store, PROFILE, embedder, poll_s=3600, metrics_prefix=EDGE_METRICS)
     state.refresh()
     logs = LogWriter(store, source="edge", flush_interval_s=0)
-    with Server(create_app(state, logs)) as server, httpx.Client(base_url=server.url) as client:
-        client.get("/v1/lookup", params={"q": QUESTIONS[0]}, headers={"x-edgeqa-user": "alice"})
+    users = UserHasher("salt-0123456789abcdef")
+    app = create_app(state, logs, users=users)
+    with Server(app) as server, httpx.Client(base_url=server.url) as client:
+        alice = {"x-edgeqa-user": "alice", "x-edgeqa-tenant": "acme"}
+        client.get("/v1/lookup", params={"q": QUESTIONS[0]}, headers=alice)
         client.get("/v1/lookup", params={"q": "something else entirely"})
         client.get("/v1/lookup", params={"q": ""})
     logs.close()
@@ -251,6 +298,12 @@ def test_lookups_are_logged_with_hashed_users(embedder, tmp_path: Path) -> None:
     assert sorted(r["tier"] for r in rows) == ["exact", "miss", "rejected"]
     assert all(r["user"] and "alice" not in r["user"] for r in rows)
     assert {r["status"] for r in rows} == {200, 404, 400}
+    # the tenant is hashed as the user is; no header, nothing
+    assert {r["tier"]: r["tenant"] for r in rows} == {
+        "exact": users("tenant:acme"),
+        "miss": "",
+        "rejected": "",
+    }
 
 
 def test_profile_resolution(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -105,7 +105,8 @@ def test_the_modules_are_wired_and_the_bucket_is_private(parsed: dict[str, Any])
     log_days = next(v["log_days"]["default"] for v in variables if "log_days" in v)
     assert (log_days[0] if isinstance(log_days, list) else log_days) <= 14
     waf = json.dumps(parsed["modules/waf/main.tf"])
-    for header in ("authorization", "x-api-key", "x-edgeqa-user", "x-edgeqa-origin-verify"):
+    redacted = ("authorization", "x-api-key", "x-edgeqa-user", "x-edgeqa-tenant")
+    for header in (*redacted, "x-edgeqa-origin-verify"):
         assert has(waf, "name", f'"{header}"'), header
     assert "query_string" in waf
     # releases are signed in KMS (Ed25519); the edge and the origin verify with its public half

@@ -61,6 +61,7 @@ def test_what_an_actor_is_handed_holds_no_secret() -> None:
         "EDGEQA_IDENTITY_SECRET": "identity-" + "i" * 40,
         "EDGEQA_SIGNING_KEY": generate_keypair()[0],
         "EDGEQA_SIGNING_KMS_KEY": "alias/edgeqa-release-signing",
+        "EDGEQA_METRICS_TOKEN": "metrics-" + "m" * 20,
     }
     settings = PrecomputeSettings.from_env({**secrets, "EDGEQA_MAX_TOKENS": "77"})
     handed = shipped(settings)

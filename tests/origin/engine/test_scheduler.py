@@ -116,6 +116,36 @@ def test_a_shared_prefix_is_copied_or_its_free_slot_taken_not_computed(tokenizer
     assert scheduler.prefix_tokens_shared == 20 + 22 + 19
 
 
+def test_a_prefix_is_shared_within_its_scope_only(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """A request never starts from keys and values another scope (the server's tenant) computed,
+    running or left in a free slot: its first token would come sooner, and say so."""
+    scheduler = _scheduler(True, max_num_seqs=4, token_budget=64, max_model_len=64)
+    prompt = list(range(100, 130))  # 30 tokens
+    ask = lambda name, scope: Request(  # noqa: E731
+        name, prompt, SamplingParams(max_tokens=2), tokenizer, {2}, prefix_scope=scope
+    )
+    first = ask("first", "tenant-a")
+    scheduler.add(first)
+    _step(scheduler)  # its prompt computed
+    for request in (ask("other", "tenant-b"), ask("same", "tenant-a")):
+        scheduler.add(request)
+    out, _ = _step(scheduler)
+    computed = {s.request.request_id: s.num_tokens for s in out.scheduled}
+    # another scope's identical prompt is computed whole; the same scope's copies all but one
+    assert computed["other"] == 30 and computed["same"] == 1
+    while scheduler.has_work:
+        _step(scheduler)
+    assert len(scheduler.cache.kept) == 3  # a free slot each, still holding its prompt
+    for name, scope, tokens in (("late", "tenant-c", 30), ("again", "tenant-b", 1)):
+        request = ask(name, scope)
+        scheduler.add(request)
+        out, _ = _step(scheduler)
+        assert next(s for s in out.scheduled if s.request is request).num_tokens == tokens, name
+        while scheduler.has_work:
+            _step(scheduler)
+    assert scheduler.prefix_tokens_shared == 29 + 29
+
+
 def test_long_prompt_first_does_not_stall_a_short_one(tokenizer) -> None:  # type: ignore[no-untyped-def]
     scheduler = _scheduler(max_num_seqs=4, token_budget=128, prefill_chunk=64, max_model_len=2048)
     long = _request(tokenizer, "long", 1500)

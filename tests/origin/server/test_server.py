@@ -37,6 +37,7 @@ from edge_index.users import mint_user_token
 from edge_index.watcher import ORIGIN_METRICS, Releases, ReleaseWatcher
 from origin.config import OriginSettings
 from origin.engine import Engine, EngineConfig
+from origin.engine.scheduler import SHARED_PREFIX_MIN
 from origin.runtime import Runtime
 from origin.server import OriginServer, create_app
 from origin.server.tiers import scoped_key
@@ -346,6 +347,40 @@ def test_validation_errors_name_the_field_and_others_keep_working(origin: Origin
     assert origin.engine.alive
 
 
+def test_a_value_python_cannot_hold_or_encode_is_a_400_naming_its_field(origin: Origin) -> None:
+    """An integer past Python's 4300-digit conversion limit and a lone surrogate (no UTF-8 form)
+    are valid JSON: each is refused with a 400 naming its field, never a 500."""
+    huge = "9" * 5000
+    hi = '[{"role": "user", "content": "hi"}]'
+    chat, completion = "/v1/chat/completions", "/v1/completions"
+    cases = [
+        (chat, f'{{"messages": {hi}, "max_tokens": {huge}}}', "max_tokens"),
+        (chat, f'{{"messages": {hi}, "seed": -{huge}}}', "seed"),
+        (chat, f'{{"messages": {hi}, "temperature": {huge}}}', "temperature"),
+        (completion, f'{{"prompt": "hi", "max_tokens": {huge}}}', "max_tokens"),
+        (completion, f'{{"prompt": [1, {huge}]}}', "prompt[1]"),
+        (chat, f'{{"messages": {hi}, "user": "\\ud800"}}', "user"),
+        (chat, f'{{"messages": {hi}, "user": "a\\udfffb"}}', "user"),
+        (chat, '{"messages": [{"role": "user", "content": "x\\ud800"}]}', "messages[0].content"),
+        (chat, f'{{"messages": {hi}, "stop": ["ok", "\\udc00"]}}', "stop[1]"),
+    ]
+    with origin.client() as client:
+        for path, raw, param in cases:
+            response = client.post(path, content=raw, headers={"content-type": "application/json"})
+            assert response.status_code == 400, (raw[-60:], response.text[:200])
+            error = response.json()["error"]
+            assert error["param"] == param and error["type"] == "invalid_request_error", raw[-60:]
+        # the surrogate's own bytes (json reads bytes with "surrogatepass"), not an escape
+        raw = b'{"messages": ' + hi.encode() + b', "user": "\xed\xa0\x80"}'
+        response = client.post(chat, content=raw, headers={"content-type": "application/json"})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "user"
+        # an escaped pair is one character, not a lone half
+        paired = f'{{"messages": {hi}, "user": "\\ud83d\\ude00", "max_tokens": 1}}'
+        response = client.post(chat, content=paired, headers={"content-type": "application/json"})
+        assert response.status_code == 200, response.text
+    assert origin.engine.alive
+
+
 # -- auth -----------------------------------------------------------------------------------------
 
 
@@ -367,6 +402,26 @@ def test_api_keys(origin: Origin) -> None:
         assert sdk.chat.completions.create(
             model=MODEL, messages=_chat("hi")["messages"], max_tokens=2
         ).choices
+    finally:
+        origin.server.settings = saved
+
+
+def test_metrics_behind_a_bearer_token(origin: Origin) -> None:
+    token = "m" * 24
+    saved = origin.server.settings
+    origin.server.settings = saved.replace(metrics_token=token)
+    try:
+        with origin.client() as client:
+            refused = client.get("/metrics")
+            assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+            assert refused.json()["error"]["type"] == "authentication_error"
+            wrong = client.get("/metrics", headers={"authorization": f"Bearer {token[:-1]}x"})
+            assert wrong.status_code == 401
+            # what Prometheus sends (scrape_config's authorization), and only that
+            assert client.get("/metrics", headers={"x-api-key": token}).status_code == 401
+            scraped = client.get("/metrics", headers={"authorization": f"Bearer {token}"})
+            assert scraped.status_code == 200 and "vllm:num_requests_running" in scraped.text
+            assert client.get("/health").status_code == 200  # load balancers need no token
     finally:
         origin.server.settings = saved
 
@@ -428,6 +483,39 @@ def test_a_non_streaming_client_that_leaves_is_cancelled(origin: Origin) -> None
         )
     _idle(engine, timeout=30)
     assert engine.stats.requests_finished.get("abort", 0) == before + 1
+
+
+def test_prompt_prefixes_are_shared_within_a_tenant_only(origin: Origin) -> None:
+    """A request starts from KV prefixes its own tenant (API key and x-edgeqa-tenant) computed,
+    never another's: its sooner first token would tell it that someone sent a prompt beginning
+    like its own. EDGEQA_PREFIX_CACHING_SCOPE=global shares them between tenants again."""
+    scheduler = origin.engine.scheduler
+    body = {
+        "model": MODEL,
+        "prompt": "Write one sentence about a lighthouse keeper who counted every passing ship.",
+        "max_tokens": 2,
+    }
+
+    def shared(tenant: str) -> int:
+        """Prompt tokens the tenant's request started from instead of computing them."""
+        before = scheduler.prefix_tokens_shared
+        with origin.client() as client:
+            response = client.post(
+                "/v1/completions", json=body, headers={"x-edgeqa-tenant": tenant}
+            )
+        assert response.status_code == 200, response.text
+        return scheduler.prefix_tokens_shared - before
+
+    assert shared("ann-co") == 0
+    assert shared("ann-co") >= SHARED_PREFIX_MIN  # its tenant's prompt, kept in a free slot
+    assert shared("bob-co") == 0  # the same prompt from another tenant: computed
+    saved = origin.server.settings
+    origin.server.settings = saved.replace(prefix_caching_scope="global")
+    try:
+        shared("cy-co")
+        assert shared("dee-co") >= SHARED_PREFIX_MIN
+    finally:
+        origin.server.settings = saved
 
 
 def test_backpressure_answers_429_and_admitted_requests_finish(origin: Origin) -> None:
@@ -642,7 +730,7 @@ def test_metrics_use_vllm_names_and_split_ttft(origin: Origin) -> None:
     assert len(names) > 10 and names <= exported, names - exported
 
 
-def test_every_request_is_logged_with_a_hashed_user(origin: Origin) -> None:
+def test_every_request_is_logged_with_a_hashed_user_and_tenant(origin: Origin) -> None:
     with origin.client() as client:
         client.post(
             "/v1/chat/completions",
@@ -656,7 +744,10 @@ def test_every_request_is_logged_with_a_hashed_user(origin: Origin) -> None:
     rows = read_logs(origin.store, today, today)
     tiers = {r["tier"] for r in rows}
     assert {"exact", "generated", "rejected"} <= tiers
-    alice = [r for r in rows if r["query"] == QUESTIONS[3] and r["tenant"] == "shop"]
+    # the tenant, too, as a salted hash
+    assert all(r["tenant"] != "shop" for r in rows)
+    shop = origin.server.users("tenant:shop")
+    alice = [r for r in rows if r["query"] == QUESTIONS[3] and r["tenant"] == shop]
     assert alice and alice[-1]["user"] and "alice" not in alice[-1]["user"]
     assert alice[-1]["profile"] == PROFILE and alice[-1]["key"]
     assert all("alice@example.com" not in str(r["user"]) for r in rows)

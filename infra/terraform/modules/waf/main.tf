@@ -124,7 +124,8 @@ resource "aws_cloudwatch_log_group" "this" {
 resource "aws_wafv2_web_acl_logging_configuration" "this" {
   resource_arn            = aws_wafv2_web_acl.this.arn
   log_destination_configs = [aws_cloudwatch_log_group.this.arn]
-  # credentials, user tokens and the question (a GET lookup's query string) never reach the log
+  # credentials, user tokens, tenants and the question (a GET lookup's query string) never reach
+  # the log
   redacted_fields {
     single_header {
       name = "authorization"
@@ -138,6 +139,11 @@ resource "aws_wafv2_web_acl_logging_configuration" "this" {
   redacted_fields {
     single_header {
       name = "x-edgeqa-user"
+    }
+  }
+  redacted_fields {
+    single_header {
+      name = "x-edgeqa-tenant"
     }
   }
   redacted_fields {
