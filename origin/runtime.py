@@ -10,6 +10,7 @@ device the model landed on.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from origin.precision import EngineQuantization
 
 LoadedModel = tuple["PreTrainedModel", "PreTrainedTokenizerBase"]
+
+logger = logging.getLogger(__name__)
 
 
 def load(settings: EngineSettings) -> LoadedModel:
@@ -61,16 +64,25 @@ def auto_quantization(
 ) -> EngineQuantization:
     """``auto``'s weights: on a CPU, a model converted from a GGUF file with Q4_1/Q8_0 blocks runs
     on those blocks (``gguf``: the fp32 model's results at a fifth of the bytes, the fastest
-    batch-1 decode: ``benchmarks/decode.py``); else the device's default
-    (``default_quantization``)."""
+    batch-1 decode: ``benchmarks/decode.py``) when the fixed-order kernels that read them load;
+    else the device's default (``default_quantization``)."""
     from origin.engine import default_quantization
 
     if device == "cpu" and model is not None:
+        from origin.engine import kernels
         from origin.engine.gguf_blocks import servable
         from origin.engine.runner import unsupported_reason
 
         if unsupported_reason(model, max_len) is None and servable(model):
-            return "gguf"
+            reason = kernels.unavailable_reason()
+            if reason is None:
+                return "gguf"
+            logger.warning(
+                "%s. The model's GGUF blocks are read by those kernels alone: serving %s weights "
+                "instead (more memory, slower decode)",
+                reason,
+                default_quantization(device),
+            )
     return default_quantization(device)
 
 

@@ -96,6 +96,23 @@ def fused_projections(layer: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor 
     return fused
 
 
+def _fixed_order_kernels_load(quantization: str) -> bool:
+    """Whether the fixed-order kernels load. Without a private folder to keep them in (they are
+    never loaded from a folder another user could write) the engine runs on the library kernels
+    and says what that costs; GGUF blocks, which those kernels alone read, cannot."""
+    reason = kernels.unavailable_reason()
+    if reason is None:
+        return True
+    if quantization in GGUF_BLOCK_QUANTIZATIONS:
+        raise kernels.KernelCacheError(f"precision {quantization} needs the kernels: {reason}")
+    logger.warning(
+        "%s. Running on the library kernels instead: batch invariance is off, so a greedy "
+        "answer may depend on the load (the rows batched with it, chunking, the CPU's ISA)",
+        reason,
+    )
+    return False
+
+
 class _Layer:
     LINEARS = ("qkv", "o", "gate_up", "down")
 
@@ -126,11 +143,6 @@ class LlamaRunner:
         blocks = quantization in GGUF_BLOCK_QUANTIZATIONS
         if blocks and self.device.type != "cpu":
             raise ValueError(f"precision {quantization} runs on the CPU's kernels, not on CUDA")
-        if quantization == "gguf-a8" and kernels.a8_path() == "c":
-            logger.warning(
-                "gguf-a8 without AVX2 on this CPU: its integer dot products run in plain C, "
-                "slower than gguf's (the same answers as with AVX2 or VNNI); prefer gguf here"
-            )
         # batch-invariant on a CPU: the fixed-order kernels (kernels/), fp32 activations and cache;
         # GGUF blocks are read by those kernels alone
         batch_invariant = batch_invariant or blocks
@@ -140,6 +152,13 @@ class LlamaRunner:
                 "batch invariance needs the CPU's fixed-order kernels; on %s only w8a8 weights "
                 "keep a greedy answer independent of the load",
                 self.device.type,
+            )
+        if self.batch_invariant:
+            self.batch_invariant = _fixed_order_kernels_load(quantization)
+        if quantization == "gguf-a8" and kernels.a8_path() == "c":
+            logger.warning(
+                "gguf-a8 without AVX2 on this CPU: its integer dot products run in plain C, "
+                "slower than gguf's (the same answers as with AVX2 or VNNI); prefer gguf here"
             )
         self.dtype = torch.float32 if self.batch_invariant else model.dtype
         self.num_heads = config.num_attention_heads

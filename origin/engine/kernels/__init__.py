@@ -6,17 +6,27 @@ row's result depends on its neighbours (measurements in ``docs/engine.md``). The
 one written-down order instead, the same for every row count, chunking, thread count and ISA.
 
 The C source is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into
-``~/.cache/edgeqa/kernels/`` (named by the source's hash; written under a temporary name and
-renamed, so concurrent processes are safe) and loaded with ctypes; the calls release the GIL.
+``<EDGEQA_CACHE_DIR>/kernels/`` (by default ``~/.cache/edgeqa/kernels/``; named by the source's
+hash; written under a temporary name and renamed, so concurrent processes are safe) and loaded
+with ctypes; the calls release the GIL.
+
+Whoever can write that folder or the library in it can run code as this process, so both must be
+this user's alone (owned by it, writable by neither group nor others): the folder is created
+0700, and a library that is not private is never loaded but built again over; a folder that is
+not private is made so (when this user owns it) and its library built again. There is no shared
+fallback (no temporary directory): where no private folder can be had, ``library()`` raises
+``KernelCacheError`` and the engine runs on the library kernels instead (``runner.py``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import mmap
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import warnings
@@ -26,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from edge_index.config import DEFAULT_CACHE_DIR
+from edge_index.config import SharedSettings
 from edge_index.errors import EdgeQAError
 
 PANEL = 16  # output columns per packed weight panel (fixed_order.c)
@@ -42,10 +52,18 @@ _FLAGS = ["-O2", "-shared", "-fPIC", "-fopenmp", "-std=c11", "-ffp-contract=off"
 _KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
+_PRIVATE = 0o700  # the kernel folder's mode, and the library's
+
+logger = logging.getLogger(__name__)
 
 
 class KernelBuildError(EdgeQAError, RuntimeError):
     """The fixed-order kernels could not be compiled (no C compiler, or it failed)."""
+
+
+class KernelCacheError(KernelBuildError):
+    """No folder of this user's alone to build the kernels in and load them from: a library
+    there could be someone else's code."""
 
 
 def _build(target: Path) -> None:
@@ -55,34 +73,119 @@ def _build(target: Path) -> None:
             "batch-invariant kernels need a C compiler (cc or $CC; apt-get install gcc), "
             "or set EDGEQA_BATCH_INVARIANT=false"
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".so")
+    except OSError as error:
+        raise KernelCacheError(
+            f"cannot write the batch-invariant kernels into {target.parent} "
+            f"({error.strerror or error}): set EDGEQA_CACHE_DIR to a folder this user can write"
+        ) from None
     os.close(fd)
     try:
         cmd = [compiler, *_FLAGS, str(_SOURCE), "-o", tmp, "-lm"]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise KernelBuildError(f"compiling {_SOURCE.name} failed: {done.stderr.strip()}")
+        os.chmod(tmp, _PRIVATE)  # the linker's mode follows the umask (0775 under umask 002)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
+def _not_private(status: os.stat_result) -> str | None:
+    """Why a file or folder with this status could hold another user's code, or None."""
+    if status.st_uid != os.getuid():
+        return f"it belongs to uid {status.st_uid}, not to this user (uid {os.getuid()})"
+    if status.st_mode & 0o022:
+        return f"group or others may write it (mode {stat.S_IMODE(status.st_mode):o})"
+    return None
+
+
+def _open_folder(directory: Path) -> tuple[int, bool]:
+    """``directory`` (created 0700 when missing) open, and whether the libraries already in it
+    may be loaded: False when group or others could write it until now (it is made 0700 here).
+    ``KernelCacheError`` when it cannot be created or belongs to another user."""
+    try:
+        directory.mkdir(mode=_PRIVATE, parents=True, exist_ok=True)
+        folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as error:
+        raise KernelCacheError(
+            f"no private folder for the batch-invariant kernels at {directory} "
+            f"({error.strerror or error}): set EDGEQA_CACHE_DIR to a folder this user can write"
+        ) from None
+    status = os.fstat(folder)
+    why = _not_private(status)
+    if why and status.st_uid != os.getuid():
+        os.close(folder)
+        raise KernelCacheError(
+            f"the batch-invariant kernels' folder {directory} is not this user's alone ({why}): "
+            "set EDGEQA_CACHE_DIR to a folder only this user can write"
+        )
+    if why:
+        logger.warning(
+            "not loading the kernels already in %s: %s; made it private (mode 700), building "
+            "them again",
+            directory,
+            why,
+        )
+        os.fchmod(folder, _PRIVATE)
+    return folder, why is None
+
+
+def _open_library(folder: int, path: Path) -> int | None:
+    """The library ``path`` (in the open ``folder``) open, if it is a regular file of this user's
+    alone; None when it is missing or refused (with a warning naming it and why)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path.name, flags, dir_fd=folder)
+    except FileNotFoundError:
+        return None
+    except OSError as error:  # ELOOP: a symbolic link
+        logger.warning("not loading %s: %s; building it again", path, error.strerror or error)
+        return None
+    status = os.fstat(fd)
+    why = "not a regular file" if not stat.S_ISREG(status.st_mode) else _not_private(status)
+    if why:
+        os.close(fd)
+        logger.warning("not loading %s: %s; building it again", path, why)
+        return None
+    return fd
+
+
+def _load_private(target: Path) -> ctypes.CDLL:
+    """``target`` loaded once it is checked to be this user's alone, in a folder of this user's
+    alone; built (again) when it is missing or refused."""
+    folder, trusted = _open_folder(target.parent)
+    try:
+        fd = _open_library(folder, target) if trusted else None
+        if fd is None:
+            _build(target)
+            fd = _open_library(folder, target)
+        if fd is None:
+            raise KernelCacheError(f"the kernels just built at {target} are not private")
+        try:
+            # the very file checked, even if its path names another by now (Linux; else the path)
+            by_fd = f"/proc/self/fd/{fd}"
+            return ctypes.CDLL(by_fd if os.path.exists(by_fd) else str(target))
+        finally:
+            os.close(fd)
+    finally:
+        os.close(folder)
+
+
+def kernel_dir() -> Path:
+    """Where the kernels are built and loaded from: ``<EDGEQA_CACHE_DIR>/kernels``."""
+    return SharedSettings.from_env().cache_dir / "kernels"
+
+
 @cache
 def library() -> ctypes.CDLL:
-    """The compiled kernels (built on the first call in a fresh cache)."""
+    """The compiled kernels, loaded once per process from ``kernel_dir()`` (built there on the
+    first call in a fresh cache). ``KernelCacheError``: no folder of this user's alone there;
+    ``KernelBuildError``: no C compiler, or it failed."""
     digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS).encode()).hexdigest()[:16]
-    name = f"fixed_order-{digest}.so"
-    target = DEFAULT_CACHE_DIR / "kernels" / name
-    try:
-        if not target.exists():
-            _build(target)
-    except PermissionError:
-        target = Path(tempfile.gettempdir()) / "edgeqa-kernels" / name
-        if not target.exists():
-            _build(target)
-    lib = ctypes.CDLL(str(target))
+    lib = _load_private(kernel_dir() / f"fixed_order-{digest}.so")
     lib.fo_gemm.argtypes = [_P, _I, _P, ctypes.c_int, _P, _I, _I, _I, _I]
     lib.fo_gemm.restype = ctypes.c_int
     lib.fo_attention.argtypes = [_P, _P, _P, _I, _P, _P, _I, _I, _I, _I, ctypes.c_float, _P]
@@ -98,6 +201,16 @@ def library() -> ctypes.CDLL:
     lib.fo_a8_path.argtypes = []
     lib.fo_a8_path.restype = ctypes.c_int
     return lib
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernels cannot be loaded (no folder of this user's alone to keep them in), or None
+    once they are: callers that can run without them (``runner.py``, ``auto`` weights) do."""
+    try:
+        library()
+    except KernelCacheError as error:
+        return str(error)
+    return None
 
 
 _HUGE_PAGE = 2 << 20
