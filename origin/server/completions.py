@@ -1,9 +1,10 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions``: the request flow, top to bottom.
 
 check the key -> the runtime must be ready -> read and parse the body -> the model must be ours
--> the prompt -> (a single question) look it up in the tiers and send a hit -> admit it to the
+-> the asker's share: hold a place in it or refuse (429) -> the prompt's length in characters ->
+the prompt -> (a single question) look it up in the tiers and send a hit -> admit it to the
 engine or refuse it (429) -> stream it or answer it whole. Every request is counted and logged,
-refused ones included.
+refused ones included, and a refusal is charged to its asker's share.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from starlette.responses import Response
 from origin.server import tiers
 from origin.server.auth import check_api_key
 from origin.server.generation import Generation
-from origin.server.prompts import build_prompt, try_build_prompt_inline
+from origin.server.prompts import build_prompt, check_prompt_chars, try_build_prompt_inline
 from origin.server.protocol import (
     APIError,
     ParsedRequest,
@@ -67,12 +68,9 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
         row.update(turns=parsed.turns, query=parsed.question[:4096])
         check_model(parsed, server.model_name)
         asker = server.users.of_request(request, parsed.user, key_id)
-        server.admission.check_share(settings, runtime.engine, asker.user)
-        prompt = try_build_prompt_inline(runtime.engine, parsed, settings.system_prompt)
-        if prompt is None:
-            prompt = await to_thread.run_sync(
-                build_prompt, runtime.engine, parsed, settings.system_prompt
-            )
+        # from here until its response is over the request counts in its asker's share: an asker
+        # already holding its share is refused before its prompt waits for the tokenizer
+        server.admission.hold(settings, runtime.engine, asker.user)
     except ClientDisconnect:
         return Response(status_code=499)
     except APIError as error:
@@ -85,47 +83,66 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
 
     row.update(asker.log_fields())
     user = asker.user
-    shaper = Shaper(kind, request_id, server.model_name, int(time.time()))
-    cacheable = tiers.cache_key(parsed, settings.system_prompt) if settings.origin_tiers else None
-    if cacheable is not None:
-        normalized, key = cacheable
-        row.update(normalized=normalized, key=key)
-        scoped = tiers.scoped_key(key, key_id, row["tenant"])
-        answer = await look_up(
-            server, parsed, normalized, key, scoped, user, prompt.params.max_tokens
-        )
-        if answer is not None:
-            server.metrics.observe_hit(answer.tier, time.monotonic() - arrival)
-            elapsed_ms = (time.monotonic() - arrival) * 1000
-            server.write_log(
-                **row, tier=answer.tier, status=200, latency_ms=elapsed_ms, ttft_ms=elapsed_ms
-            )
-            headers = {"x-edgeqa-tier": answer.tier, "x-request-id": request_id}
-            return answer_response(
-                answer, shaper, parsed.stream, parsed.include_usage, len(prompt.ids), headers
-            )
-
-    cache_key = tiers.scoped_key(cacheable[1], key_id, row["tenant"]) if cacheable else None
-    # KV prefixes are shared within the caller's tenant only, unless told otherwise: a sooner
-    # first token would tell the caller that another tenant sent a prompt beginning like its own
-    global_prefixes = settings.prefix_caching_scope == "global"
-    scope = "" if global_prefixes else tiers.tenant_scope(key_id, row["tenant"])
-    generation = Generation(
-        server, runtime, parsed, prompt, shaper, user, arrival, row, cache_key, scope
-    )
+    admitted = False  # once admitted, the generation releases the hold when its response ends
     try:
-        server.check_admitting()  # a shutdown may have begun while the tiers were looked up
-        outputs = server.admission.admit(
-            settings,
-            runtime.engine,
-            user,
-            len(prompt.ids),
-            generation.open,
-            prompt.params.max_tokens,
+        try:
+            check_prompt_chars(runtime.engine, parsed)  # before it waits for the tokenizer
+            prompt = try_build_prompt_inline(runtime.engine, parsed, settings.system_prompt)
+            if prompt is None:
+                prompt = await to_thread.run_sync(
+                    build_prompt, runtime.engine, parsed, settings.system_prompt
+                )
+        except APIError as error:
+            return refuse(server, error, REFUSAL_REASONS.get(error.status, "invalid"), row, arrival)
+
+        shaper = Shaper(kind, request_id, server.model_name, int(time.time()))
+        cacheable = (
+            tiers.cache_key(parsed, settings.system_prompt) if settings.origin_tiers else None
         )
-    except APIError as error:
-        reason = "not_ready" if error.status == 503 else error.code or "queue_full"
-        return refuse(server, error, reason, row, arrival)
+        if cacheable is not None:
+            normalized, key = cacheable
+            row.update(normalized=normalized, key=key)
+            scoped = tiers.scoped_key(key, key_id, row["tenant"])
+            answer = await look_up(
+                server, parsed, normalized, key, scoped, user, prompt.params.max_tokens
+            )
+            if answer is not None:
+                server.metrics.observe_hit(answer.tier, time.monotonic() - arrival)
+                elapsed_ms = (time.monotonic() - arrival) * 1000
+                server.write_log(
+                    **row, tier=answer.tier, status=200, latency_ms=elapsed_ms, ttft_ms=elapsed_ms
+                )
+                headers = {"x-edgeqa-tier": answer.tier, "x-request-id": request_id}
+                return answer_response(
+                    answer, shaper, parsed.stream, parsed.include_usage, len(prompt.ids), headers
+                )
+
+        cache_key = tiers.scoped_key(cacheable[1], key_id, row["tenant"]) if cacheable else None
+        # KV prefixes are shared within the caller's tenant only, unless told otherwise: a sooner
+        # first token would tell the caller that another tenant sent a prompt beginning like its
+        # own
+        global_prefixes = settings.prefix_caching_scope == "global"
+        scope = "" if global_prefixes else tiers.tenant_scope(key_id, row["tenant"])
+        generation = Generation(
+            server, runtime, parsed, prompt, shaper, user, arrival, row, cache_key, scope
+        )
+        try:
+            server.check_admitting()  # a shutdown may have begun while the tiers were looked up
+            outputs = server.admission.admit(
+                settings,
+                runtime.engine,
+                user,
+                len(prompt.ids),
+                generation.open,
+                prompt.params.max_tokens,
+            )
+        except APIError as error:
+            reason = "not_ready" if error.status == 503 else error.code or "queue_full"
+            return refuse(server, error, reason, row, arrival)
+        admitted = True
+    finally:
+        if not admitted:
+            server.admission.release(user)
     if parsed.stream:
         return generation.streaming_response(outputs)
     return await generation.whole_response(request, outputs)
@@ -191,6 +208,9 @@ async def look_up(
 def refuse(
     server: OriginServer, error: APIError, reason: str, row: dict[str, Any], arrival: float
 ) -> Response:
+    """The refusal's response, counted and logged; an asker's doing (a 4xx) is charged to it."""
+    if 400 <= error.status < 500:
+        server.admission.charge_refusal(server.settings, row["user"])
     server.metrics.observe_rejected(error.status, reason)
     latency_ms = (time.monotonic() - arrival) * 1000
     server.write_log(**row, tier="rejected", status=error.status, latency_ms=latency_ms)

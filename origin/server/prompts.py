@@ -1,9 +1,12 @@
 """A parsed request as the engine's prompt: token ids and the answer's room in the context.
 
-Tokenizing costs about 0.5 s per MiB of text, so a prompt longer than the context could hold
-(``max_model_len`` x the vocabulary's longest token, in characters) is refused before it is
-tokenized, and the server tokenizes one prompt at a time (a fast tokenizer's settings are not
-safe to share between threads): a short one on the event loop when the tokenizer is free
+Tokenizing costs about 0.5 s per MiB of text, and the server tokenizes one prompt at a time (a
+fast tokenizer's settings are not safe to share between threads), so a prompt of more characters
+than its context would take is refused before it waits for the tokenizer
+(``check_prompt_chars``): ``MAX_CHARS_PER_TOKEN`` a token of ``max_model_len`` (or the
+vocabulary's longest token, if shorter). Text runs 3 to 5 characters a token; only long runs of
+one character (rules of dashes, indentation) take more, and a prompt made of them is refused
+although it might fit. A short prompt is tokenized on the event loop when the tokenizer is free
 (``try_build_prompt_inline``), anything else in a worker thread, so a long prompt never holds
 the loop.
 """
@@ -34,6 +37,9 @@ _TOKENIZING = threading.Lock()
 # a prompt this short tokenizes in well under a millisecond: on the event loop when the tokenizer
 # is free, sparing a cached answer the thread hop (a few ms under load)
 INLINE_PROMPT_CHARS = 4096
+# characters a token of the context may stand for, on average, in a prompt that is tokenized:
+# 16,384 characters for a 2,048-token context, about 8 ms of tokenizing
+MAX_CHARS_PER_TOKEN = 8
 
 
 @functools.lru_cache(maxsize=8)
@@ -59,16 +65,23 @@ def prompt_chars(parsed: ParsedRequest) -> int:
     )
 
 
+def max_prompt_chars(engine: Engine) -> int:
+    """The most characters a prompt may have to be tokenized."""
+    per_token = min(MAX_CHARS_PER_TOKEN, longest_token_chars(engine.tokenizer))
+    return engine.config.max_model_len * per_token
+
+
 def check_prompt_chars(engine: Engine, parsed: ParsedRequest) -> None:
-    """400 ``context_length_exceeded`` for a text no context could hold, before tokenizing it."""
+    """400 ``context_length_exceeded`` for a text longer than ``max_prompt_chars``, before it
+    waits for the tokenizer."""
     field = "messages" if parsed.kind == "chat" else "prompt"
     chars = prompt_chars(parsed)
-    limit = engine.config.max_model_len * longest_token_chars(engine.tokenizer)
+    limit = max_prompt_chars(engine)
     if chars > limit:
         raise APIError(
             400,
             f"the prompt has {chars} characters; a {engine.config.max_model_len}-token context "
-            f"holds at most {limit}",
+            f"takes at most {limit}",
             field,
             code="context_length_exceeded",
         )

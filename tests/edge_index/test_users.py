@@ -113,7 +113,8 @@ def _logged(
     today = datetime.now(UTC).date()
     rows = {r["tenant"]: r for r in read_logs(store, today - timedelta(days=1), today)}
     assert len(rows) == len(asks)
-    return [(rows[str(i)]["user"], rows[str(i)]["network"]) for i in range(len(asks))]
+    tenants = [users(f"tenant:{i}") for i in range(len(asks))]  # logged hashed, as users are
+    return [(rows[t]["user"], rows[t]["network"]) for t in tenants]
 
 
 def test_one_ipv6_host_is_one_asker_whatever_address_of_its_64_it_uses(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ from origin.config import OriginSettings
 from origin.engine import Engine, EngineConfig
 from origin.engine.scheduler import SHARED_PREFIX_MIN
 from origin.runtime import Runtime
-from origin.server import OriginServer, create_app
+from origin.server import OriginServer, create_app, prompts
 from origin.server.tiers import scoped_key
 from precompute.publish import publish
 from tests.releases import PROFILE, QUESTIONS, build
@@ -622,8 +622,16 @@ def test_one_ipv6_host_is_one_asker_for_shares_and_the_cache(origin: Origin) -> 
     # the cache's k (EDGEQA_CACHE_MIN_USERS, 2 here): an answer cached for the first address (as
     # its generated answer would be), asked for from another address of its /64, then another /64
     question = "What makes a rainbow appear after rain?"
-    key = scoped_key(key_of_normalized(normalize(question)), None, tenant["x-edgeqa-tenant"])
-    peer = Request({"type": "http", "headers": [], "client": (host, 5000), "method": "POST"})
+    peer = Request(
+        {
+            "type": "http",
+            "headers": [(b"x-edgeqa-tenant", tenant["x-edgeqa-tenant"].encode())],
+            "client": (host, 5000),
+            "method": "POST",
+        }
+    )
+    scope = origin.server.users.tenant(peer)  # the tenant as the origin keeps it: hashed
+    key = scoped_key(key_of_normalized(normalize(question)), None, scope)
     cached = origin.server.cache.put(
         key, "Sunlight through raindrops.", 5, asker=origin.server.users.of_request(peer).user
     )
@@ -633,6 +641,113 @@ def test_one_ipv6_host_is_one_asker_for_shares_and_the_cache(origin: Origin) -> 
     served = _from(origin, other_host).post("/v1/chat/completions", json=body, headers=tenant)
     assert held.headers["x-edgeqa-tier"] == "generated"  # still one asker
     assert served.headers["x-edgeqa-tier"] == "origin_cache"
+
+
+@contextlib.contextmanager
+def _tokenizer_busy() -> Iterator[None]:
+    """The server's tokenizer taken, as a long prompt being tokenized takes it: no prompt is
+    tokenized until the block ends."""
+    prompts._TOKENIZING.acquire()
+    try:
+        yield
+    finally:
+        prompts._TOKENIZING.release()
+
+
+async def _first_done(
+    tasks: list[asyncio.Task[httpx.Response]], count: int
+) -> list[httpx.Response]:
+    """The responses of the first ``count`` of ``tasks`` to finish (fewer after a minute: the
+    test then fails on the count instead of hanging)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    done: set[asyncio.Task[httpx.Response]] = set()
+    pending = set(tasks)
+    while len(done) < count and pending and loop.time() < deadline:
+        finished, pending = await asyncio.wait(
+            pending, timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED
+        )
+        done |= finished
+    return [task.result() for task in done]
+
+
+def test_prompts_waiting_for_the_tokenizer_count_in_their_askers_share(origin: Origin) -> None:
+    """A request counts in its asker's share from before its prompt is tokenized. With the
+    tokenizer busy, one asker sends six long prompts at once: the four past its share (2) are
+    refused while the tokenizer is still busy (429 ``user_limit``, ``Retry-After``, the JSON
+    error), so another asker's short prompt waits behind two of them at most, and is answered."""
+    saved = origin.server.settings
+    origin.server.settings = saved.replace(max_in_flight_per_user=2)
+    long = "The quick brown fox jumps over the lazy dog. " * 30  # 330 tokens with the template
+    bodies = [_chat(f"{long}{i}", max_tokens=2) for i in range(6)]
+
+    async def ask(client: httpx.AsyncClient, body: dict[str, Any], user: str) -> httpx.Response:
+        return await client.post("/v1/chat/completions", json=body, headers=_as(user))
+
+    async def main() -> tuple[list[httpx.Response], list[httpx.Response], httpx.Response]:
+        async with httpx.AsyncClient(base_url=origin.url, timeout=120) as client:
+            with _tokenizer_busy():
+                flood = [asyncio.create_task(ask(client, body, "flooder")) for body in bodies]
+                early = await _first_done(flood, 4)
+                calm = asyncio.create_task(ask(client, _chat("Say yes.", max_tokens=2), "calm"))
+            return early, await asyncio.gather(*flood), await calm
+
+    try:
+        early, flood, calm = asyncio.run(main())
+        with origin.client() as client:  # the refused held nothing: the share is whole again
+            again = client.post("/v1/chat/completions", json=bodies[0], headers=_as("flooder"))
+    finally:
+        origin.server.settings = saved
+    assert [r.status_code for r in early] == [429] * 4
+    for response in early:
+        assert response.json()["error"]["code"] == "user_limit"
+        assert int(response.headers["retry-after"]) >= 1
+    assert sorted(r.status_code for r in flood) == [200, 200, 429, 429, 429, 429]
+    assert calm.status_code == 200 and again.status_code == 200
+
+
+def test_a_prompt_longer_than_its_context_takes_is_refused_before_tokenizing(
+    origin: Origin,
+) -> None:
+    """At most 8 characters a token of the context (4,096 for these 512 tokens; the longest
+    token has 81): a longer prompt is refused while the tokenizer is busy, never waiting for it."""
+    words = "word " * 1000  # 5,000 characters
+    with _tokenizer_busy(), origin.client(timeout=60) as client:
+        chat = client.post("/v1/chat/completions", json=_chat(words))
+        completion = client.post("/v1/completions", json={"prompt": words, "max_tokens": 4})
+    for response, field in ((chat, "messages"), (completion, "prompt")):
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["param"] == field and error["code"] == "context_length_exceeded"
+        assert "at most 4096" in error["message"]
+
+
+def test_refusals_are_charged_to_their_asker(origin: Origin) -> None:
+    """A refused request costs its asker 100 tokens of its minute: six refusals (too long, a bad
+    field, another model) spend a 600-token minute, and the asker's next request, a valid one,
+    is refused before it is tokenized (429 ``user_tokens`` with ``Retry-After``, not
+    ``user_limit``: the refused hold nothing) while another asker's is answered."""
+    saved = origin.server.settings
+    origin.server.settings = saved.replace(
+        max_in_flight_per_user=2, max_tokens_per_minute_per_user=600
+    )
+    refused = [_chat("word " * 1000), _chat("hi", temperature=-1), _chat("hi", model="gpt-4")] * 2
+    valid = _chat("Say yes.", max_tokens=2)
+    try:
+        with origin.client(timeout=60) as client:
+            statuses = [
+                client.post("/v1/chat/completions", json=body, headers=_as("hammer")).status_code
+                for body in refused
+            ]
+            with _tokenizer_busy():
+                spent = client.post("/v1/chat/completions", json=valid, headers=_as("hammer"))
+            other = client.post("/v1/chat/completions", json=valid, headers=_as("bystander"))
+    finally:
+        origin.server.settings = saved
+    assert statuses == [400, 400, 404] * 2
+    assert spent.status_code == 429 and spent.json()["error"]["code"] == "user_tokens"
+    assert int(spent.headers["retry-after"]) >= 1
+    assert other.status_code == 200
 
 
 def test_request_timeout(origin: Origin) -> None:
