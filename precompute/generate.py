@@ -201,6 +201,15 @@ def reused_row(
     }
 
 
+def left_out(row: Mapping[str, Any]) -> bool:
+    """Whether a partition row's answer stayed out of its release and may stand for it again:
+    flagged at generation (never an engine ``error``), or left out at build for sending its
+    reader elsewhere (``link``, judged where answers are published)."""
+    if row.get("flag"):
+        return bool(row["flag"] != "error")
+    return answer_problem(row["question"], row["answer"], row.get("finish_reason")) == "link"
+
+
 def reusable_answers(
     hot: Iterable[HotQuestion],
     published: Iterable[Mapping[str, Any]],
@@ -213,14 +222,13 @@ def reusable_answers(
     most ``max_age`` old at ``now``: the parent release's (``published`` rows) answer to the
     canonical phrasing, or else to the first other phrasing it has, when it passes today's checks
     on today's question; or else the answer its run generated for the same canonical phrasing and
-    flagged (``flagged``: the run's partition rows), flag and all, so it stays out of the release
-    without being generated again: greedy decoding with the same profile gives it back. An
-    engine ``error`` is never reused."""
+    flagged (``flagged``: the run's partition rows), flag and all, or left out at build for
+    sending its reader elsewhere (``link``, judged where answers are published), so it stays out
+    of the release without being generated again: greedy decoding with the same profile gives it
+    back. An engine ``error`` is never reused."""
     by_key = {row["key"]: row for row in published}
     unfit = {
-        row["key"]: row
-        for row in flagged
-        if row.get("flag") and row["flag"] != "error" and now - row["generated_at"] <= max_age
+        row["key"]: row for row in flagged if now - row["generated_at"] <= max_age and left_out(row)
     }
     rows = []
     for cluster in hot:

@@ -16,7 +16,7 @@ from edge_index.release import (
     release_prefix,
 )
 from edge_index.store import ObjectNotFoundError, Store
-from precompute.generate import read_partitions
+from precompute.generate import left_out, read_partitions
 from precompute.questions import HotQuestion, Phrasing
 from precompute.workarea import WorkArea
 
@@ -56,9 +56,10 @@ def parent_phrasings(store: Store, parent: LoadedRelease | None) -> list[Phrasin
 
 
 def parent_flagged(store: Store, parent: LoadedRelease | None) -> list[dict[str, Any]]:
-    """The answers the parent release's run generated and flagged (never published)."""
+    """The answers the parent release's run generated and left out (``generate.left_out``:
+    flagged, or sending the reader elsewhere), never published."""
     work = _parent_work(store, parent)
-    return [row for row in read_partitions(work) if row["flag"]] if work else []
+    return [row for row in read_partitions(work) if left_out(row)] if work else []
 
 
 def parent_rows(work: WorkArea, parent: str | None) -> int | None:
