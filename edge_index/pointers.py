@@ -44,6 +44,7 @@ from edge_index.signing import (
     STATEMENT_FORMAT,
     SignatureError,
     Signer,
+    canonical,
     sign_statement,
     verify_statement,
 )
@@ -104,7 +105,7 @@ def pointer_statement(
         "sequence": sequence,
         "version": version,
     }
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return canonical(body)
 
 
 def next_sequence(previous: int, now: datetime) -> int:

@@ -151,6 +151,28 @@ def signer_from(private_key: str = "", kms_key: str = "") -> Signer | None:
     return LocalSigner(private_key) if private_key else None
 
 
+def canonical(body: dict[str, Any]) -> bytes:
+    """``body`` as the exact text a statement signs: JSON, sorted keys, no spaces."""
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def writer_keys(signer: Signer | None, public_keys: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """The keys a writer verifies what it read with (the readers' and its signer's own) before
+    it signs a new version of it; ``SignatureError`` naming ``what`` when readers check
+    signatures (``public_keys``) and nothing can sign."""
+    if signer is None and public_keys:
+        raise SignatureError(
+            f"{what} is signed: set EDGEQA_SIGNING_KEY or EDGEQA_SIGNING_KMS_KEY "
+            "(readers hold EDGEQA_RELEASE_PUBLIC_KEYS)"
+        )
+    return verifying_keys(signer, public_keys)
+
+
+def verifying_keys(signer: Signer | None, public_keys: tuple[str, ...]) -> tuple[str, ...]:
+    """The readers' keys and ``signer``'s own: what a writer verifies what it read with."""
+    return (*public_keys, signer.public_key) if signer else public_keys
+
+
 def statement(profile: str, version: str, manifest_sha256: str, answers_root: str) -> bytes:
     """The text a release's signature covers."""
     body = {
@@ -160,7 +182,7 @@ def statement(profile: str, version: str, manifest_sha256: str, answers_root: st
         "profile": profile,
         "version": version,
     }
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return canonical(body)
 
 
 def sign_statement(text: bytes, signer: Signer) -> bytes:

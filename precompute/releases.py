@@ -28,7 +28,7 @@ from edge_index.release import (
     release_prefix,
     verified_manifest,
 )
-from edge_index.signing import MAX_SIGNATURE_BYTES, SIGNATURE, Signer
+from edge_index.signing import MAX_SIGNATURE_BYTES, SIGNATURE, SignatureError, Signer, writer_keys
 from edge_index.store import ObjectNotFoundError, Store
 from precompute.publish import flip_pointer, pointer_sequence
 
@@ -225,15 +225,13 @@ def diff_releases(
     }
 
 
-def _signing(signer: Signer | None, public_keys: tuple[str, ...], what: str) -> tuple[str, ...]:
-    """The keys a pointer read before a re-signed write is verified with; ``RollbackError``
-    when readers check signatures and nothing can sign."""
-    if signer is None and public_keys:
-        raise RollbackError(
-            f"{what} signs current.json: set EDGEQA_SIGNING_KEY or EDGEQA_SIGNING_KMS_KEY "
-            "(readers hold EDGEQA_RELEASE_PUBLIC_KEYS)"
-        )
-    return (*public_keys, signer.public_key) if signer else public_keys
+def _signing(signer: Signer | None, public_keys: tuple[str, ...]) -> tuple[str, ...]:
+    """``signing.writer_keys``: ``RollbackError`` when readers check signatures and nothing
+    can sign the pointer."""
+    try:
+        return writer_keys(signer, public_keys, "current.json")
+    except SignatureError as error:
+        raise RollbackError(str(error)) from None
 
 
 def rollback(
@@ -247,7 +245,7 @@ def rollback(
     """Make ``version`` (a kept release) current again: its manifest and shards verified, the
     pointer signed by ``signer`` under a sequence above the current one and flipped by a
     conditional write. ``RollbackError`` for a version that is not kept."""
-    keys = _signing(signer, tuple(public_keys), "a rollback")
+    keys = _signing(signer, tuple(public_keys))
     pointer, etag = read_pointer(store, profile)
     current = pointer.get("version") if pointer else None
     if version not in list_versions(store, profile):
@@ -288,7 +286,7 @@ def renew(
     """Sign the current pointer again, unchanged but for a higher sequence and an expiry
     ``expires_s`` from now (TUF's timestamp role): what keeps readers from reporting it stale
     when no release is published for a while."""
-    keys = _signing(signer, tuple(public_keys), "renewing")
+    keys = _signing(signer, tuple(public_keys))
     pointer, etag = read_pointer(store, profile)
     if pointer is None:
         raise RollbackError(f"nothing published yet for profile {profile!r}")

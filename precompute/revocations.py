@@ -36,7 +36,15 @@ from edge_index.errors import EdgeQAError
 from edge_index.keys import key as key_of
 from edge_index.pointers import DEFAULT_EXPIRES_S, next_sequence
 from edge_index.release import LoadedRelease, ReleaseError, load_release, verified_manifest
-from edge_index.signing import SignatureError, Signer, sign_statement, verify_statement
+from edge_index.signing import (
+    SignatureError,
+    Signer,
+    canonical,
+    sign_statement,
+    verify_statement,
+    verifying_keys,
+    writer_keys,
+)
 from edge_index.store import (
     ObjectNotFoundError,
     ObjectTooLargeError,
@@ -68,7 +76,7 @@ REVOCATIONS_FORMAT = "edgeqa-revocations/1"
 
 def _body_sha256(document: dict[str, Any]) -> str:
     body = {name: document.get(name) for name in ("revoked", "audit", "sequence")}
-    return sha256_hex(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+    return sha256_hex(canonical(body))
 
 
 def _statement(profile: str, document: dict[str, Any]) -> bytes:
@@ -78,7 +86,7 @@ def _statement(profile: str, document: dict[str, Any]) -> bytes:
         "sequence": document["sequence"],
         "sha256": _body_sha256(document),
     }
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return canonical(body)
 
 
 def read_revocations(
@@ -182,13 +190,8 @@ def nightly_revocations(
             manifest = None
     else:
         manifest = parent.manifest
-    keys = trusted_keys(settings.signer(), settings.public_keys)
+    keys = verifying_keys(settings.signer(), settings.public_keys)
     return in_force(store, profile, keys, list_floor(manifest))
-
-
-def trusted_keys(signer: Signer | None, public_keys: tuple[str, ...]) -> tuple[str, ...]:
-    """What the list is verified with: the readers' keys and the signer's own."""
-    return (*public_keys, signer.public_key) if signer else public_keys
 
 
 def is_revoked(revoked: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
@@ -206,12 +209,10 @@ def _update(
 ) -> None:
     """Apply ``change`` to the revocation list by a conditional write, signed by ``signer``
     under the next sequence; re-read and re-apply when another writer got there first."""
-    if signer is None and public_keys:
-        raise RevocationError(
-            "the revocation list is signed: set EDGEQA_SIGNING_KEY or EDGEQA_SIGNING_KMS_KEY "
-            "(readers hold EDGEQA_RELEASE_PUBLIC_KEYS)"
-        )
-    keys = trusted_keys(signer, public_keys)
+    try:
+        keys = writer_keys(signer, public_keys, "the revocation list")
+    except SignatureError as error:
+        raise RevocationError(str(error)) from None
     for _ in range(_ATTEMPTS):
         document, etag = read_revocations(store, profile, keys)
         change(document)
@@ -343,7 +344,10 @@ def _publish_without(
     for _ in range(_ATTEMPTS):
         current = load_release(store, profile, public_keys=public_keys)
         revoked = in_force(
-            store, profile, trusted_keys(signer, public_keys), list_floor(current.manifest)
+            store,
+            profile,
+            verifying_keys(signer, public_keys),
+            list_floor(current.manifest),
         )
         drop = is_revoked(revoked)
         with tempfile.TemporaryDirectory(prefix="edgeqa-revoke-") as tmp:
