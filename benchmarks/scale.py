@@ -55,7 +55,7 @@ from benchmarks.synthetic_logs import real_questions, write_synthetic_logs
 
 UNTIL = date(2026, 11, 28)
 DAYS = 7
-GENERATOR = 1  # bump when synthetic_logs.py changes: cached logs are written again
+GENERATOR = 2  # bump when synthetic_logs.py changes: cached logs are written again (2: signed)
 
 
 def _peak_rss_mb() -> float:
