@@ -10,7 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import UTC, date, datetime
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -300,17 +300,13 @@ def test_the_quality_gate_refuses_and_keeps_the_previous_release(first_night: An
     # too few rows (this small release cannot calibrate its semantic tier, so the precision target
     # does not apply to it: it serves exact hits only)
     refused(gate(params, min_rows=10**6), mined, "rows")
-    # six weeks on (past the four half-lives yesterday's askers are carried for), the logs hold a
-    # third of the questions: the release would shrink
-    six_weeks = replace(
-        params,
-        since=date(2027, 1, 8),
-        until=date(2027, 1, 10),
-        started=datetime(2027, 1, 11, tzinfo=UTC),
+    # the same night keeping its top question only: the release would shrink (its answer is the
+    # live release's: nothing is generated)
+    later = replace(
+        params, config=params.config.replace(mining={"top_n": 1}, gate={"max_shrink": 0.1})
     )
-    later = gate(six_weeks, max_shrink=0.1)
-    write_logs(store, generate_rows(date(2027, 1, 10), days=3, intents=2, users=60, asks=300))
-    shrunk, _, _ = _run(later)
+    shrunk, regenerated, _ = _run(later)
+    assert regenerated["generated"] == 0
     refused(later, shrunk, "shrinks")
     # an empty answer in the staged rows
     staged = f"{profile}/work/{run}/release"
