@@ -114,7 +114,7 @@ def _print(args: argparse.Namespace, value: Any, text: Callable[[Any], str]) -> 
 
 
 def _cmd_release_list(args: argparse.Namespace) -> int:
-    from precompute.releases import list_releases
+    from precompute.releases import describe_semantic_tier, list_releases
 
     _, store, profile = _release_context(args)
     listed = list_releases(store, profile)
@@ -125,7 +125,8 @@ def _cmd_release_list(args: argparse.Namespace) -> int:
             c = r["calibration"]
             lines.append(
                 f"{'*' if r['current'] else ' '} {r['version']}  created {r['created_at']}  "
-                f"parent {r['parent'] or '-'}  {r['entries']} entries  threshold {c['value']} "
+                f"parent {r['parent'] or '-'}  {r['entries']} entries  "
+                f"{describe_semantic_tier(c)}  threshold {c['value']} "
                 f"(precision {c['precision']})  signed {r['signed_by'] or 'no'}"
             )
         return "\n".join(lines)
@@ -135,7 +136,7 @@ def _cmd_release_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_release_show(args: argparse.Namespace) -> int:
-    from precompute.releases import show_release
+    from precompute.releases import describe_semantic_tier, show_release
 
     settings, store, profile = _release_context(args)
     shown = show_release(store, profile, args.version, settings.public_keys, top=args.top)
@@ -161,13 +162,8 @@ def _cmd_release_show(args: argparse.Namespace) -> int:
             f"counts: {r['counts']}",
             f"excluded rows (mining): {r['excluded']['rows']}",
             f"excluded clusters (generation, build): {r['excluded']['clusters']}",
+            describe_semantic_tier(r["calibration"]),
             f"calibration: {_calibration_line(r['calibration'])}",
-            "semantic tier: "
-            + (
-                "on"
-                if r["calibration"].get("semantic")
-                else f"OFF ({r['calibration'].get('semantic_off_reason')})"
-            ),
             f"embedder: {r['embedder']}",
             "top questions:",
         ]

@@ -49,14 +49,35 @@ def _signature(store: Store, profile: str, version: str) -> dict[str, Any] | Non
     return found if isinstance(found, dict) else None
 
 
+def describe_semantic_tier(threshold: dict[str, Any]) -> str:
+    """Whether a release's semantic tier serves, and why not, as ``release show``, ``release
+    list`` and the HTML report say it first: its threshold and precision mean nothing to the
+    edge when it is off. ``threshold``: the manifest's (or ``list_releases``' calibration)."""
+    if threshold.get("semantic"):
+        return "semantic tier: on"
+    # the edge reads a manifest without the flag as off, too (``ReleaseIndex``)
+    reason = threshold.get("semantic_off_reason") or "the manifest records no reason"
+    return f"semantic tier: OFF ({reason})"
+
+
 def _calibration(manifest: dict[str, Any]) -> dict[str, Any]:
     threshold = manifest.get("threshold", {})
-    names = ("value", "margin", "agreement", "calibrated", "precision", "hit_rate")
+    names = (
+        "semantic",
+        "semantic_off_reason",
+        "value",
+        "margin",
+        "agreement",
+        "calibrated",
+        "precision",
+        "hit_rate",
+    )
     return {name: threshold.get(name) for name in names}
 
 
 def list_releases(store: Store, profile: str) -> list[dict[str, Any]]:
-    """Every kept version, oldest first: created, parent, entries, calibration, current."""
+    """Every kept version, oldest first: created, parent, entries, calibration (whether the
+    semantic tier serves first), current."""
     pointer, _ = read_pointer(store, profile)
     current = pointer.get("version") if pointer else None
     listed = []

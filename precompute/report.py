@@ -12,6 +12,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from precompute.releases import describe_semantic_tier
+
 _STYLE = """
 body { font: 15px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 1100px;
        color: #1d2327; padding: 0 1rem; }
@@ -115,9 +117,9 @@ def render_html(shown: dict[str, Any], diff: dict[str, Any] | None) -> str:
         [
             "decision",
             _e(
-                f"threshold {calibration.get('value')}, margin {calibration.get('margin')}, "
-                f"agreement {calibration.get('agreement')}; precision "
-                f"{calibration.get('precision')}, hit rate {calibration.get('hit_rate')}"
+                f"{describe_semantic_tier(calibration)}; threshold {calibration.get('value')}, "
+                f"margin {calibration.get('margin')}, agreement {calibration.get('agreement')}; "
+                f"precision {calibration.get('precision')}, hit rate {calibration.get('hit_rate')}"
             ),
         ],
     ]

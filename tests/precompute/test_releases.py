@@ -3,8 +3,10 @@ with the edge's own lookups."""
 
 from __future__ import annotations
 
+import html
 import json
 import random
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from precompute.publish import publish
 from precompute.releases import (
     RollbackError,
+    describe_semantic_tier,
     diff_releases,
     list_releases,
     renew,
@@ -125,7 +128,8 @@ def test_release_commands_on_the_command_line(
     listed = _edgeqa(env, "release", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     assert [r["version"] for r in json.loads(listed.stdout)] == [first, second]
-    assert f"* {second}" in _edgeqa(env, "release", "list").stdout
+    listed_text = _edgeqa(env, "release", "list").stdout
+    assert f"* {second}" in listed_text and "entries  semantic tier: on  threshold" in listed_text
     shown = _edgeqa(env, "release", "show", first)
     assert shown.returncode == 0 and "top questions" in shown.stdout
     diff = json.loads(_edgeqa(env, "release", "diff", first, second, "--json").stdout)
@@ -148,6 +152,37 @@ def test_release_commands_on_the_command_line(
     assert json.loads(revoked.stdout)["parent"] == first
     ended = _edgeqa(env, "release", "unrevoke", "--cluster", "nope", "--reason", "x")
     assert ended.returncode == 2 and "no revocation" in ended.stderr
+
+
+def test_a_release_serving_exact_hits_only_says_so_first(
+    embedder,  # type: ignore[no-untyped-def]
+    cli_env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    """A release whose calibration failed has a threshold and a precision, but the edge serves
+    no semantic hit from it: ``release list``, ``show`` and the HTML report say so, and why,
+    before anything else about its calibration."""
+    store = FileStore(tmp_path / "store")
+    build(embedder, tmp_path / "r1", store, semantic_uncalibrated=False)
+    version = publish(store, tmp_path / "r1").version
+    (listed,) = list_releases(store, PROFILE)
+    off = describe_semantic_tier(listed["calibration"])
+    assert off.startswith("semantic tier: OFF (calibration could not show precision"), off
+    assert off.endswith(": exact tier only)") and listed["calibration"]["value"] is not None
+    assert off == describe_semantic_tier(show_release(store, PROFILE)["calibration"])
+
+    env = {**cli_env, "EDGEQA_STORE": str(store.root), "EDGEQA_PROFILE": PROFILE}
+    listed_text = _edgeqa(env, "release", "list")
+    assert listed_text.returncode == 0, listed_text.stderr
+    assert f"* {version}" in listed_text.stdout
+    assert f"4 entries  {off}  threshold " in listed_text.stdout
+    page = tmp_path / "report.html"
+    shown = _edgeqa(env, "release", "show", "--html", str(page))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines.index(off) < next(i for i, s in enumerate(lines) if s.startswith("calibration:"))
+    decision = re.search(r"<th>decision</th><td>(.*?)</td>", page.read_text())
+    assert decision is not None and decision[1].startswith(html.escape(f"{off}; threshold "))
 
 
 def _queries(rng: random.Random, published: tuple[str, ...], n: int) -> list[str]:

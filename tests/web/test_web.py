@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from edge_index.keys import key
+from edge_index.keys import MAX_QUERY_CHARS, key
 from edge_index.release import object_path, release_prefix
 from edge_index.service import create_app as edge_app
 from edge_index.signing import LocalSigner, generate_keypair
@@ -34,6 +34,9 @@ WEB = Path(__file__).parents[2] / "web"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 NODE = shutil.which("node")
 FORGED = "Send your card number to this address."
+# text pasted without a space, as a URL or a token is: the question box keeps its first 2,048
+# characters (MAX_QUERY_CHARS), which the release publishes, so its answer holds them too
+PASTED = ("Whatdoesthispastedtokenmean:" + "qwertyuiop" * 300)[:3000]
 
 
 def test_key_spec_vectors_under_node() -> None:
@@ -60,11 +63,13 @@ def test_key_spec_vectors_under_node() -> None:
 
 @pytest.fixture(scope="module")
 def stack(embedded_model, embedder, tmp_path_factory) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
-    """A signed release behind the CDN, the edge service and the origin serving the page; on the
-    CDN, someone has replaced the answer object of QUESTIONS[1]."""
+    """A signed release (QUESTIONS and what the box keeps of PASTED) behind the CDN, the edge
+    service and the origin serving the page; on the CDN, someone has replaced the answer object
+    of QUESTIONS[1]."""
     tmp = tmp_path_factory.mktemp("web")
     store = FileStore(tmp / "store")
-    build(embedder, tmp / "v1", store, tag="v1", now=datetime(2026, 11, 20, tzinfo=UTC))
+    questions = (*QUESTIONS, PASTED[:MAX_QUERY_CHARS])
+    build(embedder, tmp / "v1", store, questions=questions, now=datetime(2026, 11, 20, tzinfo=UTC))
     private, public = generate_keypair()
     version = publish(store, tmp / "v1", signer=LocalSigner(private)).version
     forged = f"{release_prefix(PROFILE, version)}/{object_path(key(QUESTIONS[1]))}"
@@ -161,6 +166,20 @@ def test_browser_asks_a_published_and_a_novel_question(stack: dict[str, Any]) ->
     assert report["recent"] == ["generated", "exact", "exact"]
 
 
+def test_a_long_question_without_spaces_wraps_on_the_page(stack: dict[str, Any]) -> None:
+    """3,000 characters pasted without a space wrap in the answer and in the recent lookups
+    instead of widening the page past the viewport."""
+    _skip_without_a_browser()
+    report = _in_chromium("browser.mjs", stack["origin"], PASTED)
+    assert report["errors"] == []
+    (pasted,) = report["results"]
+    kept = PASTED[:MAX_QUERY_CHARS]
+    assert pasted["tier"] == "exact" and pasted["answer"] == f"v1: answer to {kept}"
+    assert report["recent"] == ["exact"]
+    widths = {name: pasted[name] for name in ("scrollWidth", "innerWidth")}
+    assert widths["scrollWidth"] <= widths["innerWidth"], widths
+
+
 def test_the_python_client_takes_the_browser_s_path(stack: dict[str, Any]) -> None:
     """``edgeqa.client`` and ``web/edgeqa.js`` land on the same tier for the same question."""
     keys = (stack["key"],)
@@ -215,4 +234,5 @@ def test_the_release_report_opens_offline_with_its_charts(embedder, tmp_path: Pa
     text = report["text"]
     assert hostile in text  # shown as the text it is
     assert f"Release {second}" in text and "Most asked clusters" in text
+    assert "semantic tier: on; threshold" in text  # this small release serves it uncalibrated
     assert f"{first} → {second}" in text and "1 added" in text

@@ -1,5 +1,6 @@
 // Drive the demo page in headless Chromium (Debian's, through playwright-core): ask each question
-// given on the command line, wait for the answer, and print what the page shows as JSON.
+// given on the command line, wait for the answer, and print what the page shows as JSON (with
+// how wide the page lays out against the viewport: long text must wrap, never widen the page).
 // The argument @wait prints {"waiting": n} and waits for a line on stdin, then reloads the page
 // (the same browser: its localStorage is kept), so a test can change the world in between.
 // Usage: node web/test/browser.mjs <page-url> <question | @wait>...
@@ -40,6 +41,8 @@ try {
       latency: await page.textContent("#latency"),
       error: await page.textContent("#error"),
       pointer: await page.getAttribute("#pointer", "data-problem"),
+      ...await page.evaluate(() => ({
+        scrollWidth: document.documentElement.scrollWidth, innerWidth: window.innerWidth })),
     });
   }
   const recent = await page.$$eval("#recent tbody tr", (rows) => rows.map((r) => r.dataset.tier));
