@@ -19,6 +19,20 @@ Prints one JSON object::
 buckets, as Prometheus' ``histogram_quantile`` does).
 
     python benchmarks/http_serving.py --quick
+
+``--miss-path`` measures instead what a question that missed at the edge costs the origin before
+its first token, with and without the client's missed-hint (``x-edgeqa-missed``: the release the
+edge searched, so the origin does not embed and search the question in it again): novel
+questions, one at a time (no queue), each asked once, alternately with and without the hint, and
+per request the server's own TTFT split read from ``/metrics`` after it::
+
+  {"config": {...}, "without_hint": {"ttft_ms", "server_queue_ms", "server_compute_ms",
+   "semantic_lookups"}, "with_hint": {...}, "saved_ms": {...}}
+
+``server_queue_ms`` (arrival -> scheduled) holds the tier lookups; ``semantic_lookups`` counts
+the origin's semantic-tier searches (``miss``) and the ones the hint spared it (``skipped``).
+
+    python benchmarks/http_serving.py --miss-path --requests 40
 """
 
 from __future__ import annotations
@@ -54,12 +68,18 @@ from precompute.samplelogs import INTENTS, generate_rows, write_logs
 MODEL = "SmolLM2-135M-Instruct"
 
 
-def publish_release(store: FileStore, top_n: int, max_tokens: int) -> dict[str, Any]:
+def publish_release(
+    store: FileStore, top_n: int, max_tokens: int, semantic: bool = False
+) -> dict[str, Any]:
+    """``semantic``: serve the embedder's measured decision although a release this small cannot
+    calibrate its semantic tier (as the demo does), so that the tier runs."""
     until = datetime.now(UTC).date()
     write_logs(store, generate_rows(until, days=3, asks=1500, seed=7))
     # the CPU's fastest weights for the release (emulated bf16 is many times slower than fp32)
     weights = default_quantization("cpu")
     config = PipelineConfig.from_env({}, top_n=top_n, max_tokens=max_tokens, quantization=weights)
+    if semantic:
+        config = config.replace(build={"semantic_uncalibrated": True})
     params = RunParams(store.uri, store.uri, until - timedelta(days=2), until, config, "benchmark")
     report = run_pipeline(params)
     if report.get("status") != "published":
@@ -215,17 +235,122 @@ def start_origin(
     raise RuntimeError("the origin did not become healthy in 300 s")
 
 
+def _series(text: str) -> dict[str, float]:
+    """Every sample of a Prometheus exposition text, by name and labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}"] = sample.value
+    return out
+
+
+def _stream_ttft(
+    client: httpx.Client, question: str, max_tokens: int, hint: str | None
+) -> float | None:
+    """Seconds to the first answer text of one streamed chat request; None when a tier answered
+    it (not a miss)."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    headers = {"x-edgeqa-missed": hint} if hint else {}
+    sent = time.perf_counter()
+    first = None
+    with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"{question!r}: {response.status_code} {response.read()[:200]!r}")
+        generated = response.headers.get("x-edgeqa-tier") == "generated"
+        for line in response.iter_lines():
+            if first is None and line.startswith("data: ") and '"content"' in line:
+                first = time.perf_counter()
+    if first is None:
+        raise RuntimeError(f"{question!r}: no text")
+    return first - sent if generated else None
+
+
+def miss_path(url: str, n: int, max_tokens: int, seed: int) -> dict[str, Any]:
+    """``n`` novel questions, one at a time, alternately (in a random order per pair) with and
+    without the missed-hint naming the origin's release; the client's TTFT and the server's TTFT
+    split and semantic-tier lookups of each, from ``/metrics`` deltas."""
+    health = httpx.get(f"{url}/health").json()
+    profile = httpx.get(f"{url}/config.json").json()["profiles"]["en"]
+    hint = f"{profile}/{health['release']}"
+    rng = random.Random(seed)
+    warmup = 4
+    questions = nq_questions(n + warmup, seed + 1)
+    queue, compute = "edgeqa_ttft_queue_seconds_sum", "edgeqa_ttft_compute_seconds_sum"
+    arms: dict[str, dict[str, list[float]]] = {
+        arm: {"ttft": [], "queue": [], "compute": []} for arm in ("without_hint", "with_hint")
+    }
+    lookups: dict[str, Counter[str]] = {arm: Counter() for arm in arms}
+    order: list[str] = []
+    answered = 0  # questions a tier answered after all: left out
+    with httpx.Client(base_url=url, timeout=300) as client:
+        before = _series(client.get("/metrics").text)
+        for i, question in enumerate(questions):
+            if i % 2 == 0:
+                order = rng.sample(list(arms), 2)
+            arm = order[i % 2]
+            ttft = _stream_ttft(client, question, max_tokens, hint if arm == "with_hint" else None)
+            after = _series(client.get("/metrics").text)
+            if ttft is None:
+                answered += 1
+            elif i >= warmup:
+                model = f"{{model_name={MODEL}}}"
+                arms[arm]["ttft"].append(ttft)
+                arms[arm]["queue"].append(after[queue + model] - before[queue + model])
+                arms[arm]["compute"].append(after[compute + model] - before[compute + model])
+                for outcome in ("hit", "miss", "skipped"):
+                    name = f"edgeqa_origin_semantic_lookups_total{{outcome={outcome}}}"
+                    # absent on an origin that predates the hint: it searched every time
+                    moved = after.get(name, 0.0) - before.get(name, 0.0)
+                    lookups[arm][outcome] += int(moved)
+            before = after
+    report: dict[str, Any] = {"hint": hint, "answered_by_a_tier": answered}
+    for arm, values in arms.items():
+        report[arm] = {
+            "requests": len(values["ttft"]),
+            "ttft_ms": summary_ms(values["ttft"]),
+            "server_queue_ms": summary_ms(values["queue"]),
+            "server_compute_ms": summary_ms(values["compute"]),
+            "semantic_lookups": dict(lookups[arm]),
+        }
+    report["saved_ms"] = {
+        f"{what}_{stat}": round(
+            report["without_hint"][what][stat] - report["with_hint"][what][stat], 1
+        )
+        for what in ("ttft_ms", "server_queue_ms")
+        for stat in ("mean", "p50")
+    }
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="150 requests (default 600)")
     parser.add_argument("--rate", type=float, default=16.0, help="requests per second")
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, help="default 64 (--miss-path: 8)")
     parser.add_argument("--hot-share", type=float, default=0.5)
     parser.add_argument("--repeat-share", type=float, default=0.1)
     parser.add_argument("--max-queued", type=int, default=16, help="EDGEQA_MAX_QUEUED_REQUESTS")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--miss-path",
+        action="store_true",
+        help="the origin's TTFT for edge misses, with and without the missed-hint (see above)",
+    )
+    parser.add_argument("--requests", type=int, help="requests (--miss-path: default 40)")
     args = parser.parse_args()
-    n = 150 if args.quick else 600
+    if args.miss_path:
+        run_miss_path(args.requests or 40, args.max_tokens or 8)
+        return
+    n = args.requests or (150 if args.quick else 600)
+    args.max_tokens = args.max_tokens or 64
 
     with tempfile.TemporaryDirectory(prefix="edgeqa-http-") as tmp:
         store = FileStore(Path(tmp) / "store")
@@ -282,6 +407,34 @@ def main() -> None:
     if errors:
         report["error_samples"] = [str(r["status"]) for r in errors[:5]]
     print(json.dumps(report, indent=2))
+
+
+def run_miss_path(n: int, max_tokens: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="edgeqa-http-") as tmp:
+        store = FileStore(Path(tmp) / "store")
+        # the semantic tier on: the work the hint spares (an uncalibrated one would never run)
+        release = publish_release(store, top_n=34, max_tokens=96, semantic=True)
+        port = free_port()
+        child = start_origin(store, port, {})
+        url = f"http://127.0.0.1:{port}"
+        try:
+            semantic = _series(httpx.get(f"{url}/metrics").text).get(
+                "edgeqa_origin_release_semantic_enabled{language=en}"
+            )
+            started = time.perf_counter()
+            measured = miss_path(url, n, max_tokens, seed=0)
+            wall = time.perf_counter() - started
+        finally:
+            child.send_signal(signal.SIGTERM)
+            child.wait(60)
+    config = {
+        "mode": "miss_path",
+        "requests": n,
+        "max_tokens": max_tokens,
+        "release": {**release, "semantic_enabled": bool(semantic)},
+        "duration_s": round(wall, 1),
+    }
+    print(json.dumps({"config": config, **measured}, indent=2))
 
 
 if __name__ == "__main__":

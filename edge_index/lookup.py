@@ -44,7 +44,8 @@ class Hit:
 class Miss:
     # "no_release", "no_match", "below_threshold", "margin", "agreement", "guard:<check>",
     # "expired", "revoked", "semantic_off" (the release's calibration failed: exact hits only)
-    # "language_not_served" (no profile of the question's language here)
+    # "language_not_served" (no profile of the question's language here), "skipped" (not
+    # searched: a client's lookup at the edge has just missed in this release, tiers.py)
     reason: str
     version: str | None
     score: float | None = None

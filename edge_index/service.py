@@ -5,7 +5,8 @@ out of URLs and access logs)
   200 ``{"answer", "question", "score", "tier", "version", "key"}`` — ``tier`` is ``exact`` (the
   normalized question's key is in the release) or ``semantic`` (FAISS nearest neighbours cleared
   the release's calibrated threshold, margin, agreement and guard);
-  404 ``{"miss": true, "version", "reason"}`` — ask the origin;
+  404 ``{"miss": true, "version", "reason", "profile"}`` — ask the origin, saying which release
+  missed (``tiers.MISSED_HEADER``);
   400 ``{"error": {"field": "q", "reason", "message"}}`` — empty, over-long or malformed query.
 ``GET /health``  200 ``{"status": "ok", "version", "entries", "age_s"}`` while a release is
   served; 200 ``{"status": "degraded", "reason"}`` while none is (``no_release``, ``refused``,
@@ -198,10 +199,12 @@ def create_app(
         if isinstance(result, Miss):
             metrics.lookups.labels(tier, "miss").inc()
             record(request, query, normalized, key, "miss", 404, started, served_profile)
+            # the release searched: a client says so to the origin (tiers.missed_hint)
             body: dict[str, Any] = {
                 "miss": True,
                 "version": result.version,
                 "reason": result.reason,
+                "profile": served_profile if result.version else None,
             }
             headers = {"x-edgeqa-tier": "miss", "cache-control": "no-store"}
             return JSONResponse(body, 404, headers=headers if index else None)

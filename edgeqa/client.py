@@ -2,9 +2,11 @@
 
 A question goes to the cheapest layer that can answer it: the CDN's exact-tier object (by the key
 spec's key, under the version ``current.json`` names), then the edge index service (exact and
-semantic tiers), then the origin, whose answer is streamed. The two clients take the same path
-for the same question: the key vectors test both key functions, and the demo and the browser test
-check the tiers each one lands on.
+semantic tiers), then the origin, whose answer is streamed. After a miss at the edge, the
+request to the origin says which release missed (``x-edgeqa-missed: <profile>/<version>``, from
+the edge's miss body), so the origin does not embed and search the question in it again. The two
+clients take the same path for the same question: the key and missed-hint vectors test both
+clients' functions, and the demo and the browser test check the tiers each one lands on.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from edge_index.answer_objects import answer_object_problem
 from edge_index.keys import key
 from edge_index.languages import language_of
 from edge_index.pointers import client_verdict
+from edge_index.tiers import MISSED_HEADER, missed_hint
 
 
 @dataclass(frozen=True)
@@ -119,14 +122,18 @@ class EdgeQAClient:
             if found is not None and problem is None:
                 on_text(found["answer"])
                 return done("exact", "cdn", found["answer"], time.perf_counter())
+        missed = None  # the release the edge has just missed in, for the origin
         if self.edge:
             # POST: the question stays out of URLs and so out of access logs
             body = {"q": question, **({"profile": self.profile} if self.profile else {})}
-            hit = self._json("POST", f"{self.edge}/v1/lookup", body, self.user_headers)
-            if hit is not None and isinstance(hit.get("answer"), str):
-                on_text(hit["answer"])
-                return done(hit["tier"], "edge", hit["answer"], time.perf_counter())
-        return self._generate(question, on_text, done)
+            url = f"{self.edge}/v1/lookup"
+            found = self._json("POST", url, body, self.user_headers, statuses=(200, 404))
+            if found is not None and isinstance(found.get("answer"), str):
+                on_text(found["answer"])
+                return done(found["tier"], "edge", found["answer"], time.perf_counter())
+            if found is not None and found.get("miss") is True:
+                missed = missed_hint(found.get("profile"), found.get("version"))
+        return self._generate(question, on_text, done, missed)
 
     def _json(
         self,
@@ -134,12 +141,14 @@ class EdgeQAClient:
         url: str,
         body: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
+        statuses: tuple[int, ...] = (200,),
     ) -> dict[str, Any] | None:
-        """The JSON object at ``url`` when it answers 200 with one; None otherwise. ``headers``:
-        the user token goes to the services that count askers, never to the CDN."""
+        """The JSON object at ``url`` when it answers one of ``statuses`` with one; None
+        otherwise. ``headers``: the user token goes to the services that count askers, never to
+        the CDN."""
         try:
             response = self.http.request(method, url, json=body, headers=headers)
-            found = response.json() if response.status_code == 200 else None
+            found = response.json() if response.status_code in statuses else None
         except (httpx.HTTPError, ValueError):
             return None
         return found if isinstance(found, dict) else None
@@ -149,10 +158,13 @@ class EdgeQAClient:
         question: str,
         on_text: Callable[[str], None],
         done: Callable[[str, str, str, float], Answered],
+        missed: str | None = None,
     ) -> Answered:
         headers = dict(self.user_headers)
         if self.api_key:
             headers["authorization"] = f"Bearer {self.api_key}"
+        if missed:
+            headers[MISSED_HEADER] = missed
         body = {"messages": [{"role": "user", "content": question}], "stream": True}
         text, first = "", None
         url = f"{self.origin}/v1/chat/completions"

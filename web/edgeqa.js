@@ -13,7 +13,9 @@
 //               object's Merkle proof leads to the root it names (docs/security.md)
 //   2. edge   — POST <edge>/v1/lookup {"q"}  (exact or semantic, FAISS + calibrated decision)
 //   3. origin — POST <origin>/v1/chat/completions, streamed (SSE); the origin may still answer
-//               from its own tiers (x-edgeqa-tier: exact | semantic | origin_cache | generated)
+//               from its own tiers (x-edgeqa-tier: exact | semantic | origin_cache | generated);
+//               after a miss at the edge, with x-edgeqa-missed: <profile>/<version> (the edge's
+//               miss body's), so the origin does not search that release again (missedHint)
 // and reports which tier answered and the time to the first byte of the answer.
 
 export const MAX_QUERY_CHARS = 2048;
@@ -73,6 +75,18 @@ export function normalize(query, maxQueryChars = MAX_QUERY_CHARS) {
   text = text.slice(start, end);
   if (!text) throw new InvalidQueryError("q is empty after normalization", "empty");
   return text;
+}
+
+export const MISSED_HEADER = "x-edgeqa-missed";
+const MISSED = /^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\/[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$/;
+
+// The x-edgeqa-missed value for an edge miss in `profile`'s `version` (its 404 body's fields), or
+// null when they do not make one: both must be plain names of at most 128 characters
+// (edge_index/tiers.py missed_hint, on tests/vectors/missed.json).
+export function missedHint(profile, version) {
+  if (typeof profile !== "string" || typeof version !== "string") return null;
+  const hint = `${profile}/${version}`;
+  return MISSED.test(hint) ? hint : null;
 }
 
 export async function keyOfNormalized(normalized) {
@@ -348,6 +362,7 @@ export class EdgeQAClient {
       }
     }
 
+    let missed = null; // the release the edge has just missed in, for the origin
     if (this.edge) {
       try {
         const response = await this.fetch(
@@ -362,17 +377,22 @@ export class EdgeQAClient {
           onText(hit.answer);
           return done(hit.tier, "edge", hit.answer, firstByte);
         }
+        if (response.status === 404) {
+          const miss = await response.json();
+          if (miss?.miss === true) missed = missedHint(miss.profile, miss.version);
+        }
       } catch (error) {
         if (signal?.aborted) throw error;
       }
     }
 
-    return this.generate(question, { onText, signal, maxTokens, started, done });
+    return this.generate(question, { onText, signal, maxTokens, started, done, missed });
   }
 
-  async generate(question, { onText, signal, maxTokens, started, done }) {
+  async generate(question, { onText, signal, maxTokens, started, done, missed = null }) {
     const headers = { "content-type": "application/json", ...this.userHeaders() };
     if (this.apiKey) headers.authorization = `Bearer ${this.apiKey}`;
+    if (missed) headers[MISSED_HEADER] = missed;
     const body = { messages: [{ role: "user", content: question }], stream: true };
     if (this.model) body.model = this.model;
     if (maxTokens) body.max_tokens = maxTokens;

@@ -10,6 +10,11 @@ server decides); entries are keyed by the key spec's key of the normalized quest
 the server to the caller's tenant (its API key and ``x-edgeqa-tenant``). An entry is served only
 once ``min_users`` distinct askers (hashed identities, ``edge_index/users.py``) have asked for it:
 like a published answer, a cached one never tells anyone what fewer than k people asked lately.
+
+An entry remembers whether the release's semantic tier was searched for its question before it
+was generated (``checked``): a client that had just missed at the edge lets the origin skip that
+search (``edge_index/tiers.py``), and what it generated then must not answer another caller
+ahead of that tier (``origin/server/tiers.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ class CachedAnswer:
     completion_tokens: int
     expires_at: float  # monotonic seconds
     askers: set[str] = field(default_factory=set)  # up to min_users hashed identities
+    # the release's semantic tier missed its question (False: a client's hint skipped it)
+    checked: bool = True
 
 
 # the entry's text plus what a dict slot, the key and the dataclass cost, roughly
@@ -94,13 +101,21 @@ class OnlineCache:
             self.hits += 1
             return entry
 
-    def put(self, key: str, answer: str, completion_tokens: int, asker: str = "") -> bool:
+    def put(
+        self,
+        key: str,
+        answer: str,
+        completion_tokens: int,
+        asker: str = "",
+        checked: bool = True,
+    ) -> bool:
         """Store an answer generated for ``asker``; False when caching is off or the entry
-        alone exceeds the bound. The askers of an entry it replaces still count."""
+        alone exceeds the bound. ``checked``: the release's semantic tier was searched first.
+        The askers of an entry it replaces still count, and so does its check."""
         if not self.enabled or self._revoked(key):
             return False
         ttl = self.ttl_s * (1 + self.rng.uniform(-self.jitter, self.jitter))
-        entry = CachedAnswer(answer, completion_tokens, self.clock() + ttl, {asker})
+        entry = CachedAnswer(answer, completion_tokens, self.clock() + ttl, {asker}, checked)
         size = self._size(key, entry)
         if size > self.max_bytes:
             return False
@@ -109,6 +124,7 @@ class OnlineCache:
                 old = self._entries[key]
                 if old.expires_at > self.clock():
                     entry.askers |= set(list(old.askers)[: self.min_users])
+                    entry.checked = entry.checked or old.checked
                 self._remove(key)
             self._entries[key] = entry
             self._bytes += size
@@ -117,6 +133,14 @@ class OnlineCache:
                 self._remove(oldest)
                 self.evictions += 1
         return True
+
+    def check(self, key: str) -> None:
+        """The release's semantic tier has now been searched for ``key``'s question and missed:
+        its entry answers ahead of that tier from now on."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                entry.checked = True
 
     def revoke(self, revoked: Callable[[str], bool]) -> int:
         """Drop every entry ``revoked`` picks and cache none it picks from now on (until the next

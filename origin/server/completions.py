@@ -1,10 +1,11 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions``: the request flow, top to bottom.
 
-check the key -> the runtime must be ready -> read and parse the body -> the model must be ours
--> the asker's share: hold a place in it or refuse (429) -> the prompt's length in characters ->
-the prompt -> (a single question) look it up in the tiers and send a hit -> admit it to the
-engine or refuse it (429) -> stream it or answer it whole. Every request is counted and logged,
-refused ones included, and a refusal is charged to its asker's share.
+check the key -> the runtime must be ready -> read and parse the body (and the missed-hint
+header) -> the model must be ours -> the asker's share: hold a place in it or refuse (429) -> the
+prompt's length in characters -> the prompt -> (a single question) look it up in the tiers, past
+the semantic tier the client has just missed in, and send a hit -> admit it to the engine or
+refuse it (429) -> stream it or answer it whole. Every request is counted and logged, refused ones
+included, and a refusal is charged to its asker's share.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ from origin.server.protocol import (
     parse_chat,
     parse_completion,
     parse_json,
+    parse_missed_header,
 )
 from origin.server.responses import Answer, Shaper, answer_response
 from origin.server.state import OriginServer
 
 if TYPE_CHECKING:
+    from edge_index.lookup import ReleaseIndex
     from edge_index.users import Asker
 
 log = logging.getLogger(__name__)
@@ -66,6 +69,7 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
             runtime.default_temperature,
         )
         row.update(turns=parsed.turns, query=parsed.question[:4096])
+        missed = parse_missed_header(request.headers)
         check_model(parsed, server.model_name)
         asker = server.users.of_request(request, parsed.user, key_id)
         # from here until its response is over the request counts in its asker's share: an asker
@@ -99,12 +103,28 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
         cacheable = (
             tiers.cache_key(parsed, settings.system_prompt) if settings.origin_tiers else None
         )
+        skip_semantic = None
         if cacheable is not None:
             normalized, key = cacheable
-            row.update(normalized=normalized, key=key)
+            watcher = server.release_for(parsed.question)  # routed once, for the log row too
+            profile = watcher.profile if watcher else None
+            row.update(normalized=normalized, key=key, profile=profile or "")
+            # one release for the whole lookup, even if a swap happens now
+            index = watcher.index if watcher else None
+            skip_semantic = tiers.skips_semantic(missed, profile, index)
+            if skip_semantic is not None:
+                server.metrics.observe_missed_hint(skip_semantic)
             scoped = tiers.scoped_key(key, key_id, row["tenant"])
             answer = await look_up(
-                server, parsed, normalized, key, scoped, user, prompt.params.max_tokens
+                server,
+                index,
+                parsed,
+                normalized,
+                key,
+                scoped,
+                user,
+                prompt.params.max_tokens,
+                semantic=not skip_semantic,
             )
             if answer is not None:
                 server.metrics.observe_hit(answer.tier, time.monotonic() - arrival)
@@ -124,7 +144,17 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
         global_prefixes = settings.prefix_caching_scope == "global"
         scope = "" if global_prefixes else tiers.tenant_scope(key_id, row["tenant"])
         generation = Generation(
-            server, runtime, parsed, prompt, shaper, user, arrival, row, cache_key, scope
+            server,
+            runtime,
+            parsed,
+            prompt,
+            shaper,
+            user,
+            arrival,
+            row,
+            cache_key,
+            scope,
+            checked=not skip_semantic,
         )
         try:
             server.check_admitting()  # a shutdown may have begun while the tiers were looked up
@@ -175,21 +205,22 @@ def check_model(parsed: ParsedRequest, served: str) -> None:
 
 async def look_up(
     server: OriginServer,
+    index: ReleaseIndex | None,
     parsed: ParsedRequest,
     normalized: str,
     key: str,
     cache_key: str,
     asker: str,
     max_tokens: int,
+    semantic: bool = True,
 ) -> Answer | None:
-    """The tiers' answer, or None: a broken release or cache must not fail the request."""
+    """The tiers' answer, or None: a broken release or cache must not fail the request.
+    ``semantic=False``: the client has just missed in ``index``'s release at the edge."""
     runtime = server.runtime
     if runtime is None:
         return None
-    watcher = runtime.releases.for_question(parsed.question) if runtime.releases else None
-    index = watcher.index if watcher is not None else None
     try:
-        return await tiers.lookup(
+        looked = await tiers.lookup(
             index,
             server.cache,
             runtime.tokenizer,
@@ -199,10 +230,14 @@ async def look_up(
             max_tokens,
             cache_key,
             asker,
+            semantic,
         )
     except Exception:
         log.exception("origin tier lookup failed; generating")
         return None
+    if looked.semantic is not None:
+        server.metrics.observe_semantic(looked.semantic)
+    return looked.answer
 
 
 def refuse(

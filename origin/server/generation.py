@@ -95,6 +95,7 @@ class Generation:
         row: dict[str, Any],
         cache_key: str | None,
         prefix_scope: str = "",
+        checked: bool = True,
     ) -> None:
         self.server = server
         self.runtime = runtime
@@ -105,6 +106,9 @@ class Generation:
         self.arrival = arrival
         self.row = row
         self.cache_key = cache_key  # where a complete answer goes in the online cache
+        # the release's semantic tier was searched before generating (False: a client's hint
+        # skipped it): an unchecked answer yields to that tier for callers without one (cache.py)
+        self.checked = checked
         self.prefix_scope = prefix_scope  # whose KV prefixes the request may start from
         self.outcome = Outcome()
         self.outputs: OutputStream | None = None
@@ -254,7 +258,9 @@ class Generation:
         if reason is not None:
             self.server.metrics.observe_cache_skipped(reason)
         elif state.finish_reason == "stop":
-            self.server.cache.put(cache_key, state.text, state.completion_tokens, self.user)
+            self.server.cache.put(
+                cache_key, state.text, state.completion_tokens, self.user, self.checked
+            )
 
     # -- accounting -------------------------------------------------------------------------------
 

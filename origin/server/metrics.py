@@ -147,6 +147,18 @@ class OriginMetrics:
             "Generated answers never written to the online cache, by reason",
             ["reason"],
         )
+        self.semantic = counter(
+            "edgeqa_origin_semantic_lookups",
+            "Lookups that reached the release's semantic tier: hit and miss embedded and searched "
+            "the question, skipped did not (the client had just missed in that release)",
+            ["outcome"],
+        )
+        self.missed_hints = counter(
+            "edgeqa_origin_missed_hints",
+            "Requests saying which release they had just missed in at the edge: honoured (the one "
+            "served here) or other_release (ignored)",
+            ["outcome"],
+        )
 
         # every reason exported from the start (at 0), so that rates and alerts see them
         for reason in REJECT_REASONS:
@@ -155,6 +167,10 @@ class OriginMetrics:
             self.cache_skipped.labels(reason)
         for reason in ("client", "timeout"):
             self.cancelled.labels(reason)
+        for outcome in ("hit", "miss", "skipped"):
+            self.semantic.labels(outcome)
+        for outcome in ("honoured", "other_release"):
+            self.missed_hints.labels(outcome)
 
     def watch(self, engine: Callable[[], Engine | None], cache: OnlineCache) -> None:
         self.registry.register(EngineCollector(self.model_name, engine, cache))
@@ -167,6 +183,12 @@ class OriginMetrics:
 
     def observe_cache_skipped(self, reason: str) -> None:
         self.cache_skipped.labels(reason).inc()
+
+    def observe_semantic(self, outcome: str) -> None:
+        self.semantic.labels(outcome).inc()
+
+    def observe_missed_hint(self, honoured: bool) -> None:
+        self.missed_hints.labels("honoured" if honoured else "other_release").inc()
 
     def observe_hit(self, tier: str, ttft_s: float) -> None:
         self.requests.labels(tier, "200").inc()

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible request bodies: parsing, validation and the error shape.
+"""The OpenAI-compatible request bodies (and edgeqa's one request header): parsing, validation
+and the error shape.
 
 Every problem with a request becomes an ``APIError`` whose JSON body is OpenAI's
 ``{"error": {"message", "type", "param", "code"}}`` with ``param`` naming the offending field
@@ -13,9 +14,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
 from edge_index.bodies import BodyError, parse_body
+from edge_index.tiers import MISSED_HEADER, Missed, parse_missed
 from origin.generate import Message
 from origin.sampling import SamplingParams
 
@@ -305,3 +308,18 @@ def _request(
         user=user,
         **what,
     )
+
+
+def parse_missed_header(headers: Headers) -> Missed | None:
+    """The ``x-edgeqa-missed`` header: the release a client has just missed in at the edge, or
+    None. Malformed, or sent more than once: 400 naming it."""
+    values = headers.getlist(MISSED_HEADER)
+    if not values:
+        return None
+    if len(values) > 1:
+        message = f"{MISSED_HEADER} was sent {len(values)} times; send it once"
+        raise APIError(400, message, MISSED_HEADER)
+    try:
+        return parse_missed(values[0])
+    except ValueError as error:
+        raise APIError(400, str(error), MISSED_HEADER) from None

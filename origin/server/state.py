@@ -26,6 +26,7 @@ from origin.server.metrics import OriginMetrics
 from origin.server.protocol import APIError
 
 if TYPE_CHECKING:
+    from edge_index.watcher import ReleaseWatcher
     from origin.server.generation import Generation
 
 log = logging.getLogger(__name__)
@@ -152,11 +153,15 @@ class OriginServer:
         releases = runtime.releases if runtime else None
         return releases.profiles() if releases else {}
 
-    def served_profile(self, question: str = "") -> str | None:
-        """The profile ``question``'s tier reads (None before one is known)."""
+    def release_for(self, question: str) -> ReleaseWatcher | None:
+        """The served release of ``question``'s language (None: no tiers, or not loaded yet)."""
         runtime = self.runtime
         releases = runtime.releases if runtime else None
-        watcher = releases.for_question(question) if releases else None
+        return releases.for_question(question) if releases else None
+
+    def served_profile(self, question: str = "") -> str | None:
+        """The profile ``question``'s tier reads (None before one is known)."""
+        watcher = self.release_for(question)
         return watcher.profile if watcher else None
 
     def write_log(self, **row: Any) -> None:

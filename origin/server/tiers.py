@@ -4,17 +4,24 @@ Only a single question with default sampling, the served system prompt (or none)
 data is looked up (``cache_key``), through the one tier cascade (``edge_index/tiers.py``): the
 current release's exact tier, the online cache of answers generated here lately, the release's
 semantic tier. A hit is cut to the request's ``max_tokens`` as generation would have cut it.
+
+A client that has just missed at the edge in the release the origin serves for the question
+(``skips_semantic``) spares the origin the semantic tier: the edge has just embedded and searched
+the question in it. Its generated answer is cached unchecked (``CachedAnswer.checked``); such an
+entry answers a caller that sends no hint only once the semantic tier has missed for it too, so a
+hint, true or not, can never put an answer in front of the release's for someone else.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edge_index import tiers
 from edge_index.keys import InvalidQueryError, key_of_normalized, normalize
-from edge_index.lookup import Hit
+from edge_index.lookup import Hit, Miss
 from edge_index.pii import has_pii
-from origin.server.cache import OnlineCache
+from origin.server.cache import CachedAnswer, OnlineCache
 from origin.server.protocol import ParsedRequest
 from origin.server.responses import Answer
 
@@ -22,6 +29,18 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from edge_index.lookup import ReleaseIndex
+
+# misses that never reached a semantic search: nothing served, or a release serving exact hits only
+_NOT_SEARCHED = frozenset({"no_release", "semantic_off"})
+
+
+@dataclass(frozen=True)
+class Looked:
+    """The tiers' answer (None: generate) and what the release's semantic tier did: ``hit``,
+    ``miss`` (searched), ``skipped`` (a client's hint), or None (not reached)."""
+
+    answer: Answer | None
+    semantic: str | None
 
 
 def cache_key(parsed: ParsedRequest, system_prompt: str) -> tuple[str, str] | None:
@@ -59,6 +78,18 @@ def revoke_cached(cache: OnlineCache, keys: frozenset[str]) -> int:
     return cache.revoke(lambda scoped: scoped.rsplit("\x1f", 1)[-1] in keys)
 
 
+def skips_semantic(
+    missed: tiers.Missed | None, profile: str | None, index: ReleaseIndex | None
+) -> bool | None:
+    """Whether a client's ``missed`` hint spares the semantic tier: it names the release the
+    origin is about to look the question up in (``profile``'s ``index``). None without a hint;
+    False for a hint naming another profile or version (a client behind, or ahead of, this
+    origin), which is ignored."""
+    if missed is None:
+        return None
+    return index is not None and (profile, index.version) == (missed.profile, missed.version)
+
+
 async def lookup(
     index: ReleaseIndex | None,
     cache: OnlineCache,
@@ -69,23 +100,43 @@ async def lookup(
     max_tokens: int,
     cache_key: str,
     asker: str,
-) -> Answer | None:
+    semantic: bool = True,
+) -> Looked:
     """The tiers' answer, cut at ``max_tokens`` (the request's, within the room its prompt
     leaves), or None. ``cache_key``: ``key`` in the caller's tenant (``scoped_key``);
-    ``asker``: the caller's hashed identity, counted toward the cache's k."""
+    ``asker``: the caller's hashed identity, counted toward the cache's k; ``semantic=False``:
+    the caller has just missed in ``index``'s semantic tier (``skips_semantic``)."""
+    held: list[CachedAnswer] = []  # an unchecked entry, waiting for the semantic tier's miss
 
     def online(key: str) -> Hit | None:
         entry = cache.get(cache_key, asker)
         if entry is None:
             return None
-        return Hit(
-            "origin_cache", key, parsed.question, entry.answer, 1.0, None, entry.completion_tokens
-        )
+        if semantic and not entry.checked:
+            held.append(entry)
+            return None
+        return _cached(key, parsed.question, entry)
 
-    found = await tiers.lookup(index, parsed.question, normalized, key, online)
-    if not isinstance(found, Hit):
+    found = await tiers.lookup(index, parsed.question, normalized, key, online, semantic)
+    semantic_outcome = _semantic_outcome(found)
+    if isinstance(found, Miss) and held:  # the semantic tier has missed for it now
+        cache.check(cache_key)
+        found = _cached(key, parsed.question, held[0])
+    answer = fit(tokenizer, max_tokens, found) if isinstance(found, Hit) else None
+    return Looked(answer, semantic_outcome)
+
+
+def _cached(key: str, question: str, entry: CachedAnswer) -> Hit:
+    return Hit("origin_cache", key, question, entry.answer, 1.0, None, entry.completion_tokens)
+
+
+def _semantic_outcome(found: Hit | Miss) -> str | None:
+    """What the release's semantic tier did in the cascade that ended with ``found``."""
+    if isinstance(found, Hit):
+        return "hit" if found.tier == "semantic" else None
+    if found.reason in _NOT_SEARCHED:
         return None
-    return fit(tokenizer, max_tokens, found)
+    return "skipped" if found.reason == "skipped" else "miss"
 
 
 def fit(tokenizer: PreTrainedTokenizerBase, max_tokens: int, hit: Hit) -> Answer:

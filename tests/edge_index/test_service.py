@@ -55,6 +55,7 @@ def test_tiers_errors_health_and_metrics(embedder, s3_store: Store, tmp_path: Pa
             "miss": True,
             "version": None,
             "reason": "no_release",
+            "profile": None,  # no release searched: nothing to tell the origin
         }
         version = _publish(embedder, s3_store, tmp_path, "v1", 20, questions=QUESTIONS + MORE)
         assert state.refresh()
@@ -78,7 +79,10 @@ def test_tiers_errors_health_and_metrics(embedder, s3_store: Store, tmp_path: Pa
         assert semantic.json()["question"] == "How do I freeze my card?"
 
         for unrelated in ("What is the capital of France?", "Tell me a joke about cats"):
-            assert client.get("/v1/lookup", params={"q": unrelated}).status_code == 404
+            miss = client.get("/v1/lookup", params={"q": unrelated})
+            assert miss.status_code == 404
+            # the release searched, which a client names to the origin (tiers.missed_hint)
+            assert (miss.json()["profile"], miss.json()["version"]) == (PROFILE, version)
         # the guard: a different number or a different named entity never matches
         for changed in (
             "What is the daily limit for 200 pound withdrawals?",
@@ -565,7 +569,12 @@ def test_each_question_is_answered_from_its_language_profile(
         with TestClient(create_app(only_en)) as client:
             miss = client.get("/v1/lookup", params={"q": ZH_QUESTIONS[0]})
             assert miss.status_code == 404, miss.text
-            assert miss.json() == {"miss": True, "version": None, "reason": "language_not_served"}
+            assert miss.json() == {
+                "miss": True,
+                "version": None,
+                "reason": "language_not_served",
+                "profile": None,
+            }
             assert client.get("/v1/lookup", params={"q": QUESTIONS[1]}).status_code == 200
             health = client.get("/health").json()  # one language: that watcher's health
             assert health["status"] == "ok" and health["profile"] == "test-en"

@@ -50,6 +50,7 @@ def test_key_spec_vectors_under_node() -> None:
             "test/answers.test.mjs",
             "test/proofs.test.mjs",
             "test/languages.test.mjs",
+            "test/missed.test.mjs",
         ],
         cwd=WEB,
         capture_output=True,
@@ -58,7 +59,7 @@ def test_key_spec_vectors_under_node() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "# pass 7" in done.stdout and "# fail 0" in done.stdout
+    assert "# pass 9" in done.stdout and "# fail 0" in done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -149,9 +150,28 @@ def _in_chromium(script: str, *args: str) -> dict[str, Any]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def _semantic_work(origin: str) -> dict[str, float]:
+    """The origin's semantic-tier lookups by outcome and the missed-hints it honoured."""
+    import httpx
+
+    wanted = {
+        'edgeqa_origin_semantic_lookups_total{outcome="miss"}': "searched",
+        'edgeqa_origin_semantic_lookups_total{outcome="skipped"}': "skipped",
+        'edgeqa_origin_missed_hints_total{outcome="honoured"}': "honoured",
+    }
+    text = httpx.get(f"{origin}/metrics").text
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    return {name: float(samples[sample]) for sample, name in wanted.items()}
+
+
+def _moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: after[name] - before[name] for name in after if after[name] != before[name]}
+
+
 def test_browser_asks_a_published_and_a_novel_question(stack: dict[str, Any]) -> None:
     _skip_without_a_browser()
     published, novel = QUESTIONS[0], "Name one planet of the solar system."
+    before = _semantic_work(stack["origin"])
     report = _in_chromium("browser.mjs", stack["origin"], published, QUESTIONS[1], novel)
     assert report["errors"] == []
     first, replaced, second = report["results"]
@@ -164,6 +184,9 @@ def test_browser_asks_a_published_and_a_novel_question(stack: dict[str, Any]) ->
     assert second["tier"] == "generated" and "origin" in second["label"], second
     assert second["answer"].strip() and not second["error"]
     assert report["recent"] == ["generated", "exact", "exact"]
+    # the page told the origin which release the edge had missed the novel question in: it was
+    # not embedded and searched a second time
+    assert _moved(before, _semantic_work(stack["origin"])) == {"skipped": 1, "honoured": 1}
 
 
 def test_a_long_question_without_spaces_wraps_on_the_page(stack: dict[str, Any]) -> None:
@@ -193,9 +216,11 @@ def test_the_python_client_takes_the_browser_s_path(stack: dict[str, Any]) -> No
     unkeyed = EdgeQAClient(stack["origin"], stack["cdn"], stack["edge"], PROFILE)
     assert unkeyed.ask(QUESTIONS[0]).source == "edge"
     received: list[str] = []
+    before = _semantic_work(stack["origin"])
     novel = client.ask("Name one river in Europe.", on_text=received.append)
     assert (novel.tier, novel.source) == ("generated", "origin")
     assert novel.answer.strip() and "".join(received) == novel.answer
+    assert _moved(before, _semantic_work(stack["origin"])) == {"skipped": 1, "honoured": 1}
     edge_only = EdgeQAClient(stack["origin"], "", stack["edge"], PROFILE).ask(QUESTIONS[0])
     assert (edge_only.tier, edge_only.source) == ("exact", "edge")
 

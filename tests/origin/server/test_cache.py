@@ -70,3 +70,17 @@ def test_an_answer_is_served_only_once_k_distinct_askers_asked_for_it() -> None:
     assert cache.get("j", "cy") is not None
     with pytest.raises(ValueError, match="min_users"):
         OnlineCache(min_users=0)
+
+
+def test_an_entry_remembers_whether_the_release_was_searched_before_it() -> None:
+    cache = OnlineCache()
+    cache.put("k", "generated after a client's hint", 5, asker="ann", checked=False)
+    entry = cache.get("k", "bob")
+    assert entry is not None and not entry.checked
+    cache.check("k")  # the semantic tier has missed for it since
+    assert cache.get("k", "cy").checked  # type: ignore[union-attr]
+    # regenerated after another hint, it stays checked
+    cache.put("k", "again", 1, asker="dee", checked=False)
+    assert cache.get("k", "dee").checked  # type: ignore[union-attr]
+    cache.check("absent")  # nothing to mark
+    assert cache.get("absent") is None

@@ -845,6 +845,137 @@ def test_metrics_use_vllm_names_and_split_ttft(origin: Origin) -> None:
     assert len(names) > 10 and names <= exported, names - exported
 
 
+# -- a client that has just missed at the edge ----------------------------------------------------
+
+
+def _moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The semantic-tier and missed-hint counters that moved: ``{"semantic=miss": 1, ...}``."""
+    names = {
+        "edgeqa_origin_semantic_lookups_total": "semantic",
+        "edgeqa_origin_missed_hints_total": "hint",
+    }
+    moved = {}
+    for sample, value in after.items():
+        name, _, label = sample.partition("{")
+        if name in names and value != before.get(sample, 0.0):
+            outcome = label.split('"')[1]
+            moved[f"{names[name]}={outcome}"] = value - before.get(sample, 0.0)
+    return moved
+
+
+def _asking(client: httpx.Client) -> Any:
+    """``ask(question, user, headers={...}, **body)``: the tier, the answer, and which counters
+    the request moved (``_moved``)."""
+
+    def ask(question: str, user: str, **extra: Any) -> tuple[str, str, dict[str, float]]:
+        headers = _as(user, **extra.pop("headers", {}))
+        before = _samples(client)
+        body = _chat(question, **extra)
+        response = client.post("/v1/chat/completions", json=body, headers=headers)
+        assert response.status_code == 200, response.text
+        content = response.json()["choices"][0]["message"]["content"]
+        return response.headers["x-edgeqa-tier"], content, _moved(before, _samples(client))
+
+    return ask
+
+
+def _missed(origin: Origin) -> dict[str, str]:
+    return {"x-edgeqa-missed": f"{PROFILE}/{origin.server.release_version()}"}
+
+
+def test_a_client_that_missed_at_the_edge_spares_the_origin_the_semantic_search(
+    origin: Origin,
+) -> None:
+    missed, version = _missed(origin), origin.server.release_version()
+    with origin.client() as client:
+        ask = _asking(client)
+        # without the hint, as before: a novel question is embedded and searched, then generated
+        tier, _, moved = ask("Which planet has the most moons?", "ann", max_tokens=8)
+        assert (tier, moved) == ("generated", {"semantic=miss": 1})
+        # with it: not searched again
+        tier, _, moved = ask("Name a famous painter.", "ann", max_tokens=8, headers=missed)
+        assert (tier, moved) == ("generated", {"semantic=skipped": 1, "hint=honoured": 1})
+        # a published wording is still answered (the exact tier is a dictionary lookup)
+        tier, answer, moved = ask(QUESTIONS[0], "ann", headers=missed)
+        assert (tier, answer) == ("exact", f"v1: answer to {QUESTIONS[0]}")
+        assert moved == {"hint=honoured": 1}
+
+        # a hint naming another release is ignored: searched as without it
+        for other in (f"{PROFILE}/20000101T000000Z-00000000", f"other-profile/{version}"):
+            headers = {"x-edgeqa-missed": other}
+            tier, _, moved = ask("Name a large river.", "ann", max_tokens=8, headers=headers)
+            assert (tier, moved) == ("generated", {"semantic=miss": 1, "hint=other_release": 1})
+        # a request the tiers never look up is not counted
+        tier, _, moved = ask(NOVEL, "ann", max_tokens=4, temperature=0.5, headers=missed)
+        assert (tier, moved) == ("generated", {})
+
+        # a malformed hint, or one sent twice, is refused naming the header, on both endpoints
+        for value in ("nonsense", f"{PROFILE}/{version}/x", f"{PROFILE}/..", "p/v 1", "é/v"):
+            for path, body in (
+                ("/v1/chat/completions", _chat(NOVEL)),
+                ("/v1/completions", {"prompt": NOVEL}),
+            ):
+                raw = {"x-edgeqa-missed": value.encode()}
+                refused = client.post(path, json=body, headers=raw)
+                assert refused.status_code == 400, (value, refused.text)
+                assert refused.json()["error"]["param"] == "x-edgeqa-missed"
+        twice = [("x-edgeqa-missed", missed["x-edgeqa-missed"])] * 2
+        refused = client.post("/v1/chat/completions", json=_chat(NOVEL), headers=twice)
+        assert refused.status_code == 400 and "sent 2 times" in refused.json()["error"]["message"]
+
+
+def test_with_the_hint_the_online_cache_still_answers_and_never_jumps_the_release(
+    origin: Origin,
+) -> None:
+    missed, cache = _missed(origin), origin.server.cache
+
+    def key_of(question: str) -> str:
+        return scoped_key(key_of_normalized(normalize(question)), None, "")
+
+    with origin.client() as client:
+        ask = _asking(client)
+        # an answer generated after a hint skipped the semantic tier is cached unchecked: the
+        # next asker who missed at the edge gets it; one who sends no hint only once the
+        # semantic tier has missed for it too, and from then on ahead of that tier
+        question = "Which ocean is the largest?"
+        assert cache.put(key_of(question), "The Pacific.", 4, asker="zoe", checked=False)
+        tier, answer, moved = ask(question, "ann", headers=missed)
+        assert (tier, answer, moved) == ("origin_cache", "The Pacific.", {"hint=honoured": 1})
+        tier, answer, moved = ask(question, "bob")
+        assert (tier, answer, moved) == ("origin_cache", "The Pacific.", {"semantic=miss": 1})
+        tier, answer, moved = ask(question, "cy")
+        assert (tier, answer, moved) == ("origin_cache", "The Pacific.", {})
+
+        # a false hint only spares the origin work for its sender: the paraphrase the release's
+        # semantic tier answers is generated for it, and what such a request caches never
+        # answers anyone else ahead of the release
+        paraphrase = "how can I freeze my card"
+        tier, _, moved = ask(paraphrase, "ann", max_tokens=8, headers=missed)
+        assert (tier, moved) == ("generated", {"semantic=skipped": 1, "hint=honoured": 1})
+        assert cache.put(key_of(paraphrase), "Planted.", 2, asker="mallory", checked=False)
+        tier, answer, moved = ask(paraphrase, "bob")
+        assert (tier, answer) == ("semantic", f"v1: answer to {QUESTIONS[0]}")
+        assert moved == {"semantic=hit": 1}
+        tier, answer, _ = ask(paraphrase, "cy", headers=missed)
+        assert (tier, answer) == ("origin_cache", "Planted.")  # its sender's own doing
+
+        # end to end: a hinted generation writes such an entry
+        question = "Say hello."
+        before = _samples(client)
+        body = _chat(question, max_tokens=48)
+        first = client.post("/v1/chat/completions", json=body, headers=_as("ann", **missed))
+        assert first.headers["x-edgeqa-tier"] == "generated"
+        assert _moved(before, _samples(client)) == {"semantic=skipped": 1, "hint=honoured": 1}
+        choice = first.json()["choices"][0]
+        content, finish = choice["message"]["content"], choice["finish_reason"]
+        if finish != "stop" or uncacheable(question, content, finish) is not None:
+            pytest.skip(f"the model's answer is not one the cache keeps: {content!r}")
+        tier, again, moved = ask(question, "bob", max_tokens=48, headers=missed)
+        assert (tier, again, moved) == ("origin_cache", content, {"hint=honoured": 1})
+        tier, again, moved = ask(question, "cy", max_tokens=48)
+        assert (tier, again, moved) == ("origin_cache", content, {"semantic=miss": 1})
+
+
 def test_every_request_is_logged_with_a_hashed_user_and_tenant(origin: Origin) -> None:
     with origin.client() as client:
         client.post(
