@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edge_index.embedder import load_embedder
-from origin.generate import chat_messages, encode_chat, eos_token_ids
+from origin.chat import chat_messages, encode_chat, eos_token_ids
 from origin.model import load_model
 from origin.sampling import SamplingParams
 from precompute.config import MiningConfig, PrecomputeSettings

@@ -43,9 +43,9 @@ from _common import nq_questions
 from transformers import GenerationConfig
 from transformers.utils import logging as hf_logging
 
+from origin.chat import encode_chat
 from origin.engine import Engine, EngineConfig
 from origin.engine.runner import Segment
-from origin.generate import encode_chat
 from origin.model import embedded_gguf_path, load_model
 from origin.sampling import SamplingParams
 

@@ -22,9 +22,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from origin.generate import answer
 from origin.model import embedded_gguf_path, load_model
 from origin.sampling import SamplingParams
+from tests.origin.reference import answer
 
 QUESTION = "What is the capital of France?"
 

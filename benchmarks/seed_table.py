@@ -59,8 +59,8 @@ from edge_index.keys import InvalidQueryError, key_of_normalized, normalize
 from edge_index.lookup import Hit, ReleaseIndex
 from edge_index.profiles import load_index
 from edge_index.store import FileStore
+from origin.chat import encode_chat
 from origin.engine import Engine, EngineConfig
-from origin.generate import encode_chat
 from origin.model import load_model
 from origin.sampling import SamplingParams
 from origin.server.cache import OnlineCache

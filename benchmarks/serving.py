@@ -45,8 +45,8 @@ from transformers import GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 from transformers.utils import logging as hf_logging
 
+from origin.chat import encode_chat
 from origin.engine import Engine, EngineConfig, RequestOutput, default_quantization
-from origin.generate import encode_chat
 from origin.model import load_model
 from origin.sampling import SamplingParams
 

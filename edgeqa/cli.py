@@ -52,8 +52,8 @@ def _cmd_keys_generate(args: argparse.Namespace) -> int:
 def _cmd_ask(args: argparse.Namespace) -> int:
     quiet_libraries()
     from edge_index.keys import normalize
+    from origin.chat import chat_messages
     from origin.config import EngineSettings
-    from origin.generate import chat_messages
     from origin.runtime import build_engine
     from origin.sampling import SamplingParams
 

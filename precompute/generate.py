@@ -269,7 +269,7 @@ def generate_partition(
     ``reused`` rows (by key) as they are, the rest generated (the engine built only then)."""
     import pyarrow as pa
 
-    from origin.generate import chat_messages
+    from origin.chat import chat_messages
     from origin.sampling import SamplingParams
 
     reused = reused or {}

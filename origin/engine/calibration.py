@@ -184,7 +184,7 @@ def collect_linear_inputs(
 ) -> dict[tuple[int, str], torch.Tensor]:
     """Inputs ([rows, in_features], fp32) of q_proj, o_proj, gate_proj and down_proj per layer,
     over the calibration prompts (and, with ``answer_tokens``, the model's greedy answers)."""
-    from origin.generate import encode_chat
+    from origin.chat import encode_chat
 
     captured: dict[tuple[int, str], list[torch.Tensor]] = {}
     handles = []

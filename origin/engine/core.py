@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from origin.chat import Message, encode_chat, eos_token_ids
 from origin.engine.config import EngineConfig
 from origin.engine.offline import generate_many
 from origin.engine.proposers import SuffixIndex
@@ -28,7 +29,6 @@ from origin.engine.runner import Runner, Segment, make_runner
 from origin.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from origin.engine.speculative import Speculator, make_speculator
 from origin.engine.stream import open_stream
-from origin.generate import Message, encode_chat, eos_token_ids
 from origin.sampling import SamplingParams, sample_rows
 
 if TYPE_CHECKING:

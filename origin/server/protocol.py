@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse
 
 from edge_index.bodies import BodyError, parse_body
 from edge_index.tiers import MISSED_HEADER, Missed, parse_missed
-from origin.generate import Message
+from origin.chat import Message
 from origin.sampling import SamplingParams
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

@@ -1,8 +1,9 @@
 from __future__ import annotations
 
+from origin.chat import chat_messages
 from origin.detokenizer import IncrementalDetokenizer
-from origin.generate import GenerationStats, chat_messages, stream_chat
 from origin.sampling import SamplingParams
+from tests.origin.reference import GenerationStats, stream_chat
 
 
 def _run(embedded_model, question: str, params: SamplingParams) -> tuple[str, GenerationStats]:  # type: ignore[no-untyped-def]

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from origin.generate import answer
 from origin.model import (
     EMBEDDED_INSTALL,
     MARKER,
@@ -23,6 +22,7 @@ from origin.model import (
     resolve_model_path,
 )
 from origin.sampling import SamplingParams
+from tests.origin.reference import answer
 
 ROOT = Path(__file__).resolve().parents[2]
 CONVERT = (

@@ -8,9 +8,9 @@ import pytest
 from origin.engine import Engine, EngineConfig, RequestOutput
 from origin.engine.runner import HFRunner
 from origin.engine.scheduler import SHARED_PREFIX_MIN
-from origin.generate import answer
 from origin.sampling import SamplingParams
 from tests.origin.engine.conftest import checked
+from tests.origin.reference import answer
 
 QUESTIONS = [
     "What is the capital of France?",

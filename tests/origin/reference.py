@@ -1,9 +1,6 @@
-"""Engine-free generation: one request, one KV cache, tokens streamed as text deltas.
-
-The prompt helpers every path uses (``chat_messages``, ``encode_chat``, ``eos_token_ids``), and the
-simplest correct path from a question to a streamed answer (``stream_chat``, ``answer``): the
-reference the engine is tested against (``tests/``, ``benchmarks/model_load.py``). The engine
-(continuous batching, ``origin/engine/``) serves every request.
+"""The reference generator: the simplest correct path from a question to a streamed answer (one
+request, one ``DynamicCache``, ``transformers``' own forward), which the engine and the model
+loading are tested against. Test-only: the engine (``origin/engine/``) serves every request.
 """
 
 from __future__ import annotations
@@ -11,15 +8,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from origin.chat import Message, chat_messages, encode_chat, eos_token_ids
 from origin.detokenizer import IncrementalDetokenizer
 from origin.sampling import SamplingParams, sample_next
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-Message = dict[str, Any]
 
 
 @dataclass
@@ -37,34 +33,6 @@ class GenerationStats:
         if self.completion_tokens < 2 or decode_ms <= 0:
             return 0.0
         return (self.completion_tokens - 1) * 1000.0 / decode_ms
-
-
-def chat_messages(question: str, system: str | None = None) -> list[Message]:
-    messages: list[Message] = []
-    if system:
-        messages.append({"role": "system", "content": system})
-    messages.append({"role": "user", "content": question})
-    return messages
-
-
-def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> list[int]:
-    """Token ids of ``messages`` in the model's chat template, ready for the assistant's turn."""
-    encoded: Any = tokenizer.apply_chat_template(
-        list(messages), add_generation_prompt=True, return_dict=True
-    )
-    return [int(i) for i in encoded["input_ids"]]
-
-
-def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
-    ids: set[int] = set()
-    configured = model.generation_config.eos_token_id
-    if isinstance(configured, int):
-        ids.add(configured)
-    elif configured:
-        ids.update(configured)
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return ids
 
 
 def stream_chat(
