@@ -54,6 +54,7 @@ from edge_index.guard import Guard
 from edge_index.keys import InvalidQueryError, key_of_normalized, normalize
 from edge_index.languages import language_of
 from edge_index.lookup import Hit, ReleaseIndex
+from edge_index.manifest import Finetuned, Manifest
 from edge_index.matcher import Decision, calibrate
 from edge_index.release import load_release
 from edge_index.store import FileStore
@@ -102,8 +103,8 @@ def cache_release(
     target: float,
     language: str = "en",
     embedder_dir: Path | None = None,
-    embedder_info: dict[str, Any] | None = None,
-) -> tuple[ReleaseIndex, dict[str, Any], list[dict[str, Any]], np.ndarray]:
+    embedder_info: Finetuned | None = None,
+) -> tuple[ReleaseIndex, Manifest, list[dict[str, Any]], np.ndarray]:
     """Build, publish and load a release with one answer per label."""
     by_key: dict[str, Counter[str]] = defaultdict(Counter)
     text_of: dict[str, str] = {}
@@ -289,8 +290,8 @@ def main() -> None:
                 systems[system] = evaluate(variant, queries, query_vectors, label_of_answer)
                 systems[system]["calibrated"] = cal.calibrated
         systems[name] = evaluate(index, queries, query_vectors, label_of_answer)
-        systems[name]["calibration"] = manifest["threshold"]
-        systems[name]["embedder"] = {k: v for k, v in manifest["embedder"].items() if k != "files"}
+        systems[name]["calibration"] = manifest.threshold.as_dict()
+        systems[name]["embedder"] = manifest.embedder.as_dict(exclude={"files"})
         print(f"{name}: {systems[name]}", file=sys.stderr, flush=True)
         return index
 
@@ -319,15 +320,15 @@ def main() -> None:
             tune_s = time.perf_counter() - t0
             folder = Path(tmp) / "tuned-model"
             tuned.save(str(folder))
-            info = {
-                "finetuned": {
+            info = Finetuned.of(
+                {
                     "base": spec,
                     "steps": args.finetune_steps,
                     "examples": len(texts),
                     "seconds": round(tune_s, 1),
                     "sha256": model_digest(folder),
                 }
-            }
+            )
             run(
                 tuned,
                 "edgeqa",

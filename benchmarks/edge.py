@@ -40,6 +40,7 @@ from _common import DATA_DIR
 from edge_index.embedder import load_embedder
 from edge_index.keys import key, normalize
 from edge_index.lookup import Hit, ReleaseIndex
+from edge_index.manifest import Manifest
 from edge_index.release import LoadedRelease, Shard, load_release, row_schema
 from edge_index.service import create_app
 from edge_index.store import FileStore
@@ -127,15 +128,17 @@ def build_synthetic(base: ReleaseIndex, entries: int, seed: int = 0) -> ReleaseI
 
     columns = {name: base_rows[name] + filler(name) for name in row_schema().names}
     rows = pa.table(columns, schema=row_schema())
-    manifest = {
-        **base.manifest,
-        "version": f"synthetic-{entries}",
-        "index": {
-            **base.manifest["index"],
-            "factory": factory_for(config, entries),
-            "nprobe": config.nprobe,
-        },
-    }
+    manifest = Manifest.of(
+        {
+            **base.manifest.as_dict(),
+            "version": f"synthetic-{entries}",
+            "index": {
+                **base.manifest.index.as_dict(),
+                "factory": factory_for(config, entries),
+                "nprobe": config.nprobe,
+            },
+        }
+    )
     release = LoadedRelease(manifest, "synthetic", [Shard(index, rows)])
     return ReleaseIndex(release, base.embedder, base.decision, base.guard)
 
@@ -257,8 +260,8 @@ def main() -> None:
                     "lookups": args.lookups,
                     "threads": _threads(),
                     "factories": {
-                        str(len(small)): small.manifest["index"]["factory"],
-                        str(len(large)): large.manifest["index"]["factory"],
+                        str(len(small)): small.manifest.index.factory,
+                        str(len(large)): large.manifest.index.factory,
                     },
                     "semantic_includes_embedding": True,
                 },

@@ -138,7 +138,7 @@ def child_mine(args: dict[str, Any]) -> dict[str, Any]:
                 config,
                 now=params.now,
             )
-        threshold = manifest["threshold"]
+        threshold = manifest.threshold.as_dict()
         result["calibration"] = {
             "build_s": round(time.perf_counter() - began, 2),
             "rows": report.rows,
@@ -349,6 +349,7 @@ def child_write_edge_release(args: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
 
     from edge_index.keys import key, normalize
+    from edge_index.manifest import EmbedderEntry, ProfileEntry, Threshold
     from edge_index.store import FileStore
     from precompute.build import BuildConfig, content_sha256, release_version, write_release
     from precompute.publish import publish
@@ -387,9 +388,9 @@ def child_write_edge_release(args: dict[str, Any]) -> dict[str, Any]:
             rows,
             vectors,
             version,
-            {"name": "scale-edge", "inputs": {}},
-            {"name": "embedded", "dim": 384},
-            {"value": 0.9, "margin": 0.05, "semantic": False, "calibrated": False},
+            ProfileEntry(name="scale-edge", inputs={}),
+            EmbedderEntry(name="embedded", dim=384),
+            Threshold(value=0.9, margin=0.05, semantic=False, calibrated=False),
             BuildConfig(),
             {
                 "counts": {"clusters": m, "rows": m},

@@ -72,12 +72,13 @@ class ReleaseIndex:
         self.version = release.version
         self.manifest = manifest
         self.embedder = embedder
-        threshold = manifest.get("threshold", {})
+        threshold = manifest.threshold
         self.decision = decision or decision_from_manifest(threshold)
         # the semantic tier serves only a decision calibration showed to reach its target (or
         # one a caller chose): an uncalibrated release answers exact hits only
-        self.semantic = decision is not None or bool(threshold.get("semantic", False))
-        self.guard = guard if guard is not None else Guard(**manifest.get("guard", {}))
+        self.semantic = decision is not None or threshold.semantic
+        flags = manifest.guard
+        self.guard = guard if guard is not None else Guard(**flags.as_dict())
         self.k = k
         self.keys: list[str] = []
         self.questions: list[str] = []
@@ -90,9 +91,9 @@ class ReleaseIndex:
         self.clock = clock
         # phrasings taken down (``precompute/revocations.py``): never served, even before the
         # release without them is loaded (``revoke``)
-        self.revoked: frozenset[str] = frozenset(manifest.get("revoked", {}).get("keys", ()))
+        self.revoked = frozenset(manifest.revoked.keys if manifest.revoked else ())
         expires: list[np.ndarray] = []  # per shard: epoch seconds (no expiry: int64 max)
-        ef_search = int(manifest.get("index", {}).get("ef_search", 128))
+        ef_search = manifest.index.ef_search
         for shard in release.shards:
             offset = len(self.keys)
             columns = shard.rows.select(["key", "question", "answer", "cluster"]).to_pydict()
@@ -116,7 +117,7 @@ class ReleaseIndex:
             if hasattr(inner, "hnsw"):
                 inner.hnsw.efSearch = max(ef_search, k)
             if hasattr(inner, "nprobe"):
-                inner.nprobe = int(manifest.get("index", {}).get("nprobe", 16))
+                inner.nprobe = manifest.index.nprobe
             self.shards.append((shard.index, offset))
         self.answer_ids = np.asarray(answer_ids, dtype=np.int64)
         self.expires_at = np.concatenate(expires) if expires else np.zeros(0, np.int64)

@@ -30,12 +30,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edge_index.config import MAX_OUT_OF_SCOPE_SHARE, OUT_OF_SCOPE_SHARE
 from edge_index.guard import Guard
+
+if TYPE_CHECKING:
+    from edge_index.manifest import Threshold
 
 DEFAULT_K = 10
 VOTE_K = 5
@@ -133,12 +136,12 @@ class Calibration:
         }
 
 
-def decision_from_manifest(threshold: dict[str, Any]) -> Decision:
+def decision_from_manifest(threshold: Threshold) -> Decision:
     return Decision(
-        threshold=float(threshold.get("value", 0.9)),
-        margin=float(threshold.get("margin", 0.0) or 0.0),
-        agreement=float(threshold.get("agreement", 0.0) or 0.0),
-        vote_k=int(threshold.get("vote_k", VOTE_K) or VOTE_K),
+        threshold=float(threshold.value),
+        margin=float(threshold.margin or 0.0),
+        agreement=float(threshold.agreement or 0.0),
+        vote_k=threshold.vote_k or VOTE_K,
     )
 
 

@@ -26,6 +26,9 @@ same keys, as a statement of its own (TUF's timestamp role, for one file):
 A pointer signed before sequences existed carries the release's own statement: it is read as
 sequence 0, never fresh, and refused by a reader that has verified any sequenced pointer.
 ``tests/vectors/proofs.json`` holds the Python and the web client to the same verdicts.
+
+``current.json`` is read into ``Pointer`` and its statement into ``PointerStatement``, each
+validated once (``manifest.Document``: written back exactly as read).
 """
 
 from __future__ import annotations
@@ -38,8 +41,11 @@ import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal, Self
 
+from pydantic import StrictInt, StrictStr, model_validator
+
+from edge_index.manifest import Document, FormatError
 from edge_index.signing import (
     STATEMENT_FORMAT,
     SignatureError,
@@ -51,13 +57,69 @@ from edge_index.signing import (
 
 log = logging.getLogger(__name__)
 
-POINTER_FORMAT = "edgeqa-pointer/1"
+POINTER_FORMAT: Final = "edgeqa-pointer/1"
 DEFAULT_EXPIRES_S = 2 * 86400  # one missed nightly publish stays fresh
 MAX_SEQUENCE = 2**53 - 1  # what a browser's numbers hold exactly
 
 
 class RollbackError(SignatureError):
     """A validly signed pointer older than one this reader has already verified."""
+
+
+class Pointer(Document):
+    """``current.json``: which release is current. ``sequence`` and ``not_after`` are copies for
+    people (readers trust only ``signed``, the signature object over a ``PointerStatement``);
+    a pointer written before pointers were signed has none of the three. Fields in the order
+    they are written (``publish.flip_pointer``)."""
+
+    version: StrictStr
+    manifest_sha256: StrictStr | None = None  # refused when missing (``release.py``)
+    published_at: StrictStr | None = None
+    parent: StrictStr | None = None
+    rolled_back_from: StrictStr | None = None  # a rollback's: the version it replaced
+    sequence: StrictInt | None = None
+    not_after: StrictStr | None = None
+    signed: Any = None  # checked with the keys (``signing.verify_statement``), not here
+
+
+def _timestamp(value: str) -> datetime:
+    found = datetime.fromisoformat(value)
+    if found.tzinfo is None:
+        raise ValueError("not_after has no time zone")
+    return found
+
+
+class PointerStatement(Document):
+    """What a pointer's signature covers (``edgeqa-pointer/1``), or, in a pointer signed before
+    sequences, the release's own statement (``edgeqa-release-statement/1``: no sequence, no
+    expiry)."""
+
+    answers_root: StrictStr
+    format: Literal["edgeqa-pointer/1", "edgeqa-release-statement/1"]
+    manifest_sha256: StrictStr
+    not_after: StrictStr | None = None
+    profile: StrictStr
+    sequence: StrictInt | None = None
+    version: StrictStr
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.format != POINTER_FORMAT:
+            return self
+        if self.sequence is None or not 1 <= self.sequence <= MAX_SEQUENCE:
+            raise ValueError(f"sequence {self.sequence} is not a positive integer below 2^53")
+        try:
+            _timestamp(self.not_after or "")
+        except ValueError as error:
+            raise ValueError(f"not_after {self.not_after!r:.60}: {error}") from None
+        return self
+
+    @property
+    def expires(self) -> datetime | None:
+        """``not_after``; None for a release's own statement (never fresh)."""
+        if self.format != POINTER_FORMAT or self.not_after is None:
+            return None
+        return _timestamp(self.not_after)
 
 
 @dataclass(frozen=True)
@@ -96,16 +158,16 @@ def pointer_statement(
     not_after: datetime,
 ) -> bytes:
     """The text a pointer's signature covers."""
-    body = {
-        "answers_root": answers_root,
-        "format": POINTER_FORMAT,
-        "manifest_sha256": manifest_sha256,
-        "not_after": not_after.astimezone(UTC).isoformat(timespec="seconds"),
-        "profile": profile,
-        "sequence": sequence,
-        "version": version,
-    }
-    return canonical(body)
+    body = PointerStatement(
+        answers_root=answers_root,
+        format=POINTER_FORMAT,
+        manifest_sha256=manifest_sha256,
+        not_after=not_after.astimezone(UTC).isoformat(timespec="seconds"),
+        profile=profile,
+        sequence=sequence,
+        version=version,
+    )
+    return canonical(body.as_dict())
 
 
 def next_sequence(previous: int, now: datetime) -> int:
@@ -124,7 +186,7 @@ def new_pointer(
     expires_s: float = DEFAULT_EXPIRES_S,
     now: datetime | None = None,
     **fields: Any,
-) -> dict[str, Any]:
+) -> Pointer:
     """``current.json`` naming a release, signed by ``signer`` (unsigned when None) under the
     sequence after ``previous`` (the verified sequence of the pointer it replaces; 0 if none),
     fresh for ``expires_s``; ``fields``: what the pointer adds for people (parent, ...)."""
@@ -133,59 +195,53 @@ def new_pointer(
     now = now or datetime.now(UTC)
     sequence = next_sequence(previous, now)
     not_after = now + timedelta(seconds=expires_s)
-    pointer: dict[str, Any] = {
-        "version": version,
-        "manifest_sha256": manifest_sha256,
-        "published_at": now.isoformat(timespec="seconds"),
-        **fields,
-        "sequence": sequence,  # copies for people; readers trust only the signed statement
-        "not_after": not_after.isoformat(timespec="seconds"),
-    }
+    signed = None
     if signer is not None:
         text = pointer_statement(
             profile, version, manifest_sha256, answers_root, sequence, not_after
         )
-        pointer["signed"] = json.loads(sign_statement(text, signer))
-    return pointer
-
-
-def _timestamp(value: Any) -> datetime:
-    if not isinstance(value, str):
-        raise ValueError("not_after is not a timestamp")
-    found = datetime.fromisoformat(value)
-    if found.tzinfo is None:
-        raise ValueError("not_after has no time zone")
-    return found
-
-
-def verify_pointer(pointer: Any, profile: str, public_keys: tuple[str, ...]) -> SignedPointer:
-    """What ``pointer`` (a parsed ``current.json``) says, once its ``signed`` statement verifies
-    under one of ``public_keys`` for ``profile`` and names the release the pointer names;
-    ``SignatureError`` otherwise."""
-    if not isinstance(pointer, dict):
-        raise SignatureError("the pointer is not a JSON object")
-    signed = verify_statement(
-        pointer.get("signed"), public_keys, (POINTER_FORMAT, STATEMENT_FORMAT)
+        signed = json.loads(sign_statement(text, signer))
+    return Pointer.of(
+        {
+            "version": version,
+            "manifest_sha256": manifest_sha256,
+            "published_at": now.isoformat(timespec="seconds"),
+            **fields,
+            "sequence": sequence,  # copies for people; readers trust only the signed statement
+            "not_after": not_after.isoformat(timespec="seconds"),
+            **({"signed": signed} if signed is not None else {}),
+        }
     )
-    named = (pointer.get("version"), pointer.get("manifest_sha256"))
-    if signed.get("profile") != profile:
+
+
+def verify_pointer(
+    pointer: Pointer | Any, profile: str, public_keys: tuple[str, ...]
+) -> SignedPointer:
+    """What ``pointer`` (a ``Pointer``, or a parsed ``current.json``) says, once its ``signed``
+    statement verifies under one of ``public_keys`` for ``profile`` and names the release the
+    pointer names; ``SignatureError`` otherwise."""
+    try:
+        pointer = Pointer.of(pointer)
+    except FormatError as error:
+        raise SignatureError(f"the pointer is malformed: {error}") from None
+    found = verify_statement(pointer.signed, public_keys, (POINTER_FORMAT, STATEMENT_FORMAT))
+    try:
+        signed = PointerStatement.of(found)
+    except FormatError as error:
+        raise SignatureError(f"the pointer's signed statement: {error}") from None
+    if signed.profile != profile:
         raise SignatureError("the pointer's signed statement is another profile's")
-    if (signed.get("version"), signed.get("manifest_sha256")) != named:
+    if (signed.version, signed.manifest_sha256) != (pointer.version, pointer.manifest_sha256):
         raise SignatureError("the pointer's signed statement names another release")
-    root = signed.get("answers_root")
-    if not isinstance(root, str) or not all(isinstance(v, str) for v in named):
-        raise SignatureError("the pointer's signed statement names no release")
-    sequence, not_after = 0, None
-    if signed["format"] == POINTER_FORMAT:
-        found = signed.get("sequence")
-        if type(found) is not int or not 1 <= found <= MAX_SEQUENCE:
-            raise SignatureError("the pointer's signed sequence is not a positive integer")
-        sequence = found
-        try:
-            not_after = _timestamp(signed.get("not_after"))
-        except ValueError as error:
-            raise SignatureError(f"the pointer's signed statement: {error}") from None
-    return SignedPointer(profile, str(named[0]), str(named[1]), root, sequence, not_after)
+    sequence = signed.sequence if signed.format == POINTER_FORMAT else None
+    return SignedPointer(
+        profile,
+        signed.version,
+        signed.manifest_sha256,
+        signed.answers_root,
+        sequence or 0,
+        signed.expires,
+    )
 
 
 def signed_root(pointer: Any, profile: str, public_keys: tuple[str, ...]) -> str | None:
@@ -317,7 +373,7 @@ class PointerState:
         self.served: SignedPointer | None = None
         self.rollback: str | None = None
 
-    def verify(self, pointer: Any, profile: str, where: str) -> SignedPointer | None:
+    def verify(self, pointer: Pointer, profile: str, where: str) -> SignedPointer | None:
         """``pointer``'s signed statement, not older than one verified before at ``where``
         (None without public keys); ``SignatureError``, ``RollbackError`` for an older one
         (then reported stale until the store's pointer moves on)."""

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge_index.errors import EdgeQAError
-from edge_index.languages import DEFAULT_LANGUAGE
 from edge_index.lookup import ReleaseIndex
 from edge_index.release import (
     LoadedRelease,
@@ -58,21 +57,21 @@ def embedder_for(
     name (``embedded``, ``multilingual``), and in any case vectors of the release's dimension."""
     from edge_index.embedder import BUILT_IN, load_embedder
 
-    recorded = release.manifest["embedder"]
+    recorded = release.manifest.embedder
     # the files are read once, at load: the folder goes when the embedder is in memory
     with tempfile.TemporaryDirectory(prefix="edgeqa-embedder-") as scratch:
         folder = release.write_embedder(Path(scratch))
         embedder = load_embedder(str(folder)) if folder else default
-    name = recorded.get("name")
+    name = recorded.name
     if not folder and spec is not None and name != spec and (name in BUILT_IN or spec in BUILT_IN):
         raise ValueError(
             f"the release was embedded with {name!r}, this service embeds its language's "
             f"questions with {spec!r} (EDGEQA_EMBEDDER)"
         )
     dim = embedder.get_embedding_dimension()
-    if dim != recorded["dim"]:
+    if dim != recorded.dim:
         raise ValueError(
-            f"the release was embedded with {name!r} ({recorded['dim']}-d), the edge's embedder "
+            f"the release was embedded with {name!r} ({recorded.dim}-d), the edge's embedder "
             f"is {dim}-d"
         )
     return embedder
@@ -88,13 +87,10 @@ def profile_language(store: Store, profile: str) -> tuple[str, str] | None:
     languages) and its version; None when it has no pointer. Not verified: this only routes; the
     release is verified when it loads."""
     pointer, _ = read_pointer(store, profile)
-    version = pointer.get("version") if pointer else None
-    if not isinstance(version, str):
+    if pointer is None:
         return None
-    manifest, _ = read_manifest(store, profile, version)
-    inputs = manifest.get("profile", {}).get("inputs", {})
-    language = inputs.get("language", DEFAULT_LANGUAGE) if isinstance(inputs, dict) else None
-    return (str(language), version)
+    manifest, _ = read_manifest(store, profile, pointer.version)
+    return (manifest.profile.language, pointer.version)
 
 
 def resolve_profile(

@@ -13,21 +13,23 @@ Integrity is a chain: the pointer holds the manifest's sha256, the manifest hold
 every shard file, and every row holds the sha256 of its answer object (``object_sha256``), so one
 hash at the top covers every byte of a release without a manifest line per answer object.
 Readers (``load_release``) verify the chain and refuse a release that breaks it. Whoever can write
-the store can still write a manifest, so before anything is fetched or parsed its paths are held to
-the layout above (plain names under ``shards/`` and ``embedder/``, only data formats: never a
-pickle) and its sizes to the caps below.
+the store can still write a manifest, so it is read into ``Manifest`` (``manifest.py``), which
+holds its paths to the layout above (plain names under ``shards/`` and ``embedder/``, only data
+formats: never a pickle) and its sizes to caps, before anything it names is fetched or parsed;
+the pointer is read into ``Pointer`` (``pointers.py``).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from edge_index.errors import EdgeQAError
+from edge_index.manifest import PLAIN_NAME, FileEntry, FormatError, Manifest, ShardEntry
+from edge_index.pointers import Pointer
 from edge_index.proofs import proves
 from edge_index.signing import MAX_SIGNATURE_BYTES, SIGNATURE, SignatureError, verify_statement
 from edge_index.store import (
@@ -43,23 +45,13 @@ if TYPE_CHECKING:
     import faiss
     import pyarrow as pa
 
-FORMAT = 2
 POINTER = "current.json"
 
-# the most a release object may claim (and be) before it is fetched, parsed or deserialized
+# the most a release object may be before it is fetched and parsed (its files' caps:
+# ``manifest.py``)
 MAX_POINTER_BYTES = 64 << 10
 MAX_MANIFEST_BYTES = 16 << 20
-MAX_SHARD_FILE_BYTES = 1 << 30
-MAX_EMBEDDER_FILE_BYTES = 512 << 20
 MAX_ANSWER_OBJECT_BYTES = 1 << 20
-MAX_RELEASE_FILES = 4096  # shard and embedder files a manifest may list (each once)
-MAX_RELEASE_BYTES = 64 << 30
-# what each folder of a release may hold: data formats only (an embedder never ships pickles)
-_SUFFIXES = {
-    "shards": (".faiss", ".parquet"),
-    "embedder": (".json", ".safetensors", ".txt", ".model", ".md"),
-}
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 class ReleaseError(EdgeQAError, RuntimeError):
@@ -118,8 +110,9 @@ def deserialize_index(data: bytes) -> faiss.Index:
     return faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
 
 
-def read_pointer(store: Store, profile: str) -> tuple[dict[str, Any] | None, str | None]:
-    """The current pointer and its ETag, or (None, None) before the first publish."""
+def read_pointer(store: Store, profile: str) -> tuple[Pointer | None, str | None]:
+    """The current pointer (validated: ``Pointer``) and its ETag, or (None, None) before the
+    first publish."""
     try:
         data, etag = store.get_with_etag(pointer_path(profile), max_bytes=MAX_POINTER_BYTES)
     except ObjectNotFoundError:
@@ -127,12 +120,9 @@ def read_pointer(store: Store, profile: str) -> tuple[dict[str, Any] | None, str
     except ObjectTooLargeError:
         raise ReleaseError(f"{pointer_path(profile)} is over {MAX_POINTER_BYTES} bytes") from None
     try:
-        pointer = json.loads(data)
-        if not isinstance(pointer, dict) or "version" not in pointer:
-            raise ValueError("no version")
-    except (ValueError, RecursionError) as error:
+        return Pointer.from_json(data), etag
+    except FormatError as error:
         raise ReleaseError(f"{pointer_path(profile)} is not a valid pointer: {error}") from None
-    return pointer, etag
 
 
 def list_versions(store: Store, profile: str) -> list[str]:
@@ -154,7 +144,7 @@ class Shard:
 
 @dataclass
 class LoadedRelease:
-    manifest: dict[str, Any]
+    manifest: Manifest
     manifest_sha256: str
     shards: list[Shard]
     embedder_files: dict[str, bytes] = field(default_factory=dict)  # path -> verified bytes
@@ -174,16 +164,16 @@ class LoadedRelease:
 
     @property
     def version(self) -> str:
-        return str(self.manifest["version"])
+        return self.manifest.version
 
 
-def read_manifest(store: Store, profile: str, version: str) -> tuple[dict[str, Any], str]:
-    """The manifest and its sha256."""
+def read_manifest(store: Store, profile: str, version: str) -> tuple[Manifest, str]:
+    """The manifest (validated: ``Manifest``) and its sha256."""
     manifest, data = _manifest(store, profile, version)
     return manifest, sha256_hex(data)
 
 
-def _manifest(store: Store, profile: str, version: str) -> tuple[dict[str, Any], bytes]:
+def _manifest(store: Store, profile: str, version: str) -> tuple[Manifest, bytes]:
     try:
         data = store.get(
             f"{release_prefix(profile, version)}/manifest.json", max_bytes=MAX_MANIFEST_BYTES
@@ -195,16 +185,12 @@ def _manifest(store: Store, profile: str, version: str) -> tuple[dict[str, Any],
             f"release {profile}/{version}: manifest.json is over the {MAX_MANIFEST_BYTES} byte cap"
         ) from None
     try:
-        manifest = json.loads(data)
-    except (ValueError, RecursionError) as error:
+        manifest = Manifest.from_json(data)
+    except FormatError as error:
         raise ReleaseError(f"release {profile}/{version}: manifest.json: {error}") from None
-    if not isinstance(manifest, dict) or (manifest.get("format"), manifest.get("version")) != (
-        FORMAT,
-        version,
-    ):
-        raise ReleaseError(f"release {profile}/{version}: unexpected manifest format or version")
-    named = manifest.get("profile")
-    if not isinstance(named, dict) or named.get("name") != profile:
+    if manifest.version != version:
+        raise ReleaseError(f"release {profile}/{version}: the manifest is another version's")
+    if manifest.profile.name != profile:
         # a signed release of another profile, copied here, is still not this profile's
         raise ReleaseError(f"release {profile}/{version}: the manifest is another profile's")
     return manifest, data
@@ -214,7 +200,7 @@ def _check_signature(
     store: Store,
     profile: str,
     version: str,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     manifest_sha256: str,
     public_keys: tuple[str, ...],
 ) -> None:
@@ -235,70 +221,24 @@ def _check_signature(
         "profile": profile,
         "version": version,
         "manifest_sha256": manifest_sha256,
-        "answers_root": manifest.get("answers_root"),
+        "answers_root": manifest.answers_root,
     }
     for name, value in expected.items():
         if signed.get(name) != value:
             raise ReleaseError(f"release {profile}/{version}: the signature is for another {name}")
 
 
-def member(entry: Any) -> str:
-    """A manifest file entry's path, once it is a plain file of its folder with an allowed type
-    and a size under the folder's cap; ``ReleaseError`` otherwise (before anything is fetched)."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
-        raise ReleaseError(f"manifest file entry {entry!r:.200} has no path")
-    path = entry["path"]
-    folder, _, rest = path.partition("/")
-    suffixes = _SUFFIXES.get(folder, ())
-    names = rest.split("/")
-    if not suffixes or not all(_PLAIN_NAME.fullmatch(n) for n in names):
-        raise ReleaseError(
-            f"manifest path {path!r:.200} is not a plain file under {' or '.join(_SUFFIXES)}/"
-        )
-    if not path.endswith(suffixes):
-        raise ReleaseError(
-            f"manifest path {path!r:.200}: {folder}/ holds only {', '.join(suffixes)}"
-        )
-    size, digest = entry.get("bytes"), entry.get("sha256")
-    cap = MAX_SHARD_FILE_BYTES if folder == "shards" else MAX_EMBEDDER_FILE_BYTES
-    if type(size) is not int or not 0 <= size <= cap:
-        raise ReleaseError(f"manifest path {path!r}: size {size!r:.40} is not within 0..{cap}")
-    if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
-        raise ReleaseError(f"manifest path {path!r}: sha256 {digest!r:.80} is not a sha256")
-    return path
-
-
-def _entries(manifest: dict[str, Any], name: str) -> tuple[list[Any], list[Any]]:
-    """The manifest's shard and embedder entries, every path and size checked (before any fetch)."""
-    shards, embedder = manifest.get("shards"), manifest.get("embedder") or {}
-    files = embedder.get("files", []) if isinstance(embedder, dict) else None
-    if not isinstance(shards, list) or not isinstance(files, list):
-        raise ReleaseError(f"release {name}: the manifest's shards or embedder files are not lists")
-    paths = []
-    for entry in shards:
-        if not isinstance(entry, dict) or type(entry.get("count")) is not int:
-            raise ReleaseError(f"release {name}: shard entry {entry!r:.200} is malformed")
-        entry.setdefault("id", "?")
-        paths += [member(entry.get("index")), member(entry.get("rows"))]
-    paths += [member(entry) for entry in files]
-    total = sum(e["bytes"] for s in shards for e in (s["index"], s["rows"]))
-    total += sum(e["bytes"] for e in files)
-    if len(paths) != len(set(paths)) or len(paths) > MAX_RELEASE_FILES:
-        raise ReleaseError(f"release {name}: files listed twice, or more than {MAX_RELEASE_FILES}")
-    if total > MAX_RELEASE_BYTES:
-        raise ReleaseError(f"release {name}: {total} bytes listed, over {MAX_RELEASE_BYTES}")
-    return shards, files
-
-
-def _checked(store: Store, prefix: str, entry: Any) -> bytes:
-    path = f"{prefix}/{member(entry)}"
+def _checked(store: Store, prefix: str, entry: FileEntry) -> bytes:
+    """The bytes of ``entry`` (held to the layout when the manifest was read), never read past
+    the size the manifest claims; ``ReleaseError`` unless they match its size and sha256."""
+    path = f"{prefix}/{entry.path}"
     try:
-        data = store.get(path, max_bytes=entry["bytes"])
+        data = store.get(path, max_bytes=entry.size_bytes)
     except ObjectNotFoundError:
         raise ReleaseError(f"{path} is missing") from None
     except ObjectTooLargeError:
         raise ReleaseError(f"{path} is larger than the manifest says") from None
-    if len(data) != entry["bytes"] or sha256_hex(data) != entry["sha256"]:
+    if len(data) != entry.size_bytes or sha256_hex(data) != entry.sha256:
         raise ReleaseError(f"{path} does not match its sha256 in the manifest")
     return data
 
@@ -309,7 +249,7 @@ def verified_manifest(
     version: str | None = None,
     expected_manifest_sha256: str | None = None,
     public_keys: Iterable[str] = (),
-) -> tuple[dict[str, Any], str]:
+) -> tuple[Manifest, str]:
     """A release's manifest (the pointer's when ``version`` is None) and its sha256, checked
     against the pointer and, given ``public_keys``, against its signature: what may be trusted
     before anything the manifest names is fetched."""
@@ -317,11 +257,11 @@ def verified_manifest(
         pointer, _ = read_pointer(store, profile)
         if pointer is None:
             raise ReleaseError(f"nothing published yet for profile {profile!r}")
-        version = str(pointer["version"])
-        expected_manifest_sha256 = pointer.get("manifest_sha256")
-        if not isinstance(expected_manifest_sha256, str):
+        version = pointer.version
+        expected_manifest_sha256 = pointer.manifest_sha256
+        if expected_manifest_sha256 is None:
             raise ReleaseError(f"{pointer_path(profile)} names no manifest_sha256")
-    if not _PLAIN_NAME.fullmatch(version):
+    if not PLAIN_NAME.fullmatch(version):
         raise ReleaseError(f"release version {version!r:.200} is not a plain name")
     manifest, manifest_bytes = _manifest(store, profile, version)
     manifest_sha = sha256_hex(manifest_bytes)
@@ -386,25 +326,24 @@ def load_release(
     manifest, manifest_sha = verified_manifest(
         store, profile, version, expected_manifest_sha256, public_keys
     )
-    version = str(manifest["version"])
-    prefix = release_prefix(profile, version)
-    root = manifest.get("answers_root")
-    if not isinstance(root, str):
-        raise ReleaseError(f"release {profile}/{version}: the manifest names no answers_root")
+    prefix = release_prefix(profile, manifest.version)
     shards = []
-    shard_entries, embedder_entries = _entries(manifest, f"{profile}/{version}")
-    for entry in shard_entries:
+    for entry in manifest.shards:
         try:
-            index = deserialize_index(_checked(store, prefix, entry["index"]))
-            rows = parquet_table(_checked(store, prefix, entry["rows"]))
+            index = deserialize_index(_checked(store, prefix, entry.index))
+            rows = parquet_table(_checked(store, prefix, entry.rows))
         except (RuntimeError, OSError, ValueError) as error:  # faiss / arrow refusing the bytes
             if isinstance(error, ReleaseError | StoreError):
                 raise
-            raise ReleaseError(f"{prefix}: shard {entry['id']} does not parse: {error}") from None
-        if index.ntotal != rows.num_rows or rows.num_rows != entry["count"]:
-            raise ReleaseError(f"{prefix}: shard {entry['id']} index and rows disagree")
+            raise ReleaseError(f"{prefix}: shard {_label(entry)} does not parse: {error}") from None
+        if index.ntotal != rows.num_rows or rows.num_rows != entry.count:
+            raise ReleaseError(f"{prefix}: shard {_label(entry)} index and rows disagree")
         shards.append(Shard(index, rows))
         if check_objects:
-            _check_objects(store, prefix, rows, root)
-    embedder_files = {entry["path"]: _checked(store, prefix, entry) for entry in embedder_entries}
+            _check_objects(store, prefix, rows, manifest.answers_root)
+    embedder_files = {e.path: _checked(store, prefix, e) for e in manifest.embedder.files}
     return LoadedRelease(manifest, manifest_sha, shards, embedder_files)
+
+
+def _label(entry: ShardEntry) -> str:
+    return "?" if entry.id is None else str(entry.id)

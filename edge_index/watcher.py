@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING
 
 from edge_index.languages import DEFAULT_LANGUAGE, language_of
 from edge_index.lookup import ReleaseIndex
-from edge_index.pointers import PointerMemory, PointerState, RollbackError, SignedPointer
+from edge_index.pointers import (
+    Pointer,
+    PointerMemory,
+    PointerState,
+    RollbackError,
+    SignedPointer,
+)
 from edge_index.profiles import NoProfileError, load_index, resolve_profile
 from edge_index.release import pointer_path, read_pointer, verified_manifest
 from edge_index.release_metrics import EDGE_METRICS, ORIGIN_METRICS, ReleaseMetrics
@@ -121,9 +127,9 @@ class ReleaseWatcher:
             self.failures, self.store_error = 0, None  # the store answered
             if pointer is None:
                 return False
-            sha = pointer.get("manifest_sha256")
+            sha = pointer.manifest_sha256
             # what the pointer names (a pointer without a manifest hash is refused, once)
-            wanted = f"{sha or 'version ' + str(pointer.get('version'))}"
+            wanted = sha or f"version {pointer.version}"
             seen = self.pointers.rollback
             try:
                 signed = self.pointers.verify(pointer, self.profile, self._where)
@@ -135,7 +141,7 @@ class ReleaseWatcher:
                 return False
             except SignatureError as error:
                 if wanted != self._refused:
-                    self._refuse(wanted, f"release {pointer.get('version')}: {error}")
+                    self._refuse(wanted, f"release {pointer.version}: {error}")
                 return False
             if signed is not None:
                 wanted = f"{wanted}#{signed.sequence}"
@@ -153,15 +159,15 @@ class ReleaseWatcher:
                     self.embedder,
                     self.public_keys,
                     self.embedder_spec,
-                    str(pointer["version"]),
-                    sha if isinstance(sha, str) else "",
+                    pointer.version,
+                    sha or "",
                 )
             except StoreError as error:  # the store failed (throttling, an outage): try again
                 self._failed(error)
                 self.metrics.loads.labels(self.label, "retry").inc()
                 return False
             except Exception as error:  # the release itself is bad (or cannot be used here)
-                self._refuse(wanted, f"release {pointer.get('version')}: {error}")
+                self._refuse(wanted, f"release {pointer.version}: {error}")
                 return False
             self.refusal = None
             self._serve(index, index.release.manifest_sha256)
@@ -184,18 +190,21 @@ class ReleaseWatcher:
         self.metrics.loads.labels(self.label, "refused").inc()
         log.error("refusing %s; still serving %s", why, self.version or "nothing")
 
-    def _revoke_early(self, pointer: dict[str, object]) -> None:
+    def _revoke_early(self, pointer: Pointer) -> None:
         """Before a new release is loaded (seconds to minutes for a large one), apply the
         revocations its verified manifest lists to the release still served: a revoked answer
         stops within one poll. Any failure is left to the load that follows."""
         try:
-            version, sha = pointer.get("version"), pointer.get("manifest_sha256")
-            if not isinstance(version, str) or not isinstance(sha, str):
+            if pointer.manifest_sha256 is None:
                 return  # the load refuses it
             manifest, _ = verified_manifest(
-                self.store, str(self.profile), version, sha, self.public_keys
+                self.store,
+                str(self.profile),
+                pointer.version,
+                pointer.manifest_sha256,
+                self.public_keys,
             )
-            keys = frozenset(manifest.get("revoked", {}).get("keys", ()))
+            keys = frozenset(manifest.revoked.keys if manifest.revoked else ())
         except Exception:
             return
         index = self.index
@@ -263,7 +272,7 @@ class ReleaseWatcher:
         self.metrics.entries.labels(self.label).set(len(index))
         self.metrics.semantic.labels(self.label).set(int(index.semantic))
         if not index.semantic:
-            reason = index.manifest.get("threshold", {}).get("semantic_off_reason")
+            reason = index.manifest.threshold.semantic_off_reason
             log.warning("release %s: semantic tier off (%s)", index.version, reason)
         # the release's millions of objects are long-lived: keep them out of GC passes, which
         # would otherwise scan them in the middle of lookups. Unfrozen first: the old release
@@ -284,8 +293,7 @@ class ReleaseWatcher:
         index = self.index
         if index is None:
             return None
-        created = datetime.fromisoformat(index.manifest["created_at"])
-        return (datetime.now(UTC) - created).total_seconds()
+        return (datetime.now(UTC) - index.manifest.created).total_seconds()
 
     def observe_age(self) -> None:
         """Set the age and the pointer's gauges (called at scrape time)."""

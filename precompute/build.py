@@ -15,7 +15,6 @@ all expire at once and a rebuild from the same answers is identical.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,11 +27,19 @@ import numpy as np
 from edge_index.answer_objects import answer_fields, answer_object, canonical_json
 from edge_index.answers import answer_problem, checks_passed
 from edge_index.guard import Guard
+from edge_index.manifest import (
+    FORMAT,
+    MAX_SHARD_FILE_BYTES,
+    EmbedderEntry,
+    Finetuned,
+    Manifest,
+    ProfileEntry,
+    ShardEntry,
+    Threshold,
+)
 from edge_index.proofs import leaf, tree
 from edge_index.query_encoder import encode_many
 from edge_index.release import (
-    FORMAT,
-    MAX_SHARD_FILE_BYTES,
     object_path,
     row_schema,
     serialize_index,
@@ -118,6 +125,7 @@ def _train(index: faiss.Index, vectors: np.ndarray) -> faiss.Index:
 
 
 def _copy_embedder(folder: Path, staging: Path) -> list[dict[str, Any]]:
+    """The files of ``folder`` copied under ``staging/embedder/``: their manifest entries."""
     import shutil
 
     entries = []
@@ -133,9 +141,10 @@ def _copy_embedder(folder: Path, staging: Path) -> list[dict[str, Any]]:
 
 def finetuned_embedder(
     embedder: SentenceTransformer, base_name: str, hot: list[HotQuestion], steps: int, folder: Path
-) -> tuple[SentenceTransformer, Path | None, dict[str, Any] | None]:
+) -> tuple[SentenceTransformer, Path | None, Finetuned | None]:
     """The embedder tuned on the clusters' phrasings (label = cluster), saved to ``folder``, and
-    its manifest entry; the base embedder (None, None) when too few clusters have two phrasings."""
+    how it was tuned (the manifest's ``embedder.finetuned``); the base embedder (None, None) when
+    too few clusters have two phrasings."""
     import copy
 
     from edge_index.finetune import finetune, model_digest
@@ -148,14 +157,7 @@ def finetuned_embedder(
     labels = [h.key for h in hot for p in h.phrasings]
     tuned = finetune(copy.deepcopy(embedder), texts, labels, steps=steps)
     tuned.save(str(folder))
-    info = {
-        "finetuned": {
-            "base": base_name,
-            "steps": steps,
-            "examples": len(texts),
-            "sha256": model_digest(folder),
-        }
-    }
+    info = Finetuned(base=base_name, steps=steps, examples=len(texts), sha256=model_digest(folder))
     return tuned, folder, info
 
 
@@ -175,7 +177,7 @@ def write_release_files(
     version: str,
     profile: str,
     config: BuildConfig,
-) -> tuple[list[dict[str, Any]], str]:
+) -> tuple[list[ShardEntry], str]:
     """The answer objects (with their proofs) and the FAISS and Parquet shards of ``rows``
     (``vectors``: their embeddings, row for row) under ``staging``; (the manifest's shard
     entries, the answers root). Fills each row's ``object_sha256``."""
@@ -207,20 +209,22 @@ def write_release_files(
         pq.write_table(table, staging / rows_path, compression="zstd")
         rows_bytes = (staging / rows_path).read_bytes()
         shards.append(
-            {
-                "id": shard,
-                "count": len(chunk),
-                "index": {
-                    "path": index_path,
-                    "bytes": len(index_bytes),
-                    "sha256": sha256_hex(index_bytes),
-                },
-                "rows": {
-                    "path": rows_path,
-                    "bytes": len(rows_bytes),
-                    "sha256": sha256_hex(rows_bytes),
-                },
-            }
+            ShardEntry.of(
+                {
+                    "id": shard,
+                    "count": len(chunk),
+                    "index": {
+                        "path": index_path,
+                        "bytes": len(index_bytes),
+                        "sha256": sha256_hex(index_bytes),
+                    },
+                    "rows": {
+                        "path": rows_path,
+                        "bytes": len(rows_bytes),
+                        "sha256": sha256_hex(rows_bytes),
+                    },
+                }
+            )
         )
     return shards, answers_root
 
@@ -242,8 +246,8 @@ def build_release(
     extra: dict[str, Any] | None = None,
     now: datetime | None = None,
     embedder_dir: Path | None = None,
-    embedder_info: dict[str, Any] | None = None,
-) -> tuple[dict[str, Any], BuildReport]:
+    embedder_info: Finetuned | None = None,
+) -> tuple[Manifest, BuildReport]:
     """Write a complete release under ``staging``; returns its manifest.
 
     ``answers``: generated rows by the cluster's canonical key (``answer``, ``flag``,
@@ -251,7 +255,7 @@ def build_release(
     degenerate (``edge_index.answers``) are left out and counted as ``not_generated`` or
     ``answer_<flag>``; every row records the checks it passed (``checks``).
     ``embedder_dir``: a (fine-tuned) sentence-transformers folder to ship inside the release under
-    ``embedder/`` -- the edge then embeds queries with it; ``embedder_info`` describes it.
+    ``embedder/`` -- the edge then embeds queries with it; ``embedder_info``: how it was tuned.
     """
     import time
 
@@ -304,18 +308,20 @@ def build_release(
     all_vectors = encode_many(embedder, [r["normalized"] for r in rows]).reshape(len(rows), dim)
     held_back = HeldBack.of(hot, {r["cluster"] for r in rows}, embedder, config.calibration_rows)
     calibration = calibrate_rows(rows, all_vectors, config, held_back)
-    embedder_entry = {
-        "name": embedder_name,
-        "dim": dim,
-        **(embedder_info or {}),
-        **({"files": _copy_embedder(embedder_dir, staging)} if embedder_dir else {}),
-    }
+    embedder_entry = EmbedderEntry.of(
+        {
+            "name": embedder_name,
+            "dim": dim,
+            **({"finetuned": embedder_info} if embedder_info is not None else {}),
+            **({"files": _copy_embedder(embedder_dir, staging)} if embedder_dir else {}),
+        }
+    )
     manifest = write_release(
         staging,
         rows,
         all_vectors,
         version,
-        {"name": profile, "inputs": profile_inputs},
+        ProfileEntry(name=profile, inputs=profile_inputs),
         embedder_entry,
         semantic_decision(calibration, config),
         config,
@@ -328,7 +334,7 @@ def build_release(
         },
     )
     report.rows = len(rows)
-    report.shards = len(manifest["shards"])
+    report.shards = len(manifest.shards)
     report.seconds = time.perf_counter() - started
     return manifest, report
 
@@ -338,42 +344,44 @@ def write_release(
     rows: list[dict[str, Any]],
     vectors: np.ndarray,
     version: str,
-    profile: dict[str, Any],
-    embedder: dict[str, Any],
-    threshold: dict[str, Any],
+    profile: ProfileEntry,
+    embedder: EmbedderEntry,
+    threshold: Threshold,
     config: BuildConfig,
     extra: dict[str, Any],
-) -> dict[str, Any]:
+) -> Manifest:
     """The release files (``write_release_files``) and its ``manifest.json`` under ``staging``:
-    ``profile`` (name, inputs), ``embedder`` and ``threshold`` entries as the manifest holds
-    them, ``extra`` fields (counts, content digest, dates, lineage) on top; the manifest."""
+    ``profile`` (name, inputs), ``embedder`` and ``threshold`` entries, ``extra`` fields
+    (counts, content digest, dates, lineage: ``Manifest``'s) on top; the manifest."""
     shards, answers_root = write_release_files(
-        staging, rows, vectors, version, profile["name"], config
+        staging, rows, vectors, version, profile.name, config
     )
-    manifest = {
-        "format": FORMAT,
-        "version": version,
-        "profile": profile,
-        "embedder": embedder,
-        "metric": "inner_product",
-        "index": {
-            # the largest shard's (every shard but the last is that large)
-            "factory": factory_for(
-                config, min(len(rows), shard_rows_for(config, vectors.shape[1]))
-            ),
-            "ef_construction": config.ef_construction,
-            "ef_search": config.ef_search,
-            "nprobe": config.nprobe,
-        },
-        "threshold": threshold,
-        "guard": Guard().as_dict(),
-        "shards": shards,
-        "objects": {"prefix": "a/", "count": len(rows), "integrity": "rows.object_sha256"},
-        "expiry": {"ttl_days": config.ttl_days, "jitter": config.ttl_jitter},
-        "answers_root": answers_root,
-        **extra,
-    }
-    (staging / "manifest.json").write_bytes(json.dumps(manifest, indent=2, sort_keys=True).encode())
+    manifest = Manifest.of(
+        {
+            "format": FORMAT,
+            "version": version,
+            "profile": profile,
+            "embedder": embedder,
+            "metric": "inner_product",
+            "index": {
+                # the largest shard's (every shard but the last is that large)
+                "factory": factory_for(
+                    config, min(len(rows), shard_rows_for(config, vectors.shape[1]))
+                ),
+                "ef_construction": config.ef_construction,
+                "ef_search": config.ef_search,
+                "nprobe": config.nprobe,
+            },
+            "threshold": threshold,
+            "guard": Guard().as_dict(),
+            "shards": shards,
+            "objects": {"prefix": "a/", "count": len(rows), "integrity": "rows.object_sha256"},
+            "expiry": {"ttl_days": config.ttl_days, "jitter": config.ttl_jitter},
+            "answers_root": answers_root,
+            **extra,
+        }
+    )
+    (staging / "manifest.json").write_bytes(manifest.to_json())
     return manifest
 
 
@@ -383,18 +391,16 @@ def derive_release(
     drop: Callable[[dict[str, Any]], bool],
     extra: dict[str, Any],
     now: datetime | None = None,
-) -> dict[str, Any]:
+) -> Manifest:
     """Write under ``staging`` a release like ``parent`` without the rows ``drop`` picks: the
     same answers, expiry, embedder and calibrated decision, the index rebuilt from the parent's
     own vectors (nothing is embedded or generated again); returns its manifest. ``extra`` (why,
     and what was dropped) is added to the manifest."""
-    import copy
-
     import faiss
 
     now = (now or datetime.now(UTC)).replace(microsecond=0)
-    manifest = copy.deepcopy(parent.manifest)
-    profile = manifest["profile"]["name"]
+    manifest = parent.manifest
+    profile = manifest.profile.name
     rows: list[dict[str, Any]] = []
     kept_vectors = []
     for shard in parent.shards:
@@ -406,16 +412,16 @@ def derive_release(
             if not drop(row):
                 rows.append(row)
                 kept_vectors.append(vector)
-    index = manifest["index"]
+    index = manifest.index
     config = BuildConfig(
-        factory=index["factory"],
-        ef_construction=index["ef_construction"],
-        ef_search=index["ef_search"],
-        nprobe=index["nprobe"],
+        factory=index.factory,
+        ef_construction=index.ef_construction,
+        ef_search=index.ef_search,
+        nprobe=index.nprobe,
     )
     content = content_sha256(rows)
     version = release_version(now, content)
-    dim = int(manifest["embedder"]["dim"])
+    dim = manifest.embedder.dim
     matrix = np.asarray(kept_vectors, dtype=np.float32).reshape(len(rows), dim)
     shards, answers_root = write_release_files(staging, rows, matrix, version, profile, config)
     for path, data in parent.embedder_files.items():  # the same bytes the manifest lists
@@ -423,22 +429,25 @@ def derive_release(
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
     dropped_clusters = len(_clusters(parent) - {r["cluster"] for r in rows})
-    excluded = dict(manifest.get("excluded_clusters", {}))
+    excluded = dict(manifest.excluded_clusters)
     excluded["revoked"] = excluded.get("revoked", 0) + dropped_clusters
-    manifest.update(
-        version=version,
-        parent=parent.version,
-        shards=shards,
-        objects={"prefix": "a/", "count": len(rows), "integrity": "rows.object_sha256"},
-        counts={"clusters": len({r["cluster"] for r in rows}), "rows": len(rows)},
-        excluded_clusters=dict(sorted(excluded.items())),
-        content_sha256=content,
-        answers_root=answers_root,
-        created_at=now.isoformat(),
-        **extra,
+    derived = Manifest.of(
+        {
+            **manifest.as_dict(),  # the parent's, every field it has kept as it is
+            "version": version,
+            "parent": parent.version,
+            "shards": shards,
+            "objects": {"prefix": "a/", "count": len(rows), "integrity": "rows.object_sha256"},
+            "counts": {"clusters": len({r["cluster"] for r in rows}), "rows": len(rows)},
+            "excluded_clusters": dict(sorted(excluded.items())),
+            "content_sha256": content,
+            "answers_root": answers_root,
+            "created_at": now.isoformat(),
+            **extra,
+        }
     )
-    (staging / "manifest.json").write_bytes(json.dumps(manifest, indent=2, sort_keys=True).encode())
-    return manifest
+    (staging / "manifest.json").write_bytes(derived.to_json())
+    return derived
 
 
 def _clusters(release: LoadedRelease) -> set[str]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edge_index.guard import Guard
+from edge_index.manifest import Threshold
 from edge_index.matcher import Calibration, Decision, Queries, calibrate
 from precompute.config import BuildConfig
 
@@ -95,21 +96,21 @@ class HeldBack:
         return cls([k for k, _ in wordings], [p.question for _, p in wordings], vectors)
 
 
-def semantic_decision(calibration: Calibration, config: BuildConfig) -> dict[str, Any]:
+def semantic_decision(calibration: Calibration, config: BuildConfig) -> Threshold:
     """The manifest's ``threshold``: the calibrated decision, and whether the semantic tier
     serves (``semantic``) — never on a decision that calibration could not show to reach the
     target precision, unless the build was told to (``semantic_uncalibrated``); the reason when
     it is off."""
-    threshold = calibration.as_manifest()
     on = calibration.calibrated or config.semantic_uncalibrated
-    threshold["semantic"] = on
-    threshold["semantic_off_reason"] = None
+    reason = None
     if not on:
-        threshold["semantic_off_reason"] = (
+        reason = (
             f"calibration could not show precision {config.target_precision} on "
             f"{calibration.samples} lookups ({calibration.held_back_samples} of held-back "
             f"wordings; leave-one-out precision "
             f"{calibration.precision:.4f}, lower bound {calibration.precision_lower_bound:.4f}): "
             "exact tier only"
         )
-    return threshold
+    return Threshold.of(
+        {**calibration.as_manifest(), "semantic": on, "semantic_off_reason": reason}
+    )

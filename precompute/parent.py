@@ -4,10 +4,10 @@ its run flagged (never generated again)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
+from edge_index.manifest import Manifest
 from edge_index.release import (
     LoadedRelease,
     ReleaseError,
@@ -36,10 +36,9 @@ def current_release(store: Store, profile: str) -> LoadedRelease | None:
 
 def _parent_work(store: Store, parent: LoadedRelease | None) -> WorkArea | None:
     """The work area of the run that built ``parent`` (a derived release names its source's)."""
-    run = parent.manifest.get("run_id") if parent else None
-    if parent is None or not isinstance(run, str):
+    if parent is None or parent.manifest.run_id is None:
         return None
-    return WorkArea(store, parent.manifest["profile"]["name"], run)
+    return WorkArea(store, parent.manifest.profile.name, parent.manifest.run_id)
 
 
 def parent_phrasings(store: Store, parent: LoadedRelease | None) -> list[Phrasing]:
@@ -70,4 +69,4 @@ def parent_rows(work: WorkArea, parent: str | None) -> int | None:
         data = work.store.get(f"{release_prefix(work.profile, parent)}/manifest.json")
     except ObjectNotFoundError:
         return None
-    return int(json.loads(data)["counts"]["rows"])
+    return Manifest.from_json(data).counts.rows

@@ -269,7 +269,7 @@ def build_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
     except ObjectNotFoundError as error:
         raise EdgeQAError(f"a partition is not generated: run generate first ({error})") from None
     pointer, _ = read_pointer(work.store, work.profile)
-    parent = pointer["version"] if pointer else None
+    parent = pointer.version if pointer else None
     spec = settings.embedders[params.language]
     embedder = load_embedder(spec, cache_dir=settings.cache_dir)
     config = scaled(config, spec)
@@ -308,8 +308,13 @@ def build_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
             embedder_info=embedder_info,
         )
         work.stage_release(Path(tmp) / "release")
-    semantic = {k: manifest["threshold"][k] for k in ("semantic", "semantic_off_reason")}
-    return {"version": manifest["version"], "parent": parent, **semantic, **report.as_dict()}
+    return {
+        "version": manifest.version,
+        "parent": parent,
+        "semantic": manifest.threshold.semantic,
+        "semantic_off_reason": manifest.threshold.semantic_off_reason,
+        **report.as_dict(),
+    }
 
 
 def validate_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
@@ -317,12 +322,12 @@ def validate_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
     rows is not refused: there is nothing to publish, and the previous release stays."""
     gate, work = params.config.gate, _work(params, mined)
     manifest = work.staged_manifest()
-    rows = int(manifest["counts"]["rows"])
-    threshold = manifest.get("threshold", {})
+    rows = manifest.counts.rows
+    threshold = manifest.threshold
     result: dict[str, Any] = {
-        "version": manifest["version"],
+        "version": manifest.version,
         "rows": rows,
-        "precision": threshold.get("precision"),
+        "precision": threshold.precision,
     }
     if rows == 0:
         return {**result, "status": "nothing_to_publish"}
@@ -334,29 +339,27 @@ def validate_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
         failures.append(f"{empty} answers are empty")
     # leave-one-out precision of the semantic tier at the decision the release ships (measured
     # whenever some phrasings hit; an uncalibrated release measures its fallback decision)
-    on = threshold.get("semantic")
-    if on and threshold.get("hit_rate") and float(threshold["precision"]) < gate.min_precision:
-        failures.append(
-            f"calibrated precision {threshold['precision']} is below {gate.min_precision}"
-        )
-    before = parent_rows(work, manifest.get("parent"))
+    precision = threshold.precision
+    if threshold.semantic and threshold.hit_rate and (precision or 0.0) < gate.min_precision:
+        failures.append(f"calibrated precision {precision} is below {gate.min_precision}")
+    before = parent_rows(work, manifest.parent)
     if before and rows < (1 - gate.max_shrink) * before:
         failures.append(
             f"the release shrinks from {before} to {rows} rows (more than {gate.max_shrink:.0%})"
         )
     if failures:
-        raise QualityGateError(f"release {manifest['version']} refused: " + "; ".join(failures))
+        raise QualityGateError(f"release {manifest.version} refused: " + "; ".join(failures))
     return {**result, "status": "passed", "parent_rows": before, "empty_answers": empty}
 
 
 def publish_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
     work = _work(params, mined)
     manifest = work.staged_manifest()
-    if int(manifest["counts"]["rows"]) == 0:
+    if manifest.counts.rows == 0:
         return {"version": None, "status": "nothing_to_publish"}
     pointer, _ = read_pointer(work.store, work.profile)
-    if pointer and pointer.get("version") == manifest["version"]:
-        return {"version": manifest["version"], "status": "already_current"}
+    if pointer and pointer.version == manifest.version:
+        return {"version": manifest.version, "status": "already_current"}
     with work.staged_release_folder() as folder:
         report = publish(
             work.store,

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from edge_index.errors import EdgeQAError
-from edge_index.pointers import DEFAULT_EXPIRES_S, new_pointer, verify_pointer
+from edge_index.manifest import Manifest
+from edge_index.pointers import DEFAULT_EXPIRES_S, Pointer, new_pointer, verify_pointer
 from edge_index.release import (
     MAX_MANIFEST_BYTES,
     ReleaseError,
@@ -113,17 +114,17 @@ def publish(
         raise ValueError("keep must be at least 2 (the current release and one to roll back to)")
     started = time.perf_counter()
     manifest_bytes = (staging / "manifest.json").read_bytes()
-    manifest = json.loads(manifest_bytes)
-    profile, version = manifest["profile"]["name"], manifest["version"]
+    manifest = Manifest.from_json(manifest_bytes)
+    profile, version = manifest.profile.name, manifest.version
     manifest_sha = sha256_hex(manifest_bytes)
-    parent = manifest.get("parent")
+    parent = manifest.parent
     report = PublishReport(version=version, parent=parent)
     pointer, etag = read_pointer(store, profile)
     if _names(pointer, version, manifest_sha):
         log.info("%s/%s is already the current release", profile, version)
         report.seconds = time.perf_counter() - started
         return report
-    current = pointer["version"] if pointer else None
+    current = pointer.version if pointer else None
     if current != parent:
         raise PublishConflictError(
             f"{profile}: current release is {current}, but {version} was built on {parent}; "
@@ -143,7 +144,7 @@ def publish(
             uploaded = True
             if signer:
                 signature = sign_statement(
-                    statement(profile, version, manifest_sha, manifest["answers_root"]), signer
+                    statement(profile, version, manifest_sha, manifest.answers_root), signer
                 )
             report.bytes, report.files = _upload_release(
                 store, prefix, staging, workers, stage, signature
@@ -163,7 +164,7 @@ def publish(
                 profile,
                 version,
                 manifest_sha,
-                manifest["answers_root"],
+                manifest.answers_root,
                 pointer_sequence(pointer, profile, keys),
                 expires_s=expires_s,
                 parent=parent,
@@ -208,11 +209,10 @@ def _upload_release(
     return total + len(manifest_bytes), len(objects) + len(shards) + 1 + bool(signature)
 
 
-def _names(pointer: dict[str, Any] | None, version: str, manifest_sha: str) -> bool:
-    return bool(
-        pointer
-        and pointer.get("version") == version
-        and pointer.get("manifest_sha256") == manifest_sha
+def _names(pointer: Pointer | None, version: str, manifest_sha: str) -> bool:
+    return pointer is not None and (pointer.version, pointer.manifest_sha256) == (
+        version,
+        manifest_sha,
     )
 
 
@@ -246,7 +246,7 @@ def _verifies(
     return True
 
 
-def pointer_sequence(pointer: dict[str, Any] | None, profile: str, keys: tuple[str, ...]) -> int:
+def pointer_sequence(pointer: Pointer | None, profile: str, keys: tuple[str, ...]) -> int:
     """The signed sequence of the pointer a new one replaces (0 when it has none, or none that
     ``keys`` verify: the next is then the time, ``pointers.next_sequence``)."""
     if pointer is None or not keys:
@@ -257,12 +257,13 @@ def pointer_sequence(pointer: dict[str, Any] | None, profile: str, keys: tuple[s
         return 0
 
 
-def flip_pointer(store: Store, profile: str, pointer: dict[str, Any], etag: str | None) -> None:
+def flip_pointer(store: Store, profile: str, pointer: Pointer, etag: str | None) -> None:
     """Replace ``current.json`` (read at ``etag``) with ``pointer``. A write whose outcome is
     unknown is settled by reading the pointer back: ours, it committed; changed to anything else,
     another publisher won; unchanged, it never happened and is tried again."""
-    data = json.dumps(pointer, indent=2).encode()
-    version = pointer["version"]
+    written = pointer.as_dict()
+    data = json.dumps(written, indent=2).encode()
+    version = pointer.version
     for attempt in range(store.retries + 1):
         try:
             store.put_if(pointer_path(profile), data, etag)
@@ -270,7 +271,7 @@ def flip_pointer(store: Store, profile: str, pointer: dict[str, Any], etag: str 
         except (PreconditionFailedError, TransientStoreError) as error:
             failure: Exception = error
         found, now = read_pointer(store, profile)
-        if found == pointer:
+        if found is not None and found.as_dict() == written:
             log.warning(
                 "%s: the pointer write committed; its response was lost (%s)", profile, failure
             )
@@ -291,7 +292,7 @@ def _is_live(store: Store, profile: str, version: str) -> bool:
     except Exception:
         log.warning("could not read the pointer; keeping the upload of %s", version, exc_info=True)
         return True
-    return bool(pointer and pointer.get("version") == version)
+    return pointer is not None and pointer.version == version
 
 
 def _remove_quietly(store: Store, prefix: str) -> None:
@@ -313,13 +314,13 @@ def prune(store: Store, profile: str, keep: int, now: datetime | None = None) ->
     parent), their work areas, and incomplete uploads older than ``ORPHAN_AGE``."""
     now = now or datetime.now(UTC)
     pointer, _ = read_pointer(store, profile)
-    protected = {pointer.get("version"), pointer.get("parent")} if pointer else set()
+    protected = {pointer.version, pointer.parent} if pointer else set()
     versions = list_versions(store, profile)
     doomed = [v for v in versions[: max(len(versions) - keep, 0)] if v not in protected]
 
     def run_of(version: str) -> str | None:
         try:
-            return read_manifest(store, profile, version)[0].get("run_id")
+            return read_manifest(store, profile, version)[0].run_id
         except ReleaseError:
             return None
 

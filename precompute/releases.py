@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from edge_index.errors import EdgeQAError
+from edge_index.manifest import Manifest
 from edge_index.pointers import DEFAULT_EXPIRES_S, new_pointer
 from edge_index.release import (
     LoadedRelease,
@@ -60,26 +61,29 @@ def describe_semantic_tier(threshold: dict[str, Any]) -> str:
     return f"semantic tier: OFF ({reason})"
 
 
-def _calibration(manifest: dict[str, Any]) -> dict[str, Any]:
-    threshold = manifest.get("threshold", {})
-    names = (
-        "semantic",
-        "semantic_off_reason",
-        "value",
-        "margin",
-        "agreement",
-        "calibrated",
-        "precision",
-        "hit_rate",
-    )
-    return {name: threshold.get(name) for name in names}
+def _calibration(manifest: Manifest) -> dict[str, Any]:
+    threshold = manifest.threshold
+    return {
+        "semantic": threshold.semantic,
+        "semantic_off_reason": threshold.semantic_off_reason,
+        "value": threshold.value,
+        "margin": threshold.margin,
+        "agreement": threshold.agreement,
+        "calibrated": threshold.calibrated,
+        "precision": threshold.precision,
+        "hit_rate": threshold.hit_rate,
+    }
+
+
+def _derived(manifest: Manifest) -> dict[str, Any] | None:
+    return manifest.derived.as_dict() if manifest.derived else None
 
 
 def list_releases(store: Store, profile: str) -> list[dict[str, Any]]:
     """Every kept version, oldest first: created, parent, entries, calibration (whether the
     semantic tier serves first), current."""
     pointer, _ = read_pointer(store, profile)
-    current = pointer.get("version") if pointer else None
+    current = pointer.version if pointer else None
     listed = []
     for version in list_versions(store, profile):
         manifest, _ = read_manifest(store, profile, version)
@@ -88,13 +92,13 @@ def list_releases(store: Store, profile: str) -> list[dict[str, Any]]:
             {
                 "version": version,
                 "current": version == current,
-                "created_at": manifest.get("created_at"),
-                "parent": manifest.get("parent"),
-                "entries": manifest.get("counts", {}).get("rows"),
-                "clusters": manifest.get("counts", {}).get("clusters"),
+                "created_at": manifest.created_at,
+                "parent": manifest.parent,
+                "entries": manifest.counts.rows,
+                "clusters": manifest.counts.clusters,
                 "calibration": _calibration(manifest),
                 "signed_by": signed.get("key_id") if signed else None,
-                "derived": manifest.get("derived"),
+                "derived": _derived(manifest),
             }
         )
     return listed
@@ -114,7 +118,7 @@ def _load(
         pointer, _ = read_pointer(store, profile)
         if pointer is None:
             raise ReleaseError(f"nothing published yet for profile {profile!r}")
-        version = str(pointer["version"])
+        version = pointer.version
     return load_release(store, profile, version, public_keys=tuple(public_keys))
 
 
@@ -136,25 +140,25 @@ def show_release(
     asked = sorted(rows, key=lambda r: (-int(r["hits"]), r["key"]))[:top]
     return {
         "version": release.version,
-        "current": bool(pointer and pointer.get("version") == release.version),
-        "created_at": manifest.get("created_at"),
-        "parent": manifest.get("parent"),
-        "derived": manifest.get("derived"),
-        "runner": manifest.get("runner"),
-        "log_range": manifest.get("log_range"),
+        "current": pointer is not None and pointer.version == release.version,
+        "created_at": manifest.created_at,
+        "parent": manifest.parent,
+        "derived": _derived(manifest),
+        "runner": manifest.runner,
+        "log_range": manifest.log_range.as_dict() if manifest.log_range else None,
         "counts": {
-            **manifest.get("counts", {}),
+            **manifest.counts.as_dict(),
             "expired": sum(r["expires_at"] <= now for r in rows),
         },
         "excluded": {
-            "rows": manifest.get("excluded_rows", {}),  # mining (logs -> hot questions)
-            "clusters": manifest.get("excluded_clusters", {}),  # generation and build
+            "rows": manifest.excluded_rows,  # mining (logs -> hot questions)
+            "clusters": manifest.excluded_clusters,  # generation and build
         },
-        "calibration": manifest.get("threshold", {}),
-        "profile": manifest.get("profile", {}),
-        "embedder": {k: v for k, v in manifest.get("embedder", {}).items() if k != "files"},
-        "index": manifest.get("index", {}),
-        "expiry": manifest.get("expiry", {}),
+        "calibration": manifest.threshold.as_dict(),
+        "profile": manifest.profile.as_dict(),
+        "embedder": manifest.embedder.as_dict(exclude={"files"}),
+        "index": manifest.index.as_dict(),
+        "expiry": manifest.expiry.as_dict(),
         "signed_by": (_signature(store, profile, release.version) or {}).get("key_id"),
         "top_questions": [
             {k: r[k] for k in ("question", "hits", "users", "cluster", "canonical")} for r in asked
@@ -268,7 +272,7 @@ def rollback(
     conditional write. ``RollbackError`` for a version that is not kept."""
     keys = _signing(signer, tuple(public_keys))
     pointer, etag = read_pointer(store, profile)
-    current = pointer.get("version") if pointer else None
+    current = pointer.version if pointer else None
     if version not in list_versions(store, profile):
         raise RollbackError(
             f"{profile}/{version} is not a kept release (pruned, or never published); "
@@ -282,10 +286,10 @@ def rollback(
         profile,
         version,
         release.manifest_sha256,
-        release.manifest["answers_root"],
+        release.manifest.answers_root,
         pointer_sequence(pointer, profile, keys),
         expires_s=expires_s,
-        parent=release.manifest.get("parent"),
+        parent=release.manifest.parent,
         rolled_back_from=current,
     )
     flip_pointer(store, profile, rolled, etag)
@@ -293,7 +297,7 @@ def rollback(
         "version": version,
         "previous": current,
         "status": "rolled_back",
-        "sequence": rolled["sequence"],
+        "sequence": rolled.sequence,
     }
 
 
@@ -311,28 +315,23 @@ def renew(
     pointer, etag = read_pointer(store, profile)
     if pointer is None:
         raise RollbackError(f"nothing published yet for profile {profile!r}")
-    named = pointer.get("manifest_sha256")
     manifest, sha = verified_manifest(
-        store,
-        profile,
-        str(pointer["version"]),
-        named if isinstance(named, str) else "",
-        tuple(public_keys),
+        store, profile, pointer.version, pointer.manifest_sha256 or "", tuple(public_keys)
     )
-    kept = {k: v for k, v in pointer.items() if k in ("parent", "rolled_back_from")}
+    kept = pointer.as_dict(include={"parent", "rolled_back_from"})
     renewed = new_pointer(
         signer,
         profile,
-        manifest["version"],
+        manifest.version,
         sha,
-        manifest["answers_root"],
+        manifest.answers_root,
         pointer_sequence(pointer, profile, keys),
         expires_s=expires_s,
         **kept,
     )
     flip_pointer(store, profile, renewed, etag)
     return {
-        "version": manifest["version"],
-        "sequence": renewed["sequence"],
-        "not_after": renewed["not_after"],
+        "version": manifest.version,
+        "sequence": renewed.sequence,
+        "not_after": renewed.not_after,
     }

@@ -34,6 +34,7 @@ from typing import Any
 
 from edge_index.errors import EdgeQAError
 from edge_index.keys import key as key_of
+from edge_index.manifest import Manifest, Revoked
 from edge_index.pointers import DEFAULT_EXPIRES_S, next_sequence
 from edge_index.release import LoadedRelease, ReleaseError, load_release, verified_manifest
 from edge_index.signing import (
@@ -155,37 +156,37 @@ def _check_signed(
         )
 
 
-def list_floor(manifest: dict[str, Any] | None) -> int:
+def list_floor(manifest: Manifest | None) -> int:
     """The revocation list sequence the release of ``manifest`` was built with (0: none)."""
-    revoked = (manifest or {}).get("revoked")
-    found = revoked.get("sequence", 0) if isinstance(revoked, dict) else 0
-    return found if type(found) is int else 0
+    return manifest.revoked.sequence if manifest is not None and manifest.revoked else 0
 
 
 def in_force(
     store: Store, profile: str, public_keys: tuple[str, ...] = (), floor: int = 0
-) -> dict[str, Any]:
+) -> Revoked:
     """The revocations in force, as a manifest lists them: ids, clusters, phrasing keys and
     the list's sequence (``read_revocations``: verified with ``public_keys``)."""
     document = read_revocations(store, profile, public_keys, floor)[0]
     revoked = document["revoked"]
-    return {
-        "ids": sorted(r["id"] for r in revoked),
-        "clusters": sorted({r["cluster"] for r in revoked}),
-        "keys": sorted({k for r in revoked for k in r["keys"]}),
-        "sequence": document["sequence"],
-    }
+    return Revoked.of(
+        {
+            "ids": sorted(r["id"] for r in revoked),
+            "clusters": sorted({r["cluster"] for r in revoked}),
+            "keys": sorted({k for r in revoked for k in r["keys"]}),
+            "sequence": document["sequence"],
+        }
+    )
 
 
 def nightly_revocations(
     store: Store, profile: str, settings: PrecomputeSettings, parent: LoadedRelease | None = None
-) -> dict[str, Any]:
+) -> Revoked:
     """``in_force`` as a nightly run reads it: verified with the readers' keys and the signer's,
     and no older than the list the current release (``parent``, else the pointer's) was built
     with."""
     if parent is None:
         try:
-            manifest: dict[str, Any] | None = verified_manifest(store, profile)[0]
+            manifest: Manifest | None = verified_manifest(store, profile)[0]
         except ReleaseError:  # nothing published, or a release that does not load: replaced
             manifest = None
     else:
@@ -194,9 +195,9 @@ def nightly_revocations(
     return in_force(store, profile, keys, list_floor(manifest))
 
 
-def is_revoked(revoked: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
+def is_revoked(revoked: Revoked) -> Callable[[dict[str, Any]], bool]:
     """A test of a row (or a cluster's phrasing keys) against ``in_force``'s lists."""
-    keys, clusters = set(revoked["keys"]), set(revoked["clusters"])
+    keys, clusters = set(revoked.keys), set(revoked.clusters)
     return lambda row: row["key"] in keys or row["cluster"] in clusters
 
 
@@ -361,7 +362,7 @@ def _publish_without(
                 report = publish(store, staging, keep=keep, signer=signer, expires_s=expires_s)
             except PublishConflictError:
                 continue
-        rows = manifest["counts"]["rows"]
+        rows = manifest.counts.rows
         return {"version": report.version, "parent": current.version, "rows": rows}
     raise RevocationError(
         "the current release kept changing; the revocation is recorded: run revoke again"

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edge_index.manifest import Manifest
 from edge_index.store import Store, parquet_table
 
 if TYPE_CHECKING:
@@ -119,15 +120,14 @@ class WorkArea:
             if path.is_file():
                 self.store.put_file(f"{self.release}/{path.relative_to(folder).as_posix()}", path)
 
-    def staged_manifest(self) -> dict[str, Any]:
-        manifest: dict[str, Any] = json.loads(self.store.get(f"{self.release}/manifest.json"))
-        return manifest
+    def staged_manifest(self) -> Manifest:
+        return Manifest.from_json(self.store.get(f"{self.release}/manifest.json"))
 
-    def staged_empty_answers(self, manifest: dict[str, Any]) -> int:
+    def staged_empty_answers(self, manifest: Manifest) -> int:
         """Rows of the staged release (``manifest``) whose answer is empty."""
         empty = 0
-        for shard in manifest.get("shards", []):
-            table = self.get_table(f"{self.release}/{shard['rows']['path']}")
+        for shard in manifest.shards:
+            table = self.get_table(f"{self.release}/{shard.rows.path}")
             empty += sum(1 for a in table.column("answer").to_pylist() if not (a or "").strip())
         return empty
 

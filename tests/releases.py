@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from edge_index.manifest import Manifest
 from edge_index.release import read_pointer
 from edge_index.store import Store
 from precompute.build import build_release
@@ -56,7 +57,7 @@ def build(
     language: str | None = None,
     embedder_name: str = "embedded",
     **build_kwargs: Any,
-) -> dict[str, Any]:
+) -> Manifest:
     """Build a release of ``questions`` (each asked by 5 users) into ``staging``, on top of the
     store's current release; ``answers``: the answer per question (default: derived text).
     Their semantic tier serves the fallback decision although a handful of phrasings cannot
@@ -86,7 +87,7 @@ def build(
         profile,
         {"model": "test", **({"language": language} if language else {})},
         BuildConfig(ttl_days=ttl_days, semantic_uncalibrated=semantic_uncalibrated),
-        extra={"parent": pointer["version"] if pointer else None, "run_id": f"run-{tag}"},
+        extra={"parent": pointer.version if pointer else None, "run_id": f"run-{tag}"},
         now=now,
         **build_kwargs,
     )

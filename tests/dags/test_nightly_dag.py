@@ -160,7 +160,7 @@ def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
 
     state = ReleaseWatcher(store, None, embedder, poll_s=3600, metrics_prefix=EDGE_METRICS)
     assert state.refresh()
-    assert state.index is not None and state.index.version == pointer["version"]
+    assert state.index is not None and state.index.version == pointer.version
     question = state.index.questions[0]
     with Server(create_app(state)) as server:
         hit = httpx.get(f"{server.url}/v1/lookup", params={"q": question})
@@ -170,7 +170,7 @@ def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
     # build the same release (its answers reused from the DAG's, the same content and instant:
     # the same version); its quality gate, refused, says why, exits non-zero and publishes
     # nothing
-    from_dag = json.loads(store.get(f"{profiles[0]}/releases/{pointer['version']}/manifest.json"))
+    from_dag = json.loads(store.get(f"{profiles[0]}/releases/{pointer.version}/manifest.json"))
     assert from_dag["runner"] == "airflow"
     window = from_dag["log_range"]  # the DAG's: the data interval's last days
     refused = subprocess.run(
@@ -215,7 +215,7 @@ def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
     # manifest, field for field, but for who ran it, the run and what it was built on
     staged = f"{profiles[0]}/work/{report['run_id']}/release/manifest.json"
     from_cli = json.loads(store.get(staged))
-    assert from_cli["version"] == pointer["version"] and from_cli["runner"] == "cli"
+    assert from_cli["version"] == pointer.version and from_cli["runner"] == "cli"
     run_fields = {"runner", "run_id", "parent"}
     assert {k: v for k, v in from_dag.items() if k not in run_fields} == {
         k: v for k, v in from_cli.items() if k not in run_fields

@@ -102,13 +102,13 @@ def test_the_edge_reports_an_expired_pointer_and_takes_a_renewal_without_reloadi
         signer,
         PROFILE,
         version,
-        pointer["manifest_sha256"],
+        pointer.manifest_sha256,
         manifest["answers_root"],
         0,
         expires_s=60,
         now=hour_ago,
     )
-    store.put(pointer_path(PROFILE), json.dumps(old).encode())
+    store.put(pointer_path(PROFILE), json.dumps(old.as_dict()).encode())
     watcher = ReleaseWatcher(
         store, PROFILE, embedder, 3600, metrics_prefix=EDGE_METRICS, public_keys=keys
     )
@@ -123,21 +123,21 @@ def test_the_edge_reports_an_expired_pointer_and_takes_a_renewal_without_reloadi
     # renewed: the same release under a newer sequence, taken without reloading it
     index = watcher.index
     renewed = new_pointer(
-        signer, PROFILE, version, pointer["manifest_sha256"], manifest["answers_root"], 0
+        signer, PROFILE, version, pointer.manifest_sha256, manifest["answers_root"], 0
     )
     flip_pointer(store, PROFILE, renewed, read_pointer(store, PROFILE)[1])
     assert watcher.refresh() is False and watcher.index is index
     assert watcher.health()["pointer"] == {
         "version": version,
-        "sequence": renewed["sequence"],
-        "not_after": renewed["not_after"],
+        "sequence": renewed.sequence,
+        "not_after": renewed.not_after,
         "stale": False,
     }
     watcher.observe_age()
     assert metrics.stale.labels("en")._value.get() == 0
-    assert metrics.sequence.labels("en")._value.get() == renewed["sequence"]
+    assert metrics.sequence.labels("en")._value.get() == renewed.sequence
     # the hour-old pointer put back is now a rollback
-    store.put(pointer_path(PROFILE), json.dumps(old).encode())
+    store.put(pointer_path(PROFILE), json.dumps(old.as_dict()).encode())
     assert watcher.refresh() is False and watcher.index is index
     assert "refused as a rollback" in watcher.health()["pointer"]["stale_reason"]
 
@@ -154,7 +154,7 @@ def test_a_pointer_signed_before_sequences_is_served_stale_until_a_sequenced_one
     sequenced = store.get(pointer_path(PROFILE))
     # as an older publisher wrote it: the release's own statement as the pointer's signature
     release_signed = json.loads(store.get(f"{release_prefix(PROFILE, version)}/manifest.sig"))
-    legacy = {k: pointer[k] for k in ("version", "manifest_sha256")} | {"signed": release_signed}
+    legacy = pointer.as_dict(include={"version", "manifest_sha256"}) | {"signed": release_signed}
     store.put(pointer_path(PROFILE), json.dumps(legacy).encode())
     watcher = ReleaseWatcher(
         store, PROFILE, embedder, 3600, metrics_prefix=EDGE_METRICS, public_keys=keys

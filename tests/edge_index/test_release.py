@@ -12,14 +12,13 @@ from typing import Any
 
 import pytest
 
+import edge_index.manifest as manifest_format
 import edge_index.release as release
 from edge_index.answer_objects import answer_object_problem
 from edge_index.release import (
     ReleaseError,
     load_release,
     pointer_path,
-    read_manifest,
-    read_pointer,
     release_prefix,
 )
 from edge_index.store import FileStore, sha256_hex
@@ -38,12 +37,11 @@ def published(embedder, tmp_path: Path) -> tuple[FileStore, str]:  # type: ignor
 def _forge(store: FileStore, version: str, change: Callable[[dict[str, Any]], None]) -> None:
     """Rewrite a published manifest and re-point the pointer at it, hashes and all: what anyone
     with write access to the store can do (signing, not hashing, is what stops that)."""
-    manifest, _ = read_manifest(store, PROFILE, version)
+    manifest = json.loads(store.get(f"{release_prefix(PROFILE, version)}/manifest.json"))
     change(manifest)
     data = json.dumps(manifest).encode()
     store.put(f"{release_prefix(PROFILE, version)}/manifest.json", data)
-    pointer, _ = read_pointer(store, PROFILE)
-    assert pointer is not None
+    pointer = json.loads(store.get(pointer_path(PROFILE)))
     pointer["manifest_sha256"] = sha256_hex(data)
     store.put(pointer_path(PROFILE), json.dumps(pointer).encode())
 
@@ -87,7 +85,7 @@ def test_size_claims_are_capped_before_anything_is_read(
     published: tuple[FileStore, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, version = published
-    real = read_manifest(store, PROFILE, version)[0]["shards"][0]["index"]["bytes"]
+    real = load_release(store, PROFILE).manifest.shards[0].index.size_bytes
     # a 2 GB claim is refused from the manifest alone
     _forge(store, version, lambda m: m["shards"][0]["index"].update(bytes=2 << 30))
     with pytest.raises(ReleaseError, match="not within"):
@@ -99,7 +97,7 @@ def test_size_claims_are_capped_before_anything_is_read(
     _forge(store, version, lambda m: m["shards"][0]["index"].update(bytes=real))
     assert load_release(store, PROFILE).version == version
     # each kind of object has its cap: a shard file over it is refused however it is described
-    monkeypatch.setattr(release, "MAX_SHARD_FILE_BYTES", real - 1)
+    monkeypatch.setattr(manifest_format, "MAX_SHARD_FILE_BYTES", real - 1)
     with pytest.raises(ReleaseError, match="not within"):
         load_release(store, PROFILE)
     monkeypatch.setattr(release, "MAX_MANIFEST_BYTES", 100)

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from edge_index.logreader import read_logs
+from edge_index.manifest import Finetuned, Manifest
 from edge_index.profiles import NoProfileError, resolve_profile
 from edge_index.release import release_prefix
 from edge_index.service import create_app
@@ -364,11 +365,11 @@ def test_a_release_ships_its_finetuned_embedder(embedder, tmp_path: Path) -> Non
     folder = tmp_path / "tuned"
     tuned.save(str(folder))
     store = FileStore(tmp_path / "store")
-    info = {"finetuned": {"base": "embedded", "steps": 2, "sha256": model_digest(folder)}}
+    info = Finetuned(base="embedded", steps=2, examples=4, sha256=model_digest(folder))
     manifest = build(tuned, tmp_path / "r1", store, embedder_dir=folder, embedder_info=info)
     publish(store, tmp_path / "r1")
-    assert manifest["embedder"]["finetuned"]["sha256"] == model_digest(folder)
-    assert any(f["path"].endswith(".safetensors") for f in manifest["embedder"]["files"])
+    assert manifest.embedder.finetuned == info
+    assert any(f.path.endswith(".safetensors") for f in manifest.embedder.files)
     state = ReleaseWatcher(store, PROFILE, embedder, poll_s=3600, metrics_prefix=EDGE_METRICS)
     assert state.refresh()
     assert state.index is not None and state.index.embedder is not embedder
@@ -386,7 +387,7 @@ def test_a_release_ships_its_finetuned_embedder(embedder, tmp_path: Path) -> Non
         embedder_info=info,
     )
     version = publish(store, tmp_path / "r2").version
-    files = [f["path"] for f in manifest["embedder"]["files"]]
+    files = [f.path for f in manifest.embedder.files]
     weights = next(path for path in files if path.endswith(".safetensors"))
     path = f"{release_prefix(PROFILE, version)}/{weights}"
     data = bytearray(store.get(path))
@@ -420,9 +421,9 @@ def test_an_uncalibrated_release_serves_exact_hits_only(embedder, tmp_path: Path
     never applies the uncalibrated threshold."""
     store = FileStore(tmp_path / "store")
     manifest = build(embedder, tmp_path / "r1", store, semantic_uncalibrated=False)
-    threshold = manifest["threshold"]
-    assert threshold["calibrated"] is False and threshold["semantic"] is False
-    assert "exact tier only" in threshold["semantic_off_reason"]
+    threshold = manifest.threshold
+    assert threshold.calibrated is False and threshold.semantic is False
+    assert "exact tier only" in str(threshold.semantic_off_reason)
     publish(store, tmp_path / "r1")
     state = ReleaseWatcher(store, PROFILE, embedder, 3600, metrics_prefix=EDGE_METRICS)
     assert state.refresh() and state.health()["semantic"] is False
@@ -616,7 +617,7 @@ def test_resolve_profile_by_language(embedder, tmp_path: Path) -> None:  # type:
     # en-old: built before languages were recorded (no language in its inputs: English)
     _publish(embedder, store, tmp_path, "old", 20, profile="en-old")
     manifest = _current_manifest(store, "en-old")
-    assert "language" not in manifest["profile"]["inputs"]
+    assert "language" not in manifest.profile.inputs and manifest.profile.language == "en"
     assert resolve_profile(store, None, "en") == "en-old"
     _publish(embedder, store, tmp_path, "new", 21, profile="en-new", language="en")
     # a zh profile (routing reads the manifest only: MiniLM vectors are fine here)
@@ -637,10 +638,10 @@ def test_resolve_profile_by_language(embedder, tmp_path: Path) -> None:  # type:
         resolve_profile(store, None)  # no language, several profiles: which one is not known
 
 
-def _current_manifest(store: Store, profile: str) -> dict[str, Any]:
+def _current_manifest(store: Store, profile: str) -> Manifest:
     from edge_index.release import read_manifest, read_pointer
 
     pointer, _ = read_pointer(store, profile)
     assert pointer is not None
-    manifest, _ = read_manifest(store, profile, pointer["version"])
+    manifest, _ = read_manifest(store, profile, pointer.version)
     return manifest

@@ -58,8 +58,8 @@ def test_a_repetitive_answer_is_excluded_and_counted(embedder, tmp_path: Path) -
     assert report.clusters == 2
     rows = [
         r
-        for shard in manifest["shards"]
-        for r in pq.read_table(tmp_path / "release" / shard["rows"]["path"]).to_pylist()
+        for shard in manifest.shards
+        for r in pq.read_table(tmp_path / "release" / shard.rows.path).to_pylist()
     ]
     assert sorted(r["question"] for r in rows) == sorted(GOOD)
     assert {r["checks"] for r in rows} == {",".join(CHECKS)}
@@ -113,7 +113,7 @@ def test_held_back_wordings_calibrate_a_release_that_publishes_one_wording_per_c
             BuildConfig(),
             now=NOW,
         )
-        return manifest["threshold"]
+        return manifest.threshold.as_dict()
 
     on = threshold(hot, "with")
     assert on["semantic"] and on["calibrated"]
@@ -163,7 +163,7 @@ def test_only_the_held_back_wordings_calibration_samples_are_embedded(embedder) 
 
 
 def test_a_shard_stays_under_what_readers_accept() -> None:
-    from edge_index.release import MAX_SHARD_FILE_BYTES
+    from edge_index.manifest import MAX_SHARD_FILE_BYTES
     from precompute.build import shard_rows_for
 
     rows = shard_rows_for(BuildConfig(), 384)
@@ -192,8 +192,8 @@ def _built(embedder, tmp_path: Path, texts: dict[str, str], config: BuildConfig,
     )
     rows = [
         r
-        for shard in manifest["shards"]
-        for r in pq.read_table(tmp_path / shard["rows"]["path"]).to_pylist()
+        for shard in manifest.shards
+        for r in pq.read_table(tmp_path / shard.rows.path).to_pylist()
     ]
     return report, rows
 

@@ -316,12 +316,12 @@ def test_a_zh_run_publishes_the_curated_answers(
     assert report["generation"]["reused"] == 2 and report["generation"]["generated"] == 1
 
     pointer, _ = read_pointer(out, report["profile"])
-    assert pointer is not None and pointer["version"] == report["version"]
+    assert pointer is not None and pointer.version == report["version"]
     release = load_release(out, report["profile"])
     manifest = release.manifest
-    assert manifest["profile"]["inputs"]["language"] == "zh"
-    assert manifest["profile"]["inputs"]["embedder"] == "multilingual"
-    assert manifest["embedder"]["name"] == "multilingual"
+    assert manifest.profile.language == "zh"
+    assert manifest.profile.inputs["embedder"] == "multilingual"
+    assert manifest.embedder.name == "multilingual"
     rows = {r["key"]: r for shard in release.shards for r in shard.rows.to_pylist()}
     for question, answer in ZH_CURATED.items():
         row = rows[key(question)]

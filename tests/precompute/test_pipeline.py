@@ -297,7 +297,7 @@ def test_the_next_night_reuses_answers_and_keeps_what_the_cdn_served(
     keys = set().union(*published.values())
     assert set().union(*now_published.values()) == keys - published[revoked]
     mining = second["mining"]
-    assert mining["carried_from"] == read_pointer(out, first["profile"])[0]["parent"]
+    assert mining["carried_from"] == read_pointer(out, first["profile"])[0].parent
     assert mining["carried_phrasings"] >= len(unlogged) and mining["carried_users"] > 0
     release = load_release(out, second["profile"])
     by_key = {r["key"]: r for s in release.shards for r in s.rows.to_pylist()}

@@ -32,12 +32,12 @@ from tests.s3proxy import FaultyS3
 def test_publish_then_load_verifies_everything(embedder, store: Store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     manifest = _build(embedder, tmp_path / "r1", store, ttl_days=7.0)
     report = publish(store, tmp_path / "r1")
-    assert report.version == manifest["version"] and report.parent is None
+    assert report.version == manifest.version and report.parent is None
     release = load_release(store, PROFILE, check_objects=True)
-    assert release.version == manifest["version"]
+    assert release.version == manifest.version
     rows = release.shards[0].rows.to_pylist()
     assert sorted(r["question"] for r in rows) == sorted(QUESTIONS)
-    assert manifest["index"]["factory"] == "HNSW32,Flat"
+    assert manifest.index.factory == "HNSW32,Flat"
     # the exact-tier object for a key, as the CDN serves it
     obj = json.loads(
         store.get(f"{release_prefix(PROFILE, report.version)}/{object_path(rows[0]['key'])}")
@@ -56,8 +56,8 @@ def test_publish_then_load_verifies_everything(embedder, store: Store, tmp_path:
 def test_corrupt_release_is_refused(embedder, store: Store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     manifest = _build(embedder, tmp_path / "r1", store)
     publish(store, tmp_path / "r1")
-    prefix = release_prefix(PROFILE, manifest["version"])
-    shard = f"{prefix}/{manifest['shards'][0]['rows']['path']}"
+    prefix = release_prefix(PROFILE, manifest.version)
+    shard = f"{prefix}/{manifest.shards[0].rows.path}"
     store.put(shard, store.get(shard)[:-10] + b"0123456789")
     with pytest.raises(ReleaseError, match="sha256"):
         load_release(store, PROFILE)
@@ -76,7 +76,7 @@ def test_next_release_builds_on_the_current_one_and_pruning_keeps_n(
     assert list_versions(store, PROFILE) == versions[-2:]
     pointer, _ = read_pointer(store, PROFILE)
     assert pointer is not None
-    assert pointer["version"] == versions[-1] and pointer["parent"] == versions[-2]
+    assert pointer.version == versions[-1] and pointer.parent == versions[-2]
 
 
 def test_stale_parent_is_refused(embedder, store: Store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -93,7 +93,7 @@ def test_two_racing_publishers_exactly_one_wins(embedder, store: Store, tmp_path
     later = datetime(2026, 11, 30, tzinfo=UTC)
     a = _build(embedder, tmp_path / "a", store, tag="a", now=later)
     b = _build(embedder, tmp_path / "b", store, tag="b", now=later, questions=QUESTIONS[:3])
-    assert a["parent"] == b["parent"] == base["version"]
+    assert a.parent == b.parent == base.version
     barrier = threading.Barrier(2)
     outcome: dict[str, str] = {}
 
@@ -121,10 +121,10 @@ def test_two_racing_publishers_exactly_one_wins(embedder, store: Store, tmp_path
     assert pointer is not None
     won = a if winners == ["a"] else b
     lost = b if won is a else a
-    assert pointer["version"] == won["version"]
+    assert pointer.version == won.version
     load_release(store, PROFILE, check_objects=True)
     # the loser's upload is gone
-    assert store.list(release_prefix(PROFILE, lost["version"])) == []
+    assert store.list(release_prefix(PROFILE, lost.version)) == []
 
 
 @pytest.mark.parametrize("stage", STAGES[:-1])
@@ -146,10 +146,10 @@ def test_failure_at_any_stage_keeps_readers_on_the_previous_release(
 
     with pytest.raises(ConnectionError):
         publish(store, tmp_path / "new", on_stage=fail)
-    assert load_release(store, PROFILE, check_objects=True).version == old["version"]
-    assert store.list(release_prefix(PROFILE, new["version"])) == []
+    assert load_release(store, PROFILE, check_objects=True).version == old.version
+    assert store.list(release_prefix(PROFILE, new.version)) == []
     # and the same release publishes fine afterwards
-    assert publish(store, tmp_path / "new").version == new["version"]
+    assert publish(store, tmp_path / "new").version == new.version
 
 
 def _publish_and_die(root: str, staging: str, stage: str, signing_key: str = "") -> None:
@@ -177,14 +177,14 @@ def test_kill_at_any_stage_never_exposes_a_partial_release(
     child.start()
     child.join(60)
     assert child.exitcode == 17
-    assert load_release(store, PROFILE, check_objects=True).version == old["version"]
-    assert list_versions(store, PROFILE) in ([old["version"]], [old["version"], new["version"]])
+    assert load_release(store, PROFILE, check_objects=True).version == old.version
+    assert list_versions(store, PROFILE) in ([old.version], [old.version, new.version])
     # what the killed publisher left behind is cleaned once it is old enough
-    leftovers = store.list(release_prefix(PROFILE, new["version"]))
+    leftovers = store.list(release_prefix(PROFILE, new.version))
     assert leftovers  # the kill left files
-    if new["version"] not in list_versions(store, PROFILE):
+    if new.version not in list_versions(store, PROFILE):
         prune(store, PROFILE, keep=5, now=datetime(2026, 12, 3, tzinfo=UTC))
-        assert store.list(release_prefix(PROFILE, new["version"])) == []
+        assert store.list(release_prefix(PROFILE, new.version)) == []
 
 
 def test_a_flip_whose_reply_is_lost_still_publishes_and_keeps_the_release(
@@ -201,9 +201,9 @@ def test_a_flip_whose_reply_is_lost_still_publishes_and_keeps_the_release(
     )
     s3_proxy.drop_conditional_puts = 1  # current.json is written, the reply never arrives
     report = publish(store, tmp_path / "new")
-    assert s3_proxy.drop_conditional_puts == 0 and report.version == new["version"]
-    assert load_release(store, PROFILE, check_objects=True).version == new["version"]
-    assert list_versions(store, PROFILE) == [old["version"], new["version"]]
+    assert s3_proxy.drop_conditional_puts == 0 and report.version == new.version
+    assert load_release(store, PROFILE, check_objects=True).version == new.version
+    assert list_versions(store, PROFILE) == [old.version, new.version]
 
 
 def test_publishing_again_resumes_an_upload_that_stopped_before_the_flip(
@@ -222,32 +222,32 @@ def test_publishing_again_resumes_an_upload_that_stopped_before_the_flip(
     )
     child.start()
     child.join(60)
-    assert child.exitcode == 17 and new["version"] in list_versions(store, PROFILE)
+    assert child.exitcode == 17 and new.version in list_versions(store, PROFILE)
     stages: list[str] = []
     report = publish(store, tmp_path / "new", on_stage=stages.append, signer=LocalSigner(private))
-    assert report.version == new["version"] and stages == ["verify", "flip", "prune"]
+    assert report.version == new.version and stages == ["verify", "flip", "prune"]
     assert load_release(store, PROFILE, check_objects=True, public_keys=(public,))
     # the resumed flip carries the signature the interrupted upload left, for browsers
     pointer_body = json.loads(store.get(f"{PROFILE}/current.json"))
-    assert signed_root(pointer_body, PROFILE, (public,)) == new["answers_root"]
+    assert signed_root(pointer_body, PROFILE, (public,)) == new.answers_root
     # publishing the live release again changes nothing
     pointer = store.get(f"{PROFILE}/current.json")
-    assert publish(store, tmp_path / "new").version == new["version"]
+    assert publish(store, tmp_path / "new").version == new.version
     assert store.get(f"{PROFILE}/current.json") == pointer
     # an interrupted upload that no longer verifies is uploaded again
     newer = _build(
         embedder, tmp_path / "newer", store, tag="newer", now=datetime(2026, 12, 2, tzinfo=UTC)
     )
-    prefix = release_prefix(PROFILE, newer["version"])
+    prefix = release_prefix(PROFILE, newer.version)
     store.put(f"{prefix}/manifest.json", (tmp_path / "newer" / "manifest.json").read_bytes())
     stages.clear()
-    assert publish(store, tmp_path / "newer", on_stage=stages.append).version == newer["version"]
+    assert publish(store, tmp_path / "newer", on_stage=stages.append).version == newer.version
     assert stages[0] == "objects"
     # a version holding a different release is never overwritten
     other = tmp_path / "other"
     shutil.copytree(tmp_path / "newer", other)
     manifest = json.loads((other / "manifest.json").read_text())
-    manifest["parent"], manifest["note"] = newer["version"], "a different release, same version"
+    manifest["parent"], manifest["note"] = newer.version, "a different release, same version"
     (other / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(PublishConflictError, match="different release"):
         publish(store, other)

@@ -98,7 +98,7 @@ def test_list_show_diff_and_rollback(embedder, store: Store, tmp_path: Path) -> 
         "sequence": done["sequence"],
     }
     pointer, _ = read_pointer(store, PROFILE)
-    assert pointer is not None and pointer["version"] == first
+    assert pointer is not None and pointer.version == first
     # signed again under a higher sequence: readers that saw the second release take it
     rolled = verify_pointer(pointer, PROFILE, (public,))
     assert rolled.version == first and rolled.sequence == done["sequence"] > before.sequence

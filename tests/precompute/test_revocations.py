@@ -65,7 +65,7 @@ def test_revoke_records_then_publishes_a_release_without_the_cluster(
     )
     assert done["cluster"] == cluster and done["phrasings"] == 2 and done["parent"] == first
     pointer, _ = read_pointer(store, PROFILE)
-    assert pointer is not None and pointer["version"] == done["version"] != first
+    assert pointer is not None and pointer.version == done["version"] != first
     assert signed_root(pointer, PROFILE, (public,)) is not None  # signed like a nightly release
 
     after = load_release(store, PROFILE, check_objects=True, public_keys=(public,))
@@ -74,9 +74,10 @@ def test_revoke_records_then_publishes_a_release_without_the_cluster(
     assert all(kept[k]["answer"] == rows[k]["answer"] for k in kept)  # nothing regenerated
     prefix = release_prefix(PROFILE, after.version)
     assert not store.exists(f"{prefix}/{object_path(key(QUESTIONS[0]))}")
-    assert after.manifest["revoked"]["keys"] == sorted([key(QUESTIONS[0]), key(PARAPHRASE)])
-    assert after.manifest["derived"]["from"] == first
-    assert after.manifest["excluded_clusters"]["revoked"] == 1
+    revoked, derived = after.manifest.revoked, after.manifest.derived
+    assert revoked is not None and revoked.keys == sorted([key(QUESTIONS[0]), key(PARAPHRASE)])
+    assert derived is not None and derived.from_version == first
+    assert after.manifest.excluded_clusters["revoked"] == 1
 
     # the edge no longer has it, by either tier
     watcher = ReleaseWatcher(store, PROFILE, embedder, 3600, metrics_prefix=EDGE_METRICS)
@@ -105,7 +106,7 @@ def test_revocation_errors_and_unrevoke(embedder, tmp_path: Path) -> None:  # ty
     again = record_revocation(
         store, PROFILE, done["cluster"], [key(QUESTIONS[1])], QUESTIONS[1], "again", "carol", "t"
     )
-    assert again == done["id"] and len(in_force(store, PROFILE)["ids"]) == 1
+    assert again == done["id"] and len(in_force(store, PROFILE).ids) == 1
     with pytest.raises(RevocationError, match="no revocation"):
         unrevoke(store, PROFILE, "oops", "bob", entry="r-000000000000")
     assert unrevoke(store, PROFILE, "fixed upstream", "bob", key=key(QUESTIONS[1])) == {
@@ -133,7 +134,7 @@ def test_the_signed_revocation_list_cannot_be_edited_dropped_or_rolled_back(
     )
     floor = list_floor(load_release(store, PROFILE, public_keys=keys).manifest)
     listed = in_force(store, PROFILE, keys, floor)
-    assert floor > 0 and listed["sequence"] == floor and listed["ids"] == [first["id"]]
+    assert floor > 0 and listed.sequence == floor and listed.ids == [first["id"]]
     nightly = PrecomputeSettings.from_env(
         {"EDGEQA_SIGNING_KEY": private, "EDGEQA_RELEASE_PUBLIC_KEYS": public}
     )
@@ -187,7 +188,7 @@ def test_the_origin_cache_drops_revoked_questions_and_never_caches_them_again(
     assert cache.get(scoped_key(revoked, "key-1", "acme")) is None
     assert cache.get(scoped_key(other, "key-1", "acme")) is not None
     assert not cache.put(scoped_key(revoked, "key-2", ""), "generated again", 3)
-    assert json.loads(json.dumps(watcher.index.manifest["revoked"]))["keys"]
+    assert watcher.index.manifest.revoked and watcher.index.manifest.revoked.keys
 
 
 def test_nightly_mining_leaves_revoked_clusters_out(embedded_model: Any, tmp_path: Path) -> None:
