@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from origin.config import EngineSettings, OriginSettings
+from origin.precision import AUTO, Needs, choose_auto
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -50,7 +51,7 @@ def engine_config(
         max_model_len=settings.max_model_len,
         kv_cache_tokens=settings.kv_cache_tokens or None,
         quantization=auto_quantization(device, model, settings.max_model_len)
-        if quantization == "auto"
+        if quantization == AUTO
         else quantization,
         batch_invariant=settings.batch_invariant,
         prefix_caching=settings.prefix_caching,
@@ -62,28 +63,39 @@ def engine_config(
 def auto_quantization(
     device: str, model: PreTrainedModel | None, max_len: int
 ) -> EngineQuantization:
-    """``auto``'s weights: on a CPU, a model converted from a GGUF file with Q4_1/Q8_0 blocks runs
-    on those blocks (``gguf``: the fp32 model's results at a fifth of the bytes, the fastest
-    batch-1 decode: ``benchmarks/decode.py``) when the fixed-order kernels that read them load;
-    else the device's default (``default_quantization``)."""
-    from origin.engine import default_quantization
+    """``auto``'s weights: the registry's choice for ``device`` (``origin/precision.py``,
+    ``choose_auto``), with what each precision needs checked here. On a CPU, a model converted
+    from a GGUF file with Q4_1/Q8_0 blocks runs on those blocks (``gguf``: the fp32 model's
+    results at a fifth of the bytes, the fastest batch-1 decode: ``benchmarks/decode.py``) when
+    the fixed-order kernels that read them load; else the device's default
+    (``default_quantization``)."""
+    from origin.engine.config import device_meets
 
-    if device == "cpu" and model is not None:
+    no_kernels: list[str] = []
+
+    def met(need: Needs) -> bool:
+        if need is not Needs.GGUF_BLOCKS:
+            return device_meets(need, device)
         from origin.engine import kernels
         from origin.engine.gguf_blocks import servable
         from origin.engine.runner import unsupported_reason
 
-        if unsupported_reason(model, max_len) is None and servable(model):
-            reason = kernels.unavailable_reason()
-            if reason is None:
-                return "gguf"
-            logger.warning(
-                "%s. The model's GGUF blocks are read by those kernels alone: serving %s weights "
-                "instead (more memory, slower decode)",
-                reason,
-                default_quantization(device),
-            )
-    return default_quantization(device)
+        if model is None or unsupported_reason(model, max_len) is not None or not servable(model):
+            return False
+        reason = kernels.unavailable_reason()
+        if reason is not None:
+            no_kernels.append(reason)
+        return reason is None
+
+    choice = choose_auto(device, met)
+    for reason in no_kernels:
+        logger.warning(
+            "%s. The model's GGUF blocks are read by those kernels alone: serving %s weights "
+            "instead (more memory, slower decode)",
+            reason,
+            choice.name,
+        )
+    return choice.name
 
 
 def build_engine(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edge_index.errors import EdgeQAError
-from origin.precision import ENGINE_QUANTIZATIONS, EngineQuantization
+from origin.precision import EngineQuantization, Needs, choose_auto, lookup
 
 if TYPE_CHECKING:
     import torch
@@ -66,18 +66,24 @@ class EngineConfig(SchedulerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.quantization not in ENGINE_QUANTIZATIONS:
-            raise EngineConfigError(
-                f"quantization must be one of {', '.join(ENGINE_QUANTIZATIONS)}, "
-                f"got {self.quantization!r}"
-            )
+        try:
+            lookup(self.quantization)
+        except ValueError as error:
+            raise EngineConfigError(str(error)) from None
 
 
 def default_quantization(device: torch.device | str) -> EngineQuantization:
-    """The weights the origin serves with when not told: bf16 on CPUs with native bf16 dot
-    products (2x the fp32 throughput at 0.99 greedy agreement), else the model as loaded."""
+    """The weights the origin serves with when not told, for no model in particular: ``auto``'s
+    choice among what the device alone can meet (``origin/precision.py``): bf16 on CPUs with
+    native bf16 dot products (2x the fp32 throughput at 0.99 greedy agreement), else the model
+    as loaded."""
+    return choose_auto(str(device), lambda need: device_meets(need, device)).name
+
+
+def device_meets(need: Needs, device: torch.device | str) -> bool:
+    """Whether ``device`` meets ``need`` by itself (a need of the model's it does not)."""
     import torch
 
-    if torch.device(device).type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return "bf16"
-    return "none"
+    if need is Needs.NATIVE_BF16:
+        return torch.device(device).type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return False

@@ -4,20 +4,23 @@ INT8 is "quantize offline, swap Linear at load" (gpt-fast). On CUDA it is bitsan
 (outlier columns kept in fp16). On CPU it is weight-only INT8 with per-output-channel scales: the
 activations stay in floating point (bf16 into the kernel, fp32 around it), because this model's
 activation outliers make per-tensor activation quantization (``torch.ao`` dynamic quantization)
-agree with fp32 on under half of the greedy tokens. Norms, embeddings and the LM head are never
-quantized.
+agree with fp32 on under half of the greedy tokens. Norms and embeddings are never quantized.
+
+Which class multiplies for a precision, on which kernels, is its registry entry's
+(``origin/precision.py``, ``Precision.linears``); ``make_linear`` builds it.
 """
 
 from __future__ import annotations
 
 import itertools
 import warnings
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
 
 from origin.engine import kernels
-from origin.precision import ENGINE_QUANTIZATIONS, GGUF_BLOCK_QUANTIZATIONS
+from origin.precision import Backend, LinearKind, Precision, WeightFormat
 
 # clip ratios tried per output channel; the one with the least squared error wins
 _CLIP_RATIOS = (1.0, 0.97, 0.94, 0.91, 0.88, 0.85)
@@ -357,7 +360,7 @@ class W8A8Linear:
 def fixed_order_linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    quantization: str,
+    weights: WeightFormat,
     calibration: torch.Tensor | None = None,
 ) -> kernels.PackedLinear:
     """CPU weights (fp32, bf16 or INT8 with per-channel scales) for the fixed-order GEMM
@@ -366,10 +369,10 @@ def fixed_order_linear(
     than the library GEMMs at this model's sizes (measured in ``docs/engine.md``). The fused step
     (``kernels.Forward``) reads the same ``PackedLinear`` that runs a layer alone."""
     input_scale = scales = None
-    if quantization == "int8":
+    if weights is WeightFormat.INT8:
         input_scale, q, scales = calibrated_int8(weight, calibration)
         weight_t = q.t()
-    elif quantization == "bf16" or weight.dtype == torch.bfloat16:
+    elif weights is WeightFormat.BF16 or weight.dtype == torch.bfloat16:
         weight_t = weight.t().to(torch.bfloat16)
     else:
         weight_t = weight.t().float()
@@ -383,37 +386,47 @@ def fixed_order_linear(
     )  # fmt: skip
 
 
+def _dense(weight: torch.Tensor, bias: torch.Tensor | None, weights: WeightFormat) -> DenseLinear:
+    if weights is WeightFormat.BF16:
+        return DenseLinear(weight.to(torch.bfloat16), None if bias is None else bias.bfloat16())
+    return DenseLinear(weight, bias)
+
+
+def _float(bias: torch.Tensor | None) -> torch.Tensor | None:
+    return None if bias is None else bias.float()
+
+
+# weight [out, in], bias, the entry's weight format, calibration, activation bits -> the linear
+_Build = Callable[
+    [torch.Tensor, torch.Tensor | None, WeightFormat, torch.Tensor | None, int], Linear
+]
+_BUILDS: dict[LinearKind, _Build] = {
+    LinearKind.FIXED_ORDER: lambda w, b, f, c, _: fixed_order_linear(w, b, f, c),
+    LinearKind.DENSE: lambda w, b, f, c, _: _dense(w, b, f),
+    LinearKind.BF16: lambda w, b, f, c, _: Bf16Linear(w, _float(b)),
+    LinearKind.INT8_WEIGHT_ONLY: lambda w, b, f, c, _: Int8WeightOnlyLinear(w, _float(b), c),
+    LinearKind.LLM_INT8: lambda w, b, f, c, _: BnbInt8Linear(w, b, w.device),
+    LinearKind.W8A8: lambda w, b, f, c, bits: W8A8Linear(w, _float(b), c, bits),
+}
+
+
 def make_linear(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
-    quantization: str,
-    device: torch.device,
+    precision: Precision,
+    backend: Backend,
     calibration: torch.Tensor | None = None,
     act_bits: int = 8,
-    fixed_order: bool = False,
 ) -> Linear:
-    """The linear layer for ``quantization``; ``calibration`` (the input-channel scales
-    ``calibration.awq_scales`` chose) tunes CPU INT8;
-    ``act_bits``: the activation integers' width in ``w8a8``; ``fixed_order``: the batch-invariant
-    CPU GEMM for fp32, bf16 and INT8 weights (``w8a8`` is invariant by its arithmetic)."""
-    if quantization not in ENGINE_QUANTIZATIONS:
+    """The linear layer ``precision`` multiplies with on ``backend`` (the entry's ``linears``:
+    ``origin/precision.py``); ``calibration`` (the input-channel scales
+    ``calibration.awq_scales`` chose) tunes CPU INT8; ``act_bits``: the activation integers'
+    width in ``w8a8``."""
+    kind = precision.linears.get(backend)
+    if kind is None:
+        raise ValueError(f"precision {precision.name} does not run on {backend.value}")
+    if precision.weights.from_gguf_file:
         raise ValueError(
-            f"quantization must be one of {', '.join(ENGINE_QUANTIZATIONS)}, got {quantization!r}"
+            f"{precision.name} weights are the GGUF file's blocks: see origin/engine/gguf_blocks.py"
         )
-    if quantization in GGUF_BLOCK_QUANTIZATIONS:
-        raise ValueError(
-            "gguf weights are the GGUF file's blocks: see origin/engine/gguf_blocks.py"
-        )
-    if fixed_order and device.type == "cpu" and quantization != "w8a8":
-        return fixed_order_linear(weight, bias, quantization, calibration)
-    if quantization == "none":
-        return DenseLinear(weight, bias)
-    if quantization == "w8a8":
-        return W8A8Linear(weight, None if bias is None else bias.float(), calibration, act_bits)
-    if quantization == "bf16":
-        if device.type == "cuda":
-            return DenseLinear(weight.to(torch.bfloat16), None if bias is None else bias.bfloat16())
-        return Bf16Linear(weight, None if bias is None else bias.float())
-    if device.type == "cuda":
-        return BnbInt8Linear(weight, bias, device)
-    return Int8WeightOnlyLinear(weight, None if bias is None else bias.float(), calibration)
+    return _BUILDS[kind](weight, bias, precision.weights, calibration, act_bits)

@@ -3,8 +3,10 @@
 ``LlamaRunner`` is a lean forward for the Llama family (Llama, Mistral, Qwen2, SmolLM2) in plain
 PyTorch: fused QKV and gate/up weights stored [in, out], one GEMM per weight for every token of the
 step (prefill chunks and decode tokens together), batched decode attention over the slot cache, and
-optional INT8 weights. It matches transformers' logits (tests compare them). ``HFRunner`` runs any
-other causal LM through its own forward with one transformers cache per slot: correct, not fast.
+weights in any precision of the registry (``origin/precision.py``: its entry says how they are
+built and which forward path a step takes). It matches transformers' logits (tests compare them).
+``HFRunner`` runs any other causal LM through its own forward with one transformers cache per
+slot: correct, not fast.
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ from origin.engine.attention import AttentionPlan
 from origin.engine.kv_cache import SlotKVCache
 from origin.engine.linear import Linear, make_linear, quantize_per_channel_int8
 from origin.engine.ops import rms_norm, rope_table, rotate, silu_mul
-from origin.precision import GGUF_BLOCK_QUANTIZATIONS
+from origin.precision import (
+    Backend,
+    ForwardPath,
+    Precision,
+    WeightFormat,
+    invariant_precisions,
+    lookup,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -96,21 +105,34 @@ def fused_projections(layer: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor 
     return fused
 
 
-def _fixed_order_kernels_load(quantization: str) -> bool:
-    """Whether the fixed-order kernels load. Without a private folder to keep them in (they are
-    never loaded from a folder another user could write) the engine runs on the library kernels
-    and says what that costs; GGUF blocks, which those kernels alone read, cannot."""
+def choose_backend(precision: Precision, device: str, batch_invariant: bool) -> Backend:
+    """The kernels a runner's steps run on (``Precision.backend``): the fixed-order ones when
+    asked for, and when they load. Without a private folder to keep them in (they are never
+    loaded from a folder another user could write) the engine runs on the library kernels and
+    says what that costs; a precision those kernels alone read (GGUF blocks) cannot."""
+    backend = precision.backend(device, batch_invariant)
+    if batch_invariant and not precision.invariant_on(backend):
+        invariant = ", ".join(p.name for p in invariant_precisions(backend))
+        logger.warning(
+            "batch invariance needs the CPU's fixed-order kernels; on %s only %s weights keep a "
+            "greedy answer independent of the load",
+            backend.device,
+            invariant,
+        )
+    if backend is not Backend.FIXED_ORDER:
+        return backend
     reason = kernels.unavailable_reason()
     if reason is None:
-        return True
-    if quantization in GGUF_BLOCK_QUANTIZATIONS:
-        raise kernels.KernelCacheError(f"precision {quantization} needs the kernels: {reason}")
+        return backend
+    fallback = precision.fallback(backend)
+    if fallback is None:
+        raise kernels.KernelCacheError(f"precision {precision.name} needs the kernels: {reason}")
     logger.warning(
         "%s. Running on the library kernels instead: batch invariance is off, so a greedy "
         "answer may depend on the load (the rows batched with it, chunking, the CPU's ISA)",
         reason,
     )
-    return False
+    return fallback
 
 
 class _Layer:
@@ -125,7 +147,15 @@ class _Layer:
             self.input_norm, self.post_norm = self.input_norm.float(), self.post_norm.float()
 
 
+# the LM head's activation integers in w8a8 (its logits are what greedy decoding compares)
+_HEAD_ACT_BITS = 10
+
+
 class LlamaRunner:
+    """``quantization``: a precision of the registry (``origin/precision.py``), looked up once
+    here; its entry says how the weights are built, which class multiplies them and which of
+    the three forward paths a step takes (``ForwardPath``)."""
+
     def __init__(
         self,
         model: PreTrainedModel,
@@ -140,26 +170,11 @@ class LlamaRunner:
             raise ValueError(f"LlamaRunner cannot run this model: {reason}")
         config = model.config
         self.device = model.device
-        blocks = quantization in GGUF_BLOCK_QUANTIZATIONS
-        if blocks and self.device.type != "cpu":
-            raise ValueError(f"precision {quantization} runs on the CPU's kernels, not on CUDA")
-        # batch-invariant on a CPU: the fixed-order kernels (kernels/), fp32 activations and cache;
-        # GGUF blocks are read by those kernels alone
-        batch_invariant = batch_invariant or blocks
-        self.batch_invariant = batch_invariant and self.device.type == "cpu"
-        if batch_invariant and not self.batch_invariant and quantization != "w8a8":
-            logger.warning(
-                "batch invariance needs the CPU's fixed-order kernels; on %s only w8a8 weights "
-                "keep a greedy answer independent of the load",
-                self.device.type,
-            )
-        if self.batch_invariant:
-            self.batch_invariant = _fixed_order_kernels_load(quantization)
-        if quantization == "gguf-a8" and kernels.a8_path() == "c":
-            logger.warning(
-                "gguf-a8 without AVX2 on this CPU: its integer dot products run in plain C, "
-                "slower than gguf's (the same answers as with AVX2 or VNNI); prefer gguf here"
-            )
+        self.precision = lookup(quantization)
+        self.backend = choose_backend(self.precision, self.device.type, batch_invariant)
+        self.forward_path = self.precision.forward_path(self.backend)
+        # batch-invariant on a CPU: the fixed-order kernels (kernels/), fp32 activations and cache
+        self.batch_invariant = self.backend is Backend.FIXED_ORDER
         self.dtype = torch.float32 if self.batch_invariant else model.dtype
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -167,23 +182,18 @@ class LlamaRunner:
         self.eps = config.rms_norm_eps
         self.scale = self.head_dim**-0.5
         base: Any = model.model
-        calibration: dict[tuple[int, str], torch.Tensor | None] = {}
-        calibrated = quantization == "w8a8" or (
-            quantization == "int8" and self.device.type == "cpu"
-        )
         with torch.no_grad():
             fused = [fused_projections(layer) for layer in base.layers]
-        if calibrated and tokenizer is not None:
-            from origin.engine.calibration import awq_scales
-
-            weights = {(i, n): w for i, group in enumerate(fused) for n, (w, _) in group.items()}
-            calibration = awq_scales(model, tokenizer, weights, quantize_per_channel_int8)
+        calibration = self._calibration(model, tokenizer, fused)
         with torch.no_grad():
-            linears, self.lm_head = self._linears(model, fused, quantization, calibration)
+            linears, lm_head = self._linears(model, fused, calibration)
+            if self.forward_path is ForwardPath.FUSED:
+                linears, lm_head = _on_huge_pages(linears, lm_head)
             self.layers = [
                 _Layer(layer, layer_linears, self.batch_invariant)
                 for layer, layer_linears in zip(base.layers, linears, strict=True)
             ]
+            self.lm_head = lm_head
             self.embed = base.embed_tokens.weight.detach().to(self.dtype)
             self.final_norm = base.norm.weight.detach().to(self.dtype)
             # cos, sin for every position: [max_len, head_dim], with the model's own rope scaling
@@ -203,91 +213,53 @@ class LlamaRunner:
         # with the fixed-order norms, activation and attention around those GEMMs
         self._norm = kernels.rms_norm if self.batch_invariant else rms_norm
         self._silu_mul = kernels.silu_mul if self.batch_invariant else silu_mul
-        fixed = all(
-            isinstance(getattr(layer, name), kernels.PackedLinear)
-            for layer in self.layers
-            for name in _Layer.LINEARS
-        ) and isinstance(self.lm_head, kernels.PackedLinear)
-        self._fused = self._fused_forward() if self.batch_invariant and fixed else None
+        self._fused = self._fused_forward() if self.forward_path is ForwardPath.FUSED else None
+
+    def _calibration(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None,
+        fused: list[dict[str, tuple[torch.Tensor, torch.Tensor | None]]],
+    ) -> dict[tuple[int, str], torch.Tensor | None]:
+        """Activation-aware INT8 scales per (layer, linear) where the precision calibrates on
+        this device and a tokenizer is given; else none."""
+        if self.device.type not in self.precision.calibrated_on or tokenizer is None:
+            return {}
+        from origin.engine.calibration import awq_scales
+
+        weights = {(i, n): w for i, group in enumerate(fused) for n, (w, _) in group.items()}
+        return awq_scales(model, tokenizer, weights, quantize_per_channel_int8)
 
     def _linears(
         self,
         model: PreTrainedModel,
         fused: list[dict[str, tuple[torch.Tensor, torch.Tensor | None]]],
-        quantization: str,
         calibration: dict[tuple[int, str], torch.Tensor | None],
     ) -> tuple[list[dict[str, Linear]], Linear]:
-        """Every layer's linears and the LM head, for ``quantization``."""
+        """Every layer's linears and the LM head, as the precision's entry builds them."""
+        precision, backend = self.precision, self.backend
         head_weight = model.lm_head.weight.detach()
-        if quantization in GGUF_BLOCK_QUANTIZATIONS:
-            from origin.engine.gguf_blocks import gguf_linears
-
-            weights = {(i, n): w for i, group in enumerate(fused) for n, (w, _) in group.items()}
-            packed, packed_head = gguf_linears(
-                model, weights, head_weight, activations_8bit=quantization == "gguf-a8"
-            )
-
-            def with_bias(linear: kernels.PackedLinear, bias: torch.Tensor | None) -> Linear:
-                if bias is None:
-                    return linear
-                return dataclasses.replace(linear, bias=bias.float().contiguous())
-
-            gguf_layers: list[dict[str, Linear]] = [
-                {n: with_bias(packed[(i, n)], b) for n, (_, b) in group.items()}
-                for i, group in enumerate(fused)
-            ]
-            return gguf_layers, packed_head
+        if precision.weights.from_gguf_file:
+            return _gguf_linears(model, fused, head_weight, precision)
         layers: list[dict[str, Linear]] = [
             {
-                name: make_linear(
-                    weight,
-                    bias,
-                    quantization,
-                    self.device,
-                    calibration.get((i, name)),
-                    fixed_order=self.batch_invariant,
-                )
+                name: make_linear(weight, bias, precision, backend, calibration.get((i, name)))
                 for name, (weight, bias) in group.items()
             }
             for i, group in enumerate(fused)
         ]
-        # the LM head: bf16 in bf16 mode, where every GEMM is bf16; bf16 for INT8 layers too
-        # (INT8 costs greedy agreement at the logits, bf16 does not: decode.py); w8a8 in w8a8
-        # mode, where every GEMM must be batch-invariant (with 10-bit activations: the logits are
-        # what greedy decoding compares); else full precision
-        heads = {"int8": "bf16", "bf16": "bf16", "w8a8": "w8a8"}
-        head_quantization = heads.get(quantization, "none")
         head = make_linear(
-            head_weight,
-            None,
-            head_quantization,
-            self.device,
-            act_bits=10,
-            fixed_order=self.batch_invariant,
+            head_weight, None, lookup(precision.head), backend, act_bits=_HEAD_ACT_BITS
         )
         return layers, head
 
     def _fused_forward(self) -> kernels.Forward:
-        # every weight a step reads, together on huge pages
-        owners: list[tuple[object, str]] = [
-            (layer, name) for layer in self.layers for name in _Layer.LINEARS
-        ]
-        owners.append((self, "lm_head"))
-        weights = [getattr(owner, name) for owner, name in owners]
-        copies = kernels.huge_page_copies([w.packed for w in weights])
-        for (owner, name), weight, copy in zip(owners, weights, copies, strict=True):
-            setattr(owner, name, dataclasses.replace(weight, packed=copy))
-
-        def packed(linear: Linear) -> kernels.PackedLinear:
-            assert isinstance(linear, kernels.PackedLinear)
-            return linear
-
         layers = [
             kernels.LayerWeights(
-                packed(layer.qkv),
-                packed(layer.o),
-                packed(layer.gate_up),
-                packed(layer.down),
+                _packed(layer.qkv),
+                _packed(layer.o),
+                _packed(layer.gate_up),
+                _packed(layer.down),
                 layer.input_norm.contiguous(),
                 layer.post_norm.contiguous(),
             )
@@ -296,7 +268,7 @@ class LlamaRunner:
         return kernels.Forward(
             layers,
             self.final_norm.contiguous(),
-            packed(self.lm_head),
+            _packed(self.lm_head),
             heads=self.num_heads,
             kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
@@ -370,6 +342,59 @@ class LlamaRunner:
         return list(logits.split(counts))
 
 
+def _packed(linear: Linear) -> kernels.PackedLinear:
+    assert isinstance(linear, kernels.PackedLinear), "the fused step reads packed weights only"
+    return linear
+
+
+def _gguf_linears(
+    model: PreTrainedModel,
+    fused: list[dict[str, tuple[torch.Tensor, torch.Tensor | None]]],
+    head_weight: torch.Tensor,
+    precision: Precision,
+) -> tuple[list[dict[str, Linear]], Linear]:
+    """The GGUF file's blocks for every layer (with the model's biases, if any) and the head."""
+    from origin.engine.gguf_blocks import gguf_linears
+
+    matrices = {(i, n): w for i, group in enumerate(fused) for n, (w, _) in group.items()}
+    activations_8bit = precision.weights is WeightFormat.GGUF_BLOCKS_A8
+    if activations_8bit and kernels.a8_path() == "c":
+        logger.warning(
+            "%s without AVX2 on this CPU: its integer dot products run in plain C, slower than "
+            "gguf's (the same answers as with AVX2 or VNNI); prefer gguf here",
+            precision.name,
+        )
+    packed, packed_head = gguf_linears(model, matrices, head_weight, activations_8bit)
+
+    def with_bias(linear: kernels.PackedLinear, bias: torch.Tensor | None) -> Linear:
+        if bias is None:
+            return linear
+        return dataclasses.replace(linear, bias=bias.float().contiguous())
+
+    layers: list[dict[str, Linear]] = [
+        {n: with_bias(packed[(i, n)], b) for n, (_, b) in group.items()}
+        for i, group in enumerate(fused)
+    ]
+    return layers, packed_head
+
+
+def _on_huge_pages(
+    layers: list[dict[str, Linear]], head: Linear
+) -> tuple[list[dict[str, Linear]], Linear]:
+    """The same packed weights, copied together onto huge pages: every weight a fused step
+    reads (``kernels.huge_page_copies``)."""
+    linears = [_packed(group[name]) for group in layers for name in _Layer.LINEARS]
+    linears.append(_packed(head))
+    copies = iter(kernels.huge_page_copies([linear.packed for linear in linears]))
+    moved: list[Linear] = [dataclasses.replace(linear, packed=next(copies)) for linear in linears]
+    width = len(_Layer.LINEARS)
+    grouped = [
+        dict(zip(_Layer.LINEARS, moved[i : i + width], strict=True))
+        for i in range(0, len(layers) * width, width)
+    ]
+    return grouped, moved[-1]
+
+
 def logit_rows(segments: list[Segment]) -> tuple[list[int], list[int]]:
     """The step's rows whose logits are wanted (a segment's last token, or all of its tokens for
     verification), and how many per segment."""
@@ -437,7 +462,7 @@ def make_runner(
     The generic runner computes one segment per forward, so only its prompt chunking can vary."""
     if unsupported_reason(model, max_len) is None:
         return LlamaRunner(model, num_slots, max_len, quantization, tokenizer, batch_invariant)
-    if quantization != "none":
+    if lookup(quantization).weights is not WeightFormat.AS_LOADED:
         raise ValueError(
             f"quantization={quantization!r} needs a Llama-family model: "
             f"{unsupported_reason(model, max_len)}"

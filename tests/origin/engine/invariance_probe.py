@@ -23,6 +23,7 @@ from edge_index.config import DEFAULT_CACHE_DIR
 from origin.engine import Engine, EngineConfig, kernels
 from origin.engine.runner import make_runner
 from origin.model import load_model
+from origin.precision import WeightFormat, lookup
 from origin.sampling import SamplingParams
 
 QUESTIONS = [
@@ -57,7 +58,8 @@ def check(
         config = EngineConfig(**{**base, **options})  # type: ignore[arg-type]
         return Engine(model, tokenizer, config, runner=runner, draft=draft)
 
-    slow = quantization == "gguf-a8" and kernels.a8_path() == "c"
+    a8 = lookup(quantization).weights is WeightFormat.GGUF_BLOCKS_A8
+    slow = a8 and kernels.a8_path() == "c"
     params = SLOW_PARAMS if slow else PARAMS
 
     def tokens(eng: Engine, prompts: list[str]) -> list[list[int]]:

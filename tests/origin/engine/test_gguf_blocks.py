@@ -10,6 +10,7 @@ import torch
 
 from origin.engine import gguf_blocks
 from origin.engine.runner import LlamaRunner, Segment
+from origin.precision import ForwardPath
 from origin.runtime import auto_quantization
 
 
@@ -28,7 +29,9 @@ def test_gguf_blocks_compute_the_fp32_models_logits_bit_for_bit(
     cache = tmp_path / gguf_blocks.BLOCKS_FILE
     monkeypatch.setattr(gguf_blocks, "_cache_file", lambda m: cache)
     fp32 = _logits(LlamaRunner(model, 2, 512, "none", tokenizer))
-    packed = LlamaRunner(model, 2, 512, "gguf", tokenizer)  # from the GGUF file, checked
+    # from the GGUF file, checked; read by the fixed-order kernels, the whole step in one call
+    packed = LlamaRunner(model, 2, 512, "gguf", tokenizer, batch_invariant=False)
+    assert packed.forward_path is ForwardPath.FUSED and packed.batch_invariant
     assert cache.is_file()
     assert packed.weight_bytes < 100e6 < LlamaRunner(model, 1, 64, "none").weight_bytes / 5
     from_cache = LlamaRunner(model, 2, 512, "gguf", tokenizer)  # the kept blocks

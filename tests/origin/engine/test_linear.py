@@ -9,6 +9,7 @@ from origin.engine.linear import (
     make_linear,
     quantize_per_channel_int8,
 )
+from origin.precision import Backend, lookup
 from tests.origin.engine.isa import run_under_isa_caps
 
 
@@ -45,16 +46,18 @@ def test_int8_linear_is_close_to_dense_on_both_paths(rows: int) -> None:
     assert (y - ref).norm() / ref.norm() < 0.03
 
 
-def test_unknown_quantization_is_refused() -> None:
-    with pytest.raises(ValueError, match="quantization must be one of none, bf16, int8, w8a8"):
-        make_linear(_weight(), None, "int4", torch.device("cpu"))
+def test_a_precision_is_refused_where_its_entry_has_no_such_linear() -> None:
+    with pytest.raises(ValueError, match="gguf does not run on CUDA's library kernels"):
+        make_linear(_weight(), None, lookup("gguf"), Backend.CUDA_LIBRARY)
+    with pytest.raises(ValueError, match="the GGUF file's blocks"):
+        make_linear(_weight(), None, lookup("gguf"), Backend.FIXED_ORDER)
 
 
 @pytest.mark.gpu
 def test_bitsandbytes_int8_on_cuda() -> None:
     w = _weight(256, 128).cuda().half()
     x = torch.randn(8, 128, device="cuda").half()
-    lin = make_linear(w, None, "int8", torch.device("cuda"))
+    lin = make_linear(w, None, lookup("int8"), Backend.CUDA_LIBRARY)
     y = lin(x)
     ref = x @ w.T
     assert (y.float() - ref.float()).norm() / ref.float().norm() < 0.05
@@ -63,7 +66,7 @@ def test_bitsandbytes_int8_on_cuda() -> None:
 @pytest.mark.parametrize("in_features", [576, 1536])
 def test_bf16_rows_do_not_depend_on_the_row_count(in_features: int) -> None:
     # what makes speculative verification bitwise equal to one-token decoding
-    lin = make_linear(_weight(96, in_features), None, "bf16", torch.device("cpu"))
+    lin = make_linear(_weight(96, in_features), None, lookup("bf16"), Backend.CPU_LIBRARY)
     x = torch.randn(7, in_features, generator=torch.Generator().manual_seed(1))
     together = lin(x)
     alone = torch.cat([lin(x[i : i + 1]) for i in range(7)])

@@ -3,7 +3,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from origin.engine import kernels
+from origin.engine.linear import (
+    Bf16Linear,
+    DenseLinear,
+    Int8WeightOnlyLinear,
+    W8A8Linear,
+)
 from origin.engine.runner import HFRunner, LlamaRunner, Segment, make_runner
+from origin.precision import REGISTRY, Backend, ForwardPath, LinearKind, lookup
 from tests.origin.engine.conftest import tiny_model
 
 
@@ -59,6 +67,46 @@ def test_lean_runner_matches_each_llama_family_member(
     out = runner.forward([Segment(s, p[-1:], len(p) - 1) for s, p in enumerate(prompts)])
     for logits, ref in zip(out, refs, strict=True):
         assert torch.allclose(logits[0], ref[-1], atol=1e-4)
+
+
+# the class each kind of linear is on the CPU (origin/precision.py's LinearKind)
+_CPU_LINEARS = {
+    LinearKind.FIXED_ORDER: kernels.PackedLinear,
+    LinearKind.DENSE: DenseLinear,
+    LinearKind.BF16: Bf16Linear,
+    LinearKind.INT8_WEIGHT_ONLY: Int8WeightOnlyLinear,
+    LinearKind.W8A8: W8A8Linear,
+}
+
+
+@pytest.mark.parametrize("batch_invariant", [True, False])
+@pytest.mark.parametrize(
+    "quantization",
+    [p.name for p in REGISTRY if "cpu" in p.devices and not p.weights.from_gguf_file],
+)
+def test_a_runner_is_built_from_its_precisions_entry(
+    quantization: str, batch_invariant: bool
+) -> None:
+    """The kernels, the forward path and every linear's class are the registry entry's (the
+    GGUF entries: ``test_gguf_blocks.py``), and the step still computes the model's logits."""
+    precision = lookup(quantization)
+    model = tiny_model("qwen2")  # biases on q, k and v
+    runner = LlamaRunner(model, 2, 64, quantization, batch_invariant=batch_invariant)
+    backend = precision.backend("cpu", batch_invariant)
+    assert runner.backend is backend and runner.forward_path is precision.forward_path(backend)
+    assert runner.batch_invariant == (backend is Backend.FIXED_ORDER)
+    assert (runner._fused is not None) == (runner.forward_path is ForwardPath.FUSED)
+    linear = _CPU_LINEARS[precision.linears[backend]]
+    assert all(
+        isinstance(getattr(layer, name), linear)
+        for layer in runner.layers
+        for name in ("qkv", "o", "gate_up", "down")
+    )
+    assert isinstance(runner.lm_head, _CPU_LINEARS[lookup(precision.head).linears[backend]])
+    ids = _prompt(12, 128)
+    logits = runner.forward([Segment(0, ids, 0, all_logits=True)])[0]
+    ref = _reference_logits(model, ids)
+    assert (logits - ref).norm() / ref.norm() < 0.05
 
 
 def test_rollback_is_a_position_move() -> None:
