@@ -47,6 +47,7 @@ from origin.chat import encode_chat
 from origin.engine import Engine, EngineConfig
 from origin.engine.runner import Segment
 from origin.model import embedded_gguf_path, load_model
+from origin.precision import Backend, lookup
 from origin.sampling import SamplingParams
 
 
@@ -175,7 +176,7 @@ def main() -> None:
     for name, quantization in precisions:
         # batch-invariant (the default: fixed-order kernels) and the library kernels beside it
         # (GGUF blocks are read by the fixed-order kernels only)
-        blocks = name.startswith("gguf")
+        blocks = Backend.CPU_LIBRARY not in lookup(quantization).linears
         for invariant in (True,) if blocks else (True, False):
             config = EngineConfig(
                 max_num_seqs=1,
