@@ -35,6 +35,8 @@ COPY pyproject.toml README.md ./
 COPY edgeqa/ edgeqa/
 COPY origin/ origin/
 COPY edge_index/ edge_index/
+COPY base/ base/
+COPY policy/ policy/
 COPY precompute/ precompute/
 
 # ray[default] is the cluster's runtime (dashboard and job API on 8265, the Ray Client server on

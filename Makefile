@@ -67,9 +67,9 @@ chromium:
 		else echo "chromium is missing: the browser test will be skipped (sudo apt-get install -y chromium)"; fi; }
 
 lint: venv
-	$(BIN)/ruff check edgeqa origin edge_index precompute dags tests benchmarks
-	$(BIN)/ruff format --check edgeqa origin edge_index precompute dags tests benchmarks
-	$(BIN)/mypy edgeqa origin edge_index precompute dags
+	$(BIN)/ruff check edgeqa origin edge_index base policy precompute dags tests benchmarks
+	$(BIN)/ruff format --check edgeqa origin edge_index base policy precompute dags tests benchmarks
+	$(BIN)/mypy edgeqa origin edge_index base policy precompute dags
 	$(BIN)/lint-imports
 
 clean:

@@ -47,17 +47,17 @@ from typing import Any
 
 import numpy as np
 
+from base.config import SharedSettings
+from base.keys import InvalidQueryError, key_of_normalized, normalize
+from base.languages import language_of
+from base.manifest import Finetuned, Manifest
+from base.release import load_release
+from base.store import FileStore
 from edge_index import tiers
-from edge_index.config import SharedSettings
 from edge_index.embedder import load_embedder
 from edge_index.guard import Guard
-from edge_index.keys import InvalidQueryError, key_of_normalized, normalize
-from edge_index.languages import language_of
 from edge_index.lookup import Hit, ReleaseIndex
-from edge_index.manifest import Finetuned, Manifest
 from edge_index.matcher import Decision, calibrate
-from edge_index.release import load_release
-from edge_index.store import FileStore
 from precompute.build import build_release
 from precompute.config import BuildConfig
 from precompute.publish import publish
@@ -89,7 +89,7 @@ def read_rows(path: Path, where: str | None) -> list[tuple[str, str]]:
 
 def answer_for(label: str, labels: list[str], language: str) -> str:
     """The placeholder answer of ``label``, in the cache's language (an answer in another
-    script than its question is flagged and never published: ``edge_index/answers.py``)."""
+    script than its question is flagged and never published: ``policy/answers.py``)."""
     if language == "zh":
         return f"这是第{labels.index(label) + 1}类问题的答案。"
     return f"answer for {label}"

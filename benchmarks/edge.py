@@ -37,13 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import DATA_DIR
 
+from base.keys import key, normalize
+from base.manifest import Manifest
+from base.release import LoadedRelease, Shard, load_release, row_schema
+from base.store import FileStore
 from edge_index.embedder import load_embedder
-from edge_index.keys import key, normalize
 from edge_index.lookup import Hit, ReleaseIndex
-from edge_index.manifest import Manifest
-from edge_index.release import LoadedRelease, Shard, load_release, row_schema
-from edge_index.service import create_app
-from edge_index.store import FileStore
+from edge_index.server.app import create_app
 from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from edgeqa.local import LocalServer
 from precompute.build import build_index, build_release, factory_for

@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, nq_questions, summary_ms
 
 sys.path.insert(0, str(ROOT))
-from edge_index.store import FileStore
+from base.store import FileStore
 from edgeqa.local import free_port
 from origin.engine import default_quantization
 from precompute.config import PipelineConfig

@@ -37,10 +37,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from base.keys import key
 from benchmarks._common import DATA_DIR
 from edge_index.embedder import load_embedder
 from edge_index.guard import content_tokens
-from edge_index.keys import key
 from precompute.config import MiningConfig
 from precompute.mining import mine
 from precompute.samplelogs import INTENTS

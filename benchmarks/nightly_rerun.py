@@ -29,8 +29,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from base.store import FileStore
 from edge_index.embedder import load_embedder
-from edge_index.store import FileStore
 from origin.model import embedded_gguf_path, ensure_converted
 from precompute.config import PipelineConfig
 from precompute.pipeline import RunParams, run_pipeline

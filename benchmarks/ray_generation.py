@@ -33,9 +33,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from base.keys import key
+from base.store import FileStore
 from benchmarks._common import banking_questions
-from edge_index.keys import key
-from edge_index.store import FileStore
 from precompute.config import PrecomputeSettings
 from precompute.fleet import connect
 from precompute.fleet.generation import Job, generate_on_fleet

@@ -75,7 +75,7 @@ def _params(logs: Path, out: Path, **mining: Any) -> Any:
 
 
 def _work_area(params: Any, mined: dict[str, Any]) -> Any:
-    from edge_index.store import open_store
+    from base.store import open_store
     from precompute.workarea import WorkArea
 
     return WorkArea(open_store(params.out_uri), mined["profile"], mined["run"])
@@ -163,8 +163,8 @@ def child_mine(args: dict[str, Any]) -> dict[str, Any]:
 
 def child_aggregate(args: dict[str, Any]) -> dict[str, Any]:
     """The log window alone: aggregation and text rules, no embedding."""
-    from edge_index.logreader import LogReadStats, read_log_tables
-    from edge_index.store import open_store
+    from base.logreader import LogReadStats, read_log_tables
+    from base.store import open_store
     from precompute.carry import carry
     from precompute.config import MiningConfig
     from precompute.logwindow import LogWindow
@@ -263,7 +263,7 @@ def _publish_to_s3(params: Any, mined: dict[str, Any], timed: Any) -> Any:
 
     from moto.server import ThreadedMotoServer
 
-    from edge_index.store import open_store
+    from base.store import open_store
     from precompute.publish import publish
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
@@ -313,7 +313,7 @@ def _write_release_logs(root: Path, questions: list[str]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from edge_index.logs import partition_path, schema
+    from base.logs import partition_path, schema
 
     rng = random.Random(0)
     rows: dict[str, list[Any]] = {name: [] for name in schema().names}
@@ -348,9 +348,9 @@ def child_write_edge_release(args: dict[str, Any]) -> dict[str, Any]:
     """A release of M entries, vectors drawn at random, written into a store folder."""
     import numpy as np
 
-    from edge_index.keys import key, normalize
-    from edge_index.manifest import EmbedderEntry, ProfileEntry, Threshold
-    from edge_index.store import FileStore
+    from base.keys import key, normalize
+    from base.manifest import EmbedderEntry, ProfileEntry, Threshold
+    from base.store import FileStore
     from precompute.build import BuildConfig, content_sha256, release_version, write_release
     from precompute.publish import publish
 
@@ -412,9 +412,9 @@ def child_write_edge_release(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def child_load_edge_release(args: dict[str, Any]) -> dict[str, Any]:
+    from base.store import FileStore
     from edge_index.embedder import load_embedder
     from edge_index.profiles import load_index
-    from edge_index.store import FileStore
 
     embedder = load_embedder("embedded")
     baseline = _peak_rss_mb()

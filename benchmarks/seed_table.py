@@ -53,12 +53,12 @@ from transformers import GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 from transformers.utils import logging as hf_logging
 
+from base.keys import InvalidQueryError, key_of_normalized, normalize
+from base.store import FileStore
 from edge_index import tiers
 from edge_index.embedder import load_embedder
-from edge_index.keys import InvalidQueryError, key_of_normalized, normalize
 from edge_index.lookup import Hit, ReleaseIndex
 from edge_index.profiles import load_index
-from edge_index.store import FileStore
 from origin.chat import encode_chat
 from origin.engine import Engine, EngineConfig
 from origin.model import load_model

@@ -1,7 +1,7 @@
 """Synthetic request logs shaped like a large product's, for measuring the nightly job at scale.
 
 A window of ``days`` days of request logs, ``rows`` rows, written as the origin writes them
-(Parquet under ``<store>/logs/dt=YYYY-MM-DD/``, the schema of ``edge_index/logs.py``, users and
+(Parquet under ``<store>/logs/dt=YYYY-MM-DD/``, the schema of ``base/logs.py``, users and
 networks as 32-hex salted hashes):
 
 - a **head** (``head_share``, 40 %): real questions (``questions``: 5,000 of them from
@@ -83,7 +83,7 @@ def synthetic_tables(
     """(day, pyarrow Table) pieces of the logs, each at most ``file_rows`` rows, in time order."""
     import pyarrow as pa
 
-    from edge_index.logs import schema
+    from base.logs import schema
 
     rng = random.Random(seed)
     gen = np.random.default_rng(seed)
@@ -153,7 +153,7 @@ def write_synthetic_logs(
     """Write the logs under ``store_root`` (a folder: a ``file://`` store); the files written."""
     import pyarrow.parquet as pq
 
-    from edge_index.logs import partition_path
+    from base.logs import partition_path
 
     files = 0
     for day, table in synthetic_tables(rows, questions, until, days, seed, **shape):  # type: ignore[arg-type]

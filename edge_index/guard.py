@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from itertools import pairwise
 
-from edge_index.pii import fold
+from policy.pii import fold
 
 _NUMBER_WORDS = {
     w: str(i)

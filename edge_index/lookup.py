@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from base.keys import key_of_normalized, normalize
 from edge_index.guard import Guard
-from edge_index.keys import key_of_normalized, normalize
 from edge_index.matcher import DEFAULT_K, Decision, as_dict, decision_from_manifest, features
 from edge_index.query_encoder import QueryEncoder, query_encoder
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
-    from edge_index.release import LoadedRelease
+    from base.release import LoadedRelease
 
 
 @dataclass(frozen=True)

@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge_index.config import MAX_OUT_OF_SCOPE_SHARE, OUT_OF_SCOPE_SHARE
+from base.config import MAX_OUT_OF_SCOPE_SHARE, OUT_OF_SCOPE_SHARE
 from edge_index.guard import Guard
 
 if TYPE_CHECKING:
-    from edge_index.manifest import Threshold
+    from base.manifest import Threshold
 
 DEFAULT_K = 10
 VOTE_K = 5

@@ -14,16 +14,16 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edge_index.errors import EdgeQAError
-from edge_index.lookup import ReleaseIndex
-from edge_index.release import (
+from base.errors import EdgeQAError
+from base.release import (
     LoadedRelease,
     ReleaseError,
     load_release,
     read_manifest,
     read_pointer,
 )
-from edge_index.store import ObjectNotFoundError, Store
+from base.store import ObjectNotFoundError, Store
+from edge_index.lookup import ReleaseIndex
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from edge_index.languages import DEFAULT_LANGUAGE
+from base.languages import DEFAULT_LANGUAGE
 
 EDGE_METRICS = "edgeqa_edge_release"  # the edge service's names
 ORIGIN_METRICS = "edgeqa_origin_release"  # the origin's

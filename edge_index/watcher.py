@@ -23,25 +23,25 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from edge_index.languages import DEFAULT_LANGUAGE, language_of
-from edge_index.lookup import ReleaseIndex
-from edge_index.pointers import (
+from base.languages import DEFAULT_LANGUAGE, language_of
+from base.pointers import (
     Pointer,
     PointerMemory,
     PointerState,
     RollbackError,
     SignedPointer,
 )
+from base.release import pointer_path, read_pointer, verified_manifest
+from base.signing import SignatureError
+from base.store import Store, StoreError
+from edge_index.lookup import ReleaseIndex
 from edge_index.profiles import NoProfileError, load_index, resolve_profile
-from edge_index.release import pointer_path, read_pointer, verified_manifest
 from edge_index.release_metrics import EDGE_METRICS, ORIGIN_METRICS, ReleaseMetrics
-from edge_index.signing import SignatureError
-from edge_index.store import Store, StoreError
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
-    from edge_index.config import SharedSettings
+    from base.config import SharedSettings
 
 log = logging.getLogger(__name__)
 
@@ -359,8 +359,8 @@ class Releases:
         """The releases ``settings`` name; ``embedders``: already loaded ones by spec (else each
         is loaded when its language's first release is found; ``load_embedder`` shares a
         built-in one within the process)."""
+        from base.store import open_store
         from edge_index.embedder import load_embedder
-        from edge_index.store import open_store
 
         store = store or open_store(settings.store)
         languages = settings.language_list

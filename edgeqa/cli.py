@@ -19,8 +19,8 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from edge_index.errors import EdgeQAError
-from edge_index.languages import LANGUAGES
+from base.errors import EdgeQAError
+from base.languages import LANGUAGES
 from edgeqa import __version__
 from edgeqa.libraries import quiet_libraries, spin_openmp_threads
 from edgeqa.release_commands import add_release_commands
@@ -41,7 +41,7 @@ def _cmd_version(args: argparse.Namespace) -> int:
 
 
 def _cmd_keys_generate(args: argparse.Namespace) -> int:
-    from edge_index.signing import generate_keypair, key_id
+    from base.signing import generate_keypair, key_id
 
     private, public = generate_keypair()
     print(json.dumps({"EDGEQA_SIGNING_KEY": private, "EDGEQA_RELEASE_PUBLIC_KEYS": public}))
@@ -51,7 +51,7 @@ def _cmd_keys_generate(args: argparse.Namespace) -> int:
 
 def _cmd_ask(args: argparse.Namespace) -> int:
     quiet_libraries()
-    from edge_index.keys import normalize
+    from base.keys import normalize
     from origin.chat import chat_messages
     from origin.config import EngineSettings
     from origin.runtime import build_engine
@@ -137,9 +137,9 @@ def _cmd_precompute_run(args: argparse.Namespace) -> int:
 
 def _cmd_edge_serve(args: argparse.Namespace) -> int:
     quiet_libraries()
-    from edge_index.config import EdgeSettings
-    from edge_index.service import serve
-    from edge_index.users import check_salt
+    from base.config import EdgeSettings
+    from base.users import check_salt
+    from edge_index.server.app import serve
 
     settings = EdgeSettings.from_env(store=args.store, profile=args.profile)
     if not args.no_logs:
@@ -172,7 +172,7 @@ def _refuse_off_loopback(host: str, insecure: bool, problem: str, flag: str) -> 
     """``ConfigError`` (``problem``, then ``flag``) for a server about to listen beyond this
     machine without a protection, unless the operator passed ``flag``: one rule for the API
     keys and the release signatures."""
-    from edge_index.config import ConfigError
+    from base.config import ConfigError
 
     if not insecure and not _loopback(host):
         raise ConfigError(f"{problem}, or pass {flag}")
@@ -181,7 +181,7 @@ def _refuse_off_loopback(host: str, insecure: bool, problem: str, flag: str) -> 
 def _cmd_origin_serve(args: argparse.Namespace) -> int:
     spin_openmp_threads()  # first: before anything loads torch
     quiet_libraries()
-    from edge_index.users import check_salt
+    from base.users import check_salt
     from origin.config import OriginSettings
     from origin.server import serve
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 
-from edge_index.answer_objects import answer_object_problem
-from edge_index.keys import key
-from edge_index.languages import language_of
-from edge_index.pointers import client_verdict
+from base.answer_objects import answer_object_problem
+from base.keys import key
+from base.languages import language_of
+from base.pointers import client_verdict
 from edge_index.tiers import MISSED_HEADER, missed_hint
 
 
@@ -40,7 +40,7 @@ class EdgeQAClient:
     """``cdn``: where releases are read (CloudFront); ``edge``: the edge index service;
     ``origin``: the origin server. ``cdn`` and ``edge`` may be empty (those layers skipped).
     ``profiles``: the release profile of each language (``/config.json``'s), a question's chosen
-    by its script (``edge_index.languages.language_of``); ``profile``: one profile for every
+    by its script (``base.languages.language_of``); ``profile``: one profile for every
     question instead. ``public_keys``: the keys releases are signed with
     (``EDGEQA_RELEASE_PUBLIC_KEYS``); an answer object from the CDN is shown only when it proves
     itself against a release one of them signed, so without them the CDN is skipped."""
@@ -69,7 +69,7 @@ class EdgeQAClient:
         # by profile: ((version, answers root) or None, read at)
         self._pointers: dict[str, tuple[tuple[str, str] | None, float]] = {}
         # by profile: the newest pointer verified, (sequence, manifest sha256): an older one put
-        # back in the store is refused (edge_index/pointers.py)
+        # back in the store is refused (base/pointers.py)
         self.newest: dict[str, tuple[int, str]] = {}
         # by profile: why the CDN's pointer was last refused (unsigned, rollback, stale)
         self.pointer_problems: dict[str, str] = {}

@@ -25,8 +25,8 @@ from typing import Any, TextIO
 
 import httpx
 
-from edge_index.signing import generate_keypair
-from edge_index.store import FileStore
+from base.signing import generate_keypair
+from base.store import FileStore
 from edgeqa.client import Answered, EdgeQAClient
 from edgeqa.local import LocalServer, port_is_free
 
@@ -172,9 +172,9 @@ def services(
     language); their URLs."""
     import os
 
-    from edge_index.logs import open_log_writer
-    from edge_index.service import create_app as edge_app
-    from edge_index.users import user_hasher
+    from base.logs import open_log_writer
+    from base.users import user_hasher
+    from edge_index.server.app import create_app as edge_app
     from edge_index.watcher import EDGE_METRICS, Releases
     from origin.config import OriginSettings
     from origin.runtime import load_runtime

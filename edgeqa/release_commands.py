@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from edge_index.languages import DEFAULT_LANGUAGE, LANGUAGES, language_of
+from base.languages import DEFAULT_LANGUAGE, LANGUAGES, language_of
 from edgeqa.libraries import quiet_libraries
 
 
@@ -91,9 +91,9 @@ def add_release_commands(commands: Any) -> None:
 def _release_context(args: argparse.Namespace, writes: bool = False) -> tuple[Any, Any, str]:
     """(settings, store, profile) of an ``edgeqa release`` command; ``writes``: the nightly
     job's settings (the signing key, the releases kept)."""
-    from edge_index.config import SharedSettings
+    from base.config import SharedSettings
+    from base.store import open_store
     from edge_index.profiles import resolve_profile
-    from edge_index.store import open_store
     from precompute.config import PrecomputeSettings
 
     kind = PrecomputeSettings if writes else SharedSettings
@@ -143,7 +143,7 @@ def _cmd_release_show(args: argparse.Namespace) -> int:
     if args.html:
         from pathlib import Path
 
-        from edge_index.release import list_versions
+        from base.release import list_versions
         from precompute.releases import diff_releases
         from precompute.report import render_html
 

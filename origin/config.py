@@ -2,7 +2,7 @@
 
 A leaf module: it declares values and checks them, and imports nothing of the origin. The
 variables shared with the edge service (store, profile, embedder, device, cache folder, salt) are
-declared in ``edge_index/config.py``; see there for how the classes build on each other.
+declared in ``base/config.py``; see there for how the classes build on each other.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
-from edge_index.config import SharedSettings, lowercase
+from base.config import SharedSettings, lowercase
 from origin.precision import Quantization
 
 # the instruction both the nightly job and the origin put before a question (EDGEQA_SYSTEM_PROMPT),
@@ -77,7 +77,7 @@ class OriginSettings(EngineSettings):
     max_queued_requests: int = Field(64, ge=1)
     max_queued_tokens: int = Field(16384, ge=1)
     # one asker's share (a signed user, else an address with its API key, if any:
-    # edge_index/users.py); 0 = none
+    # base/users.py); 0 = none
     max_in_flight_per_user: int = Field(8, ge=0)
     max_tokens_per_minute_per_user: int = Field(20_000, ge=0)
     request_timeout_s: float = Field(120.0, ge=0.1)

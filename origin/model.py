@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock, Timeout
 
-from edge_index.config import DEFAULT_CACHE_DIR
-from edge_index.errors import EdgeQAError
+from base.config import DEFAULT_CACHE_DIR
+from base.errors import EdgeQAError
 
 if TYPE_CHECKING:
     import torch

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime, timedelta
 
-from edge_index.logs import as_utc
+from base.logs import as_utc
 
 
 def recency_weight(ts: datetime, now: datetime, half_life_days: float) -> float:

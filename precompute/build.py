@@ -24,10 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge_index.answer_objects import answer_fields, answer_object, canonical_json
-from edge_index.answers import answer_problem, checks_passed
-from edge_index.guard import Guard
-from edge_index.manifest import (
+from base.answer_objects import answer_fields, answer_object, canonical_json
+from base.manifest import (
     FORMAT,
     MAX_SHARD_FILE_BYTES,
     EmbedderEntry,
@@ -37,15 +35,17 @@ from edge_index.manifest import (
     ShardEntry,
     Threshold,
 )
-from edge_index.proofs import leaf, tree
-from edge_index.query_encoder import encode_many
-from edge_index.release import (
+from base.proofs import leaf, tree
+from base.release import (
     object_path,
     row_schema,
     serialize_index,
     sha256_hex,
     shard_paths,
 )
+from edge_index.guard import Guard
+from edge_index.query_encoder import encode_many
+from policy.answers import answer_problem, checks_passed
 from precompute.calibration import HeldBack, calibrate_rows, semantic_decision
 from precompute.config import BuildConfig
 from precompute.curated import CURATED
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     import faiss
     from sentence_transformers import SentenceTransformer
 
-    from edge_index.release import LoadedRelease
+    from base.release import LoadedRelease
     from precompute.questions import HotQuestion
 
 
@@ -252,7 +252,7 @@ def build_release(
 
     ``answers``: generated rows by the cluster's canonical key (``answer``, ``flag``,
     ``generated_at``, ``finish_reason`` when known). Clusters whose answer is missing, flagged, or
-    degenerate (``edge_index.answers``) are left out and counted as ``not_generated`` or
+    degenerate (``policy.answers``) are left out and counted as ``not_generated`` or
     ``answer_<flag>``; every row records the checks it passed (``checks``).
     ``embedder_dir``: a (fine-tuned) sentence-transformers folder to ship inside the release under
     ``embedder/`` -- the edge then embeds queries with it; ``embedder_info``: how it was tuned.

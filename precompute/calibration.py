@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from base.manifest import Threshold
 from edge_index.guard import Guard
-from edge_index.manifest import Threshold
 from edge_index.matcher import Calibration, Decision, Queries, calibrate
 from precompute.config import BuildConfig
 

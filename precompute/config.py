@@ -21,9 +21,9 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from edge_index.config import MAX_OUT_OF_SCOPE_SHARE, OUT_OF_SCOPE_SHARE, ConfigError
-from edge_index.pointers import DEFAULT_EXPIRES_S
-from edge_index.signing import LocalSigner, Signer, signer_from
+from base.config import MAX_OUT_OF_SCOPE_SHARE, OUT_OF_SCOPE_SHARE, ConfigError
+from base.pointers import DEFAULT_EXPIRES_S
+from base.signing import LocalSigner, Signer, signer_from
 from origin.config import EngineSettings
 from origin.precision import ENGINE_QUANTIZATIONS, EngineQuantization
 
@@ -52,7 +52,7 @@ class PrecomputeSettings(EngineSettings):
     signing_key: str = ""
     # ... or an AWS KMS key (id, ARN or alias) of spec ECC_NIST_EDWARDS25519, which wins
     signing_kms_key: str = ""
-    # how long a signed current.json stays fresh (edge_index/pointers.py); the nightly renews it
+    # how long a signed current.json stays fresh (base/pointers.py); the nightly renews it
     pointer_expires_s: float = Field(DEFAULT_EXPIRES_S, gt=0)
     # the sha256 the curated answers file (--answers) must have: the file an operator reviewed.
     # Required with --answers; a file whose digest differs is refused (precompute/curated.py)
@@ -86,7 +86,7 @@ class PrecomputeSettings(EngineSettings):
         return value
 
     def signer(self) -> Signer | None:
-        """What signs releases (``edge_index/signing.py``); None = published unsigned."""
+        """What signs releases (``base/signing.py``); None = published unsigned."""
         return signer_from(self.signing_key, self.signing_kms_key)
 
 
@@ -213,7 +213,7 @@ class BuildConfig:
     out_of_scope_share: float = OUT_OF_SCOPE_SHARE
     # leave-one-out calibration on at most this many phrasings (and as many held-back wordings)
     calibration_rows: int = 20_000
-    # publish answers that send the reader elsewhere (edge_index/answers.py's "link"):
+    # publish answers that send the reader elsewhere (policy/answers.py's "link"):
     # EDGEQA_ALLOW_ANSWER_LINKS; off, such an answer's cluster is left out (answer_link)
     allow_links: bool = False
 

@@ -8,7 +8,7 @@ cluster with a phrasing whose key (the key spec: the same question once normaliz
 question's is answered with the curated answer instead of a generated one: its row in the run is
 a reused one, ``reused_from: "curated"``, dated at the run. Nothing else changes: the cluster is
 mined (k distinct users, no personal data, one turn) like any other, the answer passes the same
-checks before it is published (``edge_index/answers.py``), and a question nobody asked is never
+checks before it is published (``policy/answers.py``), and a question nobody asked is never
 published because it is curated.
 
 The file is pinned: the run's configuration names the sha256 of the file the operator reviewed
@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from edge_index.errors import EdgeQAError
-from edge_index.keys import InvalidQueryError, key
-from edge_index.pii import find_pii
+from base.errors import EdgeQAError
+from base.keys import InvalidQueryError, key
+from policy.pii import find_pii
 from precompute.generate import reused_row
 
 CURATED = "curated"  # reused_from of a curated answer
@@ -46,7 +46,7 @@ class CuratedAnswersError(EdgeQAError, ValueError):
 
 def read_bytes(uri: str) -> bytes:
     """The file at ``uri``: a path, ``file://...`` or ``s3://bucket/key``."""
-    from edge_index.store import open_store
+    from base.store import open_store
 
     parsed = urlparse(uri)
     if parsed.scheme == "s3":

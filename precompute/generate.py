@@ -15,7 +15,7 @@ the same profile, greedy, would give it back. Only the rest reach the engine, wh
 built when nothing is left.
 
 An answer is flagged, and never published, when the engine reported an error (``error``) or it
-is degenerate (``edge_index.answers.answer_problem``): empty (``empty``), cut off by
+is degenerate (``policy.answers.answer_problem``): empty (``empty``), cut off by
 ``max_tokens`` (``truncated``), a loop (``repetitive``), only a refusal (``refusal``), or in
 another language or script than the question (``language``).
 """
@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from edge_index.answers import answer_problem
-from edge_index.languages import DEFAULT_LANGUAGE
-from edge_index.store import ObjectNotFoundError
+from base.languages import DEFAULT_LANGUAGE
+from base.store import ObjectNotFoundError
 from origin.config import EngineSettings
 from origin.precision import EngineQuantization
+from policy.answers import answer_problem
 from precompute.workarea import WorkArea
 
 if TYPE_CHECKING:

@@ -145,7 +145,7 @@ class LogWindow:
     # -- rows in --------------------------------------------------------------------------------
 
     def add(self, rows: Iterable[Mapping[str, Any] | pa.Table]) -> None:
-        """Add rows: Arrow tables of the logs' columns (``edge_index.logs.read_log_tables``),
+        """Add rows: Arrow tables of the logs' columns (``base.logs.read_log_tables``),
         or dicts (``ts``, ``user``, ``query``; ``network``, ``turns``, ``tier``, ``status`` when
         known), in log order."""
         import pyarrow as pa
@@ -193,7 +193,7 @@ class LogWindow:
         )
 
     def _insert(self, table: pa.Table) -> None:
-        """A table in the logs' schema (``edge_index.logs.schema``: ts a UTC timestamp)."""
+        """A table in the logs' schema (``base.logs.schema``: ts a UTC timestamp)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 

@@ -6,9 +6,9 @@ by reason:
    ``rejected``/``error``) do not count as asks.
    ``edge_miss``: an edge lookup that missed is not counted, the origin logs the same ask.
 2. ``multi_turn``: ``turns > 1`` rows never publish (the question depends on the conversation).
-3. ``pii``: a query with personal data (``edge_index.pii``) never publishes, counted per kind.
+3. ``pii``: a query with personal data (``policy.pii``) never publishes, counted per kind.
    ``time_sensitive``: nor one whose answer changes with the time it is asked
-   (``edge_index.timeliness``: "today", "the latest", prices, weather, scores...), counted per kind.
+   (``policy.timeliness``: "today", "the latest", prices, weather, scores...), counted per kind.
 4. ``invalid_query``: empty or over-long after normalizing (the key spec refuses it).
    ``over_user_share``: past ``max_rows_per_user`` rows from one user, or ``max_rows_per_network``
    from one network, in the window, the rest of theirs do not count: no one identity or network
@@ -19,7 +19,7 @@ by reason:
 6. ``below_k``: a cluster asked by fewer than ``k`` distinct askers is dropped, every wording
    of it. Its askers are counted over all its wordings, each identity once however many of them
    it typed: the fewer of its distinct users and its distinct networks (the viewer's /24 or /48,
-   ``edge_index/users.py``), so neither one identity nor one network counts twice.
+   ``base/users.py``), so neither one identity nor one network counts twice.
    ``unverified_crowd``: nor is one that reached k but whose askers hold fewer than
    ``min_signed_users`` distinct signed users (a token the deployment signed, counted as its
    user) or come from fewer than ``min_asns`` autonomous systems: five /24s are five cloud
@@ -168,7 +168,7 @@ def mine(
     """The hot questions to answer, best first, and the report of what was excluded and why.
 
     ``rows``: the window's request-log rows in log order, as Arrow tables of the logs' columns
-    (``edge_index.logs.read_log_tables``) or dicts; reduced by DuckDB (``logwindow.py``), never
+    (``base.logs.read_log_tables``) or dicts; reduced by DuckDB (``logwindow.py``), never
     held as a list. ``carried``: the parent run's phrasings, whose evidence is merged in.
     ``language``: only this language's rows count (None: all). ``encoder``: makes what embeds the
     wordings when ``embedder`` (embedding in this process) is None and there are wordings to

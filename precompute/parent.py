@@ -7,15 +7,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from edge_index.manifest import Manifest
-from edge_index.release import (
+from base.manifest import Manifest
+from base.release import (
     LoadedRelease,
     ReleaseError,
     load_release,
     read_pointer,
     release_prefix,
 )
-from edge_index.store import ObjectNotFoundError, Store
+from base.store import ObjectNotFoundError, Store
 from precompute.generate import left_out, read_partitions
 from precompute.questions import HotQuestion, Phrasing
 from precompute.workarea import WorkArea

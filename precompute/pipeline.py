@@ -37,11 +37,11 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge_index.errors import EdgeQAError
-from edge_index.languages import DEFAULT_LANGUAGE, LANGUAGES
-from edge_index.logreader import LogReadStats, read_log_tables
-from edge_index.release import read_pointer
-from edge_index.store import ObjectNotFoundError, open_store
+from base.errors import EdgeQAError
+from base.languages import DEFAULT_LANGUAGE, LANGUAGES
+from base.logreader import LogReadStats, read_log_tables
+from base.release import read_pointer
+from base.store import ObjectNotFoundError, open_store
 from precompute.config import PipelineConfig
 from precompute.curated import CURATED, curated_rows, read_curated
 from precompute.fleet import ran_on

@@ -4,7 +4,7 @@ Stages, in order (``STAGES``): ``objects`` (exact-tier answer objects), ``shards
 (last of the uploads: a version folder without one is an incomplete upload no reader will look
 at), ``verify`` (everything read back and checked against the manifest, and the manifest against
 the local copy), ``flip`` (``current.json``, signed under the next sequence with a fresh expiry
-(``edge_index/pointers.py``), replaced by a conditional write on the ETag read at the start — S3
+(``base/pointers.py``), replaced by a conditional write on the ETag read at the start — S3
 ``If-Match`` / ``If-None-Match``), ``prune`` (all but the ``keep`` newest releases,
 never the current one or its parent, and their generation work areas).
 
@@ -31,10 +31,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from edge_index.errors import EdgeQAError
-from edge_index.manifest import Manifest
-from edge_index.pointers import DEFAULT_EXPIRES_S, Pointer, new_pointer, verify_pointer
-from edge_index.release import (
+from base.errors import EdgeQAError
+from base.manifest import Manifest
+from base.pointers import DEFAULT_EXPIRES_S, Pointer, new_pointer, verify_pointer
+from base.release import (
     MAX_MANIFEST_BYTES,
     ReleaseError,
     list_versions,
@@ -45,7 +45,7 @@ from edge_index.release import (
     release_prefix,
     sha256_hex,
 )
-from edge_index.signing import (
+from base.signing import (
     MAX_SIGNATURE_BYTES,
     SIGNATURE,
     SignatureError,
@@ -53,7 +53,7 @@ from edge_index.signing import (
     sign_statement,
     statement,
 )
-from edge_index.store import (
+from base.store import (
     ObjectNotFoundError,
     ObjectTooLargeError,
     PreconditionFailedError,
@@ -107,9 +107,9 @@ def publish(
     expires_s: float = DEFAULT_EXPIRES_S,
 ) -> PublishReport:
     """Publish the release built in ``staging`` (its ``manifest.json`` says which), signed by
-    ``signer`` (``edge_index/signing.py``; None = unsigned, which readers holding public keys
+    ``signer`` (``base/signing.py``; None = unsigned, which readers holding public keys
     refuse). The release's signature goes beside the manifest; ``current.json`` is signed too,
-    fresh for ``expires_s`` (``edge_index/pointers.py``)."""
+    fresh for ``expires_s`` (``base/pointers.py``)."""
     if keep < 2:
         raise ValueError("keep must be at least 2 (the current release and one to roll back to)")
     started = time.perf_counter()

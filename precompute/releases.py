@@ -4,7 +4,7 @@ What is read is verified as the edge verifies it (``load_release``: the hash cha
 signature when public keys are given). A rollback is a pointer write like a publish's flip
 (``publish.flip_pointer``: conditional on the pointer read, settled by reading back when its
 outcome is unknown) to a version that is still kept, signed again under a new, higher sequence
-(``edge_index/pointers.py``): readers refuse an old pointer put back, never an operator's
+(``base/pointers.py``): readers refuse an old pointer put back, never an operator's
 rollback. ``renew`` re-signs the current pointer with a fresh expiry (nothing else changes).
 """
 
@@ -16,10 +16,10 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from edge_index.errors import EdgeQAError
-from edge_index.manifest import Manifest
-from edge_index.pointers import DEFAULT_EXPIRES_S, new_pointer
-from edge_index.release import (
+from base.errors import EdgeQAError
+from base.manifest import Manifest
+from base.pointers import DEFAULT_EXPIRES_S, new_pointer
+from base.release import (
     LoadedRelease,
     ReleaseError,
     list_versions,
@@ -29,8 +29,8 @@ from edge_index.release import (
     release_prefix,
     verified_manifest,
 )
-from edge_index.signing import MAX_SIGNATURE_BYTES, SIGNATURE, SignatureError, Signer, writer_keys
-from edge_index.store import ObjectNotFoundError, Store
+from base.signing import MAX_SIGNATURE_BYTES, SIGNATURE, SignatureError, Signer, writer_keys
+from base.store import ObjectNotFoundError, Store
 from precompute.publish import flip_pointer, pointer_sequence
 
 ROW_FIELDS = ("key", "question", "answer", "cluster", "canonical", "hits", "users", "expires_at")

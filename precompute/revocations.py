@@ -32,12 +32,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from edge_index.errors import EdgeQAError
-from edge_index.keys import key as key_of
-from edge_index.manifest import Manifest, Revoked
-from edge_index.pointers import DEFAULT_EXPIRES_S, next_sequence
-from edge_index.release import LoadedRelease, ReleaseError, load_release, verified_manifest
-from edge_index.signing import (
+from base.errors import EdgeQAError
+from base.keys import key as key_of
+from base.manifest import Manifest, Revoked
+from base.pointers import DEFAULT_EXPIRES_S, next_sequence
+from base.release import LoadedRelease, ReleaseError, load_release, verified_manifest
+from base.signing import (
     SignatureError,
     Signer,
     canonical,
@@ -46,7 +46,7 @@ from edge_index.signing import (
     verifying_keys,
     writer_keys,
 )
-from edge_index.store import (
+from base.store import (
     ObjectNotFoundError,
     ObjectTooLargeError,
     PreconditionFailedError,

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Container, Iterable
 from dataclasses import dataclass
 
+from base.keys import key, normalize
 from edge_index.guard import content_tokens, numbers, remove_tokens
-from edge_index.keys import key, normalize
 from precompute.config import MiningConfig
 from precompute.questions import Phrasing, askers
 from precompute.textrules import text_problem

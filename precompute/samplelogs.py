@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from edge_index.keys import key, normalize
-from edge_index.logs import LogWriter
-from edge_index.store import Store
-from edge_index.users import hash_user
+from base.keys import key, normalize
+from base.logs import LogWriter
+from base.store import Store
+from base.users import hash_user
 
 # each question: its most common wording, two near-duplicates of it, then a paraphrase
 INTENTS: tuple[tuple[str, ...], ...] = (

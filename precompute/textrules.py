@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
-from edge_index.keys import InvalidQueryError, key_of_normalized, normalize
-from edge_index.languages import language_of
-from edge_index.pii import find_pii
-from edge_index.redaction import redacted_kinds
-from edge_index.timeliness import time_sensitive
+from base.keys import InvalidQueryError, key_of_normalized, normalize
+from base.languages import language_of
+from policy.pii import find_pii
+from policy.redaction import redacted_kinds
+from policy.timeliness import time_sensitive
 
 CHUNK = 5_000
 

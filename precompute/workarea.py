@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge_index.manifest import Manifest
-from edge_index.store import Store, parquet_table
+from base.manifest import Manifest
+from base.store import Store, parquet_table
 
 if TYPE_CHECKING:
     import pyarrow as pa

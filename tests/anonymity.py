@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from edge_index.guard import content_tokens
-from edge_index.pii import find_pii
+from policy.pii import find_pii
 
 
 def typed_by(rows: Iterable[dict[str, Any]]) -> dict[str, set[str]]:

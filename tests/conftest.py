@@ -13,7 +13,7 @@ import pytest
 from tests.s3proxy import FaultyS3, faulty_s3
 
 if TYPE_CHECKING:
-    from edge_index.store import Store
+    from base.store import Store
 
 # nothing may come from a hub: every model is local
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -215,7 +215,7 @@ def s3_bucket(s3_endpoint: str) -> str:
 @pytest.fixture(params=["file", "s3"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     """A fresh store: a folder, then a bucket on the loopback S3 server."""
-    from edge_index.store import FileStore, open_store
+    from base.store import FileStore, open_store
 
     if request.param == "file":
         return FileStore(tmp_path / "store")

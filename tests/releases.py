@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from edge_index.manifest import Manifest
-from edge_index.release import read_pointer
-from edge_index.store import Store
+from base.manifest import Manifest
+from base.release import read_pointer
+from base.store import Store
 from precompute.build import build_release
 from precompute.config import BuildConfig, MiningConfig
 from precompute.mining import mine

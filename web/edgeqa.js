@@ -1,6 +1,6 @@
 // edgeqa web client: the key spec and the tiered lookup, as a dependency-free ES module.
 //
-// Key spec (docs/key-spec.md; the same steps as edge_index/keys.py, checked against
+// Key spec (docs/key-spec.md; the same steps as base/keys.py, checked against
 // tests/vectors/keys.json by web/test/keys.test.mjs):
 //   normalize(q) = NFKC -> lower-case -> each whitespace run becomes one space -> strip ->
 //                  strip a trailing run of ? ! . 。 ？ ！ … ~ with the spaces around it
@@ -20,7 +20,7 @@
 
 export const MAX_QUERY_CHARS = 2048;
 
-// Language profiles (edge_index/languages.py; tests/vectors/languages.json): a question is
+// Language profiles (base/languages.py; tests/vectors/languages.json): a question is
 // looked up under its language's release profile: "zh" when CJK letters (Han, kana, hangul) are
 // at least as many as all its other letters, else "en". Letters as Python's [^\W\d_].
 const LETTER = /[\p{L}\p{Nl}\p{No}]/gu;
@@ -102,7 +102,7 @@ export async function key(query, maxQueryChars = MAX_QUERY_CHARS) {
 const now = () => globalThis.performance.now();
 
 // Why an answer object from the CDN must not be shown for `key` ("malformed", "key", "profile",
-// "version", "expired"), or null when it may: the rule of edge_index/release.py's
+// "version", "expired"), or null when it may: the rule of base/release.py's
 // answer_object_problem, checked on the same vectors (tests/vectors/answer_objects.json).
 export function answerObjectProblem(object, { key, profile, version, nowMs = Date.now() }) {
   if (!object || typeof object !== "object" || typeof object.answer !== "string") {
@@ -136,7 +136,7 @@ const fromBase64 = (text) => {
 };
 
 // Whether `object` carries a Merkle proof of its key, profile, version, expires_at and answer up
-// to `root` (edge_index/proofs.py, on tests/vectors/proofs.json).
+// to `root` (base/proofs.py, on tests/vectors/proofs.json).
 export async function provesAnswer(object, root) {
   const fields = ["key", "profile", "version", "expires_at", "answer"].map((n) => object?.[n]);
   const proof = object?.proof;
@@ -161,7 +161,7 @@ const MAX_SEQUENCE = Number.MAX_SAFE_INTEGER;
 
 // What `pointer` (a parsed current.json) says once its `signed` statement verifies under one of
 // `publicKeys` (base64 raw Ed25519) for this profile and the release the pointer names:
-// { version, manifestSha256, root, sequence, notAfterMs }, or null (edge_index/pointers.py
+// { version, manifestSha256, root, sequence, notAfterMs }, or null (base/pointers.py
 // verify_pointer, on tests/vectors/proofs.json). A statement signed before pointers carried a
 // sequence (a release's own) reads as sequence 0 with no expiry.
 export async function signedPointer(pointer, { profile, publicKeys }) {
@@ -208,7 +208,7 @@ export async function signedPointer(pointer, { profile, publicKeys }) {
   return null;
 }
 
-// The answers root `pointer` proves, or null (edge_index/pointers.py signed_root).
+// The answers root `pointer` proves, or null (base/pointers.py signed_root).
 export async function signedRoot(pointer, options) {
   return (await signedPointer(pointer, options))?.root ?? null;
 }
@@ -216,7 +216,7 @@ export async function signedRoot(pointer, options) {
 // What a client concludes of `pointer`, given the newest { sequence, manifestSha256 } it verified
 // before: { signed, problem }, problem null when answer objects may be read under it, else
 // "unsigned", "rollback" (older than `newest`) or "stale" (expired, or never given an expiry)
-// (edge_index/pointers.py client_verdict, on tests/vectors/proofs.json).
+// (base/pointers.py client_verdict, on tests/vectors/proofs.json).
 export async function pointerVerdict(pointer, { profile, publicKeys, newest = null,
                                                 nowMs = Date.now() }) {
   const signed = await signedPointer(pointer, { profile, publicKeys });

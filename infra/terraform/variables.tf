@@ -108,7 +108,7 @@ variable "origin_verify_secret_arn" {
 }
 
 variable "identity_secret_arn" {
-  description = "Secrets Manager secret holding EDGEQA_IDENTITY_SECRET (32+ characters): the HS256 key your backend mints user tokens with (edge_index.users.mint_user_token) and the edge and the origin verify them with."
+  description = "Secrets Manager secret holding EDGEQA_IDENTITY_SECRET (32+ characters): the HS256 key your backend mints user tokens with (base.users.mint_user_token) and the edge and the origin verify them with."
   type        = string
 }
 

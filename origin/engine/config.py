@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from edge_index.errors import EdgeQAError
+from base.errors import EdgeQAError
 from origin.precision import EngineQuantization, Needs, choose_auto, lookup
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@ joining a queue that only grows.
 
 Bounds: requests waiting for a slot beyond the free ones (``max_queued_requests``), prompt tokens
 waiting for prefill (``max_queued_tokens``), and one asker's share (a signed user, else a host —
-an IPv4 address or an IPv6 /64 — with its API key, if any: ``edge_index/users.py``): requests in
+an IPv4 address or an IPv6 /64 — with its API key, if any: ``base/users.py``): requests in
 flight (``max_in_flight_per_user``) and tokens a minute (``max_tokens_per_minute_per_user``: a
 request is charged its prompt and its ``max_tokens`` when admitted, so ``ignore_eos`` with a large
 ``max_tokens`` pays for the slot it holds).

@@ -129,8 +129,8 @@ def serve(settings: OriginSettings, host: str, port: int) -> None:
     """Run the origin: the engine and release watcher from ``settings``, under uvicorn."""
     import faiss
 
-    from edge_index.logs import open_log_writer
-    from edge_index.store import open_store
+    from base.logs import open_log_writer
+    from base.store import open_store
     from origin.runtime import load_runtime
 
     faiss.omp_set_num_threads(1)
@@ -144,6 +144,6 @@ def serve(settings: OriginSettings, host: str, port: int) -> None:
         port=port,
         log_level="warning",
         timeout_graceful_shutdown=5,
-        proxy_headers=False,  # the viewer: EDGEQA_TRUSTED_PROXIES (edge_index/users.py)
+        proxy_headers=False,  # the viewer: EDGEQA_TRUSTED_PROXIES (base/users.py)
     )
     DrainingServer(config, server).run()

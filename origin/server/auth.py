@@ -1,5 +1,5 @@
 """API keys (``Authorization: Bearer <key>`` or ``x-api-key``) and the metrics token
-(``Authorization: Bearer <token>``), checked in constant time (``edge_index/credentials.py``)."""
+(``Authorization: Bearer <token>``), checked in constant time (``base/credentials.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from starlette.requests import Request
 
-from edge_index.credentials import bearer_token, matching_digest
+from base.credentials import bearer_token, matching_digest
 from origin.server.protocol import APIError
 
 

@@ -8,7 +8,7 @@ cache holds at most ``max_bytes`` of text, evicting the least recently used entr
 Only greedy, single-turn, personal-data-free answers of the served profile are written here (the
 server decides); entries are keyed by the key spec's key of the normalized question, scoped by
 the server to the caller's tenant (its API key and ``x-edgeqa-tenant``). An entry is served only
-once ``min_users`` distinct askers (hashed identities, ``edge_index/users.py``) have asked for it:
+once ``min_users`` distinct askers (hashed identities, ``base/users.py``) have asked for it:
 like a published answer, a cached one never tells anyone what fewer than k people asked lately.
 
 An entry remembers whether the release's semantic tier was searched for its question before it

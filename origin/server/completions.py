@@ -35,8 +35,8 @@ from origin.server.responses import Answer, Shaper, answer_response
 from origin.server.state import OriginServer
 
 if TYPE_CHECKING:
+    from base.users import Asker
     from edge_index.lookup import ReleaseIndex
-    from edge_index.users import Asker
 
 log = logging.getLogger(__name__)
 

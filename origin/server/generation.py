@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from edge_index.answers import uncacheable
 from origin.server.protocol import APIError, ParsedRequest
 from origin.server.responses import (
     DONE,
@@ -24,6 +23,7 @@ from origin.server.responses import (
     error_event,
     finish_reason,
 )
+from policy.answers import uncacheable
 
 if TYPE_CHECKING:
     from origin.engine import OutputStream, RequestOutput

@@ -54,7 +54,7 @@ async def web_config(server: OriginServer, request: Request) -> Response:
         {
             "cdn": settings.cdn_url,
             "edge": settings.edge_url,
-            # a question's profile is its language's (edge_index/languages.py: CJK -> zh)
+            # a question's profile is its language's (base/languages.py: CJK -> zh)
             "profiles": {
                 language: profile
                 for language, profile in server.served_profiles().items()

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from edge_index.answers import CACHE_SKIP_REASONS
+from policy.answers import CACHE_SKIP_REASONS
 
 if TYPE_CHECKING:
     from origin.engine import Engine

@@ -17,7 +17,7 @@ from typing import Any
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
-from edge_index.bodies import BodyError, parse_body
+from base.bodies import BodyError, parse_body
 from edge_index.tiers import MISSED_HEADER, Missed, parse_missed
 from origin.chat import Message
 from origin.sampling import SamplingParams
@@ -100,7 +100,7 @@ class ParsedRequest:
 
 def parse_json(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object; 400 naming ``body``, or the field whose value no field may
-    take (an integer past 4300 digits, a lone surrogate: ``edge_index/bodies.py``)."""
+    take (an integer past 4300 digits, a lone surrogate: ``base/bodies.py``)."""
     try:
         body = parse_body(raw)
     except BodyError as error:

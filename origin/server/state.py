@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from edge_index.logs import LogWriter
-from edge_index.users import UserHasher, user_hasher
+from base.logs import LogWriter
+from base.users import UserHasher, user_hasher
 from origin.config import OriginSettings
 from origin.runtime import Runtime
 from origin.server import tiers

@@ -17,13 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from base.keys import InvalidQueryError, key_of_normalized, normalize
 from edge_index import tiers
-from edge_index.keys import InvalidQueryError, key_of_normalized, normalize
 from edge_index.lookup import Hit, Miss
-from edge_index.pii import has_pii
 from origin.server.cache import CachedAnswer, OnlineCache
 from origin.server.protocol import ParsedRequest
 from origin.server.responses import Answer
+from policy.pii import has_pii
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

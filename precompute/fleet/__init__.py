@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from edge_index.errors import EdgeQAError
+from base.errors import EdgeQAError
 
 if TYPE_CHECKING:
     from origin.config import EngineSettings

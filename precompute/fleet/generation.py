@@ -76,7 +76,7 @@ class _Answerer:
     work area before the next (the checkpoint)."""
 
     def __init__(self, job: Job) -> None:
-        from edge_index.store import ObjectNotFoundError, open_store
+        from base.store import ObjectNotFoundError, open_store
         from precompute.workarea import WorkArea
 
         self.job = job
@@ -205,7 +205,7 @@ def generate_on_fleet(
     are one Ray Data job, each written there by the actor that answered it (taking the run's
     reused answers from the work area, as ``generate_stage`` does). The report's ``seconds``
     run from the first generated partition's start to the last one's end."""
-    from edge_index.store import ObjectNotFoundError
+    from base.store import ObjectNotFoundError
     from precompute.generate import GenerationReport, partitions
 
     report = GenerationReport()

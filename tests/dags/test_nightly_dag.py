@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from edge_index.release import read_pointer
-from edge_index.service import create_app
-from edge_index.store import FileStore, open_store
+from base.release import read_pointer
+from base.store import FileStore, open_store
+from edge_index.server.app import create_app
 from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from precompute.config import PipelineConfig
 from precompute.pipeline import (

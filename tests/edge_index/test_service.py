@@ -14,13 +14,13 @@ from typing import Any
 import httpx
 import pytest
 
-from edge_index.logreader import read_logs
-from edge_index.manifest import Finetuned, Manifest
+from base.logreader import read_logs
+from base.manifest import Finetuned, Manifest
+from base.release import release_prefix
+from base.store import FileStore, Store, open_store
+from base.users import UserHasher
 from edge_index.profiles import NoProfileError, resolve_profile
-from edge_index.release import release_prefix
-from edge_index.service import create_app
-from edge_index.store import FileStore, Store, open_store
-from edge_index.users import UserHasher
+from edge_index.server.app import create_app
 from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from precompute.publish import publish
 from tests.releases import PROFILE, QUESTIONS, build
@@ -222,8 +222,8 @@ def test_a_store_outage_is_retried_not_refused(
 
 
 def test_expired_answers_are_not_served(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from base.release import load_release
     from edge_index.lookup import Miss, ReleaseIndex
-    from edge_index.release import load_release
 
     store = FileStore(tmp_path / "store")
     _publish(embedder, store, tmp_path, "v1", 20)
@@ -283,7 +283,7 @@ def test_metrics_behind_a_bearer_token(embedder, tmp_path: Path) -> None:  # typ
 
 
 def test_lookups_are_logged_with_hashed_users(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from edge_index.logs import LogWriter
+    from base.logs import LogWriter
 
     store = FileStore(tmp_path / "store")
     _publish(embedder, store, tmp_path, "v1", 20)
@@ -481,7 +481,7 @@ def _releases(
     embedders: dict[str, Any],
     **env: str,
 ) -> Any:
-    from edge_index.config import EdgeSettings
+    from base.config import EdgeSettings
     from edge_index.watcher import Releases
 
     settings = EdgeSettings.from_env(
@@ -639,7 +639,7 @@ def test_resolve_profile_by_language(embedder, tmp_path: Path) -> None:  # type:
 
 
 def _current_manifest(store: Store, profile: str) -> Manifest:
-    from edge_index.release import read_manifest, read_pointer
+    from base.release import read_manifest, read_pointer
 
     pointer, _ = read_pointer(store, profile)
     assert pointer is not None

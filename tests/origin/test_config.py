@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_index.config import ConfigError
+from base.config import ConfigError
 from origin.config import EngineSettings, OriginSettings
 from origin.runtime import engine_config
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from edge_index.answers import CHECKS
+from policy.answers import CHECKS
 from precompute.build import build_release
 from precompute.config import BuildConfig
 from precompute.curated import CURATED
@@ -71,7 +71,7 @@ def test_held_back_wordings_calibrate_a_release_that_publishes_one_wording_per_c
     """Each cluster publishes one k-safe wording; its other wordings (held back: a rare word)
     are real paraphrases, looked up against the published ones: the semantic tier calibrates on
     them, where on the published phrasings alone it cannot (one per label: nothing to hit)."""
-    from edge_index.keys import key, normalize
+    from base.keys import key, normalize
     from precompute.questions import HotQuestion, Phrasing
     from tests.precompute.test_mining import TASKS, WORDINGS
 
@@ -131,7 +131,7 @@ def test_held_back_wordings_calibrate_a_release_that_publishes_one_wording_per_c
 def test_only_the_held_back_wordings_calibration_samples_are_embedded(embedder) -> None:  # type: ignore[no-untyped-def]
     """Past ``calibration_rows`` the held-back wordings are sampled before they are embedded:
     the same sample, and the same calibration, as embedding them all and sampling after."""
-    from edge_index.keys import key, normalize
+    from base.keys import key, normalize
     from precompute.calibration import HeldBack, calibrate_rows
     from precompute.questions import HotQuestion, Phrasing
     from tests.precompute.test_mining import TASKS, WORDINGS
@@ -163,7 +163,7 @@ def test_only_the_held_back_wordings_calibration_samples_are_embedded(embedder) 
 
 
 def test_a_shard_stays_under_what_readers_accept() -> None:
-    from edge_index.manifest import MAX_SHARD_FILE_BYTES
+    from base.manifest import MAX_SHARD_FILE_BYTES
     from precompute.build import shard_rows_for
 
     rows = shard_rows_for(BuildConfig(), 384)

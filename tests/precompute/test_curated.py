@@ -12,10 +12,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from edge_index.keys import key, normalize
-from edge_index.release import load_release, read_pointer
-from edge_index.store import FileStore
-from edge_index.users import hash_user
+from base.keys import key, normalize
+from base.release import load_release, read_pointer
+from base.store import FileStore
+from base.users import hash_user
 from precompute.curated import (
     CURATED,
     CuratedAnswersError,
@@ -154,7 +154,7 @@ def test_read_curated_refuses_a_file_that_is_not_the_pinned_one(tmp_path: Path) 
 
 
 def test_curated_answers_are_pinned_by_the_configuration() -> None:
-    from edge_index.config import ConfigError
+    from base.config import ConfigError
     from precompute.config import PipelineConfig
 
     # answers without a pin: refused when the run is configured, before anything runs

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from edge_index.store import FileStore
+from base.store import FileStore
 from precompute.config import PipelineConfig
 from precompute.samplelogs import generate_rows, write_logs
 from precompute.workarea import WorkArea
@@ -52,7 +52,7 @@ class _Killer(threading.Thread):
 def test_what_an_actor_is_handed_holds_no_secret() -> None:
     import pickle
 
-    from edge_index.signing import generate_keypair
+    from base.signing import generate_keypair
     from precompute.config import PrecomputeSettings
     from precompute.fleet import shipped
 
@@ -77,7 +77,7 @@ def test_what_an_actor_is_handed_holds_no_secret() -> None:
     "address", ["http://head:8265", "head", "ray://head:1;rm -rf /", "x y:1", "head:99999"]
 )
 def test_a_ray_address_that_is_not_one_is_refused_naming_the_variable(address: str) -> None:
-    from edge_index.config import ConfigError
+    from base.config import ConfigError
     from precompute.config import PrecomputeSettings
 
     with pytest.raises(ConfigError, match="EDGEQA_RAY_ADDRESS"):

@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from edge_index.keys import key
-from edge_index.store import FileStore
+from base.keys import key
+from base.store import FileStore
 from precompute.config import PrecomputeSettings
 from precompute.generate import generate_all, reusable_answers
 from precompute.questions import HotQuestion, Phrasing

@@ -12,8 +12,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from base.keys import key
 from edge_index.guard import content_tokens
-from edge_index.keys import key
 from precompute.build import build_release
 from precompute.config import BuildConfig, MiningConfig
 from precompute.mining import drop_clusters, mine

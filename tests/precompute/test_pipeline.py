@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from base.keys import InvalidQueryError, key
+from base.release import load_release, read_pointer
+from base.store import FileStore, open_store
 from edge_index.guard import content_tokens
-from edge_index.keys import InvalidQueryError, key
-from edge_index.pii import find_pii
-from edge_index.release import load_release, read_pointer
-from edge_index.store import FileStore, open_store
+from policy.pii import find_pii
 from precompute.config import PrecomputeSettings
 from precompute.generate import generate_all, nightly_engine
 from precompute.pipeline import STAGES

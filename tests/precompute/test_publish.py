@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_index.pointers import signed_root
-from edge_index.release import (
+from base.pointers import signed_root
+from base.release import (
     ReleaseError,
     list_versions,
     load_release,
@@ -21,8 +21,8 @@ from edge_index.release import (
     read_pointer,
     release_prefix,
 )
-from edge_index.signing import LocalSigner, generate_keypair
-from edge_index.store import FileStore, Store, open_store
+from base.signing import LocalSigner, generate_keypair
+from base.store import FileStore, Store, open_store
 from precompute.publish import STAGES, PublishConflictError, prune, publish
 from tests.releases import PROFILE, QUESTIONS
 from tests.releases import build as _build

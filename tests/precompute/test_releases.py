@@ -14,12 +14,12 @@ from typing import Any
 import httpx
 import pytest
 
-from edge_index.pointers import verify_pointer
+from base.pointers import verify_pointer
+from base.release import ReleaseError, read_pointer
+from base.signing import LocalSigner, generate_keypair
+from base.store import FileStore, Store
 from edge_index.profiles import load_index
-from edge_index.release import ReleaseError, read_pointer
-from edge_index.service import create_app
-from edge_index.signing import LocalSigner, generate_keypair
-from edge_index.store import FileStore, Store
+from edge_index.server.app import create_app
 from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from precompute.publish import publish
 from precompute.releases import (

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import httpx
 
-from edge_index.keys import key
-from edge_index.release import load_release, object_path, pointer_path, release_prefix
-from edge_index.service import create_app as edge_app
-from edge_index.store import FileStore, ObjectNotFoundError
+from base.keys import key
+from base.release import load_release, object_path, pointer_path, release_prefix
+from base.store import FileStore, ObjectNotFoundError
+from edge_index.server.app import create_app as edge_app
 from edge_index.watcher import EDGE_METRICS, ORIGIN_METRICS, ReleaseWatcher
 from origin.config import OriginSettings
 from origin.engine import Engine, EngineConfig

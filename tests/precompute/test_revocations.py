@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from edge_index.keys import key
-from edge_index.pointers import signed_root
-from edge_index.release import load_release, object_path, read_pointer, release_prefix
-from edge_index.signing import LocalSigner, generate_keypair
-from edge_index.store import FileStore, Store
+from base.keys import key
+from base.pointers import signed_root
+from base.release import load_release, object_path, read_pointer, release_prefix
+from base.signing import LocalSigner, generate_keypair
+from base.store import FileStore, Store
 from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from origin.server.cache import OnlineCache
 from origin.server.tiers import revoke_cached, scoped_key

@@ -1,6 +1,6 @@
 """Writes proofs.json: signed pointers and answer objects with Merkle proofs, and what a client
-must conclude from each (edge_index/pointers.py signed_root and client_verdict,
-edge_index/answer_objects.py answer_object_problem; web/edgeqa.js signedRoot, pointerVerdict and
+must conclude from each (base/pointers.py signed_root and client_verdict,
+base/answer_objects.py answer_object_problem; web/edgeqa.js signedRoot, pointerVerdict and
 answerObjectProblem).
 
 The hashes follow docs/release-format.md#browser-proofs and are computed here with hashlib and
@@ -142,7 +142,7 @@ def main() -> None:
     pointer("signature not base64", {**good, "signed": {**edited, "signature": "!!"}}, None)
     pointer("signed is a string", {**good, "signed": "yes"}, None)
 
-    # pointer statements (edge_index/pointers.py): a sequence and an expiry
+    # pointer statements (base/pointers.py): a sequence and an expiry
     sequence = 1796000000000  # milliseconds since 1970
     fresh = {
         **statement,

@@ -16,11 +16,11 @@ from typing import Any
 
 import httpx
 
-from edge_index.pointers import PointerMemory
-from edge_index.release import pointer_path
-from edge_index.service import create_app as edge_app
-from edge_index.signing import LocalSigner, generate_keypair
-from edge_index.store import FileStore
+from base.pointers import PointerMemory
+from base.release import pointer_path
+from base.signing import LocalSigner, generate_keypair
+from base.store import FileStore
+from edge_index.server.app import create_app as edge_app
 from edge_index.watcher import EDGE_METRICS, ORIGIN_METRICS, Releases, ReleaseWatcher
 from edgeqa.client import EdgeQAClient
 from edgeqa.demo import cdn_app

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from edge_index.keys import MAX_QUERY_CHARS, key
-from edge_index.release import object_path, release_prefix
-from edge_index.service import create_app as edge_app
-from edge_index.signing import LocalSigner, generate_keypair
-from edge_index.store import FileStore
+from base.keys import MAX_QUERY_CHARS, key
+from base.release import object_path, release_prefix
+from base.signing import LocalSigner, generate_keypair
+from base.store import FileStore
+from edge_index.server.app import create_app as edge_app
 from edge_index.watcher import EDGE_METRICS, ORIGIN_METRICS, Releases, ReleaseWatcher
 from edgeqa.client import EdgeQAClient
 from edgeqa.demo import cdn_app

@@ -11,7 +11,7 @@ This script turns them into the two CSV files that ``benchmarks/cache_quality.py
 Columns: ``text,label,massive_intent,massive_split,massive_id`` (``massive_intent`` is the
 source's intent, also for ``oos`` rows). A text that MASSIVE files under more than one intent
 in any split (53 short ones such as 你好 or 关灯) is dropped from both files; a text repeated
-within one file (compared as the cache keys compare it, ``edge_index.keys.normalize``) is kept
+within one file (compared as the cache keys compare it, ``base.keys.normalize``) is kept
 once, at its first row. Rows keep the source's order and nothing is sampled, so one input always
 gives the same bytes. The inputs are the SetFit layout (``id,label,text,label_text,...``) as
 committed to DuoWeiTree/ZeroshotClassification @88eafae9; only ``id``, ``text`` and
@@ -37,7 +37,7 @@ import textwrap
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from edge_index.keys import InvalidQueryError, normalize
+from base.keys import InvalidQueryError, normalize
 
 OOS = "oos"
 

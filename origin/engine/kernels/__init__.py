@@ -36,8 +36,8 @@ from pathlib import Path
 
 import torch
 
-from edge_index.config import SharedSettings
-from edge_index.errors import EdgeQAError
+from base.config import SharedSettings
+from base.errors import EdgeQAError
 
 PANEL = 16  # output columns per packed weight panel (fixed_order.c)
 # GGUF block kinds (fixed_order.c): QK reduction rows per block, bytes per (panel, block); the

@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from edge_index.config import DEFAULT_CACHE_DIR
+from base.config import DEFAULT_CACHE_DIR
 from origin.engine import Engine, EngineConfig, kernels
 from origin.engine.runner import make_runner
 from origin.model import load_model

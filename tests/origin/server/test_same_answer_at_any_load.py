@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from edge_index.store import FileStore
+from base.store import FileStore
 from tests.origin.engine.invariance_probe import QUESTIONS  # 8 greedy questions
 from tests.serving import free_port, wait_healthy
 

@@ -28,12 +28,11 @@ import pytest
 from starlette.requests import Request
 from starlette.testclient import TestClient
 
-from edge_index.answers import CACHE_SKIP_REASONS, uncacheable
-from edge_index.keys import key_of_normalized, normalize
-from edge_index.logreader import read_logs
-from edge_index.logs import LogWriter
-from edge_index.store import FileStore
-from edge_index.users import mint_user_token
+from base.keys import key_of_normalized, normalize
+from base.logreader import read_logs
+from base.logs import LogWriter
+from base.store import FileStore
+from base.users import mint_user_token
 from edge_index.watcher import ORIGIN_METRICS, Releases, ReleaseWatcher
 from origin.config import OriginSettings
 from origin.engine import Engine, EngineConfig
@@ -41,6 +40,7 @@ from origin.engine.scheduler import SHARED_PREFIX_MIN
 from origin.runtime import Runtime
 from origin.server import OriginServer, create_app, prompts
 from origin.server.tiers import scoped_key
+from policy.answers import CACHE_SKIP_REASONS, uncacheable
 from precompute.publish import publish
 from tests.releases import PROFILE, QUESTIONS, build
 from tests.serving import Server, free_port, wait_healthy

@@ -102,7 +102,7 @@ resource "aws_s3_object" "startup" {
   bucket     = aws_s3_bucket.dags.id
   key        = "startup.sh"
   kms_key_id = var.kms_key_arn
-  # releases are signed in KMS: the private key never reaches a worker (edge_index/signing.py);
+  # releases are signed in KMS: the private key never reaches a worker (base/signing.py);
   # the GPU stages run on the Ray cluster, this address is the DAG's one setting for it
   content = <<-SH
     #!/bin/sh

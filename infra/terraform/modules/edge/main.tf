@@ -53,16 +53,16 @@ resource "aws_ecs_task_definition" "edge" {
     environment = [
       { name = "EDGEQA_STORE", value = "s3://${var.bucket_name}" },
       { name = "EDGEQA_PROFILE", value = var.profile },
-      # only releases signed by the nightly job's KMS key are served (edge_index/signing.py)
+      # only releases signed by the nightly job's KMS key are served (base/signing.py)
       { name = "EDGEQA_RELEASE_PUBLIC_KEYS", value = var.release_public_keys },
-      # the ALB, in the VPC: its viewer headers are believed (edge_index/users.py)
+      # the ALB, in the VPC: its viewer headers are believed (base/users.py)
       { name = "EDGEQA_TRUSTED_PROXIES", value = data.aws_vpc.this.cidr_block },
       { name = "AWS_DEFAULT_REGION", value = var.region },
       { name = "TMPDIR", value = "/tmp" },
     ]
     secrets = [
       { name = "EDGEQA_USER_SALT", valueFrom = var.user_salt_secret_arn },
-      # verifies the user tokens the deployment's backend mints (edge_index/users.py)
+      # verifies the user tokens the deployment's backend mints (base/users.py)
       { name = "EDGEQA_IDENTITY_SECRET", valueFrom = var.identity_secret_arn },
     ]
     mountPoints = [{ sourceVolume = "tmp", containerPath = "/tmp" }]

@@ -1,5 +1,5 @@
 # The release signing key: an Ed25519 key pair held by KMS. The nightly job signs each release's
-# statement with it (kms:Sign, edge_index/signing.py KmsSigner); its private half never leaves
+# statement with it (kms:Sign, base/signing.py KmsSigner); its private half never leaves
 # KMS. The edge, the origin and browsers verify with the public half (EDGEQA_RELEASE_PUBLIC_KEYS).
 # Rotation (docs/security.md#signing): create the next key, give readers both public keys, switch
 # the nightly job, drop the old public key once no kept release is signed with it.

@@ -6,7 +6,7 @@
 # JA3/JA4) takes a prefix, so one host with a /64 is not held to it here. A header key would not
 # do either: the CDN's WAF runs before a CloudFront function or Lambda@Edge could add one, so the
 # only headers it sees are the client's own. The per-host bound is the services': an IPv6 /64 is
-# one asker (edge_index/users.py); the CDN can also serve IPv4 only (modules/cdn's ipv6_enabled),
+# one asker (base/users.py); the CDN can also serve IPv4 only (modules/cdn's ipv6_enabled),
 # where each host has one address.
 # scope = "REGIONAL" for a load balancer, "CLOUDFRONT" (provider in us-east-1) for a distribution.
 

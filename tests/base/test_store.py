@@ -1,0 +1,156 @@
+"""The store: the same behaviour over file:// and s3:// (moto server on loopback)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from base.store import (
+    FileStore,
+    ObjectNotFoundError,
+    ObjectTooLargeError,
+    PreconditionFailedError,
+    S3Store,
+    Store,
+    TransientStoreError,
+    open_store,
+    with_retries,
+)
+from tests.s3proxy import FaultyS3
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    if request.param == "file":
+        return open_store(f"file://{tmp_path}/root")
+    bucket = request.getfixturevalue("s3_bucket")
+    return open_store(f"s3://{bucket}/some/prefix")
+
+
+def test_put_get_list_exists_delete(store: Store) -> None:
+    store.put("a/b/one.json", b'{"x": 1}', "application/json")
+    store.put("a/two.bin", b"\x00\x01")
+    store.put("other/three", b"3")
+    assert store.get("a/b/one.json") == b'{"x": 1}'
+    assert store.exists("a/two.bin")
+    assert not store.exists("a/missing")
+    assert store.list("a") == ["a/b/one.json", "a/two.bin"]
+    assert store.list() == ["a/b/one.json", "a/two.bin", "other/three"]
+    assert store.list("nothing/here") == []
+    assert store.list("a/b") == ["a/b/one.json"]
+    # a prefix is a folder: "a/tw" is not a prefix of "a/two.bin"
+    assert store.list("a/tw") == []
+    store.delete("a/two.bin")
+    assert store.list("a") == ["a/b/one.json"]
+    assert store.delete_prefix("a") == 1
+    assert store.list() == ["other/three"]
+    with pytest.raises(ObjectNotFoundError):
+        store.get("a/b/one.json")
+
+
+def test_child_store_is_rooted_at_its_prefix(store: Store) -> None:
+    store.put("p/x/y", b"1")
+    child = store.child("p")
+    assert child.get("x/y") == b"1"
+    assert child.list() == ["x/y"]
+
+
+def test_conditional_pointer_write(store: Store) -> None:
+    first = store.put_if("profile/current.json", b'{"version": "1"}', None)
+    # a second "first write" loses
+    with pytest.raises(PreconditionFailedError):
+        store.put_if("profile/current.json", b'{"version": "x"}', None)
+    data, etag = store.get_with_etag("profile/current.json")
+    assert data == b'{"version": "1"}' and etag == first
+    second = store.put_if("profile/current.json", b'{"version": "2"}', etag)
+    # writing against the old ETag loses and changes nothing
+    with pytest.raises(PreconditionFailedError):
+        store.put_if("profile/current.json", b'{"version": "3"}', etag)
+    data, etag = store.get_with_etag("profile/current.json")
+    assert data == b'{"version": "2"}' and etag == second
+
+
+def test_racing_conditional_writes_have_exactly_one_winner(store: Store) -> None:
+    store.put_if("p/current.json", b"0", None)
+    _, etag = store.get_with_etag("p/current.json")
+    barrier = threading.Barrier(8)
+    outcomes: list[str] = []
+
+    def writer(n: int) -> None:
+        barrier.wait()
+        try:
+            store.put_if("p/current.json", f"{n}".encode() * 3, etag)
+            outcomes.append(f"won:{n}")
+        except PreconditionFailedError:
+            outcomes.append("lost")
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [o for o in outcomes if o.startswith("won")]
+    assert len(winners) == 1 and outcomes.count("lost") == 7
+    assert store.get("p/current.json") == winners[0].split(":")[1].encode() * 3
+
+
+def test_put_file_and_large_object(store: Store, tmp_path: Path) -> None:
+    local = tmp_path / "big.bin"
+    payload = bytes(range(256)) * 40_000  # 10 MB
+    local.write_bytes(payload)
+    store.put_file("shards/00000.faiss", local)
+    assert store.get("shards/00000.faiss") == payload
+    # a bounded read takes what fits and refuses the rest without reading it
+    assert store.get("shards/00000.faiss", max_bytes=len(payload)) == payload
+    with pytest.raises(ObjectTooLargeError, match=str(len(payload) - 1)):
+        store.get("shards/00000.faiss", max_bytes=len(payload) - 1)
+    with pytest.raises(ObjectTooLargeError):
+        store.get_with_etag("shards/00000.faiss", max_bytes=0)
+
+
+def test_bad_paths_and_uris_are_refused(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    with pytest.raises(ValueError, match=r"\.\."):
+        store.put("../escape", b"x")
+    for uri in ("", "s3://", "ftp://host/x"):
+        with pytest.raises(ValueError):
+            open_store(uri)
+    assert isinstance(open_store("s3://bucket/pre/fix"), S3Store)
+    assert open_store(f"file://{tmp_path}").root == tmp_path.resolve()  # type: ignore[attr-defined]
+    assert open_store(str(tmp_path)).root == tmp_path.resolve()  # type: ignore[attr-defined]
+
+
+def test_with_retries_gives_up_after_the_budget() -> None:
+    calls = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise TransientStoreError("try again")
+        return "ok"
+
+    assert with_retries(flaky, retries=3, base_s=0.001) == "ok"
+
+    def always() -> str:
+        calls.append(1)
+        raise TransientStoreError("down")
+
+    calls.clear()
+    with pytest.raises(TransientStoreError):
+        with_retries(always, retries=2, base_s=0.001)
+    assert len(calls) == 3  # the call and two retries
+
+
+def test_s3_transient_errors_are_retried(s3_bucket: str, s3_proxy: type[FaultyS3]) -> None:
+    store = open_store(f"s3://{s3_bucket}/r", retries=3)
+    s3_proxy.failures_left = 2
+    store.put("x.json", b"{}")
+    assert s3_proxy.failures_left == 0
+    s3_proxy.failures_left = 3
+    assert store.get("x.json") == b"{}"
+    s3_proxy.failures_left = 10
+    with pytest.raises(TransientStoreError, match="SlowDown"):
+        store.get("x.json")
+    assert s3_proxy.failures_left == 10 - 4  # the call and 3 retries: botocore adds none
