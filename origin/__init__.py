@@ -1,7 +1,7 @@
 """The origin: everything the edge cannot answer, generated and streamed.
 
     config.py     the origin's EDGEQA_* settings
-    precision.py  the precision registry: every weight precision, its linear, forward path and devices
+    precision.py  the precision registry: each precision's linear, forward path and devices
     model.py      loading the model (the embedded GGUF converted once into the cache)
     chat.py       the chat template: prompts, and the tokens that end an answer
     runtime.py    assembling the engine and the served releases (build_engine, load_runtime)
