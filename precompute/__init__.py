@@ -1,20 +1,20 @@
 """The nightly library: request logs in, a signed release out (docs/precompute.md).
 
-    pipeline.py    the stages, in order: mine, generate, build, validate, publish, prune
-    config.py      the nightly job's settings and run options
-    mining.py      the hot questions (with logwindow.py: the window reduced by DuckDB;
-                   textrules.py: the text rules once per distinct text; carry.py: the parent
-                   run's evidence; clustering.py; safetext.py: token-level k; asks.py: an ask's
-                   time; questions.py: a mined question and its wordings)
-    curated.py     the operator's answers
-    generate.py    answering the hot questions, partition by partition
-    fleet/         where the model stages run: Ray, local or a GPU fleet
-    build.py       the release's files (with calibration.py: the semantic tier's decision)
-    publish.py     publishing: the flip of the signed pointer, pruning
-    parent.py      what a run takes from the release it follows
-    revocations.py the signed revocation list and derived releases
-    releases.py    operating what is published: list, show, diff, rollback, renew
-    report.py      the HTML report of a release
-    workarea.py    the state between stages, in the store
-    samplelogs.py  sample request logs for the demo and the tests
+pipeline.py    the stages, in order: mine, generate, build, validate, publish, prune
+config.py      the nightly job's settings and run options
+mining.py      the hot questions (with logwindow.py: the window reduced by DuckDB;
+               textrules.py: the text rules once per distinct text; carry.py: the parent
+               run's evidence; clustering.py; safetext.py: token-level k; asks.py: an ask's
+               time; questions.py: a mined question and its wordings)
+curated.py     the operator's answers
+generate.py    answering the hot questions, partition by partition
+fleet/         where the model stages run: Ray, local or a GPU fleet
+build.py       the release's files (with calibration.py: the semantic tier's decision)
+publish.py     publishing: the flip of the signed pointer, pruning
+parent.py      what a run takes from the release it follows
+revocations.py the signed revocation list and derived releases
+releases.py    operating what is published: list, show, diff, rollback, renew
+report.py      the HTML report of a release
+workarea.py    the state between stages, in the store
+samplelogs.py  sample request logs for the demo and the tests
 """
