@@ -12,7 +12,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.errors import CCompilerError, CompileError, LinkError
 
@@ -23,7 +23,7 @@ _PROBE = "#include <omp.h>\nint probe(void) { return omp_get_max_threads(); }\n"
 class BuildKernels(build_ext):
     """build_ext that compiles the kernels with OpenMP where the compiler can, and says so."""
 
-    def build_extension(self, ext):  # type: ignore[no-untyped-def]
+    def build_extension(self, ext: Extension) -> None:
         openmp = self._openmp_works()
         if openmp:
             ext.extra_compile_args = [*ext.extra_compile_args, *OPENMP]
