@@ -32,6 +32,7 @@
  * (tests build it on x86-64 to run what aarch64 runs) */
 #if (defined(__x86_64__) || defined(_M_X64)) && !defined(FO_SCALAR_ONLY)
 #define FO_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define FO_X86 0
@@ -78,15 +79,24 @@ static int level = -1;
 /* the fo_path bits of the variants run since fo_take_paths last read them */
 static unsigned int paths = 0;
 
+/* The highest level from cpuid, where the OS also saves the registers it uses (xgetbv: the YMM
+ * state for AVX2; the opmask and ZMM states for AVX-512). cpuid itself, not the compiler's
+ * feature names: GCC and clang (Apple's too) know different ones. */
 int fo_isa_supported(void) {
 #if FO_X86
-    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-          __builtin_cpu_supports("f16c")))
-        return FO_ISA_SCALAR;
-    if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-          __builtin_cpu_supports("avx512vl")))
-        return FO_ISA_AVX2;
-    return __builtin_cpu_supports("avx512vnni") ? FO_ISA_VNNI : FO_ISA_AVX512;
+    unsigned int a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return FO_ISA_SCALAR;
+    const unsigned int fma = c >> 12 & 1, osxsave = c >> 27 & 1, avx = c >> 28 & 1,
+                       f16c = c >> 29 & 1;
+    if (!(fma && osxsave && avx && f16c)) return FO_ISA_SCALAR;
+    unsigned int xcr0, xcr0_high;
+    __asm__ volatile("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
+    (void)xcr0_high;
+    if ((xcr0 & 0x6) != 0x6 || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b >> 5 & 1))
+        return FO_ISA_SCALAR; /* no YMM state, or no AVX2 */
+    const unsigned int avx512 = (b >> 16 & 1) && (b >> 30 & 1) && (b >> 31 & 1); /* F, BW, VL */
+    if (!avx512 || (xcr0 & 0xe6) != 0xe6) return FO_ISA_AVX2;
+    return c >> 11 & 1 ? FO_ISA_VNNI : FO_ISA_AVX512; /* AVX512_VNNI */
 #else
     return FO_ISA_SCALAR;
 #endif
@@ -1157,6 +1167,7 @@ int fo_attention(const float *q, const float *kc, const float *vc, int64_t max_l
     int64_t work = 0;
     for (int64_t t = 0; t < T; t++) work += lens[t];
     work *= H * D;
+    (void)work; /* read by the pragma alone, which a build without OpenMP ignores */
 #pragma omp parallel for schedule(static) if (work >= PARALLEL_WORK)
     for (int64_t th = 0; th < T * H; th++) {
         const int64_t len = lens[th / H];

@@ -1,10 +1,13 @@
 """The kernels' instruction-set levels: each level this CPU runs takes its own code path (the
 library says which variants ran) and computes the very bits of the plain C path; the level is
 read from ``EDGEQA_KERNEL_ISA`` when the library loads; and the portable build (the plain C path
-alone, without OpenMP: what aarch64 or a compiler without OpenMP compiles) computes them too."""
+alone, without OpenMP: what aarch64 or a compiler without OpenMP compiles) computes them too,
+as do other compilers and, where a cross compiler and an emulator are installed, aarch64."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +19,17 @@ from tests.origin.engine.conftest import ROOT, needs_kernels, package_copy, run_
 from tests.origin.engine.test_forward_kernel import _a8, _linear, _Model, _q4_1, _q8_0
 from tests.origin.engine.test_kernels import _attention_inputs, _normal
 
-pytestmark = needs_kernels
+KERNELS = ROOT / "origin" / "engine" / "kernels"
+HARNESS = Path(__file__).with_name("fixed_order_harness.c")
+# other builds of the kernels: (compiler, flags, how to run its program)
+TOOLCHAINS = {
+    "clang without OpenMP, as Apple's": (["clang"], [], []),
+    "aarch64 with OpenMP, under qemu": (
+        ["aarch64-linux-gnu-gcc"],
+        ["-fopenmp"],
+        ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"],
+    ),
+}
 
 
 def workload() -> dict[str, torch.Tensor]:
@@ -47,6 +60,7 @@ def _rank(level: str) -> int:
     return kernels.ISAS.index(level)
 
 
+@needs_kernels
 @pytest.mark.parametrize("level", kernels.ISAS)
 def test_each_level_takes_its_own_path_and_computes_the_plain_c_bits(level: str) -> None:
     best = kernels.supported_isa()
@@ -70,6 +84,7 @@ def test_each_level_takes_its_own_path_and_computes_the_plain_c_bits(level: str)
         assert torch.equal(got[name], value), name
 
 
+@needs_kernels
 def test_a_level_above_the_cpus_is_refused_and_none_is_the_level_chosen_at_load() -> None:
     best = kernels.supported_isa()
     assert kernels.set_isa(None) == kernels.isa()
@@ -82,6 +97,7 @@ def test_a_level_above_the_cpus_is_refused_and_none_is_the_level_chosen_at_load(
         kernels.set_isa("sse2")
 
 
+@needs_kernels
 def test_edgeqa_kernel_isa_is_read_when_the_library_loads(tmp_path: Path) -> None:
     gemm = (
         "import torch; from origin.engine import kernels; "
@@ -104,6 +120,7 @@ def test_edgeqa_kernel_isa_is_read_when_the_library_loads(tmp_path: Path) -> Non
     assert done.returncode != 0 and "EDGEQA_KERNEL_ISA" in done.stderr  # a bad value fails loudly
 
 
+@needs_kernels
 @pytest.mark.slow
 def test_the_portable_build_computes_the_same_bits(tmp_path: Path) -> None:
     """The kernels compiled as aarch64 compiles them (``FO_SCALAR_ONLY``: the plain C path alone)
@@ -132,3 +149,37 @@ def test_the_portable_build_computes_the_same_bits(tmp_path: Path) -> None:
     assert portable.keys() == here.keys()
     for name, value in here.items():
         assert torch.equal(portable[name], value), name
+
+
+def _harness_lines(
+    tmp_path: Path, name: str, build: tuple[list[str], list[str], list[str]]
+) -> list[str]:
+    """What ``fixed_order_harness.c`` prints at the plain C level, built with ``build``."""
+    compiler, flags, runner = build
+    program = tmp_path / name
+    sources = [f"-I{KERNELS}", str(HARNESS), str(KERNELS / "fixed_order.c")]
+    cmd = [*compiler, "-O2", "-std=c11", "-ffp-contract=off", *flags, *sources, "-o", str(program)]
+    subprocess.run([*cmd, "-lm"], check=True, capture_output=True)
+    out = subprocess.run([*runner, str(program), "0"], check=True, capture_output=True, text=True)
+    lines = out.stdout.splitlines()
+    assert lines[0] == "level 0" and lines[-1] == "paths 1"  # the plain C path, and it alone
+    return lines[1:-1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("toolchain", TOOLCHAINS)
+def test_other_compilers_and_cpus_compute_the_same_bits(toolchain: str, tmp_path: Path) -> None:
+    """The kernels built by another compiler or for another CPU give this build's bits, kernel by
+    kernel (``expf`` included: the same C library's); skipped where the tools are missing
+    (``apt-get install clang gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user``)."""
+    compiler, _, runner = TOOLCHAINS[toolchain]
+    native = shutil.which("cc") or shutil.which("gcc")
+    missing = [
+        tool for tool in (native, compiler[0], *runner[:1]) if not tool or not shutil.which(tool)
+    ]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(str(t) for t in missing)}")
+    assert native is not None
+    here = _harness_lines(tmp_path, "native", ([native], [], []))
+    assert len(here) == 21  # every kernel and weight kind
+    assert _harness_lines(tmp_path, "other", TOOLCHAINS[toolchain]) == here
