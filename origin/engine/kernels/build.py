@@ -26,14 +26,16 @@ HEADER = HERE / "fixed_order.h"
 SOURCE = HERE / "fixed_order.c"
 MODULE = "origin.engine.kernels._fixed_order"
 # no -ffast-math, and no contraction of a multiply and an add into an FMA the source does not
-# write: every output is one written-down sequence of IEEE operations (fixed_order.c)
-# (setup.py adds -fopenmp where the compiler has OpenMP)
-CFLAGS = ("-O2", "-std=c11", "-ffp-contract=off")
+# write: every output is one written-down sequence of IEEE operations (fixed_order.c). After
+# Python's own flags, so these win: -O2 over -O3, and -fno-wrapv over -fwrapv (the loops'
+# signed indices may be optimised as C allows). setup.py adds -fopenmp where the compiler has it.
+CFLAGS = ("-O2", "-std=c11", "-ffp-contract=off", "-fno-wrapv")
 
 
 def source_digest() -> str:
-    """The digest of the kernels' sources: the header and the C file, as the package holds them."""
-    digest = hashlib.sha256()
+    """The digest of what the kernels' numbers follow from: the header and the C file, as the
+    package holds them, and the flags they are compiled with."""
+    digest = hashlib.sha256(" ".join(CFLAGS).encode() + b"\0")
     for path in (HEADER, SOURCE):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]

@@ -126,8 +126,8 @@ def load_from(path: Path) -> ModuleType:
     if built != build.source_digest():
         raise KernelBuildError(
             f"the kernels {path} were built from other sources than {build.SOURCE.name} and "
-            f"{build.HEADER.name} beside them (built {built or 'unknown'}, the sources "
-            f"{build.source_digest()}): {REBUILD}"
+            f"{build.HEADER.name} beside them, or with other flags (built {built or 'unknown'}, "
+            f"the sources {build.source_digest()}): {REBUILD}"
         )
     return module
 
