@@ -45,9 +45,7 @@ BLOCK_BYTES |= {kind: _H["FO_Q8_0_BYTES"] for kind in (Q8_0, Q8_0_A8, Q8_0_A16)}
 # the instruction-set levels by number (fo_isa), each with those below it
 ISAS = tuple(
     name.removeprefix("FO_ISA_").lower()
-    for name, _ in sorted(
-        (kv for kv in _H.items() if kv[0].startswith("FO_ISA_")), key=lambda kv: kv[1]
-    )
+    for name in sorted((n for n in _H if n.startswith("FO_ISA_")), key=_H.__getitem__)
 )
 _PATH_BITS = {name: _H[f"FO_PATH_{name.upper()}"] for name in ISAS}
 A8_PATHS = ("c", "avx2", "vnni")  # fo_a8_path

@@ -159,3 +159,14 @@ def test_without_the_kernels_the_engine_starts_on_the_library_kernels_and_says_s
     assert "were not built" in done.stderr
     assert "batch invariance is off" in done.stderr  # the runner's account of the fallback
     assert "GGUF-block weights" in done.stderr  # and the kernels' own, once
+
+
+@needs_kernels
+def test_the_bindings_constants_are_the_compiled_headers() -> None:
+    """The Python side reads the header's enums itself (packing needs no library): they must be
+    the values the extension was compiled with."""
+    from origin.engine.kernels import abi
+
+    lib = kernels.library()
+    assert abi._H and all(getattr(lib, name) == value for name, value in abi._H.items())
+    assert kernels.ISAS == ("scalar", "avx2", "avx512", "vnni")
