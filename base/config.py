@@ -51,6 +51,8 @@ OUT_OF_SCOPE_SHARE = 0.05
 MAX_OUT_OF_SCOPE_SHARE = 0.5
 
 Device = Literal["auto", "cpu", "cuda"]
+# the fixed-order CPU kernels' instruction-set levels (origin/engine/kernels/fixed_order.h)
+KernelIsa = Literal["auto", "scalar", "avx2", "avx512", "vnni"]
 
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "edgeqa"  # EDGEQA_CACHE_DIR's default
@@ -178,6 +180,9 @@ class SharedSettings(Settings):
     embedder: str = "auto"
     device: Device = "auto"
     cache_dir: Path = DEFAULT_CACHE_DIR
+    # the level the fixed-order kernels run at: auto = the highest this CPU has; a lower one
+    # reproduces another CPU's code path (every level computes the same bits)
+    kernel_isa: KernelIsa = "auto"
     # the secret of the user hashes in request logs; "" = a random one per process
     user_salt: str = ""
     # request-log files kept on local disk while the store fails (0: none, rows wait in memory)

@@ -93,7 +93,7 @@ def auto_quantization(
             "%s. The model's GGUF blocks are read by those kernels alone: serving %s weights "
             "instead (more memory, slower decode)",
             reason,
-            choice.name,
+            "its own unquantized" if choice.name == "none" else choice.name,
         )
     return choice.name
 

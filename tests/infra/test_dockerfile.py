@@ -175,7 +175,8 @@ def test_the_project_is_installed_with_all_its_dependencies(
     }
     found = project["tool"]["setuptools"]["packages"]["find"]["include"]
     packages = {pattern.rstrip("*") for pattern in found}
-    needed = {"pyproject.toml", project["project"]["readme"], *packages}
+    # setup.py: the build of the origin's C kernels (an extension the install compiles)
+    needed = {"pyproject.toml", "setup.py", project["project"]["readme"], *packages}
     assert needed <= copied, f"the build stage does not copy {sorted(needed - copied)}"
     # whatever is installed beside the project agrees with the project's own pins
     declared = {Requirement(d).name: Requirement(d) for d in project["project"]["dependencies"]}
@@ -194,6 +195,32 @@ def test_the_project_is_installed_with_all_its_dependencies(
     if "ray" in declared:
         extras = [Requirement(t).extras for t in install.targets if t.startswith("ray")]
         assert {"default"} in extras, "the project's install names ray[default] beside it"
+
+
+def test_the_kernels_are_compiled_in_the_build_stage_and_must_load(
+    dockerfile: list[Instruction],
+) -> None:
+    """The install compiles the origin's batch-invariant C kernels (setup.py), an extension pip
+    treats as optional (an install without a compiler runs on the library kernels): the image
+    must not, so the stage that installs the project has a C compiler and, after the install,
+    fails the build unless the kernels load; the final stage has no compiler, only the OpenMP
+    runtime they link against."""
+    install = _project_install(dockerfile)
+    runs = [(i, ins.args) for i, ins in enumerate(dockerfile) if ins.keyword == "RUN"]
+    stage_of = {i: dockerfile[i].stage for i, _ in runs}
+    at = next(
+        i
+        for i, _ in runs
+        if any(_PROJECT.fullmatch(t) for p in pip_installs([dockerfile[i]]) for t in p.targets)
+    )
+    compiler = re.compile(r"apt-get install[^&;]*\b(gcc|clang|build-essential)\b")
+    assert any(compiler.search(args) and i < at for i, args in runs if stage_of[i] == install.stage)
+    assert any(
+        "unavailable_reason" in args and i > at for i, args in runs if stage_of[i] == install.stage
+    ), "the build stage checks that the kernels load after installing the project"
+    final = [args for i, args in runs if stage_of[i] == _final_stage(dockerfile)]
+    assert not any(compiler.search(args) for args in final), "the runtime image has a compiler"
+    assert any("libgomp1" in args for args in final)
 
 
 def test_the_embedded_llm_is_the_makefiles_pin_without_dependencies(

@@ -14,21 +14,44 @@
  *   p_j = expf(score_j - max); sum = p_0 + p_1 + ... in key order; out = (sum_j p_j v_j) / sum,
  *   keys in order. A query sees only its own keys, so prefill chunks and decode steps agree.
  *
- * Built on first use by origin/engine/kernels/__init__.py (cc -O2 -fopenmp); no -ffast-math: the
- * compiler may not reassociate. */
-#include <immintrin.h>
+ * Portable C11 with x86-64 SIMD variants: each in functions compiled for their instruction set
+ * (target attributes), chosen at run time by the CPU's features (fo_set_isa), so one build runs on
+ * any x86-64 CPU. Elsewhere (aarch64, ...) only the plain C path is compiled. OpenMP where the
+ * compiler has it (_OPENMP), else one thread: the pragmas are then ignored and every result is
+ * the same. Built at install as the extension origin.engine.kernels._fixed_order (build.py: -O2
+ * -ffp-contract=off, -fopenmp where it works); no -ffast-math: the compiler may not reassociate,
+ * nor contract a multiply and an add into an FMA the order above does not name. */
+#include "fixed_order.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define PANEL 16
-#define LANES 8
+/* FO_SCALAR_ONLY: compile the plain C path alone, as on a CPU without x86-64's vector units
+ * (tests build it on x86-64 to run what aarch64 runs) */
+#if (defined(__x86_64__) || defined(_M_X64)) && !defined(FO_SCALAR_ONLY)
+#define FO_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#else
+#define FO_X86 0
+#endif
 
-enum {
-    W_F32 = 0, W_BF16 = 1, W_I8 = 2, W_Q4_1 = 3, W_Q8_0 = 4, W_Q4_1_A8 = 5, W_Q8_0_A8 = 6,
-    W_Q8_0_A16 = 7
-};
+#ifndef _OPENMP /* the pragmas are then ignored, on purpose: every loop runs on the calling thread */
+#ifdef __clang__
+#pragma clang diagnostic ignored "-Wsource-uses-openmp"
+#endif
+#pragma GCC diagnostic ignored "-Wunknown-pragmas"
+#endif
+
+#ifndef FO_SOURCE_DIGEST /* build.py defines it: the digest of this file and the header */
+#define FO_SOURCE_DIGEST ""
+#endif
+
+#define PANEL FO_PANEL
+#define QK FO_QK
+#define LANES 8
 
 /* GGUF blocks, repacked by panel: weights [N / PANEL][K / QK] blocks, each holding one panel's
  * 16 columns over QK = 32 rows of the reduction.
@@ -39,9 +62,9 @@ enum {
  *   Q8_0: d[16] (fp16), then per row k 16 int8 q; w = fl(d * q).
  * These are the values gguf's dequantization gives (what the fp32 model holds), so a GGUF
  * weight's products are bitwise those of its fp32 copy. */
-#define QK 32
 #define Q4_BLOCK (4 * PANEL + QK * PANEL / 2)
 #define Q8_BLOCK (2 * PANEL + QK * PANEL)
+_Static_assert(Q4_BLOCK == FO_Q4_1_BYTES && Q8_BLOCK == FO_Q8_0_BYTES, "fixed_order.h's sizes");
 
 /* Work (multiply-adds) below which a call runs on the calling thread alone. A parallel region's
  * barrier waits for every thread: on a loaded machine a descheduled thread costs a time slice per
@@ -49,34 +72,70 @@ enum {
  * serial; large ones (the LM head, batches, prompts) split. Results do not depend on it. */
 #define PARALLEL_WORK (1 << 21)
 
-/* -1: decide on first call; 0: scalar; 1: AVX2 + FMA (+ F16C); 2: and AVX-512 for GGUF blocks */
-static int use_avx2 = -1;
-/* AVX-512 VNNI (the 8-bit activation kernels' integer dot products), set with use_avx2 */
-static int vnni = 0;
+/* The level in use (enum fo_isa; -1: decided on the first call). Each call reads it once and
+ * hands it down as `simd`: FO_ISA_SCALAR plain C; FO_ISA_AVX2 the AVX2 + FMA (+ F16C) variants;
+ * FO_ISA_AVX512 and AVX-512 for GGUF blocks; FO_ISA_VNNI and VNNI for 8-bit activations. */
+static int level = -1;
+/* the fo_path bits of the variants run since fo_take_paths last read them */
+static unsigned int paths = 0;
 
-int fo_set_simd(int on) {
-    if (on < 0)
-        on = !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c"))
-                 ? 0
-                 : __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                           __builtin_cpu_supports("avx512vl")
-                       ? 2
-                       : 1;
-    use_avx2 = on;
-    vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c");
-    return use_avx2;
+/* The highest level from cpuid, where the OS also saves the registers it uses (xgetbv: the YMM
+ * state for AVX2; the opmask and ZMM states for AVX-512). cpuid itself, not the compiler's
+ * feature names: GCC and clang (Apple's too) know different ones. */
+int fo_isa_supported(void) {
+#if FO_X86
+    unsigned int a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return FO_ISA_SCALAR;
+    const unsigned int fma = c >> 12 & 1, osxsave = c >> 27 & 1, avx = c >> 28 & 1,
+                       f16c = c >> 29 & 1;
+    if (!(fma && osxsave && avx && f16c)) return FO_ISA_SCALAR;
+    unsigned int xcr0, xcr0_high;
+    __asm__ volatile("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
+    (void)xcr0_high;
+    if ((xcr0 & 0x6) != 0x6 || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b >> 5 & 1))
+        return FO_ISA_SCALAR; /* no YMM state, or no AVX2 */
+    const unsigned int avx512 = (b >> 16 & 1) && (b >> 30 & 1) && (b >> 31 & 1); /* F, BW, VL */
+    if (!avx512 || (xcr0 & 0xe6) != 0xe6) return FO_ISA_AVX2;
+    return c >> 11 & 1 ? FO_ISA_VNNI : FO_ISA_AVX512; /* AVX512_VNNI */
+#else
+    return FO_ISA_SCALAR;
+#endif
 }
 
-/* where gguf-a8's integer dot products run: 2 AVX-512 VNNI, 1 AVX2, 0 plain C (far slower) */
+int fo_set_isa(int want) {
+    const int best = fo_isa_supported();
+    level = want < 0 || want > best ? best : want;
+    return level;
+}
+
+int fo_isa(void) { return level < 0 ? fo_set_isa(-1) : level; }
+
+unsigned int fo_take_paths(void) { return __atomic_exchange_n(&paths, 0u, __ATOMIC_RELAXED); }
+
+/* a variant of the path bit's level ran; a read first, so threads do not fight over the line */
+static inline void took(unsigned int bit) {
+    if (!(__atomic_load_n(&paths, __ATOMIC_RELAXED) & bit))
+        __atomic_fetch_or(&paths, bit, __ATOMIC_RELAXED);
+}
+
 int fo_a8_path(void) {
-    if (use_avx2 < 0) fo_set_simd(-1);
-    return use_avx2 == 2 && vnni ? 2 : use_avx2 ? 1 : 0;
+    const int simd = fo_isa();
+    return simd == FO_ISA_VNNI ? 2 : simd >= FO_ISA_AVX2 ? 1 : 0;
 }
+
+long fo_openmp(void) {
+#ifdef _OPENMP
+    return _OPENMP;
+#else
+    return FO_OK;
+#endif
+}
+
+const char *fo_source_digest(void) { return FO_SOURCE_DIGEST; }
 
 static inline float w_scalar(const void *w, int kind, int64_t i) {
-    if (kind == W_F32) return ((const float *)w)[i];
-    if (kind == W_BF16) {
+    if (kind == FO_F32) return ((const float *)w)[i];
+    if (kind == FO_BF16) {
         uint32_t u = (uint32_t)((const uint16_t *)w)[i] << 16;
         float f;
         memcpy(&f, &u, 4);
@@ -108,9 +167,9 @@ static float half_float(uint16_t h) {
 /* weight (k, column c) of a panel, as every path computes it */
 static inline float weight_at(const void *w, int kind, int64_t K, int64_t panel, int64_t k,
                               int c) {
-    if (kind < W_Q4_1) return w_scalar(w, kind, panel * K * PANEL + k * PANEL + c);
+    if (kind < FO_Q4_1) return w_scalar(w, kind, panel * K * PANEL + k * PANEL + c);
     const int64_t block = panel * (K / QK) + k / QK, kk = k % QK;
-    if (kind == W_Q4_1) {
+    if (kind == FO_Q4_1) {
         const uint8_t *b = (const uint8_t *)w + block * Q4_BLOCK;
         const uint16_t *dm = (const uint16_t *)b;
         const uint8_t byte = b[4 * PANEL + kk / 2 * PANEL + c];
@@ -136,10 +195,16 @@ static void panel_scalar(const float *x, int64_t ldx, int rows, const void *w, i
     }
 }
 
+/* row tiles: a panel's rows are taken 6, 4, 2, then 1 at a time */
+static const int TILE_ROWS[4] = {6, 4, 2, 1};
+/* panels a one-row call takes at once, and the unit a call's panels are split by over threads */
+#define GROUP 4
+
+#if FO_X86
 __attribute__((target("avx2,fma"))) static inline __m256 w_load(const void *w, int kind,
                                                                  int64_t i) {
-    if (kind == W_F32) return _mm256_loadu_ps((const float *)w + i);
-    if (kind == W_BF16) {
+    if (kind == FO_F32) return _mm256_loadu_ps((const float *)w + i);
+    if (kind == FO_BF16) {
         __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     }
@@ -184,13 +249,12 @@ __attribute__((target("avx2,fma"))) static inline __m256 w_load(const void *w, i
     DEFINE_TILE(tile4_##SUFFIX, KIND, REP4)                                                     \
     DEFINE_TILE(tile2_##SUFFIX, KIND, REP2)                                                     \
     DEFINE_TILE(tile1_##SUFFIX, KIND, REP1)
-DEFINE_TILES(W_F32, f32)
-DEFINE_TILES(W_BF16, bf16)
-DEFINE_TILES(W_I8, i8)
+DEFINE_TILES(FO_F32, f32)
+DEFINE_TILES(FO_BF16, bf16)
+DEFINE_TILES(FO_I8, i8)
 
 typedef void (*tile_fn)(const float *, int64_t, const void *, int64_t, int64_t, float *, int64_t,
                         int);
-static const int TILE_ROWS[4] = {6, 4, 2, 1};
 static const tile_fn TILES[3][4] = {
     {tile6_f32, tile4_f32, tile2_f32, tile1_f32},
     {tile6_bf16, tile4_bf16, tile2_bf16, tile1_bf16},
@@ -199,7 +263,6 @@ static const tile_fn TILES[3][4] = {
 
 /* one row, GROUP panels at once: 2 * GROUP independent FMA chains, enough to hide the FMA
  * latency a single panel's two chains expose at batch 1 (each column's order is unchanged) */
-#define GROUP 4
 #define G_DECL(p) __m256 g0_##p = _mm256_setzero_ps(), g1_##p = _mm256_setzero_ps();
 #define G_STEP(p)                                                                               \
     {                                                                                           \
@@ -221,9 +284,9 @@ static const tile_fn TILES[3][4] = {
         }                                                                                       \
         REP4(G_STORE)                                                                           \
     }
-DEFINE_ROW_GROUP(group_f32, W_F32)
-DEFINE_ROW_GROUP(group_bf16, W_BF16)
-DEFINE_ROW_GROUP(group_i8, W_I8)
+DEFINE_ROW_GROUP(group_f32, FO_F32)
+DEFINE_ROW_GROUP(group_bf16, FO_BF16)
+DEFINE_ROW_GROUP(group_i8, FO_I8)
 
 /* GGUF blocks in AVX2: one block row k's 16 weights as two vectors of 8, as weight_at computes
  * them (d, m: the block's scales as floats) */
@@ -231,7 +294,7 @@ __attribute__((target("avx2,fma,f16c"))) static inline void q_row(const uint8_t 
                                                                   int64_t kk, __m256 d0, __m256 d1,
                                                                   __m256 m0, __m256 m1,
                                                                   __m256 *w0, __m256 *w1) {
-    if (kind == W_Q4_1) {
+    if (kind == FO_Q4_1) {
         __m128i nib = _mm_loadu_si128((const __m128i *)(b + 4 * PANEL + kk / 2 * PANEL));
         if (kk % 2) nib = _mm_srli_epi16(nib, 4);
         const __m128i q = _mm_and_si128(nib, _mm_set1_epi8(15));
@@ -249,10 +312,10 @@ __attribute__((target("avx2,fma,f16c"))) static inline const uint8_t *
 q_block(const void *w, int kind, int64_t K, int64_t panel, int64_t g, __m256 *d0, __m256 *d1,
         __m256 *m0, __m256 *m1) {
     const uint8_t *b =
-        (const uint8_t *)w + (panel * (K / QK) + g) * (kind == W_Q4_1 ? Q4_BLOCK : Q8_BLOCK);
+        (const uint8_t *)w + (panel * (K / QK) + g) * (kind == FO_Q4_1 ? Q4_BLOCK : Q8_BLOCK);
     *d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
     *d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16)));
-    if (kind == W_Q4_1) {
+    if (kind == FO_Q4_1) {
         *m0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 32)));
         *m1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 48)));
     }
@@ -297,8 +360,8 @@ __attribute__((target("avx2,fma,f16c"))) static void q_dequant(const void *w, in
         }                                                                                       \
         REP4(G_STORE)                                                                           \
     }
-DEFINE_Q_GROUP(group_q4_1, W_Q4_1)
-DEFINE_Q_GROUP(group_q8_0, W_Q8_0)
+DEFINE_Q_GROUP(group_q4_1, FO_Q4_1)
+DEFINE_Q_GROUP(group_q8_0, FO_Q8_0)
 
 /* The same for CPUs with AVX-512: a panel's 16 columns in one register, the same operations per
  * lane (so the same bits), half the instructions: the 4-bit kernel is bound by them, not by
@@ -308,9 +371,9 @@ DEFINE_Q_GROUP(group_q8_0, W_Q8_0)
 #define Z_LOAD(p)                                                                               \
     zb_##p = (const uint8_t *)w + ((panel + (p)) * (K / QK) + g) * BLOCK;                       \
     zd_##p = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)zb_##p));                      \
-    if (kind == W_Q4_1) zm_##p = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(zb_##p + 32)));
+    if (kind == FO_Q4_1) zm_##p = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(zb_##p + 32)));
 #define Z_STEP(p)                                                                               \
-    if (kind == W_Q4_1) { /* rows kk and kk + 1 from one 16-byte load */                        \
+    if (kind == FO_Q4_1) { /* rows kk and kk + 1 from one 16-byte load */                        \
         const __m512i v = _mm512_cvtepu8_epi32(                                                 \
             _mm_loadu_si128((const __m128i *)(zb_##p + 4 * PANEL + kk / 2 * PANEL)));           \
         const __m512 wa = _mm512_fmadd_ps(                                                      \
@@ -343,8 +406,8 @@ DEFINE_Q_GROUP(group_q8_0, W_Q8_0)
         }                                                                                       \
         REP4(Z_STORE)                                                                           \
     }
-DEFINE_Q_GROUP_512(group512_q4_1, W_Q4_1, Q4_BLOCK)
-DEFINE_Q_GROUP_512(group512_q8_0, W_Q8_0, Q8_BLOCK)
+DEFINE_Q_GROUP_512(group512_q4_1, FO_Q4_1, Q4_BLOCK)
+DEFINE_Q_GROUP_512(group512_q8_0, FO_Q8_0, Q8_BLOCK)
 
 /* GGUF panels for any row count: the panel dequantized once (into scratch: K x PANEL floats),
  * then the float tiles over the whole reduction, as fp32 weights run (the same chains); without
@@ -357,7 +420,7 @@ static void q_panel(const float *x, int64_t ldx, const void *w, int kind, float 
         int64_t r0 = 0;
         for (int t = 0; t < 4; t++)
             for (const int rows = TILE_ROWS[t]; M - r0 >= rows; r0 += rows)
-                TILES[W_F32][t](x + r0 * ldx, ldx, panel, K, 0, y + r0 * ldy + p * PANEL, ldy, 0);
+                TILES[FO_F32][t](x + r0 * ldx, ldx, panel, K, 0, y + r0 * ldy + p * PANEL, ldy, 0);
         free(panel);
         return;
     }
@@ -367,41 +430,50 @@ static void q_panel(const float *x, int64_t ldx, const void *w, int kind, float 
         int64_t r0 = 0;
         for (int t = 0; t < 4; t++)
             for (const int rows = TILE_ROWS[t]; M - r0 >= rows; r0 += rows)
-                TILES[W_F32][t](x + r0 * ldx + g * QK, ldx, tile, QK, 0, y + r0 * ldy + p * PANEL,
+                TILES[FO_F32][t](x + r0 * ldx + g * QK, ldx, tile, QK, 0, y + r0 * ldy + p * PANEL,
                                 ldy, g > 0);
     }
 }
 
+#endif /* FO_X86 */
+
 /* panels [p0, p1) of y [M, N] = x [M, K] @ w: every output in the fixed order */
 static void gemm_panels(const float *x, int64_t ldx, const void *w, int kind, float *y,
                         int64_t ldy, int64_t M, int64_t K, int64_t p0, int64_t p1, int simd) {
+    (void)simd; /* unused where only plain C is compiled */
+#if FO_X86
     static void (*const groups[5])(const float *, const void *, int64_t, int64_t, float *) = {
         group_f32, group_bf16, group_i8, group_q4_1, group_q8_0};
+#endif
     for (int64_t p = p0; p < p1; p++) {
+        int64_t r0 = 0;
+#if FO_X86
         if (simd && M == 1 && p + GROUP <= p1) {
-            if (simd == 2 && kind == W_Q4_1)
-                group512_q4_1(x, w, K, p, y);
-            else if (simd == 2 && kind == W_Q8_0)
-                group512_q8_0(x, w, K, p, y);
-            else
+            if (simd >= FO_ISA_AVX512 && (kind == FO_Q4_1 || kind == FO_Q8_0)) {
+                took(FO_PATH_AVX512);
+                (kind == FO_Q4_1 ? group512_q4_1 : group512_q8_0)(x, w, K, p, y);
+            } else {
+                took(FO_PATH_AVX2);
                 groups[kind](x, w, K, p, y);
+            }
             p += GROUP - 1;
             continue;
         }
-        if (simd && kind >= W_Q4_1) {
-            q_panel(x, ldx, w, kind, y, ldy, M, K, p);
+        if (simd) {
+            took(FO_PATH_AVX2);
+            if (kind >= FO_Q4_1)
+                q_panel(x, ldx, w, kind, y, ldy, M, K, p);
+            else
+                for (int t = 0; t < 4; t++)
+                    for (const int rows = TILE_ROWS[t]; M - r0 >= rows; r0 += rows)
+                        TILES[kind][t](x + r0 * ldx, ldx, w, K, p, y + r0 * ldy, ldy, 0);
             continue;
         }
-        int64_t r0 = 0;
-        for (int t = 0; t < 4; t++) {
-            const int rows = TILE_ROWS[t];
-            for (; M - r0 >= rows; r0 += rows) {
-                if (simd)
-                    TILES[kind][t](x + r0 * ldx, ldx, w, K, p, y + r0 * ldy, ldy, 0);
-                else
-                    panel_scalar(x + r0 * ldx, ldx, rows, w, kind, K, p, y + r0 * ldy, ldy);
-            }
-        }
+#endif
+        took(FO_PATH_SCALAR);
+        for (int t = 0; t < 4; t++)
+            for (const int rows = TILE_ROWS[t]; M - r0 >= rows; r0 += rows)
+                panel_scalar(x + r0 * ldx, ldx, rows, w, kind, K, p, y + r0 * ldy, ldy);
     }
 }
 
@@ -476,6 +548,7 @@ static void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *
     }
 }
 
+#if FO_X86
 /* quantize_row in AVX-512: the same operations per element (max |x| is exact in any order) */
 T512 static void quantize_row_512(const float *x, int64_t K, int8_t *q, float *d, float *s,
                                   int32_t *sum) {
@@ -498,6 +571,7 @@ T512 static void quantize_row_512(const float *x, int64_t K, int8_t *q, float *d
         s[g] = dg * (float)total;
     }
 }
+#endif
 
 /* the residual pass of Q8_0_A16, one row, after its first pass (plain C on every path) */
 static void quantize_residual(const float *x, int64_t K, const int8_t *q, const float *d,
@@ -519,15 +593,21 @@ static void quantize_residual(const float *x, int64_t K, const int8_t *q, const 
 
 /* row m of x (K wide) into a, for kind */
 static void quantize(const act8 *a, const float *x, int64_t m, int64_t K, int kind, int simd) {
+    (void)simd; /* unused where only plain C is compiled */
     const int64_t at = m * (K / QK);
-    (simd == 2 ? quantize_row_512 : quantize_row)(x, K, a->q + m * K, a->d + at, a->s + at,
-                                                  a->sum + at);
-    if (kind == W_Q8_0_A16)
+#if FO_X86
+    if (simd >= FO_ISA_AVX512) {
+        took(FO_PATH_AVX512);
+        quantize_row_512(x, K, a->q + m * K, a->d + at, a->s + at, a->sum + at);
+    } else
+#endif
+        quantize_row(x, K, a->q + m * K, a->d + at, a->s + at, a->sum + at);
+    if (kind == FO_Q8_0_A16)
         quantize_residual(x, K, a->q + m * K, a->d + at, a->q2 + m * K, a->d2 + at, a->sum2 + at);
 }
 
 static inline int a8_weight(const uint8_t *b, int kind, int k, int c) {
-    if (kind == W_Q4_1_A8) {
+    if (kind == FO_Q4_1_A8) {
         const uint8_t byte = b[4 * PANEL + k / 8 * 64 + 4 * c + k % 4];
         return k % 8 < 4 ? byte & 15 : byte >> 4;
     }
@@ -548,7 +628,7 @@ static inline void block_dots(const int16_t *w, const int8_t *q, int32_t isum[PA
  * block's weights unpacked once for up to SCALAR_ROWS rows */
 static void a8_scalar(const act8 *a, int64_t K, const void *w, int kind, float *y, int64_t ldy,
                       int64_t M, int64_t p0, int64_t p1) {
-    const int64_t nb = K / QK, bytes = kind == W_Q4_1_A8 ? Q4_BLOCK : Q8_BLOCK;
+    const int64_t nb = K / QK, bytes = kind == FO_Q4_1_A8 ? Q4_BLOCK : Q8_BLOCK;
     int16_t wq[QK * PANEL];
     for (int64_t p = p0; p < p1; p++)
         for (int64_t r0 = 0; r0 < M; r0 += SCALAR_ROWS) {
@@ -559,18 +639,18 @@ static void a8_scalar(const act8 *a, int64_t K, const void *w, int kind, float *
                 float dw[PANEL], mw[PANEL];
                 for (int c = 0; c < PANEL; c++) {
                     dw[c] = half_float(((const uint16_t *)b)[c]);
-                    mw[c] = kind == W_Q4_1_A8 ? half_float(((const uint16_t *)b)[PANEL + c]) : 0;
+                    mw[c] = kind == FO_Q4_1_A8 ? half_float(((const uint16_t *)b)[PANEL + c]) : 0;
                     for (int k = 0; k < QK; k++) wq[k * PANEL + c] = (int16_t)a8_weight(b, kind, k, c);
                 }
                 for (int64_t i = 0; i < rows; i++) {
                     const int64_t r = r0 + i, at = r * nb + g;
                     int32_t isum[PANEL], isum2[PANEL];
                     block_dots(wq, a->q + r * K + g * QK, isum);
-                    if (kind == W_Q8_0_A16) block_dots(wq, a->q2 + r * K + g * QK, isum2);
+                    if (kind == FO_Q8_0_A16) block_dots(wq, a->q2 + r * K + g * QK, isum2);
                     for (int c = 0; c < PANEL; c++) {
                         acc[i][c] = fmaf(dw[c], a->d[at] * (float)isum[c], acc[i][c]);
-                        if (kind == W_Q4_1_A8) acc[i][c] = fmaf(mw[c], a->s[at], acc[i][c]);
-                        if (kind == W_Q8_0_A16)
+                        if (kind == FO_Q4_1_A8) acc[i][c] = fmaf(mw[c], a->s[at], acc[i][c]);
+                        if (kind == FO_Q8_0_A16)
                             acc[i][c] = fmaf(dw[c], a->d2[at] * (float)isum2[c], acc[i][c]);
                     }
                 }
@@ -580,6 +660,13 @@ static void a8_scalar(const act8 *a, int64_t K, const void *w, int kind, float *
         }
 }
 
+#if FO_X86
+#if defined(__GNUC__) && !defined(__clang__)
+/* the tiles' arrays are sized for A8_ROWS rows and a tile of R rows reads only the R it set;
+ * GCC cannot prove it once the loops are unrolled */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 /* AVX-512 VNNI: 16 columns x 4 rows of the reduction per VPDPBUSD (unsigned weights, signed
  * activations), the block's float steps as a8_scalar's, lane by lane */
 #define TVNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
@@ -843,8 +930,8 @@ static void a8_avx2(const act8 *a, int64_t K, const void *w, int kind, float *y,
                     int64_t M, int64_t p0, int64_t p1) {
     typedef void (*half_fn)(const act8 *, int64_t, const uint8_t *, float *, int64_t, int64_t,
                             int64_t, int);
-    const half_fn four = kind == W_Q4_1_A8 ? q4_half4 : kind == W_Q8_0_A8 ? q8_half4 : q16_half4;
-    const half_fn one = kind == W_Q4_1_A8 ? q4_half1 : kind == W_Q8_0_A8 ? q8_half1 : q16_half1;
+    const half_fn four = kind == FO_Q4_1_A8 ? q4_half4 : kind == FO_Q8_0_A8 ? q8_half4 : q16_half4;
+    const half_fn one = kind == FO_Q4_1_A8 ? q4_half1 : kind == FO_Q8_0_A8 ? q8_half1 : q16_half1;
     for (int64_t p = p0; p < p1; p++)
         for (int h = 0; h < 2; h++) {
             int64_t r0 = 0;
@@ -852,49 +939,67 @@ static void a8_avx2(const act8 *a, int64_t K, const void *w, int kind, float *y,
             for (; r0 < M; r0++) one(a, K, (const uint8_t *)w, y, ldy, r0, p, h);
         }
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif /* FO_X86 */
 
 /* panels [p0, p1) for rows [0, M) of quantized activations */
 static void a8_panels(const act8 *a, int64_t K, const void *w, int kind, float *y, int64_t ldy,
                       int64_t M, int64_t p0, int64_t p1, int simd) {
-    if (simd < 2 || !vnni) {
-        (simd ? a8_avx2 : a8_scalar)(a, K, w, kind, y, ldy, M, p0, p1);
+#if FO_X86
+    if (simd == FO_ISA_AVX2 || simd == FO_ISA_AVX512) {
+        took(FO_PATH_AVX2);
+        a8_avx2(a, K, w, kind, y, ldy, M, p0, p1);
         return;
     }
+#endif
+    if (simd < FO_ISA_AVX2) {
+        took(FO_PATH_SCALAR);
+        a8_scalar(a, K, w, kind, y, ldy, M, p0, p1);
+        return;
+    }
+#if FO_X86
+    took(FO_PATH_VNNI);
     typedef void (*a8_fn)(const act8 *, int64_t, const uint8_t *, float *, int64_t, int64_t,
                           int64_t);
-    const a8_fn four = kind == W_Q4_1_A8 ? q4_tile4 : kind == W_Q8_0_A8 ? q8_tile4 : q16_tile4;
-    const a8_fn one = kind == W_Q4_1_A8 ? q4_tile1 : kind == W_Q8_0_A8 ? q8_tile1 : q16_tile1;
+    const a8_fn four = kind == FO_Q4_1_A8 ? q4_tile4 : kind == FO_Q8_0_A8 ? q8_tile4 : q16_tile4;
+    const a8_fn one = kind == FO_Q4_1_A8 ? q4_tile1 : kind == FO_Q8_0_A8 ? q8_tile1 : q16_tile1;
     int64_t p = p0;
     for (; p + 2 <= p1; p += 2) {
         int64_t r0 = 0;
         for (; M - r0 >= 4; r0 += 4) four(a, K, (const uint8_t *)w, y, ldy, r0, p);
         for (; r0 < M; r0++) one(a, K, (const uint8_t *)w, y, ldy, r0, p);
     }
-    if (p < p1) a8_avx2(a, K, w, kind, y, ldy, M, p, p1);
+    if (p < p1) {
+        took(FO_PATH_AVX2);
+        a8_avx2(a, K, w, kind, y, ldy, M, p, p1);
+    }
+#endif
 }
 
 /* y [M, N] (row stride ldy) = x [M, K] (row stride ldx) @ packed w ([N / PANEL][K][PANEL]) */
 int fo_gemm(const float *x, int64_t ldx, const void *w, int kind, float *y, int64_t ldy, int64_t M,
             int64_t K, int64_t N) {
-    if (N % PANEL || kind < W_F32 || kind > W_Q8_0_A16 || (kind >= W_Q4_1 && K % QK)) return -1;
-    if (use_avx2 < 0) fo_set_simd(-1);
+    if (N % PANEL || kind < FO_F32 || kind > FO_Q8_0_A16 || (kind >= FO_Q4_1 && K % QK))
+        return FO_REFUSED;
     const int64_t groups = (N / PANEL + GROUP - 1) / GROUP, panels = N / PANEL;
-    const int simd = use_avx2;
+    const int simd = fo_isa();
     act8 a = {0};
-    if (kind >= W_Q4_1_A8) {
-        if (act8_alloc(&a, M, K)) return -2;
+    if (kind >= FO_Q4_1_A8) {
+        if (act8_alloc(&a, M, K)) return FO_NO_MEMORY;
         for (int64_t m = 0; m < M; m++) quantize(&a, x + m * ldx, m, K, kind, simd);
     }
 #pragma omp parallel for schedule(static) if (M * K * N >= PARALLEL_WORK)
     for (int64_t g = 0; g < groups; g++) {
         const int64_t p0 = g * GROUP, p1 = p0 + GROUP < panels ? p0 + GROUP : panels;
-        if (kind >= W_Q4_1_A8)
+        if (kind >= FO_Q4_1_A8)
             a8_panels(&a, K, w, kind, y, ldy, M, p0, p1, simd);
         else
             gemm_panels(x, ldx, w, kind, y, ldy, M, K, p0, p1, simd);
     }
-    if (kind >= W_Q4_1_A8) act8_free(&a);
-    return 0;
+    if (kind >= FO_Q4_1_A8) act8_free(&a);
+    return FO_OK;
 }
 
 /* the dot product's fixed order: 8 lane sums, then a fixed tree */
@@ -909,6 +1014,11 @@ static float dot_scalar(const float *a, const float *b, int64_t D) {
     return combine(p);
 }
 
+static void axpy_scalar(float a, const float *v, float *acc, int64_t D) {
+    for (int64_t d = 0; d < D; d++) acc[d] = fmaf(a, v[d], acc[d]);
+}
+
+#if FO_X86
 __attribute__((target("avx2,fma"))) static float dot_avx2(const float *a, const float *b,
                                                           int64_t D) {
     __m256 acc = _mm256_setzero_ps();
@@ -925,10 +1035,6 @@ __attribute__((target("avx2,fma"))) static void axpy_avx2(float a, const float *
     for (int64_t d = 0; d < D; d += LANES)
         _mm256_storeu_ps(acc + d,
                          _mm256_fmadd_ps(av, _mm256_loadu_ps(v + d), _mm256_loadu_ps(acc + d)));
-}
-
-static void axpy_scalar(float a, const float *v, float *acc, int64_t D) {
-    for (int64_t d = 0; d < D; d++) acc[d] = fmaf(a, v[d], acc[d]);
 }
 
 /* attend_one for head widths of NV * 8 (64, 128) in AVX2, the same operations in the same order
@@ -998,6 +1104,27 @@ __attribute__((target("avx2,fma"))) static void attend_128(const float *qv, cons
                                                            float scale, float *o, float *s) {
     attend_regs(16, qv, kh, vh, len, scale, o, s);
 }
+#endif /* FO_X86 */
+
+/* the dot product and acc += a * v in their fixed order, in AVX2 or plain C (the same bits) */
+static inline float dot(const float *a, const float *b, int64_t D, int simd) {
+    (void)simd; /* unused where only plain C is compiled */
+#if FO_X86
+    if (simd) return dot_avx2(a, b, D);
+#endif
+    return dot_scalar(a, b, D);
+}
+
+static inline void axpy(float a, const float *v, float *acc, int64_t D, int simd) {
+    (void)simd; /* unused where only plain C is compiled */
+#if FO_X86
+    if (simd) {
+        axpy_avx2(a, v, acc, D);
+        return;
+    }
+#endif
+    axpy_scalar(a, v, acc, D);
+}
 
 /* one query row th = t * H + h over keys [0, len) of its slot's head; s: scratch of len floats */
 static void attend_one(const float *q, const float *kc, const float *vc, int64_t max_len,
@@ -1007,13 +1134,16 @@ static void attend_one(const float *q, const float *kc, const float *vc, int64_t
     const int64_t head = (slot * Hkv + h / (H / Hkv)) * max_len * D;
     const float *qv = q + th * D, *kh = kc + head, *vh = vc + head;
     float *o = out + th * D;
+    took(simd ? FO_PATH_AVX2 : FO_PATH_SCALAR);
+#if FO_X86
     if (simd && (D == 64 || D == 128)) {
         (D == 64 ? attend_64 : attend_128)(qv, kh, vh, len, scale, o, s);
         return;
     }
+#endif
     float mx = -INFINITY;
     for (int64_t j = 0; j < len; j++) {
-        s[j] = (simd ? dot_avx2(qv, kh + j * D, D) : dot_scalar(qv, kh + j * D, D)) * scale;
+        s[j] = dot(qv, kh + j * D, D, simd) * scale;
         if (s[j] > mx) mx = s[j];
     }
     float sum = 0.0f;
@@ -1022,12 +1152,7 @@ static void attend_one(const float *q, const float *kc, const float *vc, int64_t
         sum += s[j];
     }
     for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
-    for (int64_t j = 0; j < len; j++) {
-        if (simd)
-            axpy_avx2(s[j], vh + j * D, o, D);
-        else
-            axpy_scalar(s[j], vh + j * D, o, D);
-    }
+    for (int64_t j = 0; j < len; j++) axpy(s[j], vh + j * D, o, D, simd);
     for (int64_t d = 0; d < D; d++) o[d] = o[d] / sum;
 }
 
@@ -1036,13 +1161,13 @@ static void attend_one(const float *q, const float *kc, const float *vc, int64_t
 int fo_attention(const float *q, const float *kc, const float *vc, int64_t max_len,
                  const int64_t *slots, const int64_t *lens, int64_t T, int64_t H, int64_t Hkv,
                  int64_t D, float scale, float *out) {
-    if (D % LANES || H % Hkv) return -1;
-    if (use_avx2 < 0) fo_set_simd(-1);
-    const int simd = use_avx2;
+    if (D % LANES || H % Hkv) return FO_REFUSED;
+    const int simd = fo_isa();
     int failed = 0;
     int64_t work = 0;
     for (int64_t t = 0; t < T; t++) work += lens[t];
     work *= H * D;
+    (void)work; /* read by the pragma alone, which a build without OpenMP ignores */
 #pragma omp parallel for schedule(static) if (work >= PARALLEL_WORK)
     for (int64_t th = 0; th < T * H; th++) {
         const int64_t len = lens[th / H];
@@ -1054,13 +1179,14 @@ int fo_attention(const float *q, const float *kc, const float *vc, int64_t max_l
         attend_one(q, kc, vc, max_len, slots[th / H], len, th, H, Hkv, D, scale, out, s, simd);
         free(s);
     }
-    return failed ? -2 : 0;
+    return failed ? FO_NO_MEMORY : FO_OK;
 }
 
 /* the sum of squares of x[0, D) in the dot product's order; a tail past the last 8 in order */
 static float sum_squares(const float *x, int64_t D, int simd) {
     const int64_t body = D - D % LANES;
-    float s = body ? (simd ? dot_avx2(x, x, body) : dot_scalar(x, x, body)) : 0.0f;
+    took(simd ? FO_PATH_AVX2 : FO_PATH_SCALAR);
+    float s = body ? dot(x, x, body, simd) : 0.0f;
     for (int64_t d = body; d < D; d++) s = fmaf(x[d], x[d], s);
     return s;
 }
@@ -1072,11 +1198,10 @@ static void norm_row(const float *xr, const float *w, float *yr, int64_t D, floa
 
 /* x, y [M, D]; w [D] */
 int fo_rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t D, float eps) {
-    if (use_avx2 < 0) fo_set_simd(-1);
-    const int simd = use_avx2;
+    const int simd = fo_isa();
 #pragma omp parallel for schedule(static) if (M * D >= PARALLEL_WORK)
     for (int64_t m = 0; m < M; m++) norm_row(x + m * D, w, y + m * D, D, eps, simd);
-    return 0;
+    return FO_OK;
 }
 
 static void silu_mul_row(const float *g, float *yr, int64_t N) {
@@ -1088,7 +1213,7 @@ static void silu_mul_row(const float *g, float *yr, int64_t N) {
 int fo_silu_mul(const float *gate_up, float *y, int64_t M, int64_t N) {
 #pragma omp parallel for schedule(static) if (M * N * 16 >= PARALLEL_WORK)
     for (int64_t m = 0; m < M; m++) silu_mul_row(gate_up + m * 2 * N, y + m * N, N);
-    return 0;
+    return FO_OK;
 }
 
 /* ---- The whole Llama forward of one engine step in one call ----
@@ -1098,22 +1223,12 @@ int fo_silu_mul(const float *gate_up, float *y, int64_t M, int64_t N) {
  * Python cost more than the arithmetic. Threads split every operation by output columns, rows or
  * heads, so results do not depend on the thread count. */
 
-typedef struct {
-    const void *w;                        /* packed [N / PANEL][K][PANEL] */
-    const float *in_scale, *scale, *bias; /* optional: x * in_scale before; y * scale, + bias */
-    int64_t K, N, out;                    /* N: out padded to a multiple of PANEL */
-    int64_t kind;
-} fo_linear;
-
-typedef struct {
-    fo_linear qkv, o, gate_up, down;
-    const float *input_norm, *post_norm;
-} fo_layer;
-
-typedef struct {
-    int64_t layers, hidden, heads, kv_heads, head_dim, ffn, slots, max_len;
-    float eps, scale;
-} fo_dims;
+/* whether fo_forward can run linear L as a K -> N layer (N: its scratch's row stride): a known
+ * kind, whole panels, whole GGUF blocks */
+static int linear_ok(const fo_linear *L, int64_t K, int64_t N) {
+    return L->kind >= FO_F32 && L->kind <= FO_Q8_0_A16 && L->K == K && L->N == N && N > 0 &&
+           N % PANEL == 0 && L->out <= N && (L->kind < FO_Q4_1 || K % QK == 0);
+}
 
 /* columns of panels [p0, p1) of y [M, L->N]: * scale, then + bias */
 static void epilogue(const fo_linear *L, float *y, int64_t M, int64_t p0, int64_t p1) {
@@ -1138,7 +1253,7 @@ static void linear_rows(const fo_linear *L, const float *x, int64_t M, float *xs
         for (int64_t i = 0; i < M * K; i++) xs[i] = x[i] * L->in_scale[i % K];
         x = xs;
     }
-    if (kind >= W_Q4_1_A8) {
+    if (kind >= FO_Q4_1_A8) {
 #pragma omp for schedule(static)
         for (int64_t m = 0; m < M; m++) quantize(a, x + m * K, m, K, kind, simd);
         /* pairs of panels (the VNNI tiles' width): an even split of small layers over threads */
@@ -1172,14 +1287,20 @@ int fo_forward(const fo_dims *dm, const fo_layer *layers, const float *final_nor
                const int64_t *rows, int64_t R, float *logits) {
     const int64_t D = dm->hidden, H = dm->heads, Hkv = dm->kv_heads, Dh = dm->head_dim;
     const int64_t F = dm->ffn, S = dm->max_len;
-    if (Dh % LANES || H % Hkv || Dh % 2) return -1;
+    if (Dh % LANES || H % Hkv || Dh % 2) return FO_REFUSED;
     for (int64_t t = 0; t < T; t++)
-        if (pos[t] < 0 || pos[t] >= S || slot[t] < 0 || slot[t] >= dm->slots) return -1;
+        if (pos[t] < 0 || pos[t] >= S || slot[t] < 0 || slot[t] >= dm->slots) return FO_REFUSED;
     for (int64_t r = 0; r < R; r++)
-        if (rows[r] < 0 || rows[r] >= T) return -1;
-    if (use_avx2 < 0) fo_set_simd(-1);
-    const int simd = use_avx2;
+        if (rows[r] < 0 || rows[r] >= T) return FO_REFUSED;
     const int64_t qkv_n = padded((H + 2 * Hkv) * Dh), gu_n = padded(2 * F), d_n = padded(D);
+    for (int64_t l = 0; l < dm->layers; l++) {
+        const fo_layer *ly = layers + l;
+        if (!linear_ok(&ly->qkv, D, qkv_n) || !linear_ok(&ly->o, H * Dh, d_n) ||
+            !linear_ok(&ly->gate_up, D, gu_n) || !linear_ok(&ly->down, F, d_n))
+            return FO_REFUSED;
+    }
+    if (!linear_ok(head, D, head->N)) return FO_REFUSED;
+    const int simd = fo_isa();
     int64_t widest = D > H * Dh ? D : H * Dh;
     if (F > widest) widest = F;
     const int64_t layer_stride = dm->slots * Hkv * S * Dh;
@@ -1189,21 +1310,21 @@ int fo_forward(const fo_dims *dm, const fo_layer *layers, const float *final_nor
     int64_t total = 0;
     for (int i = 0; i < 8; i++) total += sizes[i];
     float *buf = malloc(sizeof(float) * (total + R * D));
-    if (!buf) return -2;
+    if (!buf) return FO_NO_MEMORY;
     float *h = buf, *xs = h + sizes[0], *qkv = xs + sizes[1], *q = qkv + sizes[2];
     float *att = q + sizes[3], *proj = att + sizes[4], *gu = proj + sizes[5], *act = gu + sizes[6];
     float *hr = act + sizes[7];
     /* 8-bit activations (gguf-a8), as wide as any layer's input: only where a layer reads them */
-    int quantized = head->kind >= W_Q4_1_A8;
+    int quantized = head->kind >= FO_Q4_1_A8;
     for (int64_t l = 0; l < dm->layers; l++) {
         const fo_layer *ly = layers + l;
-        quantized |= ly->qkv.kind >= W_Q4_1_A8 || ly->o.kind >= W_Q4_1_A8 ||
-                     ly->gate_up.kind >= W_Q4_1_A8 || ly->down.kind >= W_Q4_1_A8;
+        quantized |= ly->qkv.kind >= FO_Q4_1_A8 || ly->o.kind >= FO_Q4_1_A8 ||
+                     ly->gate_up.kind >= FO_Q4_1_A8 || ly->down.kind >= FO_Q4_1_A8;
     }
     act8 a8 = {0};
     if (quantized && act8_alloc(&a8, T > R ? T : R, widest)) {
         free(buf);
-        return -2;
+        return FO_NO_MEMORY;
     }
     int failed = 0;
 #pragma omp parallel
@@ -1272,5 +1393,5 @@ int fo_forward(const fo_dims *dm, const fo_layer *layers, const float *final_nor
     }
     act8_free(&a8);
     free(buf);
-    return failed ? -2 : 0;
+    return failed ? FO_NO_MEMORY : FO_OK;
 }

@@ -9,7 +9,7 @@ from origin.engine import Engine, EngineConfig, RequestOutput
 from origin.engine.runner import HFRunner
 from origin.engine.scheduler import SHARED_PREFIX_MIN
 from origin.sampling import SamplingParams
-from tests.origin.engine.conftest import checked
+from tests.origin.engine.conftest import checked, needs_kernels
 from tests.origin.reference import answer
 
 QUESTIONS = [
@@ -23,6 +23,7 @@ QUESTIONS = [
 GREEDY = SamplingParams(max_tokens=24)
 
 
+@needs_kernels  # the library kernels promise no batch invariance (docs/engine.md)
 def test_batched_greedy_equals_one_at_a_time(engine_fp32: Engine, embedded_model) -> None:  # type: ignore[no-untyped-def]
     model, tokenizer = embedded_model
     results = engine_fp32.generate_many(QUESTIONS, GREEDY, progress=False)  # 6 requests, 4 slots
@@ -138,6 +139,7 @@ def test_seeded_sampling_is_reproducible(engine_fp32: Engine) -> None:
     assert [c.text for c in first] == [c.text for c in second]
 
 
+@needs_kernels
 def test_preemption_under_a_small_kv_cache_keeps_greedy_output(embedded_model) -> None:  # type: ignore[no-untyped-def]
     model, tokenizer = embedded_model
     engine = checked(
@@ -157,6 +159,7 @@ def test_preemption_under_a_small_kv_cache_keeps_greedy_output(embedded_model) -
     assert all(len(r.token_ids) == 60 for r in results)
 
 
+@needs_kernels  # prefixes are shared only with them
 @pytest.mark.parametrize("quantization", ["none", "gguf-a8"])
 def test_requests_sharing_a_prefix_start_from_it_and_answer_the_same(
     embedded_model, quantization

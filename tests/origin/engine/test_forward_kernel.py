@@ -9,7 +9,10 @@ import torch
 
 from origin.engine import kernels
 from origin.engine.ops import rotate
+from tests.origin.engine.conftest import needs_kernels
 from tests.origin.engine.test_kernels import _normal
+
+pytestmark = needs_kernels
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 64, 4, 2, 16, 96, 200
 LAYERS, SLOTS, MAX_LEN, EPS = 2, 3, 24, 1e-5

@@ -12,6 +12,7 @@ from origin.engine import gguf_blocks
 from origin.engine.runner import LlamaRunner, Segment
 from origin.precision import ForwardPath
 from origin.runtime import auto_quantization
+from tests.origin.engine.conftest import needs_kernels
 
 
 def _logits(runner: LlamaRunner) -> list[torch.Tensor]:
@@ -21,6 +22,7 @@ def _logits(runner: LlamaRunner) -> list[torch.Tensor]:
     return [prompt, decode]
 
 
+@needs_kernels  # GGUF blocks are read by the fixed-order kernels alone
 def test_gguf_blocks_compute_the_fp32_models_logits_bit_for_bit(
     embedded_model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.origin.engine.conftest import needs_kernels
 from tests.origin.engine.isa import run_probes, supported_caps
+
+pytestmark = needs_kernels
 
 PROBE = "tests.origin.engine.invariance_probe"
 

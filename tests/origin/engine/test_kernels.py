@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from origin.engine import kernels
+from tests.origin.engine.conftest import needs_kernels
 
 
 def _normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
@@ -20,6 +21,7 @@ def simd_then_restore():  # type: ignore[no-untyped-def]
     kernels.set_simd(None)
 
 
+@needs_kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("shape", [(576, 960), (1536, 40)])  # 40 columns: a padded panel
 def test_gemm_rows_do_not_depend_on_the_other_rows(dtype, shape, simd_then_restore) -> None:  # type: ignore[no-untyped-def]
@@ -54,6 +56,7 @@ def _attention_inputs(rng: np.random.Generator, d: int = 64):  # type: ignore[no
     return k_cache, v_cache, _normal(rng, 12, 9, d)
 
 
+@needs_kernels
 @pytest.mark.parametrize("d", [64, 128, 40])  # the AVX2 paths held in registers, the general one
 def test_attention_matches_sdpa_and_each_query_is_alone(d, simd_then_restore) -> None:  # type: ignore[no-untyped-def]
     rng = np.random.default_rng(1)
@@ -82,6 +85,7 @@ def test_attention_matches_sdpa_and_each_query_is_alone(d, simd_then_restore) ->
     assert torch.equal(kernels.attention(q, k_cache, v_cache, slots, lengths, 0.125), out)
 
 
+@needs_kernels
 @pytest.mark.parametrize("width", [576, 581])  # 581: a tail past the last 8 lanes
 def test_norm_and_activation_rows_are_alone_and_match_torch(width, simd_then_restore) -> None:  # type: ignore[no-untyped-def]
     rng = np.random.default_rng(2)
@@ -102,6 +106,7 @@ def test_norm_and_activation_rows_are_alone_and_match_torch(width, simd_then_res
     assert torch.equal(kernels.silu_mul(gate_up), act)
 
 
+@needs_kernels
 def test_kernels_refuse_what_they_cannot_compute() -> None:
     with pytest.raises(TypeError, match="fp32, bf16 or int8"):
         kernels.pack_weight(torch.zeros(8, 16, dtype=torch.float16))

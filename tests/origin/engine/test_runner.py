@@ -12,7 +12,7 @@ from origin.engine.linear import (
 )
 from origin.engine.runner import HFRunner, LlamaRunner, Segment, make_runner
 from origin.precision import REGISTRY, Backend, ForwardPath, LinearKind, lookup
-from tests.origin.engine.conftest import tiny_model
+from tests.origin.engine.conftest import needs_kernels, tiny_model
 
 
 def _reference_logits(model, ids: list[int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
@@ -79,7 +79,8 @@ _CPU_LINEARS = {
 }
 
 
-@pytest.mark.parametrize("batch_invariant", [True, False])
+# batch-invariant: the registry's fixed-order backend, which the kernels alone run
+@pytest.mark.parametrize("batch_invariant", [pytest.param(True, marks=needs_kernels), False])
 @pytest.mark.parametrize(
     "quantization",
     [p.name for p in REGISTRY if "cpu" in p.devices and not p.weights.from_gguf_file],
@@ -171,6 +172,7 @@ def own_conversion(model_cache_dir, tmp_path):  # type: ignore[no-untyped-def]
     return load_model(str(folder))
 
 
+@needs_kernels  # the calibrated INT8 weights are read as the kernels pack them
 def test_int8_calibration_is_kept_beside_the_conversion_and_read_back(
     own_conversion, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
@@ -215,6 +217,7 @@ def test_int8_calibration_is_kept_beside_the_conversion_and_read_back(
     assert kept.read_bytes().endswith(b"garbage")
 
 
+@needs_kernels
 def test_engines_built_at_once_wait_for_one_calibration(
     own_conversion, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
