@@ -107,9 +107,9 @@ def fused_projections(layer: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor 
 
 def choose_backend(precision: Precision, device: str, batch_invariant: bool) -> Backend:
     """The kernels a runner's steps run on (``Precision.backend``): the fixed-order ones when
-    asked for, and when they load. Without a private folder to keep them in (they are never
-    loaded from a folder another user could write) the engine runs on the library kernels and
-    says what that costs; a precision those kernels alone read (GGUF blocks) cannot."""
+    asked for, and when they load. When the install could not build them, or the library
+    beside the package fails its checks (``kernels/library.py``), the engine runs on the library
+    kernels and says what that costs; a precision those kernels alone read (GGUF blocks) cannot."""
     backend = precision.backend(device, batch_invariant)
     if batch_invariant and not precision.invariant_on(backend):
         invariant = ", ".join(p.name for p in invariant_precisions(backend))
