@@ -46,6 +46,12 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 POINTER = "current.json"
+# How a browser may reuse a fetched ``current.json``: never without asking again (a conditional
+# GET, which the CDN answers from its own copy for 30 s: ``s-maxage``). Without it a browser
+# caches the pointer by heuristic (a tenth of its age: hours for a day-old pointer), so a
+# revocation, a rollback or a new release would not reach it; a client's own pointer TTL spaces
+# its asks.
+POINTER_CACHE_CONTROL = "public, max-age=0, must-revalidate, s-maxage=30"
 
 # the most a release object may be before it is fetched and parsed (its files' caps:
 # ``manifest.py``)

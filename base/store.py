@@ -124,9 +124,13 @@ class Store:
     def delete(self, path: str) -> None:
         raise NotImplementedError
 
-    def put_if(self, path: str, data: bytes, etag: str | None) -> str:
+    def put_if(
+        self, path: str, data: bytes, etag: str | None, cache_control: str | None = None
+    ) -> str:
         """Write ``data`` only if the object's ETag is still ``etag`` (``None``: it must not
         exist). Returns the new ETag; raises ``PreconditionFailedError`` otherwise.
+        ``cache_control``: the ``Cache-Control`` the object is served with (on S3, and through
+        the CDN in front of it; a folder has no headers).
 
         Tried once, never retried here: a write that committed but whose response was lost would
         fail its own retry's precondition and look like a lost race. ``TransientStoreError`` means
@@ -231,7 +235,9 @@ class FileStore(Store):
             parent.rmdir()
             parent = parent.parent
 
-    def put_if(self, path: str, data: bytes, etag: str | None) -> str:
+    def put_if(
+        self, path: str, data: bytes, etag: str | None, cache_control: str | None = None
+    ) -> str:
         from filelock import FileLock
 
         target = self._path(path)
@@ -384,8 +390,12 @@ class S3Store(Store):
     def delete(self, path: str) -> None:
         self._call(lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(path)), path)
 
-    def put_if(self, path: str, data: bytes, etag: str | None) -> str:
-        condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
+    def put_if(
+        self, path: str, data: bytes, etag: str | None, cache_control: str | None = None
+    ) -> str:
+        extra = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
+        if cache_control is not None:
+            extra["CacheControl"] = cache_control
 
         def write() -> str:
             response = self.client.put_object(
@@ -393,7 +403,7 @@ class S3Store(Store):
                 Key=self._key(path),
                 Body=data,
                 ContentType="application/json",
-                **condition,
+                **extra,
             )
             return str(response["ETag"])
 

@@ -151,15 +151,35 @@ def build_release(
 
 
 def cdn_app(root: Path) -> Any:
-    """The store folder over HTTP, as CloudFront serves the bucket (CORS, cache headers)."""
+    """The store folder over HTTP, as CloudFront serves the bucket: CORS, and ``current.json``
+    with the ``Cache-Control`` the publisher writes it with on S3 (browsers ask again each time)."""
+    import os
+
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.middleware.cors import CORSMiddleware
+    from starlette.responses import Response
     from starlette.routing import Mount
     from starlette.staticfiles import StaticFiles
+    from starlette.types import Scope
+
+    from base.release import POINTER, POINTER_CACHE_CONTROL
+
+    class Bucket(StaticFiles):
+        def file_response(
+            self,
+            full_path: str | os.PathLike[str],
+            stat_result: os.stat_result,
+            scope: Scope,
+            status_code: int = 200,
+        ) -> Response:
+            response = super().file_response(full_path, stat_result, scope, status_code)
+            if Path(full_path).name == POINTER:
+                response.headers["cache-control"] = POINTER_CACHE_CONTROL
+            return response
 
     return Starlette(
-        routes=[Mount("/", StaticFiles(directory=root))],
+        routes=[Mount("/", Bucket(directory=root))],
         middleware=[Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["GET"])],
     )
 

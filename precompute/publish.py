@@ -36,6 +36,7 @@ from base.manifest import Manifest
 from base.pointers import DEFAULT_EXPIRES_S, Pointer, new_pointer, verify_pointer
 from base.release import (
     MAX_MANIFEST_BYTES,
+    POINTER_CACHE_CONTROL,
     ReleaseError,
     list_versions,
     load_release,
@@ -266,7 +267,7 @@ def flip_pointer(store: Store, profile: str, pointer: Pointer, etag: str | None)
     version = pointer.version
     for attempt in range(store.retries + 1):
         try:
-            store.put_if(pointer_path(profile), data, etag)
+            store.put_if(pointer_path(profile), data, etag, POINTER_CACHE_CONTROL)
             return
         except (PreconditionFailedError, TransientStoreError) as error:
             failure: Exception = error

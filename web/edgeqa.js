@@ -305,7 +305,10 @@ export class EdgeQAClient {
     if (cached && now() - cached.at < this.pointerTtlMs) return cached.release;
     let release = null;
     try {
-      const response = await this.fetch(`${this.cdn}/${profile}/current.json`);
+      // asked again each time (a conditional GET): a pointer the browser cached by heuristic
+      // would hide a revocation or a rollback; pointerTtlMs spaces the asks
+      const response = await this.fetch(`${this.cdn}/${profile}/current.json`,
+                                        { cache: "no-cache" });
       if (response.ok) {
         const pointer = await response.json();
         const { signed, problem } = await pointerVerdict(pointer, {

@@ -12,17 +12,20 @@ from pathlib import Path
 
 import pytest
 
+from base.keys import key
 from base.pointers import signed_root
 from base.release import (
+    POINTER_CACHE_CONTROL,
     ReleaseError,
     list_versions,
     load_release,
     object_path,
+    pointer_path,
     read_pointer,
     release_prefix,
 )
 from base.signing import LocalSigner, generate_keypair
-from base.store import FileStore, Store, open_store
+from base.store import FileStore, S3Store, Store, open_store
 from precompute.publish import STAGES, PublishConflictError, prune, publish
 from tests.releases import PROFILE, QUESTIONS
 from tests.releases import build as _build
@@ -51,6 +54,36 @@ def test_publish_then_load_verifies_everything(embedder, store: Store, tmp_path:
     for r in rows:
         ttl = (r["expires_at"] - r["generated_at"]).total_seconds() / 86400
         assert 7.0 <= ttl <= 7.0 * 1.2
+
+
+def test_browsers_ask_again_for_the_pointer_every_time(  # type: ignore[no-untyped-def]
+    embedder, store: Store, tmp_path: Path
+) -> None:
+    """``current.json`` carries its ``Cache-Control`` (on S3; the demo's CDN serves a folder's the
+    same): without it a browser would reuse a pointer by heuristic, for hours, and miss a
+    revocation or a rollback."""
+    from starlette.testclient import TestClient
+
+    from edgeqa.demo import cdn_app
+
+    _build(embedder, tmp_path / "r1", store)
+    version = publish(store, tmp_path / "r1").version
+    answer = f"{release_prefix(PROFILE, version)}/{object_path(key(QUESTIONS[0]))}"
+    if isinstance(store, S3Store):
+
+        def served(path: str) -> str | None:
+            head = store.client.head_object(Bucket=store.bucket, Key=store._key(path))
+            return head.get("CacheControl")
+    else:
+        cdn = TestClient(cdn_app(store.root))
+
+        def served(path: str) -> str | None:
+            response = cdn.get(f"/{path}")
+            assert response.status_code == 200
+            return response.headers.get("cache-control")
+
+    assert served(pointer_path(PROFILE)) == POINTER_CACHE_CONTROL
+    assert served(answer) is None  # immutable: the CDN's own policy caches it a year
 
 
 def test_corrupt_release_is_refused(embedder, store: Store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -70,6 +70,10 @@ def test_an_old_signed_pointer_put_back_is_refused_by_every_reader(  # type: ign
     old_pointer = store.get(pointer_path(PROFILE))  # what the attacker keeps
     v2 = revoke(store, PROFILE, "wrong hours", "alice", question=REVOKED, signer=signer,
                 public_keys=keys)["version"]  # fmt: skip
+    # v2's pointer, dated a month back: a browser that kept it by heuristic would keep it for
+    # days (a tenth of its age), and see no rollback after a reload
+    month_ago = datetime.now(UTC).timestamp() - 30 * 86400
+    os.utime(store.root / pointer_path(PROFILE), (month_ago, month_ago))
 
     def watcher(prefix: str, state: str) -> ReleaseWatcher:
         memory = PointerMemory(tmp_path / state)

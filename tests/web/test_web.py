@@ -59,7 +59,7 @@ def test_key_spec_vectors_under_node() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "# pass 9" in done.stdout and "# fail 0" in done.stdout
+    assert "# pass 10" in done.stdout and "# fail 0" in done.stdout
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { test } from "node:test";
 
-import { checkAnswerObject, pointerVerdict, signedRoot } from "../edgeqa.js";
+import { EdgeQAClient, checkAnswerObject, pointerVerdict, signedRoot } from "../edgeqa.js";
 
 const vectors = JSON.parse(
   readFileSync(new URL("../../tests/vectors/proofs.json", import.meta.url), "utf8"));
@@ -42,4 +42,20 @@ test("an answer object is shown only when it proves itself against the signed ro
     const problem = await checkAnswerObject(c.object, { key: c.key, profile, version, root, nowMs });
     assert.equal(problem, c.problem, c.name);
   }
+});
+
+test("the pointer is asked for again each time, never taken from the browser's cache", async () => {
+  const asked = [];
+  const fetch = async (url, init = {}) => {
+    asked.push({ url, cache: init.cache });
+    return new Response(JSON.stringify(vectors.pointers[0].pointer), { status: 200 });
+  };
+  const client = new EdgeQAClient({ cdn: "http://cdn.test", profile, storage: null, fetch,
+                                    releasePublicKeys: vectors.public_keys, pointerTtlMs: 0 });
+  await client.currentRelease();
+  await client.currentRelease();
+  assert.deepEqual(asked, [
+    { url: `http://cdn.test/${profile}/current.json`, cache: "no-cache" },
+    { url: `http://cdn.test/${profile}/current.json`, cache: "no-cache" },
+  ]);
 });
