@@ -203,8 +203,9 @@ def generate_on_fleet(
 ) -> GenerationReport:
     """``generate.generate_all`` on the fleet: the partitions not in the work area yet
     are one Ray Data job, each written there by the actor that answered it (taking the run's
-    reused answers from the work area, as ``generate_stage`` does). The report's ``seconds``
-    run from the first generated partition's start to the last one's end."""
+    reused answers from the work area, as ``generate_stage`` does); those whose every answer is
+    reused are written by this process, with no actor. The report's ``seconds`` run from the
+    first generated partition's start to the last one's end."""
     from base.store import ObjectNotFoundError
     from precompute.generate import GenerationReport, partitions
 
@@ -223,6 +224,21 @@ def generate_on_fleet(
             report.partitions_reused += 1
         except ObjectNotFoundError:
             todo.append(index)
+    # a partition whose every answer the run reuses (a rerun, last night's hot questions) is
+    # written here first, as an actor would write it: no actor, engine or GPU starts for it
+    copied: dict[str, list[Any]] = {}
+    if todo:
+        copier = _Answerer(job)
+        whole = {i for i in todo if all(k in copier.reused_at for k in key_parts[i])}
+        if whole:
+            todo = [i for i in todo if i not in whole]
+            copied = copier(
+                {
+                    "partition": sorted(whole),
+                    "keys": [key_parts[i] for i in sorted(whole)],
+                    "questions": [question_parts[i] for i in sorted(whole)],
+                }
+            )
     done = generate_partitions(
         fleet,
         job,
@@ -230,6 +246,10 @@ def generate_on_fleet(
         [key_parts[i] for i in todo],
         [question_parts[i] for i in todo],
     )
+    if copied:
+        rows = zip(*copied.values(), strict=True)
+        done.rows += [dict(zip(copied, values, strict=True)) for values in rows]
+        done.where = done.where or "this process (every answer reused)"
     for row in done.rows:  # what each partition's actor counted as it wrote it
         answers = len(key_parts[row["partition"]])
         report.answers += answers

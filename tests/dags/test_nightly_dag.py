@@ -1,6 +1,7 @@
 """The nightly DAG: it imports, its structure, one full ``airflow dags test`` run on generated logs
-with the embedded model and S3 (moto's server) as the store, then the edge service serving the
-release it published; and the stages it calls: the quality gate and re-running an interval."""
+with the embedded model and S3 (moto's server) as the store, the edge service serving the release
+it published; then that night again: the command line and the stages the DAG calls build the same
+release (nothing generated), and the quality gate refuses what it should."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import httpx
 import pytest
 
 from base.release import read_pointer
-from base.store import FileStore, open_store
+from base.store import open_store
 from edge_index.server.app import create_app
 from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from precompute.config import PipelineConfig
@@ -127,14 +128,20 @@ def test_dag_imports_and_has_the_expected_shape(airflow_env: dict[str, str]) -> 
     assert order == list(STAGES)
 
 
-def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
-    airflow_env: dict[str, str],
-    s3_bucket: str,
-    model_cache_dir: Path,
-    embedder: Any,
-    ray_address: str,
-) -> None:
-    uri = f"s3://{s3_bucket}/store"
+@pytest.fixture(scope="module")
+def dag_night(
+    airflow_env: dict[str, str], s3_endpoint: str, model_cache_dir: Path, ray_address: str
+) -> dict[str, Any]:
+    """One ``airflow dags test`` run over generated logs in S3 (moto's server), the model stages
+    on the session's Ray: the store's URI, the profile, the pointer it published, the child
+    environment, and the run's output. The tests below read, rerun and refuse from it."""
+    import uuid
+
+    import boto3
+
+    bucket = f"edgeqa-dag-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    uri = f"s3://{bucket}/store"
     store = open_store(uri)
     _logs(store)
     conf = {"logs_uri": uri, "out_uri": uri, **SMALL}
@@ -157,7 +164,21 @@ def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
     assert len(profiles) == 1
     pointer, _ = read_pointer(store, profiles[0])
     assert pointer is not None
+    manifest = json.loads(store.get(f"{profiles[0]}/releases/{pointer.version}/manifest.json"))
+    return {
+        "uri": uri,
+        "profile": profiles[0],
+        "pointer": pointer,
+        "env": env,
+        "manifest": manifest,
+    }
 
+
+def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
+    dag_night: dict[str, Any], embedder: Any
+) -> None:
+    store, pointer = open_store(dag_night["uri"]), dag_night["pointer"]
+    assert dag_night["manifest"]["runner"] == "airflow"
     state = ReleaseWatcher(store, None, embedder, poll_s=3600, metrics_prefix=EDGE_METRICS)
     assert state.refresh()
     assert state.index is not None and state.index.version == pointer.version
@@ -166,12 +187,15 @@ def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
         hit = httpx.get(f"{server.url}/v1/lookup", params={"q": question})
     assert hit.status_code == 200 and hit.json()["tier"] == "exact" and hit.json()["answer"]
 
-    # the command line runs the same pipeline: the same logs and window over the same store
-    # build the same release (its answers reused from the DAG's, the same content and instant:
-    # the same version); its quality gate, refused, says why, exits non-zero and publishes
-    # nothing
-    from_dag = json.loads(store.get(f"{profiles[0]}/releases/{pointer.version}/manifest.json"))
-    assert from_dag["runner"] == "airflow"
+
+def test_the_command_line_builds_the_dag_s_release_and_its_refusal_publishes_nothing(
+    dag_night: dict[str, Any],
+) -> None:
+    """The command line runs the same pipeline: the same logs and window over the same store
+    build the same release (its answers reused from the DAG's, the same content and instant: the
+    same version); its quality gate, refused, says why, exits non-zero and publishes nothing."""
+    uri, profile, pointer = dag_night["uri"], dag_night["profile"], dag_night["pointer"]
+    store, from_dag = open_store(uri), dag_night["manifest"]
     window = from_dag["log_range"]  # the DAG's: the data interval's last days
     refused = subprocess.run(
         [
@@ -199,7 +223,7 @@ def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
             "--min-rows",
             "100000",
         ],
-        env=env,
+        env=dag_night["env"],
         capture_output=True,
         text=True,
         timeout=900,
@@ -210,10 +234,12 @@ def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
     report = json.loads(refused.stdout)["en"]
     assert report["status"] == "refused" and "at least 100000 required" in report["refused"]
     assert report["runner"] == "cli" and report["generation"]["generated"] == 0
-    assert read_pointer(store, profiles[0])[0] == pointer  # untouched
+    # every answer is the DAG's: this process wrote the partitions, no actor started for them
+    assert report["generation"]["ran_on"] == "this process (every answer reused)"
+    assert read_pointer(store, profile)[0] == pointer  # untouched
     # the release it staged is the DAG's: the same version (its rows and instant) and the same
     # manifest, field for field, but for who ran it, the run and what it was built on
-    staged = f"{profiles[0]}/work/{report['run_id']}/release/manifest.json"
+    staged = f"{profile}/work/{report['run_id']}/release/manifest.json"
     from_cli = json.loads(store.get(staged))
     assert from_cli["version"] == pointer.version and from_cli["runner"] == "cli"
     run_fields = {"runner", "run_id", "parent"}
@@ -225,16 +251,19 @@ def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
 # -- the stages the DAG calls ---------------------------------------------------------------------
 
 
-def _params(tmp_path: Path) -> RunParams:
-    uri = FileStore(tmp_path / "store").uri
+def _params(dag_night: dict[str, Any]) -> RunParams:
+    """The DAG's night as the stages' parameters: its store, window and settings."""
+    window = dag_night["manifest"]["log_range"]
     config = PipelineConfig.from_env(
         {},
-        max_tokens=64,
-        partition_size=8,
+        max_tokens=SMALL["max_tokens"],
+        partition_size=SMALL["partition_size"],
         quantization=SMALL["quantization"],
         ttl_days=SMALL["ttl_days"],
     )
-    return RunParams(uri, uri, date(2026, 11, 26), UNTIL, config, runner="test")
+    since, until = date.fromisoformat(window["since"]), date.fromisoformat(window["until"])
+    uri = dag_night["uri"]
+    return RunParams(uri, uri, since, until, config, runner="test")
 
 
 def _run(params: RunParams) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -244,51 +273,32 @@ def _run(params: RunParams) -> tuple[dict[str, Any], dict[str, Any], dict[str, A
     return mined, generated, built
 
 
-@pytest.fixture(scope="module")
-def first_night(
-    tmp_path_factory: pytest.TempPathFactory, model_cache_dir: Path, ray_address: str
-) -> Iterator[Any]:
-    """One interval through every stage, published; (params, mined, built)."""
-    patch = pytest.MonkeyPatch()
-    patch.setenv("EDGEQA_CACHE_DIR", str(model_cache_dir))
-    params = _params(tmp_path_factory.mktemp("stages"))
-    _logs(open_store(params.logs_uri))
-    mined, generated, built = _run(params)
-    assert mined["questions"] > 0 and generated["generated"] == generated["answers"] > 0
-    assert generated["ran_on"].startswith("ray (local, ") and generated["redone"] == []
-    validate_stage(params, mined)
-    published = publish_stage(params, mined)
-    assert published["status"] == "published" and published["version"] == built["version"]
-    yield params, mined, built
-    patch.undo()
-
-
-def test_rerunning_an_interval_reuses_partitions_and_builds_the_same_release(
-    first_night: Any,
+def test_rerunning_the_interval_reuses_every_answer_then_the_quality_gate_refuses(
+    dag_night: dict[str, Any], model_cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    params, mined, built = first_night
-    again, regenerated, rebuilt = _run(params)
-    # a new run (its parent is now the first night's release) that generates nothing: every
-    # answer is the published one
-    assert again["run"] != mined["run"]
-    assert regenerated["generated"] == 0
-    assert regenerated["reused"] == built["clusters"] + sum(built["excluded_clusters"].values())
-    # the same content, built as of the same instant: the same version
-    assert rebuilt["version"] == built["version"] and rebuilt["rows"] == built["rows"]
-    second = publish_stage(params, mined)
-    assert second == {"version": built["version"], "status": "already_current"}
-
-
-def test_the_quality_gate_refuses_and_keeps_the_previous_release(first_night: Any) -> None:
     import io
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    params, mined, _ = first_night
+    monkeypatch.setenv("EDGEQA_CACHE_DIR", str(model_cache_dir))
+    params = _params(dag_night)
     store = open_store(params.out_uri)
+    live = dag_night["pointer"]
+    # the stages rerun over the DAG's night: a new run (its parent the DAG's release; the
+    # command line's, resumed, when that test ran first) that generates nothing (every answer is
+    # the published one) and builds the same content as of the same instant: the same version,
+    # which is already current
+    mined, regenerated, rebuilt = _run(params)
+    assert mined["run"] != dag_night["manifest"]["run_id"]
+    assert regenerated["generated"] == 0 and regenerated["answers"] > 0
+    reused_here = {"nothing to generate", "this process (every answer reused)"}
+    assert regenerated["ran_on"] in reused_here
+    assert rebuilt["version"] == live.version
+    assert rebuilt["rows"] == dag_night["manifest"]["counts"]["rows"]
+    validate_stage(params, mined)
+    assert publish_stage(params, mined) == {"version": live.version, "status": "already_current"}
     profile, run = mined["profile"], mined["run"]
-    live, _ = read_pointer(store, profile)
 
     def refused(p: RunParams, night: dict[str, Any], match: str) -> None:
         with pytest.raises(QualityGateError, match=match):
@@ -306,7 +316,7 @@ def test_the_quality_gate_refuses_and_keeps_the_previous_release(first_night: An
         params, config=params.config.replace(mining={"top_n": 1}, gate={"max_shrink": 0.1})
     )
     shrunk, regenerated, _ = _run(later)
-    assert regenerated["generated"] == 0
+    assert regenerated["generated"] == 0 and regenerated["ran_on"] in reused_here
     refused(later, shrunk, "shrinks")
     # an empty answer in the staged rows
     staged = f"{profile}/work/{run}/release"

@@ -8,6 +8,8 @@ and this one compute.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.origin.engine.conftest import needs_kernels
@@ -43,9 +45,16 @@ DEFAULT = "gguf"
 
 
 @pytest.fixture(scope="module")
-def reports() -> dict[str, dict]:  # type: ignore[type-arg]
+def reports(model_cache_dir: Path) -> dict[str, dict]:  # type: ignore[type-arg]
     """Every probe of this module, side by side: fp32 under each cap, the default precision with
-    every check, and each other served precision's quick check, uncapped."""
+    every check, and each other served precision's quick check, uncapped; on the session's
+    converted model (``EDGEQA_CACHE_DIR``)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("EDGEQA_CACHE_DIR", str(model_cache_dir))
+        return _run_probes()
+
+
+def _run_probes() -> dict[str, dict]:  # type: ignore[type-arg]
     # the uncapped quick probes in one process (one model load, one interpreter): 3 jobs
     quick = ",".join(("none", *PRECISIONS))
     capped = [cap for cap in CAPS if cap]
