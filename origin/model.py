@@ -231,8 +231,12 @@ def _convert(gguf_path: Path, final: Path) -> None:
 def _gguf_parsed_once() -> Iterator[None]:
     """transformers reads a GGUF file three times (tokenizer, config, weights), each a slow parse
     of every metadata field, and rebuilds gguf's tensor-name table once per module: within this
-    block the parse and the table are made once (the same objects; both are read-only)."""
+    block the parse and the table are made once (the same objects; both are read-only), and the
+    file is parsed from memory rather than through ``np.memmap``, whose Python-level indexing
+    took a third of the conversion (the tokenizer's 100,000 strings are read a few bytes at a
+    time: 15.2 s -> 10.0 s for the embedded model)."""
     import gguf
+    import gguf.gguf_reader
 
     open_reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     readers: dict[tuple[str, Any], Any] = {}
@@ -243,11 +247,32 @@ def _gguf_parsed_once() -> Iterator[None]:
             readers[key] = open_reader(path, mode)
         return readers[key]
 
+    numpy = gguf.gguf_reader.np
     gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(name_map)  # type: ignore[misc,assignment]
+    gguf.gguf_reader.np = _ReadWhole()  # type: ignore[assignment]
     try:
         yield
     finally:
         gguf.GGUFReader, gguf.get_tensor_name_map = open_reader, name_map  # type: ignore[misc]
+        gguf.gguf_reader.np = numpy
+
+
+class _ReadWhole:
+    """numpy as gguf's reader sees it within ``_gguf_parsed_once``: a file it opens read-only
+    is read into memory (an ndarray) instead of mapped; everything else is numpy's."""
+
+    def __getattr__(self, name: str) -> Any:
+        import numpy
+
+        return getattr(numpy, name)
+
+    @staticmethod
+    def memmap(path: Any, mode: str = "r", **options: Any) -> Any:
+        import numpy
+
+        if mode != "r" or options:
+            return numpy.memmap(path, mode=mode, **options)  # type: ignore[call-overload]
+        return numpy.fromfile(path, dtype=numpy.uint8)
 
 
 def _fsync_tree(folder: Path) -> None:

@@ -27,6 +27,28 @@ def _edgeqa(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
     )
 
 
+def edgeqa_here(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``edgeqa *args`` run in this process (``edgeqa.cli.main``), its ``EDGEQA_*`` settings
+    from ``env``, as the console script runs it but without a new interpreter and its imports:
+    for commands that only read and write a store (the console script itself is tested above)."""
+    import contextlib
+    import io
+    import os
+
+    from edgeqa.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch:
+        for name in [name for name in os.environ if name.startswith("EDGEQA_")]:
+            patch.delenv(name)
+        for name, value in env.items():
+            if name.startswith("EDGEQA_"):
+                patch.setenv(name, value)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    return subprocess.CompletedProcess(["edgeqa", *args], code, out.getvalue(), err.getvalue())
+
+
 def test_version(cli_env: dict[str, str]) -> None:
     out = _edgeqa(cli_env, "version")
     assert out.returncode == 0
@@ -136,8 +158,9 @@ def test_demo_runs_the_product_end_to_end(
 ) -> None:
     # the quickest weights (the nightly default, int8, runs end to end in test_pipeline.py), and
     # the origin's answers kept short: only their tiers are checked; the model stages on the
-    # session's Ray
+    # session's Ray, one engine at a time (test_fleet.py runs two)
     env = dict(cli_env, EDGEQA_MAX_TOKENS="48", EDGEQA_RAY_ADDRESS=ray_address)
+    env["EDGEQA_RAY_WORKERS"] = "1"
     out = _edgeqa(env, "demo", "--workdir", str(tmp_path), "--quantization", fast_weights())
     assert out.returncode == 0, out.stderr
     text = out.stdout

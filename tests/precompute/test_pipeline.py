@@ -51,6 +51,7 @@ def test_precompute_run_publishes_what_the_rules_allow(
     assert write_logs(logs, rows) == len(rows)
     env = {**cli_env, **{k: v for k, v in os.environ.items() if k.startswith("AWS_")}}
     env["EDGEQA_RAY_ADDRESS"] = ray_address  # the model stages on the session's Ray
+    env["EDGEQA_RAY_WORKERS"] = "1"  # one engine (test_fleet.py runs two and loses one)
     result = subprocess.run(
         [
             "edgeqa",

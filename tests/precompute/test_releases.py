@@ -33,7 +33,7 @@ from precompute.releases import (
 )
 from tests.releases import PROFILE, QUESTIONS, build
 from tests.serving import Server
-from tests.test_cli import _edgeqa
+from tests.test_cli import edgeqa_here as _edgeqa
 
 NEW = "How do I order a new card?"
 

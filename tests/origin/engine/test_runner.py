@@ -152,16 +152,18 @@ def _int8_weights(runner: LlamaRunner) -> list[torch.Tensor]:
 
 
 @pytest.fixture
-def own_conversion(model_cache_dir, tmp_path):  # type: ignore[no-untyped-def]
+def own_conversion(model_cache_dir, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     """The embedded model loaded from a conversion folder of this test's own (its files linked
     from the session's, what is kept beside them left out): the session's, shared by the suite's
-    workers, is not damaged under them."""
+    workers, is not damaged under them. Calibrated on one prompt: what is kept and read back is
+    under test here, not how well the scales are chosen."""
     import os
     import shutil
 
     from origin.engine import calibration
     from origin.model import converted_dir, embedded_gguf_path, load_model
 
+    monkeypatch.setattr(calibration, "CALIBRATION_PROMPTS", calibration.CALIBRATION_PROMPTS[:1])
     folder = tmp_path / "models" / "converted"
     shutil.copytree(
         converted_dir(embedded_gguf_path(), model_cache_dir),
@@ -192,15 +194,15 @@ def test_int8_calibration_is_kept_beside_the_conversion_and_read_back(
     def no_calibration(*_: object, **__: object) -> None:
         raise AssertionError("calibrated again")
 
-    monkeypatch.setattr(calibration, "collect_linear_inputs", no_calibration)
-    again = _int8_weights(make_runner(model, 1, 64, "int8", tokenizer))
-    assert len(again) == len(first) and any(t.dtype == torch.float32 for t in first)
-    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    with monkeypatch.context() as patched:
+        patched.setattr(calibration, "collect_linear_inputs", no_calibration)
+        again = _int8_weights(make_runner(model, 1, 64, "int8", tokenizer))
+        assert len(again) == len(first) and any(t.dtype == torch.float32 for t in first)
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
 
-    monkeypatch.setattr(calibration, "_METHOD", "another-method")
-    with pytest.raises(AssertionError, match="calibrated again"):
-        make_runner(model, 1, 64, "int8", tokenizer)
-    monkeypatch.undo()
+        patched.setattr(calibration, "_METHOD", "another-method")
+        with pytest.raises(AssertionError, match="calibrated again"):
+            make_runner(model, 1, 64, "int8", tokenizer)
 
     # a damaged record is not used, and a cache that cannot be written only costs the next
     # engine its calibration again (safetensors reports a failed write as its own error)
