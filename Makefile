@@ -24,7 +24,7 @@ WEB_STAMP := web/node_modules/.installed-$(shell sha256sum web/package-lock.json
 INFRA_VENV := .tools/infra
 INFRA_STAMP := $(INFRA_VENV)/.installed-$(shell sha256sum infra/requirements-checks.txt | cut -c1-16)
 
-.PHONY: venv demo test lint clean web-deps chromium infra-tools
+.PHONY: venv demo test bootstrap lint clean web-deps chromium infra-tools
 
 venv: $(STAMP)
 
@@ -42,8 +42,15 @@ $(STAMP): $(INSTALL_INPUTS)
 demo: venv
 	$(BIN)/edgeqa demo $(ARGS)
 
-test: venv web-deps infra-tools lint
+test: bootstrap
+	@$(MAKE) --no-print-directory lint
 	$(BIN)/python -m pytest
+
+# what the tests need, installed at once: pip, npm and apt wait on the network and the disk more
+# than on the cores, so a fresh machine is ready in the time of the longest install (each one's
+# output is shown when it ends)
+bootstrap:
+	@$(MAKE) --no-print-directory -j3 --output-sync=target venv web-deps infra-tools
 
 infra-tools: $(INFRA_STAMP)
 
