@@ -105,16 +105,17 @@ def test_bad_input_is_one_clear_line(cli_env: dict[str, str]) -> None:
 
 
 def test_servers_refuse_to_log_without_a_shared_salt(cli_env: dict[str, str]) -> None:
+    # the checks before a server starts: in this process (the console script runs them the same)
     for service in ("edge", "origin"):
         for salt in ("", "short"):
-            out = _edgeqa(dict(cli_env, EDGEQA_USER_SALT=salt), service, "serve", "--port", "1")
+            out = edgeqa_here(dict(cli_env, EDGEQA_USER_SALT=salt), service, "serve", "--port", "1")
             assert out.returncode == 2, (service, out.stderr)
             assert (
                 "EDGEQA_USER_SALT must be a secret" in out.stderr and "Traceback" not in out.stderr
             )
     # an origin open to the network needs API keys (or says it wants none)
     salted = dict(cli_env, EDGEQA_USER_SALT="test-salt-0123456789")
-    out = _edgeqa(salted, "origin", "serve", "--host", "0.0.0.0", "--port", "1")
+    out = edgeqa_here(salted, "origin", "serve", "--host", "0.0.0.0", "--port", "1")
     assert out.returncode == 2 and "EDGEQA_API_KEYS" in out.stderr
     assert "--insecure-no-auth" in out.stderr and "Traceback" not in out.stderr
 
@@ -130,16 +131,16 @@ def test_servers_off_loopback_refuse_unsigned_releases(cli_env: dict[str, str]) 
         EDGEQA_STORE="ftp://nowhere",
     )
     for service in ("edge", "origin"):
-        refused = _edgeqa(env, service, "serve", "--host", "0.0.0.0", "--port", "1")
+        refused = edgeqa_here(env, service, "serve", "--host", "0.0.0.0", "--port", "1")
         assert refused.returncode == 2, (service, refused.stderr[-2000:])
         assert "EDGEQA_RELEASE_PUBLIC_KEYS" in refused.stderr, service
         assert "--insecure-unsigned" in refused.stderr and "Traceback" not in refused.stderr
         for allowed in (("--host", "0.0.0.0", "--insecure-unsigned"), ("--host", "127.0.0.1")):
-            started = _edgeqa(env, service, "serve", *allowed, "--port", "1")
+            started = edgeqa_here(env, service, "serve", *allowed, "--port", "1")
             assert started.returncode == 1, (service, allowed, started.stderr[-2000:])
             assert "scheme must be file:// or s3://" in started.stderr, (service, allowed)
     # an origin that serves no release (--no-tiers) needs no keys
-    untiered = _edgeqa(env, "origin", "serve", "--host", "0.0.0.0", "--port", "1", "--no-tiers")
+    untiered = edgeqa_here(env, "origin", "serve", "--host", "0.0.0.0", "--port", "1", "--no-tiers")
     assert untiered.returncode == 1 and "scheme must be file:// or s3://" in untiered.stderr
 
 

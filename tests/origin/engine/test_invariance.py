@@ -33,10 +33,11 @@ def _failed(reports: dict[str, dict], quantization: str) -> list[str]:  # type: 
 # The caps above AVX512_CORE (BF16, AMX) add bf16 and int8 instructions only, so for these fp32
 # probes they run the uncapped kernels again. SSE41 is ATen's scalar level, which no x86 CPU the
 # kernels target runs. Under each cap the fp32 probe runs the mix (a long prompt chunk-prefilled
-# while 8 others decode: batching and chunking at once) and the one-at-a-time reference, whose
+# while 4 others decode: batching and chunking at once) and the one-at-a-time reference, whose
 # digest must be the same under every cap. The default precision (``gguf``: the GGUF's blocks,
 # bitwise the fp32 model) runs every check uncapped: batches of 3 and 8, preemption and
-# recompute, and each speculative method; its digest must equal fp32's. The other served
+# recompute (of eight), and each speculative method; its digest (of the answers both make)
+# must equal fp32's. The other served
 # precisions (gguf-a8 included: 8-bit activations, not the fp32 numbers) run the mix.
 # On an AVX2-only CPU uncapped is AVX2: it runs once.
 CAPS = [cap for cap in supported_caps() if cap == "AVX2" and supported_caps()[-2] != "AVX2"] + [""]
