@@ -59,17 +59,17 @@ def pytest_configure(config: pytest.Config) -> None:
 # first: a worker takes one file at a time (pyproject's `--dist loadfile`, in collection order:
 # `--no-loadscope-reorder`), so a long file started last would end the suite alone on one core
 LONGEST_FIRST = (
-    "tests/dags/test_nightly_dag.py",  # ~140 s
-    "tests/test_cli.py",  # ~110 s (the demo)
-    "tests/precompute/test_pipeline.py",  # ~100 s
+    "tests/dags/test_nightly_dag.py",  # ~180 s
+    "tests/test_cli.py",  # ~160 s (the demo)
+    "tests/precompute/test_pipeline.py",  # ~120 s
+    "tests/origin/server/test_server.py",  # ~130 s
+    "tests/origin/engine/test_invariance.py",  # ~90 s
     "tests/precompute/test_fleet.py",  # ~70 s
-    "tests/origin/server/test_server.py",  # ~100 s
-    "tests/origin/engine/test_invariance.py",  # ~70 s
-    "tests/origin/engine/test_runner.py",  # ~60 s
-    "tests/origin/engine/test_engine.py",  # ~60 s
-    "tests/origin/engine/test_speculative.py",  # ~55 s
-    "tests/origin/test_model.py",  # ~55 s
-    "tests/web/test_rollback.py",  # ~30 s
+    "tests/origin/engine/test_speculative.py",  # ~65 s
+    "tests/origin/test_model.py",  # ~50 s
+    "tests/edge_index/test_service.py",  # ~40 s
+    "tests/origin/engine/test_engine.py",  # ~40 s
+    "tests/web/test_rollback.py",  # ~15 s
 )
 
 
