@@ -9,6 +9,7 @@ other exception is a bug and is printed with its traceback, exit status 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -126,12 +127,16 @@ def _cmd_precompute_run(args: argparse.Namespace) -> int:
     config = PipelineConfig.from_env(**{o.name: getattr(args, o.name) for o in RUN_OPTIONS})
     params = RunParams(args.logs, args.out, since, until, config, runner="cli")
     languages = (args.language,) if args.language else config.settings.language_list
-    try:
-        report = run_languages(params, languages, progress=True)
-    except QualityGateError as error:
-        print(json.dumps(error.report, indent=2, default=str))
-        raise
-    print(json.dumps(report, indent=2, default=str))
+    # stdout is the report's alone (``| jq`` works): what a library prints while the run goes
+    # (Ray prints a lost worker's failed task there, from a thread of its own) goes to stderr
+    report_to = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            report = run_languages(params, languages, progress=True)
+        except QualityGateError as error:
+            print(json.dumps(error.report, indent=2, default=str), file=report_to)
+            raise
+        print(json.dumps(report, indent=2, default=str), file=report_to)
     return 0
 
 

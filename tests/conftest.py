@@ -61,10 +61,9 @@ def pytest_configure(config: pytest.Config) -> None:
 LONGEST_FIRST = (
     "tests/dags/test_nightly_dag.py",  # ~180 s
     "tests/test_cli.py",  # ~160 s (the demo)
-    "tests/precompute/test_pipeline.py",  # ~120 s
+    "tests/precompute/test_pipeline.py",  # ~130 s (with the lost Ray worker)
     "tests/origin/server/test_server.py",  # ~130 s
     "tests/origin/engine/test_invariance.py",  # ~90 s
-    "tests/precompute/test_fleet.py",  # ~70 s
     "tests/origin/engine/test_speculative.py",  # ~65 s
     "tests/origin/test_model.py",  # ~50 s
     "tests/edge_index/test_service.py",  # ~40 s

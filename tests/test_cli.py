@@ -27,6 +27,23 @@ def _edgeqa(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
     )
 
 
+def precompute_run(
+    env: dict[str, str], logs: str, out: str, since: str, until: str, *options: str
+) -> subprocess.CompletedProcess[str]:
+    """``edgeqa precompute run --language en`` over ``logs`` into ``out`` for the window
+    ``since``..``until``, with ``options``, as a user runs it (the console script)."""
+    window = ["--since", since, "--until", until]
+    command = ["edgeqa", "precompute", "run", "--language", "en", "--logs", logs, "--out", out]
+    return subprocess.run(
+        [*command, *window, *options],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+
+
 def edgeqa_here(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """``edgeqa *args`` run in this process (``edgeqa.cli.main``), its ``EDGEQA_*`` settings
     from ``env``, as the console script runs it but without a new interpreter and its imports:
@@ -159,7 +176,7 @@ def test_demo_runs_the_product_end_to_end(
 ) -> None:
     # the quickest weights (the nightly default, int8, runs end to end in test_pipeline.py), and
     # the origin's answers kept short: only their tiers are checked; the model stages on the
-    # session's Ray, one engine at a time (test_fleet.py runs two)
+    # session's Ray, one engine at a time (test_pipeline.py runs two and loses one)
     env = dict(cli_env, EDGEQA_MAX_TOKENS="48", EDGEQA_RAY_ADDRESS=ray_address)
     env["EDGEQA_RAY_WORKERS"] = "1"
     out = _edgeqa(env, "demo", "--workdir", str(tmp_path), "--quantization", fast_weights())

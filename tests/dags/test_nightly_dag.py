@@ -36,6 +36,7 @@ from precompute.pipeline import (
 from precompute.samplelogs import generate_rows, write_logs
 from tests.conftest import fast_weights
 from tests.serving import Server
+from tests.test_cli import precompute_run
 
 ROOT = Path(__file__).parents[2]
 DAGS = ROOT / "dags"
@@ -197,37 +198,16 @@ def test_the_command_line_builds_the_dag_s_release_and_its_refusal_publishes_not
     uri, profile, pointer = dag_night["uri"], dag_night["profile"], dag_night["pointer"]
     store, from_dag = open_store(uri), dag_night["manifest"]
     window = from_dag["log_range"]  # the DAG's: the data interval's last days
-    refused = subprocess.run(
-        [
-            "edgeqa",
-            "precompute",
-            "run",
-            "--language",
-            "en",
-            "--logs",
-            uri,
-            "--out",
-            uri,
-            "--since",
-            window["since"],
-            "--until",
-            window["until"],
-            "--max-tokens",
-            str(SMALL["max_tokens"]),
-            "--partition-size",
-            str(SMALL["partition_size"]),
-            "--quantization",
-            str(SMALL["quantization"]),
-            "--ttl-days",
-            str(SMALL["ttl_days"]),
-            "--min-rows",
-            "100000",
-        ],
-        env=dag_night["env"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
+    refused = precompute_run(
+        dag_night["env"],
+        uri,
+        uri,
+        window["since"],
+        window["until"],
+        *("--max-tokens", str(SMALL["max_tokens"])),
+        *("--partition-size", str(SMALL["partition_size"])),
+        *("--quantization", str(SMALL["quantization"])),
+        *("--ttl-days", str(SMALL["ttl_days"]), "--min-rows", "100000"),
     )
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert "refused: the release has" in refused.stderr and "Traceback" not in refused.stderr

@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
+import threading
 from collections import defaultdict
-from datetime import date
+from datetime import date, timedelta
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -15,18 +19,20 @@ import pytest
 
 from base.keys import InvalidQueryError, key
 from base.release import load_release, read_pointer
-from base.store import FileStore, open_store
+from base.store import FileStore, Store, open_store
 from edge_index.guard import content_tokens
 from policy.pii import find_pii
-from precompute.config import PrecomputeSettings
+from precompute.config import PipelineConfig, PrecomputeSettings
 from precompute.generate import generate_all, nightly_engine
-from precompute.pipeline import STAGES
+from precompute.pipeline import STAGES, RunParams, run_pipeline
 from precompute.samplelogs import generate_rows, write_logs
 from precompute.workarea import WorkArea
 from tests.anonymity import rare_tokens
 from tests.conftest import fast_weights
+from tests.test_cli import precompute_run
 
 UNTIL = date(2026, 11, 28)
+SINCE = UNTIL - timedelta(days=6)
 
 
 def _alone_above_k(rows: list[dict[str, Any]], k: int) -> set[str]:
@@ -43,48 +49,65 @@ def _alone_above_k(rows: list[dict[str, Any]], k: int) -> set[str]:
     return {q for q, u in users.items() if len(u) >= k}
 
 
-def test_precompute_run_publishes_what_the_rules_allow(
-    s3_bucket: str, cli_env: dict[str, str], ray_address: str
+class _Killer(threading.Thread):
+    """Kills (SIGKILL) the Ray worker that starts the first partition of a run in ``store``, as
+    soon as it records its attempt: it is then building its engine or answering, and the
+    partition is lost with it."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(daemon=True)
+        self.store, self.killed, self.partition = store, "", -1
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.1):
+            attempts = [p for p in self.store.list() if fnmatch(p, "*/work/*/attempts/*.json")]
+            for path in attempts:
+                try:
+                    record = json.loads(self.store.get(path))
+                    host, pid = record["worker"].rsplit(":", 1)
+                    if host != socket.gethostname():
+                        raise RuntimeError(f"the worker {record['worker']} is not on this host")
+                    os.kill(int(pid), signal.SIGKILL)
+                except (OSError, ValueError, RuntimeError) as error:  # the test says why
+                    self.killed = f"not killed: {error!r}"
+                    return
+                self.killed, self.partition = record["worker"], int(record["partition"])
+                return
+
+
+def test_precompute_run_publishes_what_the_rules_allow_and_a_lost_worker_costs_its_partition(
+    s3_bucket: str, cli_env: dict[str, str], ray_address: str, embedded_model: Any, tmp_path: Path
 ) -> None:
+    """``edgeqa precompute run``, logs and release in S3, the model stages on the session's Ray
+    with two engines at the nightly default (int8), one Ray worker killed as it starts its first
+    partition: the run publishes what the rules allow, only the lost partition is answered
+    twice, and the release is the one every stage in this process builds, answer for answer."""
     rows = generate_rows(UNTIL, intents=5, users=120, asks=500, tail_questions=20)
     logs = open_store(f"s3://{s3_bucket}/logs-root")
     assert write_logs(logs, rows) == len(rows)
     env = {**cli_env, **{k: v for k, v in os.environ.items() if k.startswith("AWS_")}}
     env["EDGEQA_RAY_ADDRESS"] = ray_address  # the model stages on the session's Ray
-    env["EDGEQA_RAY_WORKERS"] = "1"  # one engine (test_fleet.py runs two and loses one)
-    result = subprocess.run(
-        [
-            "edgeqa",
-            "precompute",
-            "run",
-            "--language",
-            "en",
-            "--logs",
+    env["EDGEQA_RAY_WORKERS"] = "2"
+    out = open_store(f"s3://{s3_bucket}/edge")
+    killer = _Killer(out)
+    killer.start()
+    try:
+        result = precompute_run(
+            env,
             f"s3://{s3_bucket}/logs-root",
-            "--out",
             f"s3://{s3_bucket}/edge",
-            "--since",
             "2026-11-22",
-            "--until",
             "2026-11-28",
-            "--max-tokens",
-            "64",
-            "--partition-size",
-            "4",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=900,
-    )
+            *("--max-tokens", "64", "--partition-size", "3"),
+        )
+    finally:
+        killer.done.set()
     assert result.returncode == 0, result.stderr[-3000:]
     reports = json.loads(result.stdout)
     assert list(reports) == ["en"]
     report = reports["en"]
     assert report["status"] == "published"
-
-    out = open_store(f"s3://{s3_bucket}/edge")
     release = load_release(out, report["profile"], check_objects=True)  # every sha256 checked
     assert release.version == report["version"]
     published = {r["key"] for s in release.shards for r in s.rows.to_pylist()}
@@ -120,6 +143,30 @@ def test_precompute_run_publishes_what_the_rules_allow(
     for shard in release.shards:
         for r in shard.rows.to_pylist():
             assert not find_pii(r["question"])
+
+    # a worker was lost: only its partition was answered twice
+    assert killer.killed, "no worker was killed: the run recorded no attempt"
+    assert killer.partition >= 0, killer.killed
+    generation = report["generation"]
+    assert generation["partitions"] >= 3
+    attempts = WorkArea(out, report["profile"], report["run_id"]).attempts()
+    assert sorted(attempts) == list(range(generation["partitions"]))
+    twice = {index: len(tried) for index, tried in attempts.items() if len(tried) > 1}
+    assert twice == {killer.partition: 2}, attempts
+    assert generation["redone"] == [killer.partition]
+    assert killer.killed in {a["worker"] for a in attempts[killer.partition]}
+
+    # the reference: the same logs, every stage in this process with the model loaded here
+    local = FileStore(tmp_path / "logs")
+    write_logs(local, rows)
+    config = PipelineConfig.from_env({}, max_tokens=64, partition_size=3)
+    window = RunParams(local.uri, FileStore(tmp_path / "here").uri, SINCE, UNTIL, config)
+    here = run_pipeline(window, model=embedded_model)
+    assert here["ran_on"]["generate"] == "this process" and here["status"] == "published"
+    # the same release, byte for byte in its content (the same version), the same tokens
+    assert here["version"] == report["version"]
+    assert here["generation"]["generated"] == generation["generated"]
+    assert here["generation"]["tokens"] == generation["tokens"]
 
 
 def test_a_list_written_an_item_at_a_time_is_the_same_json(tmp_path: Path) -> None:
