@@ -29,6 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from base.languages import DEFAULT_LANGUAGE
 from base.store import FileStore
 from edge_index.embedder import load_embedder
 from origin.model import embedded_gguf_path, ensure_converted
@@ -77,7 +78,9 @@ def main() -> None:
     config = PipelineConfig.from_env(max_tokens=args.max_tokens)
     settings = config.settings
     ensure_converted(embedded_gguf_path(), Path(settings.cache_dir).expanduser())
-    load_embedder(settings.embedder)  # files into the page cache for both runs alike
+    # the run's embedder (EDGEQA_EMBEDDER's for the default language): its files into the page
+    # cache for both runs alike
+    load_embedder(settings.embedders[DEFAULT_LANGUAGE], cache_dir=Path(settings.cache_dir))
     rows = generate_rows(UNTIL)
     with tempfile.TemporaryDirectory(prefix="edgeqa-nightly-") as tmp:
         logs, out = FileStore(Path(tmp) / "logs"), FileStore(Path(tmp) / "out")

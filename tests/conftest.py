@@ -202,6 +202,11 @@ def s3_proxy(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[type
 @pytest.fixture()
 def s3_bucket(s3_endpoint: str) -> str:
     """A fresh, empty bucket on the loopback S3 server."""
+    return new_bucket()
+
+
+def new_bucket() -> str:
+    """Make a fresh, empty bucket on the loopback S3 server (``s3_endpoint`` running); its name."""
     import uuid
 
     import boto3

@@ -32,15 +32,19 @@ def precompute_run(
 ) -> subprocess.CompletedProcess[str]:
     """``edgeqa precompute run --language en`` over ``logs`` into ``out`` for the window
     ``since``..``until``, with ``options``, as a user runs it (the console script)."""
-    window = ["--since", since, "--until", until]
-    command = ["edgeqa", "precompute", "run", "--language", "en", "--logs", logs, "--out", out]
-    return subprocess.run(
-        [*command, *window, *options],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
+    window = ("--since", since, "--until", until)
+    return _edgeqa(
+        env,
+        "precompute",
+        "run",
+        "--language",
+        "en",
+        "--logs",
+        logs,
+        "--out",
+        out,
+        *window,
+        *options,
     )
 
 

@@ -34,7 +34,7 @@ from precompute.pipeline import (
     validate_stage,
 )
 from precompute.samplelogs import generate_rows, write_logs
-from tests.conftest import fast_weights
+from tests.conftest import fast_weights, new_bucket
 from tests.serving import Server
 from tests.test_cli import precompute_run
 
@@ -136,13 +136,7 @@ def dag_night(
     """One ``airflow dags test`` run over generated logs in S3 (moto's server), the model stages
     on the session's Ray: the store's URI, the profile, the pointer it published, the child
     environment, and the run's output. The tests below read, rerun and refuse from it."""
-    import uuid
-
-    import boto3
-
-    bucket = f"edgeqa-dag-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3").create_bucket(Bucket=bucket)
-    uri = f"s3://{bucket}/store"
+    uri = f"s3://{new_bucket()}/store"
     store = open_store(uri)
     _logs(store)
     conf = {"logs_uri": uri, "out_uri": uri, **SMALL}

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
-from pathlib import Path
 
 import torch
 
-from base.config import DEFAULT_CACHE_DIR
+from origin.config import EngineSettings
 from origin.engine import Engine, EngineConfig, kernels
 from origin.engine.runner import make_runner
 from origin.model import load_model
@@ -100,9 +98,8 @@ def check(
 
 def main() -> None:
     quantizations, spec, quick = sys.argv[1].split(","), "--spec" in sys.argv, "--quick" in sys.argv
-    # the test session's cache (its conversion and INT8 scales), never the user's
-    cache_dir = Path(os.environ.get("EDGEQA_CACHE_DIR") or DEFAULT_CACHE_DIR)
-    model, tokenizer = load_model("embedded", "cpu", "auto", cache_dir)
+    # EDGEQA_CACHE_DIR: the test session's cache (its conversion and INT8 scales), not the user's
+    model, tokenizer = load_model("embedded", "cpu", "auto", EngineSettings.from_env().cache_dir)
     report: dict[str, object] = {"aten_capability": torch.backends.cpu.get_cpu_capability()}
     for quantization in quantizations:
         checks, digest, invariant = check(model, tokenizer, quantization, spec, quick)
