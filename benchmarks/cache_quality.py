@@ -34,7 +34,6 @@ Run:
 from __future__ import annotations
 
 import argparse
-import copy
 import csv
 import json
 import sys
@@ -310,9 +309,10 @@ def main() -> None:
                 args.pairs, embedder, index.decision, index.guard
             )
         if args.finetune_steps:
+            from edge_index.embedder import trainable
             from edge_index.finetune import finetune, model_digest
 
-            tuned = copy.deepcopy(embedder)
+            tuned = trainable(embedder)
             t0 = time.perf_counter()
             texts = [normalize(t) for t, label in cache if label != OOS]
             labels = [label for _, label in cache if label != OOS]

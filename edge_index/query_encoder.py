@@ -28,7 +28,8 @@ import statistics
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -36,7 +37,30 @@ if TYPE_CHECKING:
     import torch
     from sentence_transformers import SentenceTransformer
 
+    from edge_index.embedder import Embedder
+
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BertParts:
+    """What the lean forward needs of a BERT-style sentence embedder: its weights (``BertModel``'s
+    state dict), its config, and its tokenizer (token ids per text, truncated to its window)."""
+
+    weights: Mapping[str, torch.Tensor]
+    config: Mapping[str, Any]
+    tokenize: Callable[[list[str]], list[list[int]]]
+
+    def supported(self) -> bool:
+        """A BERT with absolute positions and GELU, an encoder: what ``_LeanBert`` computes."""
+        config = self.config
+        return (
+            config.get("model_type") == "bert"
+            and config.get("position_embedding_type", "absolute") == "absolute"
+            and config.get("hidden_act") == "gelu"
+            and not config.get("is_decoder", False)
+        )
+
 
 PROBE = "how do i reset the password of my online banking account"
 PROBE_RUNS = 7
@@ -45,17 +69,17 @@ PROBE_RUNS = 7
 class _LeanBert:
     """``BertModel``'s forward for unpadded rows, as functional calls on its own weights."""
 
-    def __init__(self, bert: Any, dtype: torch.dtype) -> None:
+    def __init__(self, parts: BertParts, dtype: torch.dtype) -> None:
         import torch
 
-        config = bert.config
-        p = {name: t.detach() for name, t in bert.state_dict().items()}
+        config = parts.config
+        p = {name: t.detach() for name, t in parts.weights.items()}
 
         def w(name: str) -> torch.Tensor:
             return p[name].to(dtype).contiguous()
 
-        self.heads = int(config.num_attention_heads)
-        self.eps = float(config.layer_norm_eps)
+        self.heads = int(config["num_attention_heads"])
+        self.eps = float(config["layer_norm_eps"])
         e = "embeddings."
         self.words = w(e + "word_embeddings.weight")
         # positions and the (single) token type folded into one table
@@ -64,7 +88,7 @@ class _LeanBert:
         )
         self.norm = (w(e + "LayerNorm.weight"), w(e + "LayerNorm.bias"))
         self.layers = []
-        for i in range(int(config.num_hidden_layers)):
+        for i in range(int(config["num_hidden_layers"])):
             a = f"encoder.layer.{i}.attention."
             f = f"encoder.layer.{i}."
             qkv = [a + f"self.{n}" for n in ("query", "key", "value")]
@@ -82,16 +106,6 @@ class _LeanBert:
                     (w(f + "output.LayerNorm.weight"), w(f + "output.LayerNorm.bias")),
                 )
             )
-
-    @staticmethod
-    def supports(bert: Any) -> bool:
-        config = bert.config
-        return (
-            type(bert).__name__ == "BertModel"
-            and getattr(config, "position_embedding_type", "absolute") == "absolute"
-            and config.hidden_act == "gelu"
-            and not getattr(config, "is_decoder", False)
-        )
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         """Mean-pooled, unit-length fp32 embeddings of rows of token ids of one length (B, T):
@@ -116,9 +130,16 @@ class _LeanBert:
         return torch.nn.functional.normalize(pooled, dim=-1)
 
 
-def _lean_layout(model: SentenceTransformer) -> Any:
-    """The model's ``Transformer`` module when the lean forward computes what ``encode`` does
-    (a BERT with absolute positions, mean pooling, no default prompt, on the CPU); else None."""
+def _lean_layout(model: Embedder) -> BertParts | None:
+    """What the lean forward needs of ``model`` when it computes what ``encode`` does (a BERT
+    with absolute positions, mean pooling, no default prompt, on the CPU); else None."""
+    parts = getattr(model, "parts", None)  # a ``LeanEmbedder``'s
+    if isinstance(parts, BertParts):
+        return parts
+    return _sentence_transformer_parts(model)  # type: ignore[arg-type]
+
+
+def _sentence_transformer_parts(model: SentenceTransformer) -> BertParts | None:
     modules: list[Any] = list(model)
     names = [type(m).__name__ for m in modules]
     if names[:2] != ["Transformer", "Pooling"] or any(n != "Normalize" for n in names[2:]):
@@ -128,16 +149,26 @@ def _lean_layout(model: SentenceTransformer) -> Any:
         return None  # ``encode`` adds a default prompt (and pools around it); the lean path not
     transformer = modules[0]
     device = next(model.parameters()).device
-    if device.type != "cpu" or not _LeanBert.supports(transformer.auto_model):
+    bert = transformer.auto_model
+    if device.type != "cpu" or type(bert).__name__ != "BertModel":
         return None
-    return transformer
+    max_length = int(transformer.max_seq_length or 512)
+    lower = bool(getattr(transformer, "do_lower_case", False))
+
+    def tokenize(texts: list[str]) -> list[list[int]]:
+        texts = [text.lower() for text in texts] if lower else texts
+        ids = transformer.tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+        return [list(row) for row in ids]
+
+    found = BertParts(bert.state_dict(), bert.config.to_dict(), tokenize)
+    return found if found.supported() else None
 
 
 class QueryEncoder:
     """Embeds queries for the semantic tier: one query through the lean forward (``_LeanBert``)
     in the precision measured fastest here, several through ``SentenceTransformer.encode``."""
 
-    def __init__(self, model: SentenceTransformer, precision: str = "auto") -> None:
+    def __init__(self, model: Embedder, precision: str = "auto") -> None:
         """``precision``: ``auto`` (measure fp32 and, where the CPU has native bf16, bf16; keep
         the faster), ``fp32`` or ``bf16``."""
         import torch
@@ -151,19 +182,17 @@ class QueryEncoder:
         self.precision = "encode"
         self.probe_ms: dict[str, float] = {}
         self._lean: _LeanBert | None = None
-        transformer = _lean_layout(model)
-        if transformer is None:
+        parts = _lean_layout(model)
+        if parts is None:
             return
-        bert = transformer.auto_model
-        self._tokenizer: Any = transformer.tokenizer
-        self._max_length = int(transformer.max_seq_length or 512)
+        self._tokenize = parts.tokenize
         candidates = {"fp32": torch.float32, "bf16": torch.bfloat16}
         if precision == "auto" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
             precision = "fp32"
         if precision != "auto":
             candidates = {precision: candidates[precision]}
         with torch.inference_mode():
-            leans = {name: _LeanBert(bert, dtype) for name, dtype in candidates.items()}
+            leans = {name: _LeanBert(parts, dtype) for name, dtype in candidates.items()}
             for name, lean in leans.items():
                 self._lean = lean
                 self(["warm up"])
@@ -203,9 +232,7 @@ class QueryEncoder:
         import torch
 
         with torch.inference_mode():
-            ids = self._tokenizer(
-                texts, truncation=True, max_length=self._max_length, return_tensors="pt"
-            )["input_ids"]
+            ids = torch.tensor(self._tokenize(texts), dtype=torch.long)
             return self._lean(ids).numpy()
 
 
@@ -213,7 +240,7 @@ _ENCODERS: weakref.WeakKeyDictionary[Any, QueryEncoder] = weakref.WeakKeyDiction
 _ENCODERS_LOCK = threading.Lock()
 
 
-def query_encoder(model: SentenceTransformer) -> QueryEncoder:
+def query_encoder(model: Embedder) -> QueryEncoder:
     """The ``QueryEncoder`` of ``model``, built (and its precision measured) once per process
     and kept while the model lives. The lean forward's weights are taken when it is built (bf16:
     a copy; fp32: the model's tensors, but QKV and the position table fused into new ones): a
@@ -233,9 +260,7 @@ BATCH_TOKENS = 2048  # tokens per forward: the fastest measured on 2 cores (vs 8
 TOKENIZE_CHUNK = 4_096
 
 
-def encode_many(
-    model: SentenceTransformer, texts: Sequence[str], progress: bool = False
-) -> np.ndarray:
+def encode_many(model: Embedder, texts: Sequence[str], progress: bool = False) -> np.ndarray:
     """Unit-length fp32 embeddings of many texts, row for row (``encode_chunks``, joined)."""
     import numpy as np
 
@@ -245,7 +270,7 @@ def encode_many(
 
 
 def encode_chunks(
-    model: SentenceTransformer, texts: Sequence[str], progress: bool = False
+    model: Embedder, texts: Sequence[str], progress: bool = False
 ) -> Iterator[np.ndarray]:
     """Unit-length fp32 embeddings of many texts, ``TOKENIZE_CHUNK`` rows at a time, in order:
     the night's wordings, a release's phrasings. The lean forward in fp32 (``encode``'s
@@ -257,8 +282,8 @@ def encode_chunks(
     import torch
 
     dim = int(model.get_embedding_dimension() or 0)
-    transformer = _lean_layout(model)
-    lean = _LeanBert(transformer.auto_model, torch.float32) if transformer is not None else None
+    parts = _lean_layout(model)
+    lean = _LeanBert(parts, torch.float32) if parts is not None else None
     bar = None
     if progress:
         from tqdm import tqdm
@@ -266,7 +291,7 @@ def encode_chunks(
         bar = tqdm(total=len(texts), desc="embedding", unit="text", leave=False)
     for start in range(0, len(texts), TOKENIZE_CHUNK):
         chunk = list(texts[start : start + TOKENIZE_CHUNK])
-        if lean is None:
+        if lean is None or parts is None:
             vectors = model.encode(
                 chunk,
                 batch_size=256,
@@ -276,7 +301,7 @@ def encode_chunks(
             )
             out = np.asarray(vectors, dtype=np.float32).reshape(len(chunk), dim)
         else:
-            out = _encode_by_length(lean, transformer, chunk, dim)
+            out = _encode_by_length(lean, parts, chunk, dim)
         _return_freed_heap()
         if bar is not None:
             bar.update(len(chunk))
@@ -309,12 +334,11 @@ def _malloc_trim() -> Any:
     return trim
 
 
-def _encode_by_length(lean: _LeanBert, transformer: Any, texts: list[str], dim: int) -> np.ndarray:
+def _encode_by_length(lean: _LeanBert, parts: BertParts, texts: list[str], dim: int) -> np.ndarray:
     import numpy as np
     import torch
 
-    max_length = int(transformer.max_seq_length or 512)
-    ids = transformer.tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+    ids = parts.tokenize(texts)
     lengths = np.fromiter((len(row) for row in ids), dtype=np.int64, count=len(ids))
     order = np.argsort(lengths, kind="stable")
     out = np.zeros((len(texts), dim), dtype=np.float32)

@@ -39,9 +39,8 @@ from edge_index.profiles import NoProfileError, load_index, resolve_profile
 from edge_index.release_metrics import EDGE_METRICS, ORIGIN_METRICS, ReleaseMetrics
 
 if TYPE_CHECKING:
-    from sentence_transformers import SentenceTransformer
-
     from base.config import SharedSettings
+    from edge_index.embedder import Embedder
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +55,7 @@ class ReleaseWatcher:
         self,
         store: Store,
         profile: str | None,
-        embedder: SentenceTransformer | Callable[[], SentenceTransformer],
+        embedder: Embedder | Callable[[], Embedder],
         poll_s: float = 30.0,
         *,
         metrics_prefix: str = "",
@@ -108,7 +107,7 @@ class ReleaseWatcher:
         return index.version if index is not None else None
 
     @property
-    def embedder(self) -> SentenceTransformer:
+    def embedder(self) -> Embedder:
         """The query embedder (loaded on first use when given as a loader)."""
         if callable(self._embedder) and not hasattr(self._embedder, "encode"):
             self._embedder = self._embedder()
@@ -353,7 +352,7 @@ class Releases:
         cls,
         settings: SharedSettings,
         metrics_prefix: str,
-        embedders: dict[str, SentenceTransformer] | None = None,
+        embedders: dict[str, Embedder] | None = None,
         store: Store | None = None,
     ) -> Releases:
         """The releases ``settings`` name; ``embedders``: already loaded ones by spec (else each
@@ -369,7 +368,7 @@ class Releases:
         # the newest pointers verified, kept across restarts (a rollback stays refused)
         memory = PointerMemory(settings.cache_dir / "pointers" / metrics_prefix)
 
-        def loader(spec: str) -> Callable[[], SentenceTransformer]:
+        def loader(spec: str) -> Callable[[], Embedder]:
             return lambda: (
                 given.get(spec) or load_embedder(spec, settings.device, settings.cache_dir)
             )

@@ -52,9 +52,9 @@ from precompute.curated import CURATED
 
 if TYPE_CHECKING:
     import faiss
-    from sentence_transformers import SentenceTransformer
 
     from base.release import LoadedRelease
+    from edge_index.embedder import Embedder
     from precompute.questions import HotQuestion
 
 
@@ -140,13 +140,12 @@ def _copy_embedder(folder: Path, staging: Path) -> list[dict[str, Any]]:
 
 
 def finetuned_embedder(
-    embedder: SentenceTransformer, base_name: str, hot: list[HotQuestion], steps: int, folder: Path
-) -> tuple[SentenceTransformer, Path | None, Finetuned | None]:
+    embedder: Embedder, base_name: str, hot: list[HotQuestion], steps: int, folder: Path
+) -> tuple[Embedder, Path | None, Finetuned | None]:
     """The embedder tuned on the clusters' phrasings (label = cluster), saved to ``folder``, and
     how it was tuned (the manifest's ``embedder.finetuned``); the base embedder (None, None) when
     too few clusters have two phrasings."""
-    import copy
-
+    from edge_index.embedder import trainable
     from edge_index.finetune import finetune, model_digest
 
     if sum(1 for h in hot if len(h.phrasings) >= 2) < 2:
@@ -155,7 +154,7 @@ def finetuned_embedder(
     # (a token fewer than k people typed) must not leave the work area through them
     texts = [p.normalized for h in hot for p in h.phrasings]
     labels = [h.key for h in hot for p in h.phrasings]
-    tuned = finetune(copy.deepcopy(embedder), texts, labels, steps=steps)
+    tuned = finetune(trainable(embedder), texts, labels, steps=steps)
     tuned.save(str(folder))
     info = Finetuned(base=base_name, steps=steps, examples=len(texts), sha256=model_digest(folder))
     return tuned, folder, info
@@ -238,7 +237,7 @@ def build_release(
     staging: Path,
     hot: list[HotQuestion],
     answers: dict[str, dict[str, Any]],
-    embedder: SentenceTransformer,
+    embedder: Embedder,
     embedder_name: str,
     profile: str,
     profile_inputs: dict[str, Any],

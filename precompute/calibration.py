@@ -17,8 +17,7 @@ from edge_index.matcher import Calibration, Decision, Queries, calibrate
 from precompute.config import BuildConfig
 
 if TYPE_CHECKING:
-    from sentence_transformers import SentenceTransformer
-
+    from edge_index.embedder import Embedder
     from precompute.questions import HotQuestion
 
 
@@ -80,7 +79,7 @@ class HeldBack:
         cls,
         hot: list[HotQuestion],
         built: set[str],
-        embedder: SentenceTransformer,
+        embedder: Embedder,
         limit: int | None = None,
     ) -> HeldBack:
         """The held-back wordings of the clusters in ``built`` (keys), embedded: all of them,

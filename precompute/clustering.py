@@ -41,7 +41,8 @@ import numpy as np
 
 if TYPE_CHECKING:
     import faiss
-    from sentence_transformers import SentenceTransformer
+
+    from edge_index.embedder import Embedder
 
 # texts (and whether to show progress) -> their unit-length fp32 vectors, a chunk at a time,
 # in order
@@ -123,7 +124,7 @@ def embed(
     return encode(picked, progress)
 
 
-def local_encoder(embedder: SentenceTransformer) -> Encoder:
+def local_encoder(embedder: Embedder) -> Encoder:
     """``embedder`` in this process (``encode_chunks``) as an ``Encoder``."""
     from edge_index.query_encoder import encode_chunks
 

@@ -88,7 +88,8 @@ from precompute.safetext import publishable
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from sentence_transformers import SentenceTransformer
+
+    from edge_index.embedder import Embedder
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ def _exclude(counts: dict[str, int], reason: str, n: int = 1) -> None:
 
 def mine(
     rows: Iterable[Mapping[str, Any] | pa.Table],
-    embedder: SentenceTransformer | None,
+    embedder: Embedder | None,
     config: MiningConfig | None = None,
     now: datetime | None = None,
     carried: Iterable[Phrasing] = (),

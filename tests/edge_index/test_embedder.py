@@ -71,7 +71,7 @@ def test_multilingual_embedder_is_the_packaged_model_converted(
     theirs = np.stack([engine.query(text) for text in TEXTS])
     assert ours.shape == (len(TEXTS), 384)
     assert np.all((ours * theirs).sum(axis=1) > 0.999)
-    tokens = multilingual_embedder.tokenizer.tokenize(TEXTS[1])
+    tokens = multilingual_embedder.tokenizer.encode(TEXTS[1], add_special_tokens=False).tokens
     assert "".join(tokens).replace("▁", " ").strip().startswith(PREFIX.strip())
     folder = multilingual_embedder_path(model_cache_dir)
     made = (folder / "model.safetensors").stat().st_mtime_ns
@@ -103,11 +103,13 @@ def test_query_encoder_embeds_as_the_model_does(which: str, request) -> None:  #
     same vector up to summation order; bf16: cosine > 0.9999), for both built-in embedders; a
     query longer than the model's window is truncated the same way; ``auto`` keeps whichever
     precision it measured faster."""
+    from edge_index.embedder import trainable
     from edge_index.query_encoder import QueryEncoder, query_encoder
 
     model = request.getfixturevalue(which)
     texts = [*TEXTS, "why " * 400]
-    reference = model.encode(texts, normalize_embeddings=True)
+    # sentence-transformers' own encode (padded batches, attention masks)
+    reference = trainable(model).encode(texts, normalize_embeddings=True)
     for precision, floor in (("fp32", 0.999999), ("bf16", 0.9999)):
         encoder = QueryEncoder(model, precision)
         assert encoder.precision == precision
@@ -125,11 +127,10 @@ def test_query_encoder_embeds_as_the_model_does(which: str, request) -> None:  #
 def test_query_encoder_leaves_a_prompted_model_to_encode(embedder) -> None:  # type: ignore[no-untyped-def]
     """A model whose ``encode`` prepends a default prompt is not run through the lean forward
     (which knows no prompts): its queries embed as the nightly build embeds them."""
-    import copy
-
+    from edge_index.embedder import trainable
     from edge_index.query_encoder import QueryEncoder
 
-    prompted = copy.deepcopy(embedder)
+    prompted = trainable(embedder)  # a SentenceTransformer
     prompted.prompts = {"query": "question: "}
     prompted.default_prompt_name = "query"
     encoder = QueryEncoder(prompted)
@@ -138,3 +139,79 @@ def test_query_encoder_leaves_a_prompted_model_to_encode(embedder) -> None:  # t
     expected = prompted.encode([text], normalize_embeddings=True)
     assert np.allclose(encoder([text]), expected, atol=1e-6)
     assert not np.allclose(expected, embedder.encode([text], normalize_embeddings=True), atol=1e-3)
+
+
+@pytest.mark.parametrize("spec", ["embedded", "multilingual"])
+def test_the_lean_embedder_is_the_sentence_transformer_bit_for_bit(
+    spec: str, model_cache_dir: Path
+) -> None:
+    """Both built-ins load without sentence-transformers (``LeanEmbedder``) and embed what the
+    ``SentenceTransformer`` of the same folder embeds: the same token ids (the window's
+    truncation and the e5 prefix included) and the same vectors, bit for bit, through the same
+    lean forward; ``encode`` itself within summation order."""
+    from edge_index.embedder import load_embedder, load_sentence_transformer, resolve_embedder_path
+    from edge_index.lean_embedder import LeanEmbedder
+    from edge_index.query_encoder import _lean_layout, encode_many
+
+    lean = load_embedder(spec, device="cpu", cache_dir=model_cache_dir)
+    assert isinstance(lean, LeanEmbedder)
+    full = load_sentence_transformer(resolve_embedder_path(spec, model_cache_dir), "cpu")
+    texts = [*TEXTS, "", "🍕", "why " * 400, "  spaced  out  "]
+    lean_parts, full_parts = _lean_layout(lean), _lean_layout(full)
+    assert lean_parts is not None and full_parts is not None
+    assert lean_parts.tokenize(texts) == full_parts.tokenize(texts)
+    assert lean.get_embedding_dimension() == full.get_embedding_dimension()
+    assert np.array_equal(encode_many(lean, texts), encode_many(full, texts))
+    reference = full.encode(texts, normalize_embeddings=True)
+    assert np.all((lean.encode(texts) * reference).sum(axis=1) > 0.99999)
+    assert lean.encode(texts[0]).shape == (lean.get_embedding_dimension(),)
+
+
+def test_an_embedding_process_never_imports_sentence_transformers(model_cache_dir: Path) -> None:
+    """Its import costs ~8 s of CPU per process (each edge, origin and Ray actor): loading and
+    using both built-ins leaves it, and transformers, unimported."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from edge_index.embedder import load_embedder\n"
+        "from edge_index.query_encoder import query_encoder\n"
+        "for spec in ('embedded', 'multilingual'):\n"
+        f"    model = load_embedder(spec, device='cpu', cache_dir=Path({str(model_cache_dir)!r}))\n"
+        "    query_encoder(model)(['how do I freeze my card'])\n"
+        "    model.encode(['a', 'b c'])\n"
+        "print(sorted(m for m in ('sentence_transformers', 'transformers') if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_folder_of_another_layout_loads_as_a_sentence_transformer(tmp_path: Path) -> None:
+    """A folder the lean forward does not compute exactly (here: CLS pooling) is a
+    ``SentenceTransformer``; so is one without an explicit window (sentence-transformers 6's
+    own saves)."""
+    import json
+
+    from edge_index.lean_embedder import lean_settings
+
+    folder = tmp_path / "cls"
+    shutil.copytree(embedded_embedder_path(), folder)
+    assert lean_settings(folder) is not None
+    pooling = folder / "1_Pooling" / "config.json"
+    config = json.loads(pooling.read_text())
+    pooling.write_text(
+        json.dumps({**config, "pooling_mode_mean_tokens": False, "pooling_mode_cls_token": True})
+    )
+    assert lean_settings(folder) is None
+    model = load_embedder(str(folder), device="cpu")
+    assert type(model).__name__ == "SentenceTransformer"
+    assert model.encode(["hi"]).shape == (1, EMBEDDED_DIM)
+    windowless = tmp_path / "windowless"
+    shutil.copytree(embedded_embedder_path(), windowless)
+    (windowless / "sentence_bert_config.json").write_text("{}")
+    assert lean_settings(windowless) is None

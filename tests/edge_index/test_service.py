@@ -351,8 +351,7 @@ def test_edge_serve_command(served_store: FileStore, cli_env: dict[str, str]) ->
 
 
 def test_a_release_ships_its_finetuned_embedder(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    import copy
-
+    from edge_index.embedder import trainable
     from edge_index.finetune import finetune, model_digest
 
     texts = [
@@ -361,7 +360,7 @@ def test_a_release_ships_its_finetuned_embedder(embedder, tmp_path: Path) -> Non
         "opening hours",
         "when do you open",
     ]
-    tuned = finetune(copy.deepcopy(embedder), texts, ["a", "a", "b", "b"], steps=2, batch_size=2)
+    tuned = finetune(trainable(embedder), texts, ["a", "a", "b", "b"], steps=2, batch_size=2)
     folder = tmp_path / "tuned"
     tuned.save(str(folder))
     store = FileStore(tmp_path / "store")
