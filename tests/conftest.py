@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 
 # nothing may come from a hub: every model is local
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# a local Ray of the tests (``ray_address``) starts no idle workers ahead of its jobs and keeps no
+# metrics: idle, they took half of its CPU (3.7 -> 1.9 s a minute, measured)
+os.environ.setdefault("RAY_num_prestart_python_workers", "0")
+os.environ.setdefault("RAY_enable_metrics_collection", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # the suite runs as two workers (pyproject's addopts: a test file per worker at a time): one
@@ -124,11 +128,14 @@ def multilingual_embedder(model_cache_dir: Path):  # type: ignore[no-untyped-def
     return load_embedder("multilingual", device="cpu", cache_dir=model_cache_dir)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_address() -> Iterator[str]:
-    """One local Ray for the session (the nightly job's model stages run on Ray:
+    """One local Ray for the tests of a module (the nightly job's model stages run on Ray:
     ``precompute/fleet/``): this process's stages use it as it is, a child (the CLI, Airflow)
-    joins it through ``EDGEQA_RAY_ADDRESS``; its address."""
+    joins it through ``EDGEQA_RAY_ADDRESS``; its address. Shut down when the module ends: an
+    idle local Ray still takes ~4 s of CPU a minute (its idle workers, raylet, GCS and log
+    monitor), which the rest of the suite would pay for the whole run; starting one costs
+    about as much as a minute of it, and four modules use one."""
     import logging
 
     import ray

@@ -108,21 +108,26 @@ def test_ask_answers_paris(cli_env: dict[str, str]) -> None:
 
 
 def test_ask_with_sampling_flags(cli_env: dict[str, str]) -> None:
+    """A seed makes a sampled answer reproducible: a new process (the console script) and
+    another run (in this process) say the same."""
     args = ("ask", "Say hello.", "--temperature", "0.7", "--seed", "3", "--max-tokens", "8")
-    first, second = _edgeqa(cli_env, *args), _edgeqa(cli_env, *args)
+    first, second = _edgeqa(cli_env, *args), edgeqa_here(cli_env, *args)
     assert first.returncode == 0 and first.stdout.strip()
+    assert second.returncode == 0, second.stderr[-2000:]
     assert first.stdout == second.stdout
 
 
 def test_bad_input_is_one_clear_line(cli_env: dict[str, str]) -> None:
+    # the console script, then the same checks in this process (``main`` prints them)
     empty = _edgeqa(cli_env, "ask", "  ?? ")
     assert empty.returncode == 2 and "question is empty" in empty.stderr
     assert "Traceback" not in empty.stderr
     bad_env = dict(cli_env, EDGEQA_MAX_TOKENS="lots")
-    out = _edgeqa(bad_env, "ask", "hi")
+    out = edgeqa_here(bad_env, "ask", "hi")
     assert out.returncode == 2 and "EDGEQA_MAX_TOKENS must be an integer" in out.stderr
-    missing = _edgeqa(cli_env, "ask", "hi", "--model", str(ROOT / "no-such-model"))
+    missing = edgeqa_here(cli_env, "ask", "hi", "--model", str(ROOT / "no-such-model"))
     assert missing.returncode == 2 and "model path not found" in missing.stderr
+    assert "Traceback" not in out.stderr + missing.stderr
 
 
 def test_servers_refuse_to_log_without_a_shared_salt(cli_env: dict[str, str]) -> None:
