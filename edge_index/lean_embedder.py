@@ -90,8 +90,6 @@ class LeanEmbedder:
     (``lean_settings``), on the CPU: ``encode`` gives what ``SentenceTransformer.encode`` does
     (unit-length fp32 vectors, row for row) through the lean forward."""
 
-    device = "cpu"
-
     def __init__(self, folder: Path, settings: dict[str, Any]) -> None:
         from safetensors.torch import load_file
         from tokenizers import Tokenizer

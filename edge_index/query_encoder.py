@@ -61,6 +61,14 @@ class BertParts:
             and not config.get("is_decoder", False)
         )
 
+    @functools.cached_property
+    def fp32(self) -> _LeanBert:
+        """The fp32 forward on these weights, built once (its QKV weights are fused copies):
+        a ``LeanEmbedder``'s ``encode`` calls reuse it."""
+        import torch
+
+        return _LeanBert(self, torch.float32)
+
 
 PROBE = "how do i reset the password of my online banking account"
 PROBE_RUNS = 7
@@ -279,11 +287,10 @@ def encode_chunks(
     (Xeon, AVX-512). Any other layout, or a model on a GPU, goes through ``encode`` (batches
     of 256)."""
     import numpy as np
-    import torch
 
     dim = int(model.get_embedding_dimension() or 0)
     parts = _lean_layout(model)
-    lean = _LeanBert(parts, torch.float32) if parts is not None else None
+    lean = parts.fp32 if parts is not None else None
     bar = None
     if progress:
         from tqdm import tqdm
@@ -302,12 +309,18 @@ def encode_chunks(
             out = np.asarray(vectors, dtype=np.float32).reshape(len(chunk), dim)
         else:
             out = _encode_by_length(lean, parts, chunk, dim)
-        _return_freed_heap()
+        if len(chunk) >= TRIM_AFTER:
+            _return_freed_heap()
         if bar is not None:
             bar.update(len(chunk))
         yield out
     if bar is not None:
         bar.close()
+
+
+# the heap is trimmed after a chunk of at least this many texts (the nightly job's), not after a
+# few queries embedded at once on a service's request path, where it would walk a large heap
+TRIM_AFTER = 1_024
 
 
 def _return_freed_heap() -> None:
