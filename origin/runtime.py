@@ -30,10 +30,11 @@ logger = logging.getLogger(__name__)
 
 
 def load(settings: EngineSettings) -> LoadedModel:
-    """The model and tokenizer the settings name, on their device and dtype."""
-    from origin.model import load_model
+    """The model and tokenizer the settings name, on their device and dtype, as an engine reads
+    them (``origin.model.load_engine_model``)."""
+    from origin.model import load_engine_model
 
-    return load_model(settings.model, settings.device, settings.dtype, settings.cache_dir)
+    return load_engine_model(settings.model, settings.device, settings.dtype, settings.cache_dir)
 
 
 def engine_config(

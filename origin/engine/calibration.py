@@ -119,7 +119,8 @@ def _cache_key(model: PreTrainedModel, quantize: Quantize) -> str | None:
         "weights": [fingerprint, weights.st_size, weights.st_mtime_ns],
         "dtype": str(model.dtype),
         "device": model.device.type,
-        "attention": str(getattr(model.config, "_attn_implementation", "")),
+        # the forward that records the activations is transformers' (``with_forward``), its
+        # attention kernel the one this transformers and torch pick
         "transformers": transformers.__version__,
         "prompts": CALIBRATION_PROMPTS,
         "alphas": ALPHAS,
@@ -185,7 +186,9 @@ def collect_linear_inputs(
     """Inputs ([rows, in_features], fp32) of q_proj, o_proj, gate_proj and down_proj per layer,
     over the calibration prompts (and, with ``answer_tokens``, the model's greedy answers)."""
     from origin.chat import encode_chat
+    from origin.lean_model import with_forward
 
+    model = with_forward(model)
     captured: dict[tuple[int, str], list[torch.Tensor]] = {}
     handles = []
     layers: Any = model.model.layers  # type: ignore[union-attr]
