@@ -22,7 +22,7 @@ import torch
 from origin.config import EngineSettings
 from origin.engine import Engine, EngineConfig, kernels
 from origin.engine.runner import make_runner
-from origin.model import load_model
+from origin.model import load_engine_model
 from origin.precision import WeightFormat, lookup
 from origin.sampling import SamplingParams
 
@@ -99,7 +99,9 @@ def check(
 def main() -> None:
     quantizations, spec, quick = sys.argv[1].split(","), "--spec" in sys.argv, "--quick" in sys.argv
     # EDGEQA_CACHE_DIR: the test session's cache (its conversion and INT8 scales), not the user's
-    model, tokenizer = load_model("embedded", "cpu", "auto", EngineSettings.from_env().cache_dir)
+    model, tokenizer = load_engine_model(
+        "embedded", "cpu", "auto", EngineSettings.from_env().cache_dir
+    )
     report: dict[str, object] = {"aten_capability": torch.backends.cpu.get_cpu_capability()}
     for quantization in quantizations:
         checks, digest, invariant = check(model, tokenizer, quantization, spec, quick)
