@@ -14,16 +14,16 @@ tensors from ``model.safetensors`` into modules with transformers' attribute nam
 so the runner builds from it exactly as from ``LlamaForCausalLM``: the same bits (a test compares
 every tensor and the engine's tokens). It has no forward of its own: what runs transformers'
 forward (calibrating INT8 on a cache miss) asks ``with_forward`` for it, which loads transformers'
-model of the same folder on first use.
+model of the same folder for that caller, who drops it after.
 
 The layout: ``model_type`` ``llama`` (``LlamaForCausalLM``), SiLU, the default RoPE (no scaling),
-``pretraining_tp`` 1, no quantization config, one ``model.safetensors`` holding exactly the
-expected tensors. Anything else loads through transformers.
+no sliding window, ``pretraining_tp`` 1, no quantization config, one ``model.safetensors`` holding
+exactly the tensors the config names, in the shapes it gives. Anything else loads through
+transformers.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -58,13 +58,21 @@ def lean_config(folder: Path) -> SimpleNamespace | None:
         or raw.get("hidden_act", "silu") != "silu"
         or raw.get("pretraining_tp", 1) not in (None, 1)
         or raw.get("rope_scaling")
+        or raw.get("sliding_window")  # the runner leaves such a model to transformers' forward
         or "quantization_config" in raw
         or not isinstance(rope, dict)
-        or rope.get("rope_type", "default") != "default"
+        # transformers reads a legacy "type" where "rope_type" is missing
+        or rope.get("rope_type", rope.get("type", "default")) != "default"
         or not isinstance(rope.get("rope_theta"), int | float)
     ):
         return None
-    sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+    sizes = (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "vocab_size",
+    )
     if not all(_positive_int(raw.get(name)) for name in sizes) or not all(
         raw.get(name) is None or _positive_int(raw[name])
         for name in ("head_dim", "num_key_value_heads")
@@ -103,6 +111,39 @@ def expected_tensors(config: SimpleNamespace) -> set[str]:
             if config.mlp_bias:
                 names.add(f"{layer}.mlp.{name}.bias")
     return names
+
+
+def expected_shapes(config: SimpleNamespace) -> dict[str, tuple[int, ...]]:
+    """The shape of each tensor ``expected_tensors`` names, from the config's sizes."""
+    hidden, heads, kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+    q, k, inter = heads * config.head_dim, kv * config.head_dim, config.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (config.vocab_size, hidden),
+        "model.norm.weight": (hidden,),
+        "lm_head.weight": (config.vocab_size, hidden),
+    }
+    per_layer = {
+        "input_layernorm.weight": (hidden,),
+        "post_attention_layernorm.weight": (hidden,),
+        "self_attn.q_proj.weight": (q, hidden),
+        "self_attn.k_proj.weight": (k, hidden),
+        "self_attn.v_proj.weight": (k, hidden),
+        "self_attn.o_proj.weight": (hidden, q),
+        "self_attn.q_proj.bias": (q,),
+        "self_attn.k_proj.bias": (k,),
+        "self_attn.v_proj.bias": (k,),
+        "self_attn.o_proj.bias": (hidden,),
+        "mlp.gate_proj.weight": (inter, hidden),
+        "mlp.up_proj.weight": (inter, hidden),
+        "mlp.down_proj.weight": (hidden, inter),
+        "mlp.gate_proj.bias": (inter,),
+        "mlp.up_proj.bias": (inter,),
+        "mlp.down_proj.bias": (hidden,),
+    }
+    for i in range(config.num_hidden_layers):
+        shapes |= {f"model.layers.{i}.{name}": shape for name, shape in per_layer.items()}
+    names = expected_tensors(config)
+    return {name: shape for name, shape in shapes.items() if name in names}
 
 
 class _Weights(nn.Module):
@@ -183,10 +224,9 @@ class LeanLlama(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.model.embed_tokens.weight.dtype
 
-    @functools.cached_property
-    def transformers_model(self) -> PreTrainedModel:
-        """transformers' model of the same folder, dtype and device (loaded on first use: only
-        what runs the forward needs it)."""
+    def load_transformers(self) -> PreTrainedModel:
+        """transformers' model of the same folder, dtype and device, loaded now: for what runs
+        its forward once (a calibration), dropped after it, not held beside these weights."""
         return self._load_full()
 
 
@@ -205,6 +245,9 @@ def read_llama(
     with safe_open(path, "pt") as f:
         if set(f.keys()) != expected_tensors(config):
             return None
+        shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    if any(shapes[name] != shape for name, shape in expected_shapes(config).items()):
+        return None  # transformers says what does not fit
     from safetensors.torch import load_file
 
     tensors = {name: t.to(dtype) for name, t in load_file(path, device="cpu").items()}
@@ -213,16 +256,16 @@ def read_llama(
 
 def with_forward(model: Any) -> Any:
     """``model`` as something with transformers' forward and ``generate``: itself, or for a
-    ``LeanLlama`` transformers' model of its folder (loaded once)."""
-    return model.transformers_model if isinstance(model, LeanLlama) else model
+    ``LeanLlama`` transformers' model of its folder, loaded for the caller (who drops it)."""
+    return model.load_transformers() if isinstance(model, LeanLlama) else model
 
 
 def _generation_config(folder: Path, config: SimpleNamespace) -> SimpleNamespace:
     """The generation config's token ids (``generation_config.json``; else the config's), what
     the engine reads of it."""
+    names = ("bos_token_id", "eos_token_id", "pad_token_id")
     try:
         raw = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        raw = {}
-    names = ("bos_token_id", "eos_token_id", "pad_token_id")
-    return SimpleNamespace(**{n: raw.get(n, getattr(config, n, None)) for n in names})
+    except (OSError, ValueError):  # none: transformers takes the config's
+        return SimpleNamespace(**{n: getattr(config, n, None) for n in names})
+    return SimpleNamespace(**{n: raw.get(n) if isinstance(raw, dict) else None for n in names})

@@ -373,26 +373,30 @@ def load_engine_model(
     (``origin/lean_model.py``); anything else is ``load_model``'s."""
     resolved_device = resolve_device(device)
     if resolved_device == "cpu":
+        from safetensors import SafetensorError
+
         from origin.lean_model import read_llama
 
         cache = Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE_DIR
         target = resolve_model_path(spec, cache)
         if isinstance(target, Path):
+            torch_dtype = resolve_dtype(dtype, resolved_device)
+
+            def full() -> PreTrainedModel:
+                return load_model(str(target), "cpu", torch_dtype, cache)[0]
+
             try:
-                torch_dtype = resolve_dtype(dtype, resolved_device)
-                lean = read_llama(
-                    target, torch_dtype, lambda: load_model(str(target), "cpu", torch_dtype)[0]
-                )
-                if lean is not None:
-                    tokenizer = _load(str(target), cache, None)[1]
-                    lean.eval()
-                    return lean, tokenizer
-            except Exception as error:  # damaged files: load_model converts again or says why
+                lean = read_llama(target, torch_dtype, full)
+            except (OSError, ValueError, RuntimeError, SafetensorError) as error:
+                # damaged files: load_model converts a cached conversion again, or says why
                 log.warning(
                     "reading %s directly failed (%s); loading it through transformers",
                     target,
                     error,
                 )
+            else:
+                if lean is not None:
+                    return lean.eval(), _load(str(target), cache, None)[1]
     return load_model(spec, device, dtype, cache_dir)
 
 
@@ -451,12 +455,17 @@ _PLAIN_FAST_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def _load_tokenizer(target: Path | str, options: dict[str, Any]) -> PreTrainedTokenizerBase:
-    """``AutoTokenizer.from_pretrained(target)``, without its imports where the folder names
-    the plain fast tokenizer (the class it would pick)."""
+    """``AutoTokenizer.from_pretrained(target)``, without its imports where a Llama folder names
+    the plain fast tokenizer: the class AutoTokenizer picks then (for some other architectures,
+    Qwen2's among them, it builds their own class whatever the folder names)."""
     if isinstance(target, Path):
         try:
             named = json.loads((target / "tokenizer_config.json").read_text(encoding="utf-8"))
-            plain = named.get("tokenizer_class") in _PLAIN_FAST_TOKENIZERS
+            config = json.loads((target / "config.json").read_text(encoding="utf-8"))
+            plain = (
+                named.get("tokenizer_class") in _PLAIN_FAST_TOKENIZERS
+                and config.get("model_type") == "llama"
+            )
         except (OSError, ValueError, AttributeError):
             plain = False
         if plain and (target / "tokenizer.json").is_file():

@@ -5,6 +5,7 @@ modeling code; any other layout loads through transformers."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -42,7 +43,8 @@ def test_an_engine_process_never_imports_transformers_modeling_code(model_cache_
         "from origin.engine.offline import generate_many\n"
         "from origin.runtime import build_engine\n"
         "from origin.sampling import SamplingParams\n"
-        f"settings = EngineSettings.from_env({{'EDGEQA_CACHE_DIR': {str(model_cache_dir)!r}}})\n"
+        f"env = {{'EDGEQA_CACHE_DIR': {str(model_cache_dir)!r}, 'EDGEQA_DEVICE': 'cpu'}}\n"
+        "settings = EngineSettings.from_env(env)\n"
         "engine = build_engine(settings)\n"
         "done = generate_many(engine, ['Say hi.'], SamplingParams(max_tokens=4), progress=False)\n"
         "assert done[0].token_ids, done\n"
@@ -119,8 +121,13 @@ def test_what_needs_the_forward_gets_transformers_model(
     model, tokenizer = lean
     with pytest.raises(NotImplementedError):  # no forward of its own: never a silent stand-in
         model(input_ids=torch.tensor([[1, 2]]))
-    forward = with_forward(model)
-    assert forward is with_forward(model) and not isinstance(forward, LeanLlama)
+    from transformers import PreTrainedModel
+
+    forward = with_forward(model)  # loaded for the caller, not kept beside the lean weights
+    assert isinstance(forward, PreTrainedModel) and forward is not with_forward(model)
+    assert forward.name_or_path == model.name_or_path and forward.dtype == model.dtype
+    assert not any(isinstance(m, PreTrainedModel) for m in model.modules())
+    del forward
     assert with_forward(embedded_model[0]) is embedded_model[0]
     ours = collect_linear_inputs(model, tokenizer)
     theirs = collect_linear_inputs(*embedded_model)
@@ -133,15 +140,22 @@ def _no_forward() -> Any:
 
 
 def _folder(tmp_path: Path, model_cache_dir: Path, **config: Any) -> Path:
-    """A copy of the embedded conversion's config, tokenizer and weights, ``config`` changed."""
+    """The embedded conversion's files linked into a folder of the test's (the session's are
+    shared by the suite's workers: a file here is replaced, never written through the link),
+    ``config`` changed."""
     source = resolve_model_path("embedded", model_cache_dir)
     assert isinstance(source, Path)
     folder = tmp_path / "model"
-    shutil.copytree(source, folder)
+    shutil.copytree(source, folder, copy_function=os.link)
     raw = json.loads((folder / "config.json").read_text())
     raw.update(config)
-    (folder / "config.json").write_text(json.dumps(raw))
+    _replace(folder / "config.json", json.dumps(raw).encode())
     return folder
+
+
+def _replace(path: Path, data: bytes) -> None:
+    path.unlink()
+    path.write_bytes(data)
 
 
 @pytest.mark.parametrize(
@@ -152,6 +166,8 @@ def _folder(tmp_path: Path, model_cache_dir: Path, **config: Any) -> Path:
         {"hidden_act": "gelu"},
         {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e5, "factor": 8.0}},
         {"rope_scaling": {"type": "linear", "factor": 2.0}},
+        {"rope_parameters": {"type": "linear", "factor": 2.0, "rope_theta": 1e5}},
+        {"sliding_window": 256},
         {"pretraining_tp": 2},
         {"quantization_config": {"quant_method": "bitsandbytes"}},
         {"num_hidden_layers": None},
@@ -172,6 +188,12 @@ def test_weights_other_than_the_config_names_are_not_read_directly(
     folder = _folder(tmp_path, model_cache_dir, num_hidden_layers=1)
     assert lean_config(folder) is not None
     assert read_llama(folder, torch.float32, _no_forward) is None  # the file holds 30 layers
+    # the same names, other shapes than the config gives
+    for sizes in ({"intermediate_size": 1024}, {"head_dim": 32}, {"num_key_value_heads": 9}):
+        other = _folder(tmp_path / "-".join(sizes), model_cache_dir, **sizes)
+        assert lean_config(other) is not None
+        assert read_llama(other, torch.float32, _no_forward) is None, sizes
+    (folder / "model.safetensors").unlink()
     save_file({"model.embed_tokens.weight": torch.zeros(2, 2)}, str(folder / "model.safetensors"))
     assert read_llama(folder, torch.float32, _no_forward) is None
     (folder / "model.safetensors").unlink()
@@ -185,7 +207,8 @@ def test_weights_that_do_not_read_go_to_transformers_which_says_why(
     converts again; a folder of the user's is an error naming it)."""
     folder = _folder(tmp_path, model_cache_dir)
     weights = folder / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:4096])
+    with weights.open("rb") as whole:
+        _replace(weights, whole.read(4096))
     with pytest.raises(Exception) as error:
         load_engine_model(str(folder), "cpu")
     assert "directly failed" in caplog.text and str(folder) in caplog.text
