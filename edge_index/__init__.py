@@ -1,7 +1,8 @@
 """The edge index: answering from a published release in milliseconds.
 
 server/           the edge index service (Starlette): POST /v1/lookup, /health, /metrics
-watcher.py        the served release of each language, polled, verified and swapped in
+releases.py       the releases a service answers from: one watcher per language, a question routed
+watcher.py        one profile's served release: polled, verified, swapped in, revoked, its health
 release_metrics.py  the served releases' metrics, one registry per service
 profiles.py       which release profile serves a language, and the embedder it is read with
 lookup.py         lookups in one loaded release: the exact key map, then FAISS

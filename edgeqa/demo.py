@@ -194,8 +194,9 @@ def services(
 
     from base.logs import open_log_writer
     from base.users import user_hasher
+    from edge_index.releases import Releases
     from edge_index.server.app import create_app as edge_app
-    from edge_index.watcher import EDGE_METRICS, Releases
+    from edge_index.watcher import EDGE_METRICS
     from origin.config import OriginSettings
     from origin.runtime import load_runtime
     from origin.server import OriginServer, create_app

@@ -20,7 +20,7 @@ from origin.precision import AUTO, Needs, choose_auto
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from edge_index.watcher import Releases
+    from edge_index.releases import Releases
     from origin.engine import Engine, EngineConfig
     from origin.precision import EngineQuantization
 
@@ -122,7 +122,8 @@ class Runtime:
     releases: Releases | None = None
 
     def __post_init__(self) -> None:
-        from edge_index.watcher import Releases, ReleaseWatcher
+        from edge_index.releases import Releases
+        from edge_index.watcher import ReleaseWatcher
 
         if isinstance(self.releases, ReleaseWatcher):  # one profile's (a test's, a benchmark's)
             self.releases = Releases.of(self.releases)
@@ -145,7 +146,8 @@ def load_runtime(
     engine = build_engine(settings, model).start()
     releases = None
     if settings.origin_tiers:
-        from edge_index.watcher import ORIGIN_METRICS, Releases
+        from edge_index.releases import Releases
+        from edge_index.watcher import ORIGIN_METRICS
 
         releases = Releases.from_settings(settings, ORIGIN_METRICS)
     return Runtime(engine, settings.max_tokens, settings.temperature, releases)

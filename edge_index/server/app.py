@@ -45,7 +45,8 @@ from base.logs import LogWriter, open_log_writer
 from base.users import UserHasher, user_hasher
 from edge_index import tiers
 from edge_index.lookup import Hit, Miss
-from edge_index.watcher import EDGE_METRICS, Releases, ReleaseWatcher
+from edge_index.releases import Releases
+from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 
 log = logging.getLogger(__name__)
 

@@ -481,7 +481,7 @@ def _releases(
     **env: str,
 ) -> Any:
     from base.config import EdgeSettings
-    from edge_index.watcher import Releases
+    from edge_index.releases import Releases
 
     settings = EdgeSettings.from_env(
         {

@@ -18,8 +18,9 @@ from base.keys import MAX_QUERY_CHARS, key
 from base.release import object_path, release_prefix
 from base.signing import LocalSigner, generate_keypair
 from base.store import FileStore
+from edge_index.releases import Releases
 from edge_index.server.app import create_app as edge_app
-from edge_index.watcher import EDGE_METRICS, ORIGIN_METRICS, Releases, ReleaseWatcher
+from edge_index.watcher import EDGE_METRICS, ORIGIN_METRICS, ReleaseWatcher
 from edgeqa.client import EdgeQAClient
 from edgeqa.demo import cdn_app
 from origin.config import OriginSettings

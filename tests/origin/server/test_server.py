@@ -33,7 +33,8 @@ from base.logreader import read_logs
 from base.logs import LogWriter
 from base.store import FileStore
 from base.users import mint_user_token
-from edge_index.watcher import ORIGIN_METRICS, Releases, ReleaseWatcher
+from edge_index.releases import Releases
+from edge_index.watcher import ORIGIN_METRICS, ReleaseWatcher
 from origin.config import OriginSettings
 from origin.engine import Engine, EngineConfig
 from origin.engine.scheduler import SHARED_PREFIX_MIN
