@@ -44,10 +44,10 @@ _MAX_ROWS = 512
 # the activations and searching the alphas take seconds per engine built (7 s on 2 cores), which
 # every INT8 origin start and every nightly actor would spend again on the same weights
 CACHE_FILE = "edgeqa-int8-calibration.safetensors"
-_METHOD = "awq-weight-error-1"
+_METHOD = "awq-weight-error-1"  # bump when what is chosen, or how, changes
 # how long an engine build waits for another's calibration of the same weights (seconds: 7 s
 # on 2 cores, a minute on one busy thread) before it calibrates itself
-_LOCK_TIMEOUT_S = 300.0  # bump when what is chosen, or how, changes
+_LOCK_TIMEOUT_S = 300.0
 
 Quantize = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
