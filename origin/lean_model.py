@@ -94,56 +94,37 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def expected_tensors(config: SimpleNamespace) -> set[str]:
-    """The names ``model.safetensors`` holds for ``config``: no more, no fewer."""
-    names = {"model.embed_tokens.weight", "model.norm.weight"}
+def expected_tensors(config: SimpleNamespace) -> dict[str, tuple[int, ...]]:
+    """The tensors ``model.safetensors`` holds for ``config``, no more, no fewer, each with the
+    shape the config's sizes give it."""
+    hidden, vocab, inter = config.hidden_size, config.vocab_size, config.intermediate_size
+    q, k = (
+        config.num_attention_heads * config.head_dim,
+        config.num_key_value_heads * config.head_dim,
+    )
+    attention = dict(
+        zip(_ATTENTION, ((q, hidden), (k, hidden), (k, hidden), (hidden, q)), strict=True)
+    )
+    mlp = dict(zip(_MLP, ((inter, hidden), (inter, hidden), (hidden, inter)), strict=True))
+    tensors: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (vocab, hidden),
+        "model.norm.weight": (hidden,),
+    }
     if not config.tie_word_embeddings:
-        names.add("lm_head.weight")
+        tensors["lm_head.weight"] = (vocab, hidden)
     for i in range(config.num_hidden_layers):
         layer = f"model.layers.{i}"
-        names |= {f"{layer}.input_layernorm.weight", f"{layer}.post_attention_layernorm.weight"}
-        for name in _ATTENTION:
-            names.add(f"{layer}.self_attn.{name}.weight")
-            if config.attention_bias:
-                names.add(f"{layer}.self_attn.{name}.bias")
-        for name in _MLP:
-            names.add(f"{layer}.mlp.{name}.weight")
-            if config.mlp_bias:
-                names.add(f"{layer}.mlp.{name}.bias")
-    return names
-
-
-def expected_shapes(config: SimpleNamespace) -> dict[str, tuple[int, ...]]:
-    """The shape of each tensor ``expected_tensors`` names, from the config's sizes."""
-    hidden, heads, kv = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
-    q, k, inter = heads * config.head_dim, kv * config.head_dim, config.intermediate_size
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (config.vocab_size, hidden),
-        "model.norm.weight": (hidden,),
-        "lm_head.weight": (config.vocab_size, hidden),
-    }
-    per_layer = {
-        "input_layernorm.weight": (hidden,),
-        "post_attention_layernorm.weight": (hidden,),
-        "self_attn.q_proj.weight": (q, hidden),
-        "self_attn.k_proj.weight": (k, hidden),
-        "self_attn.v_proj.weight": (k, hidden),
-        "self_attn.o_proj.weight": (hidden, q),
-        "self_attn.q_proj.bias": (q,),
-        "self_attn.k_proj.bias": (k,),
-        "self_attn.v_proj.bias": (k,),
-        "self_attn.o_proj.bias": (hidden,),
-        "mlp.gate_proj.weight": (inter, hidden),
-        "mlp.up_proj.weight": (inter, hidden),
-        "mlp.down_proj.weight": (hidden, inter),
-        "mlp.gate_proj.bias": (inter,),
-        "mlp.up_proj.bias": (inter,),
-        "mlp.down_proj.bias": (hidden,),
-    }
-    for i in range(config.num_hidden_layers):
-        shapes |= {f"model.layers.{i}.{name}": shape for name, shape in per_layer.items()}
-    names = expected_tensors(config)
-    return {name: shape for name, shape in shapes.items() if name in names}
+        tensors[f"{layer}.input_layernorm.weight"] = (hidden,)
+        tensors[f"{layer}.post_attention_layernorm.weight"] = (hidden,)
+        for part, shapes, bias in (
+            ("self_attn", attention, config.attention_bias),
+            ("mlp", mlp, config.mlp_bias),
+        ):
+            for name, shape in shapes.items():
+                tensors[f"{layer}.{part}.{name}.weight"] = shape
+                if bias:
+                    tensors[f"{layer}.{part}.{name}.bias"] = shape[:1]
+    return tensors
 
 
 class _Weights(nn.Module):
@@ -234,7 +215,7 @@ def read_llama(
     folder: Path, dtype: torch.dtype, load_full: Callable[[], PreTrainedModel]
 ) -> LeanLlama | None:
     """``folder``'s Llama as ``LeanLlama`` (CPU, ``dtype``), or None when its layout is not the
-    one it reads exactly (``lean_config``; the file holds other tensors). ``load_full``:
+    one it reads exactly (``lean_config``; the file holds other tensors or shapes). ``load_full``:
     transformers' model of the same folder, for what needs its forward (``with_forward``)."""
     from safetensors import safe_open
 
@@ -243,11 +224,9 @@ def read_llama(
         return None
     path = str(folder / "model.safetensors")
     with safe_open(path, "pt") as f:
-        if set(f.keys()) != expected_tensors(config):
-            return None
-        shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
-    if any(shapes[name] != shape for name, shape in expected_shapes(config).items()):
-        return None  # transformers says what does not fit
+        found = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    if found != expected_tensors(config):
+        return None  # other tensors, or other shapes: transformers says what does not fit
     from safetensors.torch import load_file
 
     tensors = {name: t.to(dtype) for name, t in load_file(path, device="cpu").items()}
