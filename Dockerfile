@@ -9,8 +9,9 @@
 # No secrets are baked in: the services read theirs (EDGEQA_USER_SALT, EDGEQA_API_KEYS, ...) from
 # Secrets Manager at start, the Ray pods get AWS credentials from their service account (IRSA).
 #
-# The Ray Client refuses a driver whose Python minor or Ray version differs from the cluster's:
-# PYTHON_VERSION and the resolved Ray must match the Airflow workers' (infra/terraform/README.md).
+# The Airflow workers submit each nightly stage as a Ray Job (an HTTP call): they need no Ray, and
+# the stages run on this image. A Ray Client driver (edgeqa precompute run against the cluster)
+# must match PYTHON_VERSION and the resolved Ray (infra/terraform/README.md).
 
 #checkov:skip=CKV_DOCKER_2:One image, several roles: each orchestrator probes its own (KubeRay's probes, the ECS task's healthCheck, the origin's ALB)
 
@@ -41,7 +42,7 @@ COPY policy/ policy/
 COPY precompute/ precompute/
 
 # ray[default] is the cluster's runtime (dashboard and job API on 8265, the Ray Client server on
-# 10001, the health endpoints KubeRay probes), resolved with the project's ray[data] pin in one go.
+# 10001 inside the cluster, the health endpoints KubeRay probes), resolved with the project's ray[data] pin in one go.
 # pip only warns about an extra the project does not have: that would build a CPU-only image, so
 # the build fails instead.
 RUN pip install --upgrade pip \

@@ -6,7 +6,7 @@ built, validated and published, and the edge loading a release of a million entr
    real questions from ``../shared/data``, read by path, and a long tail of one-off wordings,
    40/60), written once per size under ``--work``. ``precompute/pipeline.py: mine_stage`` — what
    ``edgeqa precompute run`` runs first — in a child process per size, whose peak RSS is read
-   (``resource.getrusage``): rows, distinct wordings, seconds per step (aggregate, rules, embed,
+   (``VmHWM``): rows, distinct wordings, seconds per step (aggregate, rules, embed,
    cluster, k and text rules, rank), rows/s, peak RSS, the qualifying clusters and the
    clustering's measured neighbour recall. At the first size the same stage runs again with
    exact clustering (``IndexFlatIP``, today's search): the share of its qualifying clusters the
@@ -38,7 +38,6 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -59,7 +58,10 @@ GENERATOR = 2  # bump when synthetic_logs.py changes: cached logs are written ag
 
 
 def _peak_rss_mb() -> float:
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    """This process's own peak (``VmHWM``: ``ru_maxrss`` would report a large parent's)."""
+    from precompute.fleet.jobs import peak_rss_mb
+
+    return peak_rss_mb()
 
 
 def _params(logs: Path, out: Path, **mining: Any) -> Any:

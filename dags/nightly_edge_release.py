@@ -5,12 +5,15 @@ One DAG per language profile in ``EDGEQA_LANGUAGES`` (``nightly_edge_release_en`
 questions are ``zh``) and publishes that profile's release with that language's embedder.
 
 mine -> generate -> build -> validate -> publish -> prune: the stages of ``precompute.pipeline``
-(``STAGES``), in its order, each task one call. The stages keep their state in the output store,
-so tasks may run on different workers. The model stages do not run on Airflow's workers: mining
-embeds the night's wordings and generate answers every partition as Ray jobs
-(``precompute/fleet/``) on the cluster ``EDGEQA_RAY_ADDRESS`` names (the GPU fleet:
-``infra/terraform/modules/ray``), or on a local Ray when it is unset; the task is the job's
-driver and waits for it. A partition is checkpointed in the store as soon as it is answered, so
+(``STAGES``), in its order. No stage runs on Airflow's workers: each task submits its stage as a
+Ray Job (``precompute/fleet/jobs.py``) to the cluster's Jobs API, ``EDGEQA_RAY_JOBS_ADDRESS``
+(the fleet's head: ``infra/terraform/modules/ray``; a local ``ray start --head`` on a laptop),
+as the command a person would type (``edgeqa precompute stage <stage> ...``), follows its log
+and takes its result; the task process imports none of torch, faiss, duckdb or transformers. A
+job outlives its task: a task started again (its worker restarted, an Airflow retry) follows the
+job of its stage still running instead of submitting another. The stages keep their state in the
+output store (the run's work area); the model stages inside them are Ray Data jobs on the same
+cluster. A partition is checkpointed in the store as soon as it is answered, so
 a retry, a lost Ray worker or a rerun redoes only the partitions not written yet. The
 validate task is the quality gate: empty answers, a calibrated precision below target, or a
 release shrinking by more than ``max_shrink`` against its parent fails the run and the previous
@@ -20,8 +23,8 @@ builds the same release (built as of the end of its last log day); publishing it
 The params are ``precompute.config.RUN_OPTIONS`` (the same as ``edgeqa precompute run``'s
 options; those with an ``EDGEQA_*`` setting default to the worker's) plus the stores, the expected
 profile and the window. The logs window ends with the last full UTC day before the data interval's
-end (the 02:00 run of Dec 2 mines up to Dec 1) and spans ``window_days``. Heavy imports stay
-inside the task bodies: parsing this file imports Airflow and the settings only.
+end (the 02:00 run of Dec 2 mines up to Dec 1) and spans ``window_days``. Parsing this file
+imports Airflow and the settings only; a task adds Ray's job client.
 """
 
 from __future__ import annotations
@@ -49,10 +52,9 @@ def _param(option: Any) -> Param:
     return Param(option.default, type=_JSON_TYPES[option.kind], description=option.help, **schema)
 
 
-def _run_params() -> Any:
-    """The run's params and data interval as ``precompute.pipeline.RunParams``."""
-    from precompute.config import PipelineConfig
-    from precompute.pipeline import RunParams
+def _night() -> Any:
+    """The run's params and data interval: the night its stages run (``jobs.RunSpec``)."""
+    from precompute.fleet.jobs import RunSpec
 
     context = get_current_context()
     p = context["params"]
@@ -60,19 +62,36 @@ def _run_params() -> Any:
     interval_end = context.get("data_interval_end") or context.get("logical_date")
     end: datetime = interval_end or context["dag_run"].run_after
     until = (end - timedelta(days=1)).date()  # the last full (UTC) day before the interval's end
-    config = PipelineConfig.from_env(**{o.name: p[o.name] for o in RUN_OPTIONS})
     since = until - timedelta(days=p["window_days"] - 1)
     # every task of the run builds as of the same instant: a rerun builds the same release
-    return RunParams(
-        p["logs_uri"],
-        p["out_uri"],
-        since,
-        until,
-        config,
-        "airflow",
-        started=end,
-        language=p["language"],
+    options = {o.name: p[o.name] for o in RUN_OPTIONS}
+    language = p["language"]
+    return RunSpec(p["logs_uri"], p["out_uri"], since, until, language, end, "airflow", options)
+
+
+def _stage(stage: str, mined: Any = None, hours: float = 2.0) -> dict[str, Any]:
+    """Run ``stage`` of this night as a Ray Job on the cluster (``precompute/fleet/jobs.py``) and
+    wait for it: its result, with what the task saw of the job (``ray_job``). A job still
+    running from an earlier try of this task is followed, not submitted again. The job is
+    stopped once it has run ``hours`` (the task's execution_timeout is that and 10 minutes)."""
+    from precompute.fleet.jobs import StageJob, job_key, stage_command, task_process
+
+    context = get_current_context()
+    run = f"{mined['profile']}/{mined['run']}" if mined else None
+    settings = PrecomputeSettings.from_env()
+    job = StageJob(
+        settings.ray_jobs_address,
+        stage,
+        job_key(context["dag"].dag_id, context["run_id"], stage),
+        stage_command(stage, _night(), run),
+        token=settings.ray_jobs_token,
     )
+    result, ran = job.run(timeout_s=hours * 3600)
+    return {**result, "ray_job": {**ran, "task_process": task_process()}}
+
+
+def _timeout(hours: float) -> timedelta:
+    return timedelta(hours=hours, minutes=10)
 
 
 _PARAMS = {
@@ -100,47 +119,36 @@ def nightly_edge_release(language: str) -> Any:
 
 
 def _pipeline() -> None:
-    # task arguments are XComArgs when wired below and plain values when the task runs: Any
-    # the Ray jobs' tasks end in time: a night stuck waiting for GPUs fails, and is retried
-    @task(execution_timeout=timedelta(hours=6))
+    # task arguments are XComArgs when wired below and plain values when the task runs: Any.
+    # Each task submits its stage as a Ray Job and waits: a night stuck waiting for GPUs fails
+    # (its job stopped) and is retried
+    @task(execution_timeout=_timeout(6))
     def mine() -> dict[str, Any]:
-        from precompute.pipeline import mine_stage
-
-        mined: dict[str, Any] = mine_stage(_run_params())
+        mined = _stage("mine", hours=6)
         expected = get_current_context()["params"]["profile"]
         if expected and expected != mined["profile"]:
             raise ValueError(f"profile {mined['profile']} is not the expected {expected}")
         return mined
 
-    @task(retries=3, retry_exponential_backoff=True, execution_timeout=timedelta(hours=8))
+    @task(retries=3, retry_exponential_backoff=True, execution_timeout=_timeout(8))
     def generate(mined: Any) -> dict[str, Any]:
-        from precompute.pipeline import generate_stage
+        return _stage("generate", mined, hours=8)
 
-        return generate_stage(_run_params(), mined)
-
-    @task
+    @task(execution_timeout=_timeout(2))
     def build(mined: Any, generated: Any) -> dict[str, Any]:
-        from precompute.pipeline import build_stage
+        return _stage("build", mined)
 
-        return build_stage(_run_params(), mined)
-
-    @task(retries=0)  # a refused release stays refused
+    @task(retries=0, execution_timeout=_timeout(2))  # a refused release stays refused
     def validate(mined: Any, built: Any) -> dict[str, Any]:
-        from precompute.pipeline import validate_stage
+        return _stage("validate", mined)
 
-        return validate_stage(_run_params(), mined)
-
-    @task
+    @task(execution_timeout=_timeout(2))
     def publish(mined: Any, validated: Any) -> dict[str, Any]:
-        from precompute.pipeline import publish_stage
+        return _stage("publish", mined)
 
-        return publish_stage(_run_params(), mined)
-
-    @task
+    @task(execution_timeout=_timeout(2))
     def prune(mined: Any, published: Any) -> dict[str, Any]:
-        from precompute.pipeline import prune_stage
-
-        return prune_stage(_run_params(), mined)
+        return _stage("prune", mined)
 
     mined = mine()
     built = build(mined, generate(mined))

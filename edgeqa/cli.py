@@ -117,15 +117,23 @@ def _date(text: str) -> date:
         raise argparse.ArgumentTypeError(f"not a date (YYYY-MM-DD): {text!r}") from None
 
 
-def _cmd_precompute_run(args: argparse.Namespace) -> int:
-    quiet_libraries()
+def _run_params(args: argparse.Namespace, **fields: Any) -> Any:
+    """The night ``edgeqa precompute run`` or ``stage`` was given: the pipeline's ``RunParams``."""
     from precompute.config import RUN_OPTIONS, PipelineConfig
-    from precompute.pipeline import QualityGateError, RunParams, run_languages
+    from precompute.pipeline import RunParams
 
     until = args.until or datetime.now(UTC).date()
     since = args.since or until - timedelta(days=6)
     config = PipelineConfig.from_env(**{o.name: getattr(args, o.name) for o in RUN_OPTIONS})
-    params = RunParams(args.logs, args.out, since, until, config, runner="cli")
+    return RunParams(args.logs, args.out, since, until, config, **fields)
+
+
+def _cmd_precompute_run(args: argparse.Namespace) -> int:
+    quiet_libraries()
+    from precompute.pipeline import QualityGateError, run_languages
+
+    params = _run_params(args, runner="cli")
+    config = params.config
     languages = (args.language,) if args.language else config.settings.language_list
     # stdout is the report's alone (``| jq`` works): what a library prints while the run goes
     # (Ray prints a lost worker's failed task there, from a thread of its own) goes to stderr
@@ -138,6 +146,31 @@ def _cmd_precompute_run(args: argparse.Namespace) -> int:
             raise
         print(json.dumps(report, indent=2, default=str), file=report_to)
     return 0
+
+
+def _cmd_precompute_stage(args: argparse.Namespace) -> int:
+    quiet_libraries()
+    from precompute.fleet.jobs import result_line
+    from precompute.pipeline import run_stage
+
+    started = {"started": args.started} if args.started else {}
+    params = _run_params(args, runner=args.runner, language=args.language, **started)
+    # stdout's last line is the stage's result (what the DAG's task reads from the Ray job's
+    # log); whatever a library prints on the way goes to stderr
+    with contextlib.redirect_stdout(sys.stderr):
+        result = run_stage(args.stage, params, args.mined_run)
+    print(result_line(args.stage, result), flush=True)
+    return 0
+
+
+def _datetime(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO date and time") from None
+    if moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no time zone (say +00:00)")
+    return moment
 
 
 def _cmd_edge_serve(args: argparse.Namespace) -> int:
@@ -240,7 +273,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from precompute.config import RUN_OPTIONS
+    from precompute.config import RUN_OPTIONS, STAGES
 
     parser = argparse.ArgumentParser(prog="edgeqa", description=__doc__.split("\n", 1)[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -280,8 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="mine the logs, generate, build, validate (the quality gate) and publish a release; "
         "print the run report",
     )
-    run.add_argument("--logs", required=True, help="store root holding logs/ (file:// or s3://)")
-    run.add_argument("--out", required=True, help="store root to publish releases to")
+    _add_stores(run)
     run.add_argument("--since", type=_date, default=None, help="first log day (default: until-6)")
     run.add_argument("--until", type=_date, default=None, help="last log day (default: today UTC)")
     run.add_argument(
@@ -292,6 +324,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_run_options(run)
     run.set_defaults(run=_cmd_precompute_run)
+
+    stage = pre_commands.add_parser(
+        "stage",
+        help="run one stage of a night (what each task of the Airflow DAG submits as a Ray "
+        "Job); its result is stdout's last line",
+    )
+    stage.add_argument("stage", choices=STAGES)
+    _add_stores(stage)
+    stage.add_argument("--since", type=_date, required=True, help="first log day")
+    stage.add_argument("--until", type=_date, required=True, help="last log day")
+    stage.add_argument("--language", choices=LANGUAGES, required=True, help="the profile's")
+    stage.add_argument(
+        "--started",
+        type=_datetime,
+        default=None,
+        help="when the night started (ISO, with a zone): the release is built as of then at "
+        "the latest; every stage of a night gets the same (default: now)",
+    )
+    stage.add_argument("--runner", default="cli", help="who runs it, recorded in the manifest")
+    stage.add_argument(
+        "--run",
+        dest="mined_run",
+        default=None,
+        help="<profile>/<run> as mine decided it: every stage after mine",
+    )
+    _add_run_options(stage)
+    stage.set_defaults(run=_cmd_precompute_stage)
 
     keys = commands.add_parser("keys", help="release signing keys")
     keys_commands = keys.add_subparsers(dest="keys_command", required=True)
@@ -335,6 +394,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_insecure_unsigned(origin_serve)
     origin_serve.set_defaults(run=_cmd_origin_serve)
     return parser
+
+
+def _add_stores(parser: argparse.ArgumentParser) -> None:
+    """A night's stores: where the logs are read, where releases go."""
+    parser.add_argument("--logs", required=True, help="store root holding logs/ (file:// or s3://)")
+    parser.add_argument("--out", required=True, help="store root to publish releases to")
 
 
 def _add_insecure_unsigned(parser: argparse.ArgumentParser) -> None:

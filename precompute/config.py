@@ -27,6 +27,9 @@ from base.signing import LocalSigner, Signer, signer_from
 from origin.config import EngineSettings
 from origin.precision import ENGINE_QUANTIZATIONS, EngineQuantization
 
+# the nightly pipeline's stages, in order (``pipeline.py`` runs them; the DAG has a task each)
+STAGES = ("mine", "generate", "build", "validate", "publish", "prune")
+
 
 class PrecomputeSettings(EngineSettings):
     """The nightly job: the origin's model and engine settings, and its own."""
@@ -45,6 +48,12 @@ class PrecomputeSettings(EngineSettings):
     # where embedding and generation run (precompute/fleet/): "" = a local Ray started by the
     # run; else the cluster's address (ray://head:10001)
     ray_address: str = ""
+    # the Ray Jobs API each task of the Airflow DAG submits its stage to (``fleet/jobs.py``):
+    # the cluster head's dashboard port; a local one: ``ray start --head``
+    ray_jobs_address: str = "http://127.0.0.1:8265"
+    # Ray's token (a cluster started with RAY_AUTH_MODE=token), sent to the Jobs API as a bearer
+    # token: a secret, from the environment only ("" = a Jobs API without token authentication)
+    ray_jobs_token: str = ""
     # the most model actors (one engine or embedder each) a job runs at once; 0 = one per CPU
     # slot (or GPU) locally, and on a cluster as many GPU workers as it has, at least 8
     ray_workers: int = Field(0, ge=0)
@@ -68,6 +77,17 @@ class PrecomputeSettings(EngineSettings):
                 "<head>:6379 (inside the cluster) or auto"
             )
         return value
+
+    @field_validator("ray_jobs_address", mode="after")
+    @classmethod
+    def _ray_jobs_address(cls, value: str) -> str:
+        found = re.fullmatch(r"https?://[A-Za-z0-9.\-]+(:(\d{1,5}))?/?", value)
+        if not found or (found.group(2) and not 0 < int(found.group(2)) < 65536):
+            raise ValueError(
+                f"{value!r} is not the Ray Jobs API's address: http://<head>:8265 (the head's "
+                "dashboard port)"
+            )
+        return value.rstrip("/")
 
     @field_validator("curated_answers_sha256", mode="after")
     @classmethod

@@ -42,7 +42,7 @@ from base.languages import DEFAULT_LANGUAGE, LANGUAGES
 from base.logreader import LogReadStats, read_log_tables
 from base.release import read_pointer
 from base.store import ObjectNotFoundError, open_store
-from precompute.config import PipelineConfig
+from precompute.config import STAGES, PipelineConfig
 from precompute.curated import CURATED, curated_rows, read_curated
 from precompute.fleet import ran_on
 from precompute.generate import (
@@ -60,15 +60,15 @@ from precompute.parent import current_release, parent_flagged, parent_phrasings,
 from precompute.publish import prune, publish
 from precompute.questions import HotQuestion
 from precompute.revocations import is_revoked, nightly_revocations
-from precompute.workarea import WorkArea
+from precompute.workarea import WorkArea, parse_run
 
 if TYPE_CHECKING:
     from origin.runtime import LoadedModel
 
 log = logging.getLogger(__name__)
 
-STAGES = ("mine", "generate", "build", "validate", "publish", "prune")
 Mined = Mapping[str, Any]  # what mine_stage returned: profile, run, partitions, ...
+MINED = "mined.json"  # mine_stage's result, in the run's work area
 
 
 class QualityGateError(EdgeQAError, RuntimeError):
@@ -202,14 +202,14 @@ def mine_stage(
     work.put_table(work.reused, pa.Table.from_pylist(reused, schema=answer_schema()))
     count = len(partitions(hot, config.generation.partition_size))
     answered = sum(1 for row in reused if row["reused_from"] == CURATED)
-    return {
+    mined = {
         "profile": profile.name,
         "run": run,
         "parent": parent.version if parent else None,
         "questions": len(hot),
         "reusable": len(reused),
         "curated": answered,
-        "partitions": list(range(count)),
+        "partitions": count,
         "logs": {**stats.__dict__, "rows": mining.rows},
         "excluded_rows": excluded_rows(stats, mining),
         # the run report's ``mining`` (docs/precompute.md#curated-answers: ``mining.curated``)
@@ -219,6 +219,9 @@ def mine_stage(
             "cluster_report": f"{work.prefix}/clusters.json",
         },
     }
+    # what the stages after this one read when they run in another process (``run_stage``)
+    work.put_json(MINED, mined)
+    return mined
 
 
 def generate_stage(
@@ -238,7 +241,7 @@ def generate_stage(
     if model is None:  # the actors take the run's reused answers from the work area
         fleet = connect(settings)
         job = Job.of(fleet, settings, config.generation.quantization, work, params.now)
-        return generate_on_fleet(fleet, job, work, keys, questions, size).as_dict()
+        return generate_on_fleet(fleet, job, work, keys, questions, size, progress).as_dict()
     try:
         reused = {r["key"]: r for r in work.get_table(work.reused).to_pylist()}
     except ObjectNotFoundError:  # mined before answers were reused
@@ -265,7 +268,7 @@ def build_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
     work = _work(params, mined)
     hot = _hot(work)
     try:
-        rows = read_partitions(work, len(mined["partitions"]))
+        rows = read_partitions(work, int(mined["partitions"]))
     except ObjectNotFoundError as error:
         raise EdgeQAError(f"a partition is not generated: run generate first ({error})") from None
     pointer, _ = read_pointer(work.store, work.profile)
@@ -374,6 +377,32 @@ def publish_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
 def prune_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
     removed = prune(open_store(params.out_uri), mined["profile"], params.config.keep)
     return {"removed": removed}
+
+
+def run_stage(name: str, params: RunParams, run: str | None = None) -> dict[str, Any]:
+    """One stage on its own, as ``edgeqa precompute stage`` (a Ray Job of the DAG's) runs it:
+    ``mine``, or a later stage of the run ``run`` (``<profile>/<run>``, as mine decided), whose
+    mine result it reads from the run's work area. The stages themselves are the ones
+    ``run_pipeline`` calls in one process."""
+    if name not in STAGES:
+        raise EdgeQAError(f"unknown stage {name!r} (stages: {', '.join(STAGES)})")
+    if name == "mine":
+        return mine_stage(params)
+    if not run:
+        raise EdgeQAError(f"stage {name} needs the run mine decided (--run <profile>/<run>)")
+    profile, run_id = parse_run(run)
+    try:
+        mined = WorkArea(open_store(params.out_uri), profile, run_id).get_json(MINED)
+    except ObjectNotFoundError:
+        raise EdgeQAError(f"run {run} has not been mined in {params.out_uri}") from None
+    stages: dict[str, Callable[[RunParams, Mined], dict[str, Any]]] = {
+        "generate": generate_stage,
+        "build": build_stage,
+        "validate": validate_stage,
+        "publish": publish_stage,
+        "prune": prune_stage,
+    }
+    return stages[name](params, mined)
 
 
 def run_pipeline(

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from base.errors import EdgeQAError
 from base.manifest import Manifest
 from base.store import Store, parquet_table
 
@@ -145,3 +146,16 @@ class WorkArea:
 
 def work_prefix(profile: str, run: str) -> str:
     return f"{profile}/work/{run}"
+
+
+# a run as the stages after mine are handed it on a command line: ``<profile>/<run>``
+_RUN = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,127})/([0-9a-f]{8,64})")
+
+
+def parse_run(text: str) -> tuple[str, str]:
+    """``(profile, run)`` of ``<profile>/<run>`` (what ``edgeqa precompute stage --run`` takes);
+    ``EdgeQAError`` for anything else (a path that would leave the profile's work area)."""
+    found = _RUN.fullmatch(text or "")
+    if not found or ".." in found.group(1):
+        raise EdgeQAError(f"{text!r} is not a run: <profile>/<run>, as the mine stage printed it")
+    return found.group(1), found.group(2)

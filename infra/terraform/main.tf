@@ -93,13 +93,9 @@ module "airflow" {
   region             = var.region
   vpc_id             = var.vpc_id
   private_subnet_ids = slice(var.private_subnet_ids, 0, 2)
-  bucket_arn         = module.storage.bucket_arn
   kms_key_arn        = module.storage.kms_key_arn
-  signing_key_arn    = module.signing.key_arn
-  # the DAG's one setting for its GPU stages: EDGEQA_RAY_ADDRESS on the workers
-  ray_address = module.ray.client_address
-  # and how many GPU workers a job may ask its autoscaler for (the GPU node group's ceiling)
-  ray_workers = module.ray.max_gpu_workers
+  # the DAG's one setting: the Jobs API its tasks submit their stages to (EDGEQA_RAY_JOBS_ADDRESS)
+  ray_jobs_address = module.ray.dashboard_address
 }
 
 module "ray" {
@@ -110,7 +106,7 @@ module "ray" {
   vpc_id             = var.vpc_id
   private_subnet_ids = var.private_subnet_ids
   api_cidr_blocks    = var.ray_api_cidr_blocks
-  # only the DAG's workers reach the head (Ray Client, job API)
+  # only the DAG's workers reach the head (the Jobs API)
   client_security_group_ids = [module.airflow.security_group_id]
   image                     = var.ray_image
   ray_version               = var.ray_version
@@ -118,5 +114,7 @@ module "ray" {
   gpu_max_nodes             = var.ray_gpu_max_nodes
   bucket_arn                = module.storage.bucket_arn
   kms_key_arn               = module.storage.kms_key_arn
-  log_retention_days        = var.log_retention_days
+  # the stages' drivers on the head sign releases and pointers (the workers cannot)
+  signing_key_arn    = module.signing.key_arn
+  log_retention_days = var.log_retention_days
 }

@@ -33,13 +33,8 @@ output "release_public_key" {
   value       = module.signing.public_key
 }
 
-output "ray_client_address" {
-  description = "The Ray head's Ray Client address (ray://<internal NLB>:10001), handed to the MWAA workers as EDGEQA_RAY_ADDRESS."
-  value       = module.ray.client_address
-}
-
 output "ray_dashboard_address" {
-  description = "The Ray job API and dashboard (http://<internal NLB>:8265), reachable from the MWAA workers only."
+  description = "The Ray Jobs API and dashboard (http://<internal NLB>:8265), reachable from the MWAA workers only, handed to them as EDGEQA_RAY_JOBS_ADDRESS."
   value       = module.ray.dashboard_address
 }
 

@@ -123,7 +123,7 @@ variable "ray_image" {
 }
 
 variable "ray_version" {
-  description = "The Ray version in ray_image; the Airflow workers' Ray Client must run the same Ray (and the same Python minor)."
+  description = "The Ray version in ray_image (the RayCluster's rayVersion); the Airflow workers submit jobs over HTTP, so theirs need not match."
   type        = string
   default     = "2.60.0"
 }

@@ -123,10 +123,17 @@ def connect(settings: PrecomputeSettings) -> Fleet:
     quiet = {"logging_level": logging.WARNING, "log_to_driver": False}
     if address and not ray.is_initialized():
         _check_reachable(address)  # Ray itself waits minutes on a GCS that is not there
+    # a Ray Job's driver (a stage the DAG submitted: ``jobs.py``) runs its model stages on the
+    # job's own cluster, which Ray names in RAY_ADDRESS: a fleet, unless it is this machine alone
+    in_job = not address and bool(os.environ.get("RAY_ADDRESS")) and not ray.is_initialized()
     try:
         if ray.is_initialized():  # joined already (a test session's, a Ray job's driver)
             gcs = ray.get_runtime_context().gcs_address
             address = "" if _loopback(gcs) else gcs
+        elif in_job:
+            ray.init(**quiet)  # type: ignore[arg-type]
+            gcs = ray.get_runtime_context().gcs_address
+            address = "" if _only_this_machine() else gcs
         elif address:
             ray.init(address=address, **quiet)  # type: ignore[arg-type]
         else:
@@ -206,6 +213,20 @@ def _loopback(address: str) -> bool:
 
     host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
     return host in ("127.0.0.1", "localhost", "::1", get_node_ip_address())
+
+
+def _only_this_machine() -> bool:
+    """Whether the Ray this process joined is this machine alone, with CPU slots for the actors
+    (a laptop's ``ray start --head``). A fleet's head is the job driver's own machine too, but
+    it holds no CPU slot (``num-cpus: 0``: the work goes to the workers its autoscaler
+    brings), or other machines have joined it."""
+    import ray
+    from ray.util import get_node_ip_address
+
+    here = get_node_ip_address()
+    nodes = [node for node in ray.nodes() if node.get("Alive")]
+    slots = sum(node.get("Resources", {}).get("CPU", 0) for node in nodes)
+    return slots > 0 and all(node.get("NodeManagerAddress") == here for node in nodes)
 
 
 def _quiet_ray_data() -> None:

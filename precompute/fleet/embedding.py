@@ -52,6 +52,7 @@ class RayEncoder:
         import numpy as np
         import pyarrow as pa
         import ray.data
+        from tqdm import tqdm
 
         from edge_index.embedder import resolve_embedder_path
 
@@ -74,6 +75,7 @@ class RayEncoder:
         self.where = self.fleet.where(pool_size(pool))
         came = 0
         batches = iter(dataset.iter_batches(batch_size=None, batch_format="numpy"))
+        bar = tqdm(total=len(texts), desc="embedding", unit="wording", disable=not progress)
         reserve_gpus(self.fleet, pool_size(pool))
         try:
             while True:
@@ -86,8 +88,10 @@ class RayEncoder:
                     raise FleetError(f"embedding on {where} failed: {last_line(error)}") from error
                 vectors = np.ascontiguousarray(batch["vector"], dtype=np.float32)
                 came += len(vectors)
+                bar.update(len(vectors))
                 yield vectors
         finally:
+            bar.close()
             reserve_gpus(self.fleet, 0)
         if came != len(texts):
             raise FleetError(f"the embedding job returned {came} vectors for {len(texts)} texts")

@@ -164,10 +164,13 @@ def generate_partitions(
     todo: Sequence[int],
     keys: Sequence[Sequence[str]],
     questions: Sequence[Sequence[str]],
+    progress: bool = False,
 ) -> Generated:
     """Answer partitions ``todo`` (``keys[i]``, ``questions[i]`` each) on the fleet, each
-    written to the work area as it is done; returns what each did."""
+    written to the work area as it is done; returns what each did (``progress``: a bar of the
+    answers as their partitions come back)."""
     import ray.data
+    from tqdm import tqdm
 
     if not todo:
         return Generated([], "")
@@ -182,12 +185,18 @@ def generate_partitions(
         batch_size=1,  # a partition per call: each is checkpointed before the next starts
         **pool,
     )
+    answers = {i: len(keys[n]) for n, i in enumerate(todo)}  # by partition
+    bar = tqdm(total=sum(answers.values()), desc="generating", unit="answer", disable=not progress)
+    rows: list[dict[str, Any]] = []
     try:
-        rows = dataset.take_all()
+        for row in dataset.iter_rows():
+            rows.append(dict(row))
+            bar.update(answers[row["partition"]])
     except Exception as error:  # a partition failed past Ray's retries: the rest are kept
         where = fleet.where(pool_size(pool))
         raise FleetError(f"generation on {where} failed: {last_line(error)}") from error
     finally:
+        bar.close()
         reserve_gpus(fleet, 0)
     workers = len({r["worker"] for r in rows})
     return Generated(rows, fleet.where(workers))
@@ -200,6 +209,7 @@ def generate_on_fleet(
     keys: Sequence[str],
     questions: Sequence[str],
     partition_size: int,
+    progress: bool = False,
 ) -> GenerationReport:
     """``generate.generate_all`` on the fleet: the partitions not in the work area yet
     are one Ray Data job, each written there by the actor that answered it (taking the run's
@@ -245,6 +255,7 @@ def generate_on_fleet(
         todo,
         [key_parts[i] for i in todo],
         [question_parts[i] for i in todo],
+        progress,
     )
     if copied:
         rows = zip(*copied.values(), strict=True)

@@ -130,23 +130,109 @@ def test_dag_imports_and_has_the_expected_shape(airflow_env: dict[str, str]) -> 
 
 
 @pytest.fixture(scope="module")
-def dag_night(
-    airflow_env: dict[str, str], s3_endpoint: str, model_cache_dir: Path, ray_address: str
-) -> dict[str, Any]:
-    """One ``airflow dags test`` run over generated logs in S3 (moto's server), the model stages
-    on the session's Ray: the store's URI, the profile, the pointer it published, the child
-    environment, and the run's output. The tests below read, rerun and refuse from it."""
+def ray_head(
+    airflow_env: dict[str, str],
+    s3_endpoint: str,
+    model_cache_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Any]]:
+    """A local Ray head with its Jobs API (``ray start --head``), Ray's token authentication
+    on, as a deployment runs one for the DAG: its Jobs API URL and token, its GCS address and
+    the environment its jobs run with (the store's credentials, the session's model cache, the
+    project's ``edgeqa`` on the PATH, the token). Stopped when the module ends."""
+    import secrets
+    import signal
+    import time
+
+    from ray.util import get_node_ip_address
+
+    from tests.serving import free_port
+
+    ports = set()
+    while len(ports) < 7:  # seven distinct ports (a port freed may be handed out again)
+        ports.add(free_port())
+    gcs_port, jobs_port, *others = sorted(ports)
+    env = {**airflow_env, "EDGEQA_CACHE_DIR": str(model_cache_dir)}
+    env.update({k: v for k, v in os.environ.items() if k.startswith("AWS_")})
+    env.update(RAY_num_prestart_python_workers="0", RAY_enable_metrics_collection="0")
+    env.update(RAY_USAGE_STATS_ENABLED="0", OMP_NUM_THREADS="1")
+    token = secrets.token_hex(32)
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)  # its jobs and children too
+    flags = ("--port", "--dashboard-port", "--dashboard-agent-listen-port")
+    flags += ("--dashboard-agent-grpc-port", "--runtime-env-agent-port")
+    flags += ("--metrics-export-port", "--ray-client-server-port")
+    chosen = dict(zip(flags, (gcs_port, jobs_port, *others), strict=True))
+    command = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block"]
+    command += ["--num-cpus", "2", "--include-dashboard=true", "--dashboard-host", "127.0.0.1"]
+    command += [f"{flag}={port}" for flag, port in chosen.items()]
+    said = tmp_path_factory.mktemp("ray-head") / "ray-start.log"
+    head = subprocess.Popen(
+        command,
+        env=env,
+        stdout=said.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its raylet, GCS, dashboard and workers: one process group
+    )
+    jobs = f"http://127.0.0.1:{jobs_port}"
+    deadline = time.monotonic() + 180
+    authorized = {"Authorization": f"Bearer {token}"}
+    try:
+        while True:
+            try:
+                answer = httpx.get(f"{jobs}/api/version", headers=authorized, timeout=5)
+                if answer.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert head.poll() is None, said.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"no Jobs API in 180 s: {said.read_text()[-2000:]}"
+            time.sleep(1)
+        yield {
+            "jobs": jobs,
+            "token": token,
+            "gcs": f"{get_node_ip_address()}:{gcs_port}",
+            "env": env,
+        }
+    finally:  # its raylet, GCS, dashboard and workers; ended hard, quickly, after a grace
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(timeout=30)
+
+
+# ``airflow dags test`` in a process that says, as it exits, its peak memory and which heavy
+# modules it imported: the whole Airflow process, every task of the night run in it (``dags test``
+# runs the tasks in process)
+_MEASURED_AIRFLOW = """
+import atexit, json, sys
+from precompute.fleet.jobs import task_process
+def report():
+    print("AIRFLOW-PROCESS " + json.dumps(task_process()))
+atexit.register(report)
+from airflow.__main__ import main
+sys.argv = ["airflow", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.fixture(scope="module")
+def dag_night(ray_head: dict[str, Any]) -> dict[str, Any]:
+    """One ``airflow dags test`` run over generated logs in S3 (moto's server), every stage a
+    Ray Job on the module's Ray head: the store's URI, the profile, the pointer it published,
+    the environment, the run's output, the Airflow process's measure and the head's jobs. The
+    tests below read, rerun and refuse from it."""
     uri = f"s3://{new_bucket()}/store"
     store = open_store(uri)
     _logs(store)
     conf = {"logs_uri": uri, "out_uri": uri, **SMALL}
-    # the model stages on the session's Ray: the one setting the DAG's workers have for a fleet
-    env = {**airflow_env, "EDGEQA_CACHE_DIR": str(model_cache_dir)}
-    env.update(EDGEQA_RAY_ADDRESS=ray_address, RAY_AUTH_MODE="token")
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env.update({k: v for k, v in os.environ.items() if k.startswith("AWS_")})
+    # the Airflow worker's settings for the fleet: where its Jobs API is, and Ray's token
+    env = {**ray_head["env"], "EDGEQA_RAY_JOBS_ADDRESS": ray_head["jobs"]}
+    env["EDGEQA_RAY_JOBS_TOKEN"] = ray_head["token"]
+    night = ["dags", "test", DAG_ID, "2026-11-29T02:00:00+00:00", "-c", json.dumps(conf)]
     done = subprocess.run(
-        ["airflow", "dags", "test", DAG_ID, "2026-11-29T02:00:00+00:00", "-c", json.dumps(conf)],
+        [sys.executable, "-c", _MEASURED_AIRFLOW, *night],
         env=env,
         capture_output=True,
         text=True,
@@ -155,6 +241,8 @@ def dag_night(
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0 and "state=success" in output, output[-5000:]
+    measured = [line for line in done.stdout.splitlines() if line.startswith("AIRFLOW-PROCESS ")]
+    assert measured, output[-3000:]
     profiles = sorted({p.split("/", 1)[0] for p in store.list() if p.endswith("/current.json")})
     assert len(profiles) == 1
     pointer, _ = read_pointer(store, profiles[0])
@@ -164,9 +252,37 @@ def dag_night(
         "uri": uri,
         "profile": profiles[0],
         "pointer": pointer,
-        "env": env,
+        # a child joining the head (the command line's model stages)
+        "env": {**env, "EDGEQA_RAY_ADDRESS": ray_head["gcs"]},
         "manifest": manifest,
+        "airflow_process": json.loads(measured[-1].split(" ", 1)[1]),
+        "jobs": httpx.get(
+            f"{ray_head['jobs']}/api/jobs/",
+            headers={"Authorization": f"Bearer {ray_head['token']}"},
+            timeout=30,
+        ).json(),
+        "output": output,
     }
+
+
+def test_every_stage_ran_as_a_ray_job_and_the_airflow_process_stayed_small(
+    dag_night: dict[str, Any],
+) -> None:
+    """The DAG's tasks only submit and follow: each stage of the night ran as a Ray Job (the
+    command a person would type), and the Airflow process, which ran every task, never imported
+    torch, faiss, duckdb, transformers or Ray, and stayed small."""
+    jobs = [j for j in dag_night["jobs"] if str(j.get("submission_id", "")).startswith("edgeqa-")]
+    ran = {j["entrypoint"].split()[3]: j for j in jobs if j["status"] == "SUCCEEDED"}
+    assert set(ran) == set(STAGES), [(j["submission_id"], j["status"]) for j in jobs]
+    for stage, job in ran.items():
+        assert job["entrypoint"].startswith(f"edgeqa precompute stage {stage} --logs s3://")
+        assert job["metadata"]["edgeqa_stage"] == stage
+        assert ("--run" in job["entrypoint"].split()) == (stage != "mine")
+    process = dag_night["airflow_process"]
+    assert process["heavy_imports"] == []
+    assert process["peak_rss_mb"] <= 300, process
+    # each task followed its job's log into its own
+    assert "edgeqa-stage-result: " in dag_night["output"]
 
 
 def test_the_dag_runs_end_to_end_on_s3_and_the_edge_serves_it(
@@ -226,10 +342,11 @@ def test_the_command_line_builds_the_dag_s_release_and_its_refusal_publishes_not
 
 
 def _params(dag_night: dict[str, Any]) -> RunParams:
-    """The DAG's night as the stages' parameters: its store, window and settings."""
+    """The DAG's night as the stages' parameters: its store, window and settings (the model
+    stages on this process's Ray: ``ray_address``)."""
     window = dag_night["manifest"]["log_range"]
     config = PipelineConfig.from_env(
-        {},
+        {"EDGEQA_CACHE_DIR": dag_night["env"]["EDGEQA_CACHE_DIR"]},
         max_tokens=SMALL["max_tokens"],
         partition_size=SMALL["partition_size"],
         quantization=SMALL["quantization"],
@@ -248,7 +365,10 @@ def _run(params: RunParams) -> tuple[dict[str, Any], dict[str, Any], dict[str, A
 
 
 def test_rerunning_the_interval_reuses_every_answer_then_the_quality_gate_refuses(
-    dag_night: dict[str, Any], model_cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+    dag_night: dict[str, Any],
+    model_cache_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    ray_address: str,
 ) -> None:
     import io
 
@@ -305,3 +425,53 @@ def test_rerunning_the_interval_reuses_every_answer_then_the_quality_gate_refuse
     store.put(rows_path, buffer.getvalue())
     refused(params, mined, "empty")
     assert read_pointer(store, profile)[0] == live  # nothing was published
+
+
+# -- a stage's Ray Job outlives its task ----------------------------------------------------------
+
+
+def test_a_task_started_again_follows_its_job_a_failed_one_is_submitted_anew_a_late_one_stopped(
+    ray_head: dict[str, Any],
+) -> None:
+    """On the module's Ray head, with small shell jobs standing in for stages: a task whose
+    stage's job is still running (its worker died after submitting it) follows that job; a job
+    that failed is not followed but submitted again, its error line in the task's; a job past
+    the task's time is stopped."""
+    import shlex
+    import time
+
+    from precompute.fleet.jobs import StageJob, StageJobError, job_key, result_line
+
+    jobs, token = ray_head["jobs"], ray_head["token"]
+    # without Ray's token the Jobs API refuses, and the task says which setting to look at
+    with pytest.raises(StageJobError, match=r"refused a request without a token \(EDGEQA_RAY_JOBS"):
+        StageJob(jobs, "mine", job_key("dag", "no-token", "mine"), ["true"]).run()
+    with pytest.raises(StageJobError, match="refused the token"):
+        StageJob(jobs, "mine", job_key("dag", "bad-token", "mine"), ["true"], "0" * 64).run()
+
+    key = job_key("dag", "run-reattach", "prune")
+    script = f"sleep 3; echo {shlex.quote(result_line('prune', {'removed': []}))}"
+    submitted = {"entrypoint": script, "submission_id": f"{key}-1"}
+    authorized = {"Authorization": f"Bearer {token}"}
+    answer = httpx.post(f"{jobs}/api/jobs/", json=submitted, headers=authorized, timeout=30)
+    assert answer.status_code == 200, answer.text
+    lines: list[str] = []
+    again = StageJob(jobs, "prune", key, ["sh", "-c", script], token, 0.5, on_line=lines.append)
+    result, ran = again.run()
+    assert result == {"removed": []}
+    assert ran["attached"] and ran["submission_id"] == f"{key}-1" and ran["status"] == "SUCCEEDED"
+    assert any("following Ray job" in line for line in lines)
+
+    failing = ["sh", "-c", "echo 'edgeqa: error: the release has 3 rows'; exit 2"]
+    key = job_key("dag", "run-fails", "validate")
+    for attempt in (1, 2):
+        with pytest.raises(StageJobError, match=f"{key}-{attempt}.*edgeqa: error: the release"):
+            StageJob(jobs, "validate", key, failing, token, poll_s=0.5).run()
+
+    key = job_key("dag", "run-late", "mine")
+    with pytest.raises(StageJobError, match="ran past its time: stopped"):
+        StageJob(jobs, "mine", key, ["sleep", "300"], token, poll_s=0.5).run(timeout_s=2)
+    deadline, stopped = time.monotonic() + 60, f"{jobs}/api/jobs/{key}-1"
+    while (status := httpx.get(stopped, headers=authorized).json()["status"]) != "STOPPED":
+        assert time.monotonic() < deadline, status
+        time.sleep(0.5)

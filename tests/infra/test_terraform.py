@@ -112,8 +112,11 @@ def test_the_modules_are_wired_and_the_bucket_is_private(parsed: dict[str, Any])
     # releases are signed in KMS (Ed25519); the edge and the origin verify with its public half
     signing = json.dumps(parsed["modules/signing/main.tf"])
     assert has(signing, "customer_master_key_spec", '"ECC_NIST_EDWARDS25519"')
+    # the stages' drivers sign on the Ray head; MWAA only submits them
+    ray = json.dumps(parsed["modules/ray/main.tf"])
+    assert "kms:Sign" in ray and "EDGEQA_SIGNING_KMS_KEY" in ray
     airflow = json.dumps(parsed["modules/airflow/main.tf"])
-    assert "kms:Sign" in airflow and "EDGEQA_SIGNING_KMS_KEY" in airflow
+    assert "kms:Sign" not in airflow and "EDGEQA_SIGNING_KMS_KEY" not in airflow
     edge = json.dumps(parsed["modules/edge/main.tf"])
     for name in ("EDGEQA_RELEASE_PUBLIC_KEYS", "EDGEQA_IDENTITY_SECRET"):
         assert name in edge and name + "=" in user_data, name
@@ -134,7 +137,7 @@ def _one(value: Any) -> Any:
     return value[0] if isinstance(value, list) and len(value) == 1 else value
 
 
-def test_the_ray_fleet_is_private_scales_its_gpus_from_zero_and_is_the_dags_one_setting(
+def test_the_ray_fleet_is_private_scales_its_gpus_from_zero_and_its_head_runs_the_stages(
     parsed: dict[str, Any],
 ) -> None:
     ray = "modules/ray/main.tf"
@@ -173,42 +176,91 @@ def test_the_ray_fleet_is_private_scales_its_gpus_from_zero_and_is_the_dags_one_
     values = json.dumps(releases["ray_cluster"]["values"])
     for setting in ("'enableInTreeAutoscaling': True", "'minReplicas': 0", "'nvidia.com/gpu': 1"):
         assert setting in values, setting
-    # the head: an internal NLB, reached on 10001 and 8265 from the Airflow workers' group only
+    # the head: an internal NLB, its Jobs API (8265) reached from the Airflow workers' group only
     (nlb,) = _blocks(parsed, ray, "resource", "aws_lb").values()
     assert _one(nlb["internal"]) is True and _one(nlb["load_balancer_type"]) == "network"
     assert '"internal": [false]' not in text and 'endpoint_public_access": [true]' not in text
     head = _blocks(parsed, ray, "resource", "aws_security_group")["head"]
     ingress = {_one(rule["from_port"]): rule for rule in head["ingress"]}
-    assert set(ingress) == {10001, 8265}
+    assert set(ingress) == {8265}
     for rule in ingress.values():
         assert "cidr_blocks" not in rule and "ipv6_cidr_blocks" not in rule
         assert _one(rule["security_groups"]) == "${var.client_security_group_ids}"
-    # the Ray pods: logs/ and the work areas of the store, nothing broader
-    (policy,) = [
-        body
-        for name, body in _blocks(parsed, ray, "data", "aws_iam_policy_document").items()
-        if name == "ray"
-    ]
-    resources = {r for st in policy["statement"] for r in _one(st["resources"])}
-    assert resources == {
+    policies = _blocks(parsed, ray, "data", "aws_iam_policy_document")
+    statements = {
+        name: {
+            _one(st["sid"]): (set(_flat(st["actions"])), set(_flat(st["resources"])))
+            for st in policies[name]["statement"]
+        }
+        for name in ("ray", "ray_head")
+    }
+    # the GPU workers (the model actors): logs/ and the work areas of the store, nothing
+    # broader; they cannot sign, so the fleet cannot publish
+    workers = statements["ray"]
+    assert {r for _, resources in workers.values() for r in resources} == {
         "${var.bucket_arn}/logs/*",
         "${var.bucket_arn}/*/work/*",
         "${var.bucket_arn}",
         "${var.kms_key_arn}",
     }
-    # the root wires the address to the DAG's workers, the workers' group to the head
+    assert not any(a.startswith("kms:Sign") for actions, _ in workers.values() for a in actions)
+    assert not any("s3:Delete" in a for actions, _ in workers.values() for a in actions)
+    # the head (every stage's driver): writes releases and pointers and signs with the release key
+    head_role = statements["ray_head"]
+    assert head_role["SignReleases"] == (
+        {"kms:Sign", "kms:GetPublicKey"},
+        {"${var.signing_key_arn}"},
+    )
+    writable = {
+        r
+        for actions, resources in head_role.values()
+        if "s3:PutObject" in actions
+        for r in resources
+    }
+    assert writable == {
+        "${var.bucket_arn}/*/work/*",
+        "${var.bucket_arn}/*/releases/*",
+        "${var.bucket_arn}/*/current.json",
+        "${var.bucket_arn}/*/revocations.json",
+    }
+    # its own service account and role; the workers keep theirs
+    accounts = _blocks(parsed, ray, "resource", "kubernetes_service_account_v1")
+    assert set(accounts) == {"ray", "head"}
+    for account, role in (("head", "ray_head"), ("ray", "ray")):
+        annotations = _one(_one(accounts[account]["metadata"])["annotations"])
+        assert annotations["eks.amazonaws.com/role-arn"] == f'${{aws_iam_role.irsa["{role}"].arn}}'
+    assert "'serviceAccountName': '${local.head_service_account}'" in values
+    assert "'serviceAccountName': '${local.service_account}'" in values
+    # the drivers' settings are the head's; no secret value (the key stays in KMS)
+    for setting in (
+        "{'name': 'EDGEQA_SIGNING_KMS_KEY', 'value': '${var.signing_key_arn}'}",
+        "{'name': 'EDGEQA_RAY_WORKERS', 'value': '${tostring(local.max_gpu_workers)}'}",
+    ):
+        assert setting in values, setting
+    # the root wires the Jobs API to the DAG's workers, the workers' group and the key to the head
     root = {k: v for b in parsed["main.tf"]["module"] for k, v in b.items()}
-    assert _one(root["airflow"]["ray_address"]) == "${module.ray.client_address}"
+    assert _one(root["airflow"]["ray_jobs_address"]) == "${module.ray.dashboard_address}"
     assert _one(root["ray"]["client_security_group_ids"]) == ["${module.airflow.security_group_id}"]
+    assert _one(root["ray"]["signing_key_arn"]) == "${module.signing.key_arn}"
     assert _one(root["ray"]["image"]) == "${var.ray_image}"
-    # the RayCluster's rayVersion is a Ray the project (the image, the DAG's driver) may install
+    for gone in ("ray_address", "ray_workers", "signing_key_arn", "bucket_arn"):
+        assert gone not in root["airflow"], gone
+    # the RayCluster's rayVersion is a Ray the project (the image the stages run in) may install
     with (ROOT / "pyproject.toml").open("rb") as f:
         dependencies = tomllib.load(f)["project"]["dependencies"]
     (ray_pin,) = [Requirement(d) for d in dependencies if Requirement(d).name == "ray"]
     for default in (ray_vars["ray_version"]["default"], root_vars["ray_version"]["default"]):
         assert ray_pin.specifier.contains(_one(default)), f"ray_version {default}: {ray_pin}"
-    airflow = json.dumps(parsed["modules/airflow/main.tf"])
-    assert "export EDGEQA_RAY_ADDRESS='${var.ray_address}'" in airflow
+    # MWAA: its one setting is the Jobs API; its role has MWAA's own needs only, no store access
+    airflow_tf = "modules/airflow/main.tf"
+    airflow = json.dumps(parsed[airflow_tf])
+    assert "export EDGEQA_RAY_JOBS_ADDRESS='${var.ray_jobs_address}'" in airflow
+    for gone in ("EDGEQA_SIGNING_KMS_KEY", "EDGEQA_RAY_ADDRESS", "EDGEQA_RAY_WORKERS"):
+        assert gone not in airflow, gone
+    mwaa = json.dumps(_blocks(parsed, airflow_tf, "data", "aws_iam_policy_document")["mwaa"])
+    assert "var.bucket_arn" not in mwaa and "kms:Sign" not in mwaa
+    mwaa_group = _blocks(parsed, airflow_tf, "resource", "aws_security_group")["mwaa"]
+    assert 10001 not in {_one(rule["from_port"]) for rule in mwaa_group["egress"]}
     # the Airflow pool the generate task once queued on is gone everywhere
     for path in TERRAFORM.rglob("*"):
         if path.is_file() and ".terraform" not in path.parts:

@@ -1,8 +1,9 @@
 # MWAA (managed Airflow) running dags/nightly_edge_release.py. Its own bucket holds the DAG and
-# requirements.txt (MWAA needs a versioned bucket of its own); the execution role may read and
-# write the store (logs in, releases out) and nothing else. The GPU stages run on the Ray cluster
-# (modules/ray): a worker drives them as a Ray Client, at the address the startup script exports
-# as EDGEQA_RAY_ADDRESS, through the head's internal NLB.
+# requirements.txt (MWAA needs a versioned bucket of its own). No stage runs on a worker: each
+# task submits its stage as a Ray Job to the Ray cluster (modules/ray) over the head's Jobs API,
+# at the address the startup script exports as EDGEQA_RAY_JOBS_ADDRESS (the head's internal NLB,
+# 8265), and follows it. The stages' drivers run on the head with its own role, so the execution
+# role has MWAA's own needs only: no access to the store, no kms:Sign.
 
 resource "aws_s3_bucket" "dags" {
   bucket = "${var.name}-dags-${var.account_id}"
@@ -76,14 +77,7 @@ resource "aws_security_group" "mwaa" {
     #checkov:skip=CKV_AWS_382:AWS APIs have no fixed CIDR; egress is HTTPS only
   }
   egress {
-    description = "Ray Client to the Ray head's internal NLB (the GPU stages)"
-    from_port   = 10001
-    to_port     = 10001
-    protocol    = "tcp"
-    cidr_blocks = [data.aws_vpc.this.cidr_block]
-  }
-  egress {
-    description = "Ray job API to the Ray head's internal NLB"
+    description = "Ray Jobs API on the Ray head's internal NLB (each task submits its stage)"
     from_port   = 8265
     to_port     = 8265
     protocol    = "tcp"
@@ -102,13 +96,11 @@ resource "aws_s3_object" "startup" {
   bucket     = aws_s3_bucket.dags.id
   key        = "startup.sh"
   kms_key_id = var.kms_key_arn
-  # releases are signed in KMS: the private key never reaches a worker (base/signing.py);
-  # the GPU stages run on the Ray cluster, this address is the DAG's one setting for it
+  # the DAG's one setting: where its tasks submit their stages (the signing key, the GPU ceiling
+  # and the store access are the Ray head's, where the stages run)
   content = <<-SH
     #!/bin/sh
-    export EDGEQA_SIGNING_KMS_KEY='${var.signing_key_arn}'
-    export EDGEQA_RAY_ADDRESS='${var.ray_address}'
-    export EDGEQA_RAY_WORKERS='${var.ray_workers}'
+    export EDGEQA_RAY_JOBS_ADDRESS='${var.ray_jobs_address}'
   SH
 }
 
@@ -160,7 +152,7 @@ resource "aws_mwaa_environment" "this" {
   }
 }
 
-# -- IAM: MWAA's own needs, plus the store ----------------------------------------------------------
+# -- IAM: MWAA's own needs only (the stages, and their store access, are the Ray head's) ----------
 
 data "aws_iam_policy_document" "assume" {
   statement {
@@ -184,24 +176,10 @@ data "aws_iam_policy_document" "mwaa" {
     resources = [aws_s3_bucket.dags.arn, "${aws_s3_bucket.dags.arn}/*"]
   }
   statement {
-    sid       = "ReadLogsWriteReleases"
-    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
-    resources = ["${var.bucket_arn}/*"]
-  }
-  statement {
-    sid       = "ListStore"
-    actions   = ["s3:ListBucket"]
-    resources = [var.bucket_arn]
-  }
-  statement {
+    # the environment (kms_key: its logs, queues, metadata) and its DAG bucket are encrypted with it
     sid       = "UseKey"
     actions   = ["kms:Decrypt", "kms:DescribeKey", "kms:GenerateDataKey*", "kms:Encrypt"]
     resources = [var.kms_key_arn]
-  }
-  statement {
-    sid       = "SignReleases"
-    actions   = ["kms:Sign", "kms:GetPublicKey"]
-    resources = [var.signing_key_arn]
   }
   statement {
     sid       = "AirflowLogs"

@@ -9,6 +9,6 @@ output "dags_bucket" {
 }
 
 output "security_group_id" {
-  description = "The MWAA workers' security group (the Ray head admits it)."
+  description = "The MWAA workers' security group (the Ray head's Jobs API admits it)."
   value       = aws_security_group.mwaa.id
 }

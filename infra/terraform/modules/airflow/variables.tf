@@ -23,13 +23,8 @@ variable "private_subnet_ids" {
   type        = list(string)
 }
 
-variable "bucket_arn" {
-  description = "The store bucket (logs in, releases out)."
-  type        = string
-}
-
 variable "kms_key_arn" {
-  description = "The store's KMS key."
+  description = "The KMS key of the environment and its DAG bucket (the store's key)."
   type        = string
 }
 
@@ -46,30 +41,16 @@ variable "environment_class" {
 }
 
 variable "max_workers" {
-  description = "Most Celery workers (the GPU stages run on the Ray cluster; a worker only drives them)."
+  description = "Most Celery workers (every stage runs on the Ray cluster; a worker only submits and follows it)."
   type        = number
   default     = 8
 }
 
-variable "signing_key_arn" {
-  description = "The KMS key releases are signed with (the signing module's key_arn)."
-  type        = string
-}
-
-variable "ray_workers" {
-  description = "The most GPU workers a Ray job asks the cluster for (the ray module's max_gpu_workers): the workers' EDGEQA_RAY_WORKERS."
-  type        = number
-  validation {
-    condition     = var.ray_workers >= 1
-    error_message = "ray_workers must be at least 1."
-  }
-}
-
-variable "ray_address" {
-  description = "The Ray cluster's Ray Client address (ray://<host>:10001, the ray module's client_address): the workers' EDGEQA_RAY_ADDRESS."
+variable "ray_jobs_address" {
+  description = "The Ray cluster's Jobs API (http://<host>:8265, the ray module's dashboard_address): the workers' EDGEQA_RAY_JOBS_ADDRESS."
   type        = string
   validation {
-    condition     = startswith(var.ray_address, "ray://")
-    error_message = "ray_address must be a Ray Client address, ray://<host>:<port>."
+    condition     = can(regex("^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?/?$", var.ray_jobs_address))
+    error_message = "ray_jobs_address must be the Ray Jobs API's address, http://<host>:<port>."
   }
 }

@@ -1,7 +1,13 @@
-# The nightly job's GPU fleet: a Ray cluster on EKS (KubeRay) that the DAG drives as a Ray Client
-# (EDGEQA_RAY_ADDRESS = ray://<internal NLB>:10001; the Airflow worker is the driver). The night's
-# GPU stages (embedding the wordings, generating answers) are Ray Data jobs with actor pools, one
-# engine per actor, one actor per GPU.
+# The nightly job's GPU fleet: a Ray cluster on EKS (KubeRay) that runs every stage of the night.
+# Each task of the DAG submits its stage as a Ray Job to the head's Jobs API
+# (EDGEQA_RAY_JOBS_ADDRESS = http://<internal NLB>:8265) and follows it; the Airflow worker runs
+# no stage and holds no store access. The job's driver (`edgeqa precompute stage ...`) runs on
+# the head pod, which therefore holds the nightly job's identity: it writes the work areas and
+# the releases, flips current.json and signs with the release key (its own service account and
+# role, ray_head). The head has no CPU slot (num-cpus 0): the model stages (embedding the
+# wordings, generating answers) are Ray Data jobs whose actors, one engine each, one per GPU, run
+# on the GPU workers, whose narrower role (ray) may read the logs and read and write the work
+# areas only: the fleet cannot sign or publish.
 #
 # GPUs scale from zero and back: Ray's autoscaler (in-tree, a sidecar of the head) adds a worker
 # pod per GPU the actor pools ask for, up to max_replicas; the Cluster Autoscaler grows the g5 node
@@ -31,16 +37,17 @@ terraform {
 }
 
 locals {
-  ray_cluster     = "edgeqa-ray" # the RayCluster (fullnameOverride): its pods carry ray.io/cluster=<this>
-  namespace       = "ray"
-  service_account = "edgeqa-ray"
-  image_uid       = 1000 # the Dockerfile's edgeqa user: runAsNonRoot needs it numeric
-  image           = regex("^(?P<repository>[^@]+):(?P<tag>[^:/@]+)$", var.image)
-  oidc_issuer     = replace(aws_eks_cluster.this.identity[0].oidc[0].issuer, "https://", "")
-  # the head's ports on the NLB and the node ports of its Service on the CPU nodes
+  ray_cluster          = "edgeqa-ray" # the RayCluster (fullnameOverride): its pods carry ray.io/cluster=<this>
+  namespace            = "ray"
+  service_account      = "edgeqa-ray"      # the GPU workers'
+  head_service_account = "edgeqa-ray-head" # the head's: the stages' drivers run there
+  image_uid            = 1000              # the Dockerfile's edgeqa user: runAsNonRoot needs it numeric
+  image                = regex("^(?P<repository>[^@]+):(?P<tag>[^:/@]+)$", var.image)
+  oidc_issuer          = replace(aws_eks_cluster.this.identity[0].oidc[0].issuer, "https://", "")
+  # the head's ports on the NLB and the node ports of its Service on the CPU nodes: the Jobs API
+  # only (Ray Client, 10001, stays inside the cluster: the DAG no longer uses it)
   head_ports = {
-    client    = { port = 10001, node_port = 30001 } # Ray Client: the DAG's connection
-    dashboard = { port = 8265, node_port = 30265 }  # the job API and the dashboard
+    dashboard = { port = 8265, node_port = 30265 } # the Jobs API (the DAG's tasks), the dashboard
   }
   system_selector = { "edgeqa.io/pool" = "system" }
   gpu_selector    = { "edgeqa.io/pool" = "gpu" }
@@ -50,6 +57,8 @@ locals {
     "g5.12xlarge" = 4, "g5.24xlarge" = 4, "g5.48xlarge" = 8,
   }
   gpus_per_node = local.g5_gpus[var.gpu_instance_type]
+  # the most GPU workers (one actor each) the cluster scales to: the stages' EDGEQA_RAY_WORKERS
+  max_gpu_workers = var.gpu_max_nodes * local.gpus_per_node
   # what the Cluster Autoscaler assumes of a node of the GPU group while it has none (scale from
   # zero); it reads the same from the node group itself, these tags make it explicit
   gpu_node_template_tags = {
@@ -61,6 +70,7 @@ locals {
   service_accounts = {
     autoscaler = "kube-system:cluster-autoscaler"
     ray        = "${local.namespace}:${local.service_account}"
+    ray_head   = "${local.namespace}:${local.head_service_account}"
   }
   kuberay_version            = "1.7.0"  # the operator and the ray-cluster chart
   cluster_autoscaler_version = "9.54.0" # chart; its image follows kubernetes_version
@@ -322,7 +332,7 @@ resource "aws_autoscaling_group_tag" "gpu_node_template" {
   }
 }
 
-# -- The Ray head's internal NLB: Ray Client and the job API, from the Airflow workers only --------
+# -- The Ray head's internal NLB: the Jobs API, from the Airflow workers only ----------------------
 
 resource "aws_security_group" "head" {
   name        = "${var.name}-head"
@@ -330,25 +340,11 @@ resource "aws_security_group" "head" {
   vpc_id      = var.vpc_id
 
   ingress {
-    description     = "Ray Client from the Airflow workers (the DAG drives the night's Ray jobs)"
-    from_port       = 10001
-    to_port         = 10001
-    protocol        = "tcp"
-    security_groups = var.client_security_group_ids
-  }
-  ingress {
-    description     = "Ray job API and dashboard from the Airflow workers"
+    description     = "Ray Jobs API and dashboard from the Airflow workers (each task submits its stage)"
     from_port       = 8265
     to_port         = 8265
     protocol        = "tcp"
     security_groups = var.client_security_group_ids
-  }
-  egress {
-    description     = "Ray Client to the head's node port on the cluster's nodes"
-    from_port       = 30001
-    to_port         = 30001
-    protocol        = "tcp"
-    security_groups = [aws_eks_cluster.this.vpc_config[0].cluster_security_group_id]
   }
   egress {
     description     = "Job API to the head's node port on the cluster's nodes"
@@ -378,7 +374,7 @@ resource "aws_lb" "head" {
   security_groups                  = [aws_security_group.head.id]
   enable_cross_zone_load_balancing = true # the head's node may sit in any one AZ
   enable_deletion_protection       = true
-  #checkov:skip=CKV_AWS_91:NLB access logs record TLS listeners only; these are plain TCP (Ray Client's gRPC, the job API) inside the VPC
+  #checkov:skip=CKV_AWS_91:NLB access logs record TLS listeners only; this is plain TCP (the Ray Jobs API's HTTP) inside the VPC
 }
 
 resource "aws_lb_target_group" "head" {
@@ -431,12 +427,21 @@ resource "kubernetes_namespace_v1" "ray" {
   depends_on = [aws_eks_node_group.system]
 }
 
-# the Ray pods' identity (IRSA): the store's logs and work areas, nothing else
+# the GPU workers' identity (IRSA): the store's logs and work areas, nothing else
 resource "kubernetes_service_account_v1" "ray" {
   metadata {
     name        = local.service_account
     namespace   = kubernetes_namespace_v1.ray.metadata[0].name
     annotations = { "eks.amazonaws.com/role-arn" = aws_iam_role.irsa["ray"].arn }
+  }
+}
+
+# the head's identity (IRSA): the stages' drivers run there (publish, prune, signing)
+resource "kubernetes_service_account_v1" "head" {
+  metadata {
+    name        = local.head_service_account
+    namespace   = kubernetes_namespace_v1.ray.metadata[0].name
+    annotations = { "eks.amazonaws.com/role-arn" = aws_iam_role.irsa["ray_head"].arn }
   }
 }
 
@@ -508,9 +513,15 @@ resource "helm_release" "ray_cluster" {
         idleTimeoutSeconds = var.idle_timeout_seconds
         securityContext    = local.container_security_context
       }
-      serviceAccountName = local.service_account
-      # the head schedules; the night's work runs on the GPU workers
-      rayStartParams     = { "num-cpus" = "0", "dashboard-host" = "0.0.0.0" }
+      serviceAccountName = local.head_service_account
+      # what the stages' drivers (Ray Jobs, run here) need; no secret: the key never leaves KMS
+      containerEnv = [
+        { name = "EDGEQA_SIGNING_KMS_KEY", value = var.signing_key_arn },
+        { name = "EDGEQA_RAY_WORKERS", value = tostring(local.max_gpu_workers) },
+      ]
+      # the head runs the jobs' drivers and schedules; no task or actor lands on it (no CPU
+      # slot): the night's model work runs on the GPU workers
+      rayStartParams = { "num-cpus" = "0", "dashboard-host" = "0.0.0.0" }
       resources = {
         limits   = { cpu = "2", memory = "8Gi" }
         requests = { cpu = "2", memory = "8Gi" }
@@ -523,7 +534,7 @@ resource "helm_release" "ray_cluster" {
       groupName          = "gpu"
       replicas           = 0
       minReplicas        = 0
-      maxReplicas        = var.gpu_max_nodes * local.gpus_per_node
+      maxReplicas        = local.max_gpu_workers
       serviceAccountName = local.service_account
       # one GPU per worker pod: one actor, one engine per GPU
       resources = {
@@ -537,7 +548,11 @@ resource "helm_release" "ray_cluster" {
     }
   })]
 
-  depends_on = [helm_release.kuberay_operator, kubernetes_service_account_v1.ray]
+  depends_on = [
+    helm_release.kuberay_operator,
+    kubernetes_service_account_v1.ray,
+    kubernetes_service_account_v1.head,
+  ]
 }
 
 # the head's ports on every CPU node, for the NLB (selects the head pod KubeRay creates)
@@ -642,9 +657,9 @@ resource "aws_iam_role" "irsa" {
   assume_role_policy = data.aws_iam_policy_document.irsa[each.key].json
 }
 
-# the Ray pods: read the request logs and the work areas (<profile>/work/<run>/: the mined
-# questions, the parent's reused answers), write generation checkpoints into them; releases,
-# pointers and signing stay with the DAG's own role
+# the GPU workers (the model actors): read the request logs and the work areas
+# (<profile>/work/<run>/: the mined questions, the parent's reused answers), write generation
+# checkpoints into them; releases, pointers and signing stay with the head's role (below)
 data "aws_iam_policy_document" "ray" {
   statement {
     sid       = "ReadRequestLogs"
@@ -677,6 +692,53 @@ resource "aws_iam_role_policy" "ray" {
   name   = "${var.name}-ray"
   role   = aws_iam_role.irsa["ray"].id
   policy = data.aws_iam_policy_document.ray.json
+}
+
+# the head: every stage's driver runs here (a Ray Job each). mine reads the logs and writes the
+# work area; build stages the release in it (<profile>/work/<run>/release/) and reads the parent
+# release and the revocation list (<profile>/revocations.json); publish uploads
+# <profile>/releases/<version>/, reads it back, flips <profile>/current.json (a conditional
+# write) and signs the release and the pointer with the release key; prune deletes old releases
+# and work areas. Object names: base/release.py, precompute/workarea.py, precompute/revocations.py.
+data "aws_iam_policy_document" "ray_head" {
+  statement {
+    sid       = "ReadRequestLogs"
+    actions   = ["s3:GetObject"]
+    resources = ["${var.bucket_arn}/logs/*"]
+  }
+  statement {
+    sid       = "ReadWriteDeleteWorkAreasAndReleases"
+    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
+    resources = ["${var.bucket_arn}/*/work/*", "${var.bucket_arn}/*/releases/*"]
+  }
+  statement {
+    sid       = "ReadWritePointersAndRevocations"
+    actions   = ["s3:GetObject", "s3:PutObject"]
+    resources = ["${var.bucket_arn}/*/current.json", "${var.bucket_arn}/*/revocations.json"]
+  }
+  statement {
+    # keys only; without it a pointer or revocation list not written yet (a profile's first
+    # publish) reads as 403, not 404 (S3 answers 404 to a caller that may list the bucket)
+    sid       = "ListStore"
+    actions   = ["s3:ListBucket"]
+    resources = [var.bucket_arn]
+  }
+  statement {
+    sid       = "UseStoreKey"
+    actions   = ["kms:Decrypt", "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey"]
+    resources = [var.kms_key_arn]
+  }
+  statement {
+    sid       = "SignReleases"
+    actions   = ["kms:Sign", "kms:GetPublicKey"]
+    resources = [var.signing_key_arn]
+  }
+}
+
+resource "aws_iam_role_policy" "ray_head" {
+  name   = "${var.name}-ray-head"
+  role   = aws_iam_role.irsa["ray_head"].id
+  policy = data.aws_iam_policy_document.ray_head.json
 }
 
 # the Cluster Autoscaler: see every group, resize and shrink this cluster's two only

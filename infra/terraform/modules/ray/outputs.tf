@@ -1,16 +1,11 @@
-output "client_address" {
-  description = "The Ray Client address of the head (ray://<internal NLB>:10001): EDGEQA_RAY_ADDRESS for the DAG's workers."
-  value       = "ray://${aws_lb.head.dns_name}:${local.head_ports.client.port}"
-}
-
 output "dashboard_address" {
-  description = "The Ray job API and dashboard (http://<internal NLB>:8265), from the Airflow workers' security group only."
+  description = "The Ray Jobs API and dashboard (http://<internal NLB>:8265), from the Airflow workers' security group only: the DAG's workers' EDGEQA_RAY_JOBS_ADDRESS."
   value       = "http://${aws_lb.head.dns_name}:${local.head_ports.dashboard.port}"
 }
 
 output "max_gpu_workers" {
-  description = "The most GPU workers (one Ray actor each) the cluster scales to: the DAG's workers' EDGEQA_RAY_WORKERS."
-  value       = var.gpu_max_nodes * local.gpus_per_node
+  description = "The most GPU workers (one Ray actor each) the cluster scales to: EDGEQA_RAY_WORKERS of the stages' drivers on the head."
+  value       = local.max_gpu_workers
 }
 
 output "cluster_name" {
@@ -29,8 +24,13 @@ output "cluster_certificate_authority" {
 }
 
 output "worker_role_arn" {
-  description = "The Ray pods' IAM role (IRSA): the store's logs and work areas only."
+  description = "The GPU workers' IAM role (IRSA): the store's logs and work areas only."
   value       = aws_iam_role.irsa["ray"].arn
+}
+
+output "head_role_arn" {
+  description = "The Ray head's IAM role (IRSA), the stages' drivers': work areas, releases, current.json, the revocation list, kms:Sign with the release key."
+  value       = aws_iam_role.irsa["ray_head"].arn
 }
 
 output "security_group_id" {

@@ -30,7 +30,7 @@ variable "api_cidr_blocks" {
 }
 
 variable "client_security_group_ids" {
-  description = "Security groups allowed to reach the Ray head (Ray Client 10001, job API 8265): the Airflow workers'."
+  description = "Security groups allowed to reach the Ray head's Jobs API (8265): the Airflow workers'."
   type        = list(string)
 }
 
@@ -100,18 +100,23 @@ variable "image" {
 }
 
 variable "ray_version" {
-  description = "The Ray version installed in the image (RayCluster rayVersion): the Airflow workers' Ray Client must run the same."
+  description = "The Ray version installed in the image (RayCluster rayVersion); the Airflow workers submit jobs over HTTP, so theirs need not match."
   type        = string
   default     = "2.60.0"
 }
 
 variable "bucket_arn" {
-  description = "The store bucket: the Ray pods read logs/ and the work areas (<profile>/work/), and write the work areas."
+  description = "The store bucket: the GPU workers read logs/ and the work areas (<profile>/work/) and write the work areas; the head (the stages' drivers) also writes releases, current.json and the revocation list."
   type        = string
 }
 
 variable "kms_key_arn" {
   description = "The store's KMS key (the bucket's objects and the control plane's log group)."
+  type        = string
+}
+
+variable "signing_key_arn" {
+  description = "The release signing key (the signing module's key_arn): the head's EDGEQA_SIGNING_KMS_KEY; only the head's role may kms:Sign with it."
   type        = string
 }
 

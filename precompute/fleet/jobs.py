@@ -1,0 +1,284 @@
+"""A nightly stage as a Ray Job: what each task of the Airflow DAG submits, waits for and reports.
+
+The DAG's tasks do no stage work themselves: each one submits its stage to the Ray cluster's Jobs
+API (``EDGEQA_RAY_JOBS_ADDRESS``, the head's ``http://<head>:8265``) as the command a person would
+type, ``edgeqa precompute stage <stage> ...`` (``stage_command``), then follows the job's log into
+the task's log until it ends and takes the stage's result from its last line (``STAGE_RESULT``).
+The stage runs in the job's driver on the cluster (its model stages as Ray Data jobs on the same
+cluster: ``precompute/fleet/``), reads what the stage before it left in the run's work area and
+leaves its own there, so the task process holds a command line and a small result, never the
+night's data. This module imports httpx and the settings only (no Ray, torch, faiss, duckdb or
+transformers): the task process stays small (a test measures it).
+
+A job outlives the task that submitted it: its submission id is the task's key (DAG, run, stage)
+and a try number, so a task started again after its Airflow worker died (or an Airflow retry while
+the job still runs) finds the job of its key still running and follows it instead of starting a
+second (``StageJob.run``). A job that failed, or was stopped, is not reattached: the next try
+submits a new one, which redoes only what the stage had not checkpointed (generation's
+partitions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from typing import Any
+
+from base.errors import EdgeQAError
+
+log = logging.getLogger(__name__)
+
+# the stage command's one line of result on stdout, the last one the job prints that starts so
+STAGE_RESULT = "edgeqa-stage-result: "
+# modules the task process must never import (the stage's work is the job's)
+HEAVY_MODULES = ("torch", "faiss", "duckdb", "transformers", "sentence_transformers", "ray")
+
+
+class StageJobError(EdgeQAError, RuntimeError):
+    """A stage's Ray Job failed, was stopped, ran past its time, or could not be submitted."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What a stage command needs of the night: the stores, the window, the language, the instant
+    the release is built as of, who runs it, and the run options set (``RUN_OPTIONS`` names:
+    None or absent = the cluster's ``EDGEQA_*`` setting, else the option's default)."""
+
+    logs_uri: str
+    out_uri: str
+    since: date
+    until: date
+    language: str
+    started: datetime
+    runner: str = "airflow"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def stage_command(stage: str, spec: RunSpec, run: str | None = None) -> list[str]:
+    """``edgeqa precompute stage <stage> ...``: the stage of ``spec``'s night; ``run`` is the
+    ``<profile>/<run>`` mine decided, for every stage after it."""
+    from precompute.config import RUN_OPTIONS, STAGES
+    from precompute.workarea import parse_run
+
+    if stage not in STAGES:
+        raise StageJobError(f"unknown stage {stage!r} (stages: {', '.join(STAGES)})")
+    known = {o.name for o in RUN_OPTIONS}
+    unknown = sorted(set(spec.options) - known)
+    if unknown:
+        raise StageJobError(f"unknown run options {unknown} (known: {sorted(known)})")
+    argv = ["edgeqa", "precompute", "stage", stage]
+    argv += ["--logs", spec.logs_uri, "--out", spec.out_uri]
+    argv += ["--since", spec.since.isoformat(), "--until", spec.until.isoformat()]
+    argv += ["--language", spec.language, "--started", spec.started.isoformat()]
+    argv += ["--runner", spec.runner]
+    for name, value in sorted(spec.options.items()):
+        if value is not None and value != "":  # unset: the cluster's setting or the default
+            argv += [f"--{name.replace('_', '-')}", str(value)]
+    if stage != "mine":
+        parse_run(run or "")  # a profile and a run id, nothing a shell or a path could misread
+        argv += ["--run", run or ""]
+    return argv
+
+
+def result_line(stage: str, result: Mapping[str, Any]) -> str:
+    """The line a stage command prints last: ``STAGE_RESULT`` and its result as JSON."""
+    return STAGE_RESULT + json.dumps({"stage": stage, "result": result}, default=str)
+
+
+def parse_result(stage: str, logs: str) -> dict[str, Any] | None:
+    """The result of ``stage`` from a job's log: its last ``STAGE_RESULT`` line (None if none)."""
+    for line in reversed(logs.splitlines()):
+        if line.startswith(STAGE_RESULT):
+            try:
+                found = json.loads(line[len(STAGE_RESULT) :])
+            except json.JSONDecodeError:
+                continue
+            if isinstance(found, dict) and found.get("stage") == stage:
+                result = found.get("result")
+                return result if isinstance(result, dict) else None
+    return None
+
+
+def job_key(*parts: str) -> str:
+    """A Ray submission id's stem from the task's key (``dag``, ``run``, ``stage``): readable, in
+    the characters Ray takes, unique by a digest of the whole."""
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
+    readable = re.sub(r"[^A-Za-z0-9_-]+", "_", "-".join(parts))[:80].strip("_-")
+    return f"edgeqa-{readable}-{digest}"
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB: Linux's ``VmHWM``, the high-water mark of its
+    own memory since it started (``ru_maxrss`` is not: Linux keeps it across ``exec``, so a
+    child started by a large parent reports the parent's); ``ru_maxrss`` elsewhere."""
+    import resource
+
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)  # kB
+    except OSError:
+        pass
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def task_process() -> dict[str, Any]:
+    """This process's peak resident memory (MB) and the heavy modules it imported (none, for a
+    task that submits its stage)."""
+    import sys
+
+    heavy = [m for m in HEAVY_MODULES if m in sys.modules]
+    return {"peak_rss_mb": peak_rss_mb(), "heavy_imports": heavy}
+
+
+@dataclass
+class StageJob:
+    """One stage as a Ray Job on the cluster whose Jobs API is at ``address`` (``http://head:8265``).
+
+    Spoken to over the Jobs API's REST endpoints (``/api/jobs/``: Ray's documented interface,
+    the one its own ``JobSubmissionClient`` calls) with httpx: the task process imports no Ray
+    and the Airflow workers need none installed."""
+
+    address: str
+    stage: str
+    key: str  # the task's key: ``job_key(dag, run, stage)``
+    argv: Sequence[str]
+    token: str = field(default="", repr=False)  # Ray's auth token, when the cluster has one
+    poll_s: float = 5.0
+    retry_s: float = 2.0  # the first wait before a request is tried again (then 2x, 4x)
+    on_line: Callable[[str], None] = field(default=lambda line: log.info("%s", line))
+
+    def run(self, timeout_s: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Submit the stage (or follow its job already running), wait for it, and return its
+        result and what the task reports of the job (id, status, seconds, attached). Raises
+        ``StageJobError`` when it fails or passes ``timeout_s`` (the job is then stopped)."""
+        started = time.monotonic()
+        running = self._running()
+        submission, attached = running or (self._submit(), False)
+        deadline = None if timeout_s is None else started + timeout_s
+        status, logs, message = self._follow(submission, deadline)
+        job = {
+            "submission_id": submission,
+            "status": status,
+            "attached": attached,
+            "seconds": round(time.monotonic() - started, 2),
+            "entrypoint": shlex.join(self.argv),
+        }
+        if status != "SUCCEEDED":
+            why = message.strip().splitlines()
+            raise StageJobError(
+                f"stage {self.stage} (Ray job {submission}) ended {status}: "
+                f"{_last_error(logs) or (why[-1] if why else 'no message')}"
+            )
+        result = parse_result(self.stage, logs)
+        if result is None:
+            raise StageJobError(
+                f"stage {self.stage} (Ray job {submission}) succeeded without a result line "
+                f"({STAGE_RESULT.strip()}): does the cluster run the DAG's edgeqa?"
+            )
+        return result, job
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One request to the Jobs API; its JSON. Connection errors and 5xx are retried a few
+        times (a head restarting); anything else raises ``StageJobError``."""
+        import httpx
+
+        url = f"{self.address}/api/jobs/{path}"
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        for attempt in range(4):
+            try:
+                response = httpx.request(method, url, headers=headers, timeout=30, **kwargs)
+            except httpx.HTTPError as error:
+                problem = f"{type(error).__name__}: {error}"
+            else:
+                if response.status_code < 500 or attempt == 3:
+                    break
+                problem = f"HTTP {response.status_code}"
+            if attempt == 3:
+                raise StageJobError(
+                    f"the Ray Jobs API at {self.address} could not be reached "
+                    f"(EDGEQA_RAY_JOBS_ADDRESS; a local one: `ray start --head`): {problem}"
+                )
+            time.sleep(self.retry_s * 2**attempt)
+        if response.status_code in (401, 403):
+            what = "the token" if self.token else "a request without a token"
+            raise StageJobError(
+                f"the Ray Jobs API at {self.address} refused {what} (EDGEQA_RAY_JOBS_TOKEN, "
+                f"the cluster's Ray auth token): HTTP {response.status_code}"
+            )
+        if response.status_code >= 400:
+            text = response.text.strip().splitlines()
+            raise StageJobError(
+                f"the Ray Jobs API refused {method} {url}: HTTP {response.status_code} "
+                f"{text[-1] if text else ''}"
+            )
+        return response.json()
+
+    def _ours(self) -> list[dict[str, Any]]:
+        """Every job of this task's key, oldest first."""
+        jobs = [j for j in self._call("GET", "") if _ours(j.get("submission_id"), self.key)]
+        return sorted(jobs, key=lambda j: j.get("start_time") or 0)
+
+    def _running(self) -> tuple[str, bool] | None:
+        """The job of this task's key still pending or running (a task started again), if any."""
+        live = [j for j in self._ours() if j.get("status") in ("PENDING", "RUNNING")]
+        if not live:
+            return None
+        job = live[-1]
+        self.on_line(
+            f"following Ray job {job['submission_id']} ({job['status']}), submitted before"
+        )
+        return str(job["submission_id"]), True
+
+    def _submit(self) -> str:
+        submission = f"{self.key}-{len(self._ours()) + 1}"
+        request = {
+            "entrypoint": shlex.join(self.argv),
+            "submission_id": submission,
+            "metadata": {"edgeqa_stage": self.stage, "edgeqa_task": self.key},
+        }
+        self._call("POST", "", json=request)
+        self.on_line(f"submitted Ray job {submission}: {request['entrypoint']}")
+        return submission
+
+    def _follow(self, submission: str, deadline: float | None) -> tuple[str, str, str]:
+        """Pass the job's new log lines to ``on_line`` until it ends: its status, whole log and
+        Ray's message. Past ``deadline`` the job is stopped and ``StageJobError`` raised."""
+        shown, polls = 0, 0
+        while True:
+            info = self._call("GET", submission)
+            status = str(info.get("status"))
+            logs = str(self._call("GET", f"{submission}/logs").get("logs", ""))
+            for line in logs[shown:].splitlines():
+                if line.strip():
+                    self.on_line(line)
+            shown = len(logs)
+            if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+                return status, logs, str(info.get("message") or "")
+            if deadline is not None and time.monotonic() > deadline:
+                self._call("POST", f"{submission}/stop")
+                raise StageJobError(
+                    f"stage {self.stage} (Ray job {submission}) ran past its time: stopped"
+                )
+            polls += 1  # a short stage is seen ending soon, a long one asked every poll_s
+            time.sleep(min(self.poll_s, 0.25 * 2**polls))
+
+
+def _ours(submission_id: str | None, key: str) -> bool:
+    return bool(submission_id and re.fullmatch(re.escape(key) + r"-\d+", submission_id))
+
+
+def _last_error(logs: str) -> str:
+    """A failed stage command's own last line (``edgeqa: error: ...``), if it printed one."""
+    for line in reversed(logs.splitlines()):
+        if line.startswith("edgeqa: "):
+            return line
+    return ""
