@@ -102,7 +102,6 @@ def child_mine(args: dict[str, Any]) -> dict[str, Any]:
     from edge_index.embedder import load_embedder
     from precompute.build import build_release
     from precompute.pipeline import mine_stage, scaled
-    from precompute.questions import HotQuestion
 
     out = Path(args["out"])
     mining = {"exact_cluster_rows": 10**12} if args["exact"] else {}
@@ -124,7 +123,7 @@ def child_mine(args: dict[str, Any]) -> dict[str, Any]:
         "mining": mined["mining"],
     }
     if args["calibrate"]:
-        hot = [HotQuestion.from_dict(item) for item in work.get_json("hot.json")]
+        hot = list(work.hot())
         spec = params.config.settings.embedders[params.language]
         config = scaled(params.config, spec).build
         began = time.perf_counter()

@@ -2,7 +2,7 @@
 
 Answers served from the CDN are never logged, so a published question would drop below k the
 night after and come back the night after that. The wordings of the clusters the parent
-release's run mined, published or held back (its private ``hot.json``: hashed users, networks,
+release's run mined, published or held back (its private ``hot/``: hashed users, networks,
 signed users and autonomous systems with the time of their latest ask), are carried into
 tonight's log window (``logwindow.py``), which merges them per user (signed or not), network and
 AS, keeping the latest ask. Here, before that: today's text rules are applied to each carried

@@ -46,7 +46,7 @@ report_row``): its askers, the wordings published, those held back (by key) and 
 Carried evidence: answers served from the CDN are never logged, so a published question would
 drop below ``k`` the night after and come back the night after that. Before rule 5, the wordings
 of the clusters the parent release's run mined, published or held back (its private
-``hot.json``: hashed users and networks with the time of their latest ask) are merged in, per
+``hot/``: hashed users and networks with the time of their latest ask) are merged in, per
 user and per network, keeping the latest time; an ask older than ``carry_half_lives`` half-lives
 (weight ``0.5 ** carry_half_lives``, 1/16: 28 days at the default 7-day half-life) is dropped,
 so a cluster nobody asks for fades out. The text rules (3-4) are applied to carried phrasings

@@ -1,5 +1,5 @@
 """What a night's run takes from the release it builds on (the parent, the current one of its
-profile): the evidence its run mined (``hot.json``, carried forward by mining) and the answers
+profile): the evidence its run mined (``hot/``, carried forward by mining) and the answers
 its run flagged (never generated again)."""
 
 from __future__ import annotations
@@ -42,13 +42,20 @@ def _parent_work(store: Store, parent: LoadedRelease | None) -> WorkArea | None:
 
 
 def parent_phrasings(store: Store, parent: LoadedRelease | None) -> list[Phrasing]:
-    """What the parent release's run mined (its work area's ``hot.json``, never published): the
+    """What the parent release's run mined (its work area's ``hot/``, never published): the
     wordings of its clusters, published or held back, with their hashed users and networks and
     the time of each one's latest ask. None when the run's work area is gone (pruned, or a
-    release made elsewhere)."""
+    release made elsewhere). A run mined before ``hot/`` was Parquet left ``hot/``: read
+    once, the night after the upgrade."""
     work = _parent_work(store, parent)
+    if work is None:
+        return []
     try:
-        items = work.get_json("hot.json") if work else []
+        return [p for question in work.hot() for p in question.wordings]
+    except ObjectNotFoundError:
+        pass
+    try:
+        items = work.get_json("hot.json")
     except ObjectNotFoundError:
         return []
     return [p for item in items for p in HotQuestion.from_dict(item).wordings]

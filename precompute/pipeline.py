@@ -113,7 +113,7 @@ def _work(params: RunParams, mined: Mined) -> WorkArea:
 
 
 def _hot(work: WorkArea) -> list[HotQuestion]:
-    return [HotQuestion.from_dict(item) for item in work.get_json("hot.json")]
+    return list(work.hot())
 
 
 def excluded_rows(stats: LogReadStats, mining: MiningReport) -> dict[str, int]:
@@ -187,7 +187,7 @@ def mine_stage(
         profile, [h.question for h in hot], parent.version if parent else None, curated_sha
     )
     work = WorkArea(out, profile.name, run)
-    work.put_json_list("hot.json", (h.as_dict() for h in hot))
+    work.put_hot(hot)
     work.put_json("clusters.json", mining.cluster_rows)
     work.put_json("profile.json", profile.inputs)
     # the operator's answers first, then the parent's still fresh ones
@@ -235,8 +235,11 @@ def generate_stage(
 
     config, settings = params.config, params.config.settings
     work = _work(params, mined)
-    hot = _hot(work)
-    keys, questions = [h.key for h in hot], [h.question for h in hot]
+    keys: list[str] = []
+    questions: list[str] = []
+    for table in work.hot_tables(["key", "question"]):  # what generation needs of each
+        keys += table.column("key").to_pylist()
+        questions += table.column("question").to_pylist()
     size = config.generation.partition_size
     if model is None:  # the actors take the run's reused answers from the work area
         fleet = connect(settings)

@@ -1,12 +1,16 @@
 """A mined question and its wordings: what mining (``mining.py``) hands to generation and build,
-and what a run's work area keeps (``hot.json``) for the next night to carry."""
+and what a run's work area keeps (``hot/``, a Parquet dataset of ``hot_schema`` rows: one per
+question, its wordings nested) for the stages after mine and the next night to carry."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def askers(users: Collection[str], networks: Collection[str]) -> int:
@@ -40,7 +44,7 @@ class Phrasing:
     """One wording (one key) and who asked it. ``users``/``networks`` hold the latest askers,
     at most ``MiningConfig.askers_kept`` (>= k) of each, with their latest asks; ``more_users``
     and ``more_networks`` count the others (``logwindow.py``: why that decides k exactly), and
-    ``more_weight`` sums the others' recency weights as of the run (not kept in ``hot.json``).
+    ``more_weight`` sums the others' recency weights as of the run (not kept in ``hot/``).
     ``latest_by_signer``: those of the kept users who came with a signed token, ``more_signers``
     the others who did; ``latest_by_asn`` and ``more_asns``: the viewers' autonomous systems,
     kept and counted as networks (the crowd rule's evidence, ``mining.py``)."""
@@ -87,6 +91,44 @@ class Phrasing:
             **({"more_signers": self.more_signers} if self.more_signers else {}),
             **({"more_asns": self.more_asns} if self.more_asns else {}),
         }
+
+    def as_row(self) -> dict[str, Any]:
+        """``phrasing_type``'s value: the askers and their latest asks as lists, times as times."""
+        return {
+            "key": self.key,
+            "normalized": self.normalized,
+            "question": self.question,
+            "users": sorted(self.users),
+            "hits": self.hits,
+            "latest_by_user": _seen_rows(self.latest_by_user),
+            "networks": sorted(self.networks),
+            "latest_by_network": _seen_rows(self.latest_by_network),
+            "more_users": self.more_users,
+            "more_networks": self.more_networks,
+            "latest_by_signer": _seen_rows(self.latest_by_signer),
+            "latest_by_asn": _seen_rows(self.latest_by_asn),
+            "more_signers": self.more_signers,
+            "more_asns": self.more_asns,
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Phrasing:
+        return cls(
+            row["key"],
+            row["normalized"],
+            row["question"],
+            set(row["users"]),
+            row["hits"],
+            _seen(row["latest_by_user"]),
+            set(row["networks"]),
+            _seen(row["latest_by_network"]),
+            row["more_users"],
+            row["more_networks"],
+            latest_by_signer=_seen(row["latest_by_signer"]),
+            latest_by_asn=_seen(row["latest_by_asn"]),
+            more_signers=row["more_signers"],
+            more_asns=row["more_asns"],
+        )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Phrasing:
@@ -179,6 +221,35 @@ class HotQuestion:
             "score": self.score,
         }
 
+    def as_row(self) -> dict[str, Any]:
+        """``hot_schema``'s row: the question's key and text first (what generation reads), its
+        wordings nested."""
+        return {
+            "key": self.key,
+            "question": self.question,
+            "phrasings": [p.as_row() for p in self.phrasings],  # canonical first
+            "held_back": [p.as_row() for p in self.held_back],
+            "rare_tokens": [{"key": k, "count": n} for k, n in self.rare_tokens.items()],
+            "synthesized": self.synthesized,
+            "users": self.users,
+            "hits": self.hits,
+            "score": self.score,
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> HotQuestion:
+        phrasings = [Phrasing.from_row(p) for p in row["phrasings"]]
+        return cls(
+            phrasings[0],
+            phrasings,
+            row["users"],
+            row["hits"],
+            row["score"],
+            [Phrasing.from_row(p) for p in row["held_back"]],
+            {r["key"]: r["count"] for r in row["rare_tokens"]},
+            row["synthesized"],
+        )
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HotQuestion:
         phrasings = [Phrasing.from_dict(p) for p in d["phrasings"]]
@@ -199,3 +270,57 @@ def held_back_rows(wordings: Iterable[Phrasing], rare: dict[str, int]) -> list[d
         {"key": p.key, "reason": "rare_tokens", "rare_tokens": rare[p.key], "identities": p.askers}
         for p in wordings
     ]
+
+
+def hot_schema() -> pa.Schema:
+    """A mined question as one Parquet row (``HotQuestion.as_row``): ``key`` and ``question``
+    first, for what reads only them (generation), the wordings nested (``phrasing_type``)."""
+    import pyarrow as pa
+
+    wording = phrasing_type()
+    return pa.schema(
+        [
+            ("key", pa.string()),
+            ("question", pa.string()),
+            ("phrasings", pa.list_(wording)),
+            ("held_back", pa.list_(wording)),
+            ("rare_tokens", pa.list_(pa.struct([("key", pa.string()), ("count", pa.int64())]))),
+            ("synthesized", pa.bool_()),
+            ("users", pa.int64()),
+            ("hits", pa.int64()),
+            ("score", pa.float64()),
+        ]
+    )
+
+
+def phrasing_type() -> pa.DataType:
+    """A wording (``Phrasing.as_row``): the latest askers as lists of (id, time), in UTC."""
+    import pyarrow as pa
+
+    seen = pa.list_(pa.struct([("id", pa.string()), ("at", pa.timestamp("us", tz="UTC"))]))
+    return pa.struct(
+        [
+            ("key", pa.string()),
+            ("normalized", pa.string()),
+            ("question", pa.string()),
+            ("users", pa.list_(pa.string())),
+            ("hits", pa.int64()),
+            ("latest_by_user", seen),
+            ("networks", pa.list_(pa.string())),
+            ("latest_by_network", seen),
+            ("more_users", pa.int64()),
+            ("more_networks", pa.int64()),
+            ("latest_by_signer", seen),
+            ("latest_by_asn", seen),
+            ("more_signers", pa.int64()),
+            ("more_asns", pa.int64()),
+        ]
+    )
+
+
+def _seen_rows(latest: dict[str, datetime]) -> list[dict[str, Any]]:
+    return [{"id": who, "at": at} for who, at in latest.items()]
+
+
+def _seen(rows: Iterable[dict[str, Any]]) -> dict[str, datetime]:
+    return {row["id"]: row["at"] for row in rows}

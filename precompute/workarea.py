@@ -1,6 +1,8 @@
 """A run's work area in the output store: what one stage leaves for the next.
 
-    <profile>/work/<run>/hot.json              the mined questions (mine)
+    <profile>/work/<run>/hot/<nnnnn>.parquet   the mined questions, in rank order, ``HOT_PART_ROWS``
+                                               a part (mine; ``questions.hot_schema``)
+    <profile>/work/<run>/mined.json            mine's result: counts, profile, run (mine)
     <profile>/work/<run>/clusters.json         a row per cluster that reached k: askers, wordings
                                                published and held back, and why (mine)
     <profile>/work/<run>/profile.json          what the answers depend on (mine)
@@ -35,6 +37,12 @@ from base.store import Store, parquet_table
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from precompute.questions import HotQuestion
+
+# mined questions a part of ``hot/`` holds: a million questions are 123 objects, each read
+# whole by a stage that needs it (a part of the night, never the night at once)
+HOT_PART_ROWS = 8192
 
 
 @dataclass(frozen=True)
@@ -82,22 +90,50 @@ class WorkArea:
             for path in self.store.list(f"{self.prefix}/attempts")
         ]
 
+    def put_hot(self, hot: Iterable[HotQuestion]) -> int:
+        """Write the mined questions, in order, as ``hot/`` (``HOT_PART_ROWS`` a part, replacing
+        what was there); the number of questions."""
+        import pyarrow as pa
+
+        from precompute.questions import hot_schema
+
+        schema, rows, part, count = hot_schema(), [], 0, 0
+        self.store.delete_prefix(f"{self.prefix}/hot/")
+        for question in hot:
+            rows.append(question.as_row())
+            if len(rows) == HOT_PART_ROWS:
+                self.put_table(self._hot_part(part), pa.Table.from_pylist(rows, schema=schema))
+                part, count, rows = part + 1, count + len(rows), []
+        if rows or not part:  # an empty night still has its (empty) dataset
+            self.put_table(self._hot_part(part), pa.Table.from_pylist(rows, schema=schema))
+            count += len(rows)
+        return count
+
+    def hot_tables(self, columns: list[str] | None = None) -> Iterator[pa.Table]:
+        """The mined questions, a part at a time, in order (only ``columns``, if given). Raises
+        ``ObjectNotFoundError`` when the run has none (mined before ``hot/`` was Parquet)."""
+        from base.store import ObjectNotFoundError
+
+        parts = sorted(self.store.list(f"{self.prefix}/hot/"))
+        if not parts:
+            raise ObjectNotFoundError(f"{self.prefix}/hot/")
+        for path in parts:
+            table = self.get_table(path)
+            yield table.select(columns) if columns else table
+
+    def hot(self) -> Iterator[HotQuestion]:
+        """Every mined question, in order, a part read at a time."""
+        from precompute.questions import HotQuestion
+
+        for table in self.hot_tables():
+            for row in table.to_pylist():
+                yield HotQuestion.from_row(row)
+
+    def _hot_part(self, index: int) -> str:
+        return f"{self.prefix}/hot/{index:05d}.parquet"
+
     def put_json(self, name: str, value: Any) -> None:
         self.store.put(f"{self.prefix}/{name}", json.dumps(value, sort_keys=True).encode())
-
-    def put_json_list(self, name: str, items: Iterable[Any]) -> None:
-        """``put_json(name, list(items))``, the same bytes, written an item at a time through a
-        private temporary file: a million log rows' ``hot.json`` is 180 MB of JSON, which as
-        one string (and its dicts) held three times that."""
-        with tempfile.TemporaryDirectory(prefix="edgeqa-work-") as tmp:
-            local = Path(tmp) / "list.json"
-            with local.open("wb") as f:
-                f.write(b"[")
-                for i, item in enumerate(items):
-                    f.write(b", " if i else b"")
-                    f.write(json.dumps(item, sort_keys=True).encode())
-                f.write(b"]")
-            self.store.put_file(f"{self.prefix}/{name}", local)
 
     def get_json(self, name: str) -> Any:
         return json.loads(self.store.get(f"{self.prefix}/{name}"))

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import threading
 from collections import defaultdict
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
@@ -169,15 +169,61 @@ def test_precompute_run_publishes_what_the_rules_allow_and_a_lost_worker_costs_i
     assert here["generation"]["tokens"] == generation["tokens"]
 
 
-def test_a_list_written_an_item_at_a_time_is_the_same_json(tmp_path: Path) -> None:
-    work = WorkArea(FileStore(tmp_path), "p", "run")
-    items = [{"b": 1, "a": [1.5, None, {"z": "é\u2028", "y": True}]}, {"x": 'q"'}, [], "s"]
-    work.put_json("whole.json", items)
-    work.put_json_list("streamed.json", iter(items))
-    work.put_json_list("empty.json", iter([]))
-    store = work.store
-    assert store.get(f"{work.prefix}/streamed.json") == store.get(f"{work.prefix}/whole.json")
-    assert work.get_json("streamed.json") == items and work.get_json("empty.json") == []
+def test_the_mined_questions_are_parquet_parts_read_back_as_they_were(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``hot/``: the mined questions in rank order, a part of ``HOT_PART_ROWS`` at a time, read
+    back equal (askers, their latest asks to the microsecond in UTC, held-back wordings, rare
+    tokens); generation reads two columns of it; an empty night is an empty dataset."""
+    import precompute.workarea as workarea
+    from precompute.questions import HotQuestion, Phrasing
+
+    def wording(key: str, seconds: int) -> Phrasing:
+        at = datetime(2026, 11, 28, 12, 0, seconds, 123456, tzinfo=UTC)
+        return Phrasing(
+            key,
+            f"n {key}",
+            f"How do I {key}?",
+            {"u1", "u2"},
+            3,
+            {"u1": at, "u2": at},
+            {"n1"},
+            {"n1": at},
+            more_users=2,
+            latest_by_signer={"u1": at},
+            latest_by_asn={"as1": at},
+            more_asns=1,
+        )
+
+    hot = [
+        HotQuestion(
+            wording(f"k{i}", i),
+            [wording(f"k{i}", i), wording(f"k{i}b", i)],
+            2,
+            6,
+            1.0 / (i + 1),
+            held_back=[wording(f"k{i}c", i)],
+            rare_tokens={f"k{i}c": 1},
+            synthesized=i == 1,
+        )
+        for i in range(5)
+    ]
+    monkeypatch.setattr(workarea, "HOT_PART_ROWS", 2)
+    work = WorkArea(FileStore(tmp_path), "p", "0123456789abcdef")
+    assert work.put_hot(iter(hot)) == 5
+    parts = sorted(work.store.list(f"{work.prefix}/hot/"))
+    assert [p.rsplit("/", 1)[1] for p in parts] == [
+        "00000.parquet",
+        "00001.parquet",
+        "00002.parquet",
+    ]
+    assert list(work.hot()) == hot
+    parts = list(work.hot_tables(["key", "question"]))
+    assert [t.column_names for t in parts] == [["key", "question"]] * 3
+    assert [k for t in parts for k in t.column("key").to_pylist()] == [h.key for h in hot]
+    # written again (a rerun), smaller: the parts of the longer night are gone
+    assert work.put_hot(hot[:1]) == 1 and list(work.hot()) == hot[:1]
+    assert work.put_hot([]) == 0 and list(work.hot()) == []
 
 
 def test_generation_resumes_after_a_crash_without_redoing_finished_partitions(
