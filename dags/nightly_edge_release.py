@@ -21,7 +21,8 @@ release stays live. Re-running a data interval reuses the finished generation pa
 builds the same release (built as of the end of its last log day); publishing it again is a no-op.
 
 The params are ``precompute.config.RUN_OPTIONS`` (the same as ``edgeqa precompute run``'s
-options; those with an ``EDGEQA_*`` setting default to the worker's) plus the stores, the expected
+options; those with an ``EDGEQA_*`` setting default to the Ray cluster's, where the stage runs)
+plus the stores, the expected
 profile and the window. The logs window ends with the last full UTC day before the data interval's
 end (the 02:00 run of Dec 2 mines up to Dec 1) and spans ``window_days``. Parsing this file
 imports Airflow and the settings only; a task adds Ray's job client.
@@ -41,13 +42,15 @@ _JSON_TYPES = {int: "integer", float: "number", str: "string"}
 
 def _param(option: Any) -> Param:
     """The option as a DAG param. One that has an ``EDGEQA_*`` setting defaults to null: the
-    worker's setting (else its default) applies unless the run sets it."""
+    setting of the Ray cluster the stage runs on (else its default) applies unless the run sets
+    it."""
     bounds = {"minimum": option.minimum, "maximum": option.maximum}
     schema: dict[str, Any] = {k: v for k, v in bounds.items() if v is not None}
     if option.choices:
         schema["enum"] = [*option.choices] + ([None] if option.section == "settings" else [])
     if option.section == "settings":
-        text = f"{option.help} (null: EDGEQA_{option.field.upper()}, else {option.default})"
+        variable = f"EDGEQA_{option.field.upper()}"
+        text = f"{option.help} (null: the cluster's {variable}, else {option.default})"
         return Param(None, type=[_JSON_TYPES[option.kind], "null"], description=text, **schema)
     return Param(option.default, type=_JSON_TYPES[option.kind], description=option.help, **schema)
 
@@ -69,11 +72,17 @@ def _night() -> Any:
     return RunSpec(p["logs_uri"], p["out_uri"], since, until, language, end, "airflow", options)
 
 
-def _stage(stage: str, mined: Any = None, hours: float = 2.0) -> dict[str, Any]:
+# the hours a stage's job may run before its task stops it (the night's budget is 2 h at the
+# planned scale, docs/capacity.md: these stop what is stuck, not what is slow); the task's own
+# execution_timeout is 10 minutes more (``_timeout``)
+STAGE_HOURS = {"mine": 6, "generate": 8, "build": 6, "validate": 2, "publish": 6, "prune": 2}
+
+
+def _stage(stage: str, mined: Any = None) -> dict[str, Any]:
     """Run ``stage`` of this night as a Ray Job on the cluster (``precompute/fleet/jobs.py``) and
     wait for it: its result, with what the task saw of the job (``ray_job``). A job still
     running from an earlier try of this task is followed, not submitted again. The job is
-    stopped once it has run ``hours`` (the task's execution_timeout is that and 10 minutes)."""
+    stopped once it has run ``STAGE_HOURS`` since it was submitted."""
     from precompute.fleet.jobs import StageJob, job_key, stage_command, task_process
 
     context = get_current_context()
@@ -86,12 +95,12 @@ def _stage(stage: str, mined: Any = None, hours: float = 2.0) -> dict[str, Any]:
         stage_command(stage, _night(), run),
         token=settings.ray_jobs_token,
     )
-    result, ran = job.run(timeout_s=hours * 3600)
+    result, ran = job.run(timeout_s=STAGE_HOURS[stage] * 3600)
     return {**result, "ray_job": {**ran, "task_process": task_process()}}
 
 
-def _timeout(hours: float) -> timedelta:
-    return timedelta(hours=hours, minutes=10)
+def _timeout(stage: str) -> timedelta:
+    return timedelta(hours=STAGE_HOURS[stage], minutes=10)
 
 
 _PARAMS = {
@@ -122,31 +131,31 @@ def _pipeline() -> None:
     # task arguments are XComArgs when wired below and plain values when the task runs: Any.
     # Each task submits its stage as a Ray Job and waits: a night stuck waiting for GPUs fails
     # (its job stopped) and is retried
-    @task(execution_timeout=_timeout(6))
+    @task(execution_timeout=_timeout("mine"))
     def mine() -> dict[str, Any]:
-        mined = _stage("mine", hours=6)
+        mined = _stage("mine")
         expected = get_current_context()["params"]["profile"]
         if expected and expected != mined["profile"]:
             raise ValueError(f"profile {mined['profile']} is not the expected {expected}")
         return mined
 
-    @task(retries=3, retry_exponential_backoff=True, execution_timeout=_timeout(8))
+    @task(retries=3, retry_exponential_backoff=True, execution_timeout=_timeout("generate"))
     def generate(mined: Any) -> dict[str, Any]:
-        return _stage("generate", mined, hours=8)
+        return _stage("generate", mined)
 
-    @task(execution_timeout=_timeout(2))
+    @task(execution_timeout=_timeout("build"))
     def build(mined: Any, generated: Any) -> dict[str, Any]:
         return _stage("build", mined)
 
-    @task(retries=0, execution_timeout=_timeout(2))  # a refused release stays refused
+    @task(retries=0, execution_timeout=_timeout("validate"))  # a refused release stays refused
     def validate(mined: Any, built: Any) -> dict[str, Any]:
         return _stage("validate", mined)
 
-    @task(execution_timeout=_timeout(2))
+    @task(execution_timeout=_timeout("publish"))
     def publish(mined: Any, validated: Any) -> dict[str, Any]:
         return _stage("publish", mined)
 
-    @task(execution_timeout=_timeout(2))
+    @task(execution_timeout=_timeout("prune"))
     def prune(mined: Any, published: Any) -> dict[str, Any]:
         return _stage("prune", mined)
 

@@ -45,6 +45,10 @@ class StageJobError(EdgeQAError, RuntimeError):
     """A stage's Ray Job failed, was stopped, ran past its time, or could not be submitted."""
 
 
+class JobsApiUnreachable(StageJobError):
+    """The Jobs API did not answer (a connection error or a 5xx, after retries)."""
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """What a stage command needs of the night: the stores, the window, the language, the instant
@@ -153,24 +157,41 @@ class StageJob:
     argv: Sequence[str]
     token: str = field(default="", repr=False)  # Ray's auth token, when the cluster has one
     poll_s: float = 5.0
-    retry_s: float = 2.0  # the first wait before a request is tried again (then 2x, 4x)
+    retry_s: float = 2.0  # about the first wait before a request is tried again (then 2x, 4x)
     on_line: Callable[[str], None] = field(default=lambda line: log.info("%s", line))
+    _http: Any = field(default=None, repr=False)  # one connection pool while ``run`` runs
 
     def run(self, timeout_s: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """Submit the stage (or follow its job already running), wait for it, and return its
-        result and what the task reports of the job (id, status, seconds, attached). Raises
-        ``StageJobError`` when it fails or passes ``timeout_s`` (the job is then stopped)."""
+        result and what the task reports of the job (id, status, seconds, attached, its
+        entrypoint). Raises ``StageJobError`` when it fails or has run ``timeout_s`` since it
+        was submitted (a job followed again keeps its first start): it is then stopped."""
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        with httpx.Client(headers=headers, timeout=30) as http:
+            self._http = http
+            try:
+                return self._run(timeout_s)
+            finally:
+                self._http = None
+
+    def _run(self, timeout_s: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
         started = time.monotonic()
-        running = self._running()
-        submission, attached = running or (self._submit(), False)
-        deadline = None if timeout_s is None else started + timeout_s
+        found = self._running()
+        if found is None:
+            submission, entrypoint, age_s = self._submit(), shlex.join(self.argv), 0.0
+        else:
+            submission, entrypoint = str(found["submission_id"]), str(found.get("entrypoint"))
+            age_s = max(0.0, time.time() - (found.get("start_time") or 0) / 1000)
+        deadline = None if timeout_s is None else started + timeout_s - age_s
         status, logs, message = self._follow(submission, deadline)
         job = {
             "submission_id": submission,
             "status": status,
-            "attached": attached,
+            "attached": found is not None,
             "seconds": round(time.monotonic() - started, 2),
-            "entrypoint": shlex.join(self.argv),
+            "entrypoint": entrypoint,
         }
         if status != "SUCCEEDED":
             why = message.strip().splitlines()
@@ -186,28 +207,31 @@ class StageJob:
             )
         return result, job
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        """One request to the Jobs API; its JSON. Connection errors and 5xx are retried a few
-        times (a head restarting); anything else raises ``StageJobError``."""
+    def _call(self, method: str, path: str, retries: int = 3, **kwargs: Any) -> Any:
+        """One request to the Jobs API; its JSON. Connection errors and 5xx are tried again
+        ``retries`` times with backoff (a head restarting); then, or on any other refusal, or an
+        answer that is not JSON, ``StageJobError`` (``JobsApiUnreachable`` for the former)."""
         import httpx
 
+        from base.store import backoff_s
+
         url = f"{self.address}/api/jobs/{path}"
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        for attempt in range(4):
+        attempt = 0
+        while True:
             try:
-                response = httpx.request(method, url, headers=headers, timeout=30, **kwargs)
-            except httpx.HTTPError as error:
-                problem = f"{type(error).__name__}: {error}"
-            else:
-                if response.status_code < 500 or attempt == 3:
+                response = self._http.request(method, url, **kwargs)
+                if response.status_code < 500:
                     break
                 problem = f"HTTP {response.status_code}"
-            if attempt == 3:
-                raise StageJobError(
+            except httpx.HTTPError as error:
+                problem = f"{type(error).__name__}: {error}"
+            if attempt >= retries:
+                raise JobsApiUnreachable(
                     f"the Ray Jobs API at {self.address} could not be reached "
                     f"(EDGEQA_RAY_JOBS_ADDRESS; a local one: `ray start --head`): {problem}"
                 )
-            time.sleep(self.retry_s * 2**attempt)
+            time.sleep(backoff_s(attempt, self.retry_s))
+            attempt += 1
         if response.status_code in (401, 403):
             what = "the token" if self.token else "a request without a token"
             raise StageJobError(
@@ -220,14 +244,20 @@ class StageJob:
                 f"the Ray Jobs API refused {method} {url}: HTTP {response.status_code} "
                 f"{text[-1] if text else ''}"
             )
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:
+            raise StageJobError(
+                f"the Ray Jobs API at {self.address} answered {method} {url} with no JSON: "
+                f"is EDGEQA_RAY_JOBS_ADDRESS the head's dashboard port?"
+            ) from None
 
     def _ours(self) -> list[dict[str, Any]]:
         """Every job of this task's key, oldest first."""
-        jobs = [j for j in self._call("GET", "") if _ours(j.get("submission_id"), self.key)]
+        jobs = [j for j in self._call("GET", "") if _try_of(j.get("submission_id"), self.key)]
         return sorted(jobs, key=lambda j: j.get("start_time") or 0)
 
-    def _running(self) -> tuple[str, bool] | None:
+    def _running(self) -> dict[str, Any] | None:
         """The job of this task's key still pending or running (a task started again), if any."""
         live = [j for j in self._ours() if j.get("status") in ("PENDING", "RUNNING")]
         if not live:
@@ -236,44 +266,70 @@ class StageJob:
         self.on_line(
             f"following Ray job {job['submission_id']} ({job['status']}), submitted before"
         )
-        return str(job["submission_id"]), True
+        return job
 
     def _submit(self) -> str:
-        submission = f"{self.key}-{len(self._ours()) + 1}"
+        """Submit a new try (one past the highest of this key's). A submission whose answer was
+        lost, or a try another process submitted under the same id at the same moment, is found
+        by its id and followed, if it is this task's."""
+        tries = [_try_of(j.get("submission_id"), self.key) or 0 for j in self._ours()]
+        submission = f"{self.key}-{max(tries, default=0) + 1}"
         request = {
             "entrypoint": shlex.join(self.argv),
             "submission_id": submission,
             "metadata": {"edgeqa_stage": self.stage, "edgeqa_task": self.key},
         }
-        self._call("POST", "", json=request)
+        try:
+            self._call("POST", "", retries=0, json=request)
+        except StageJobError as refused:
+            try:
+                there = self._call("GET", submission)
+            except StageJobError:
+                raise refused from None
+            if (there.get("metadata") or {}).get("edgeqa_task") != self.key:
+                raise refused from None
         self.on_line(f"submitted Ray job {submission}: {request['entrypoint']}")
         return submission
 
     def _follow(self, submission: str, deadline: float | None) -> tuple[str, str, str]:
         """Pass the job's new log lines to ``on_line`` until it ends: its status, whole log and
-        Ray's message. Past ``deadline`` the job is stopped and ``StageJobError`` raised."""
-        shown, polls = 0, 0
+        Ray's message. The Jobs API out of reach is waited for (the job runs on without us),
+        up to ``deadline``; past it the job is stopped and ``StageJobError`` raised."""
+        shown, delay = 0, 0.25
         while True:
-            info = self._call("GET", submission)
+            try:
+                info = self._call("GET", submission)
+                logs = str(self._call("GET", f"{submission}/logs").get("logs", ""))
+            except JobsApiUnreachable as error:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise
+                log.warning("%s; the job runs on, asking again", error)
+                time.sleep(self.poll_s)
+                continue
             status = str(info.get("status"))
-            logs = str(self._call("GET", f"{submission}/logs").get("logs", ""))
-            for line in logs[shown:].splitlines():
+            done = status in ("SUCCEEDED", "FAILED", "STOPPED")
+            # whole lines only, until it ends: a line half written now is shown once, whole
+            upto = len(logs) if done else logs.rfind("\n", shown) + 1
+            for line in logs[shown:upto].splitlines():
                 if line.strip():
                     self.on_line(line)
-            shown = len(logs)
-            if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+            shown = max(shown, upto)
+            if done:
                 return status, logs, str(info.get("message") or "")
             if deadline is not None and time.monotonic() > deadline:
                 self._call("POST", f"{submission}/stop")
                 raise StageJobError(
                     f"stage {self.stage} (Ray job {submission}) ran past its time: stopped"
                 )
-            polls += 1  # a short stage is seen ending soon, a long one asked every poll_s
-            time.sleep(min(self.poll_s, 0.25 * 2**polls))
+            # a short stage is seen ending soon, a long one asked every poll_s
+            delay = min(self.poll_s, delay * 2)
+            time.sleep(delay)
 
 
-def _ours(submission_id: str | None, key: str) -> bool:
-    return bool(submission_id and re.fullmatch(re.escape(key) + r"-\d+", submission_id))
+def _try_of(submission_id: str | None, key: str) -> int | None:
+    """The try number of a submission id of ``key`` (``<key>-<n>``); None for another's."""
+    found = re.fullmatch(re.escape(key) + r"-(\d+)", submission_id or "")
+    return int(found.group(1)) if found else None
 
 
 def _last_error(logs: str) -> str:

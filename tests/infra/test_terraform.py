@@ -221,8 +221,12 @@ def test_the_ray_fleet_is_private_scales_its_gpus_from_zero_and_its_head_runs_th
         "${var.bucket_arn}/*/work/*",
         "${var.bucket_arn}/*/releases/*",
         "${var.bucket_arn}/*/current.json",
-        "${var.bucket_arn}/*/revocations.json",
     }
+    # the revocation list it reads, never writes (revoking is an operator's act)
+    assert head_role["ReadRevocations"] == (
+        {"s3:GetObject"},
+        {"${var.bucket_arn}/*/revocations.json"},
+    )
     # its own service account and role; the workers keep theirs
     accounts = _blocks(parsed, ray, "resource", "kubernetes_service_account_v1")
     assert set(accounts) == {"ray", "head"}

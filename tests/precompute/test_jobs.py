@@ -8,6 +8,7 @@ import dataclasses
 import shlex
 import subprocess
 import sys
+import time
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -159,3 +160,105 @@ def test_parse_run_takes_a_profile_and_a_run_id_only() -> None:
     for bad in ("", "p", "p/", "/0123456789ab", "../0123456789ab", "a..b/0123456789ab", "p/XYZ"):
         with pytest.raises(EdgeQAError, match="is not a run"):
             parse_run(bad)
+
+
+# -- against a stand-in for Ray's Jobs API (its REST shape), for what a real head will not do on
+# -- demand: lose an answer, fail for a while, answer in HTML, run for a thousand polls
+
+
+class _JobsApi:
+    """Ray's Jobs REST endpoints over a dict of jobs: ``polls`` status reads before a job ends
+    (SUCCEEDED, printing ``result``), and faults to inject."""
+
+    def __init__(self, polls: int, result: dict[str, Any]) -> None:
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse, PlainTextResponse, Response
+        from starlette.routing import Route
+
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.reads: dict[str, int] = {}
+        self.lose_submit_answer = False
+        self.down_for = 0  # status reads answered 503
+        self.html = False
+
+        async def submit(request: Request) -> Response:
+            body = await request.json()
+            sid = body["submission_id"]
+            if sid in self.jobs:
+                return PlainTextResponse(f"Job with submission_id {sid} already exists", 500)
+            self.jobs[sid] = {**body, "status": "RUNNING", "start_time": 1000 * time.time()}
+            if self.lose_submit_answer:  # submitted, but the answer never arrives whole
+                self.lose_submit_answer = False
+                return PlainTextResponse("gateway timeout", 504)
+            return JSONResponse({"submission_id": sid, "job_id": sid})
+
+        async def listing(request: Request) -> Response:
+            return JSONResponse(list(self.jobs.values()))
+
+        async def info(request: Request) -> Response:
+            if self.html:
+                return PlainTextResponse("<html>a login page</html>")
+            if self.down_for:
+                self.down_for -= 1
+                return PlainTextResponse("unavailable", 503)
+            sid = request.path_params["sid"]
+            job = self.jobs[sid]
+            self.reads[sid] = self.reads.get(sid, 0) + 1
+            if self.reads[sid] >= polls:
+                job["status"] = "SUCCEEDED"
+            return JSONResponse(job)
+
+        async def logs(request: Request) -> Response:
+            job = self.jobs[request.path_params["sid"]]
+            done = job["status"] == "SUCCEEDED"
+            tail = "ly done\n" + result_line("mine", result) if done else ""
+            return JSONResponse({"logs": "Running entrypoint\npartial" + tail})
+
+        self.app = Starlette(
+            routes=[
+                Route("/api/jobs/", submit, methods=["POST"]),
+                Route("/api/jobs/", listing, methods=["GET"]),
+                Route("/api/jobs/{sid}", info, methods=["GET"]),
+                Route("/api/jobs/{sid}/logs", logs, methods=["GET"]),
+            ]
+        )
+
+
+def _stage_job(url: str, key: str, lines: list[str] | None = None) -> StageJob:
+    job = StageJob(url, "mine", key, ["edgeqa", "precompute", "stage", "mine"], poll_s=0.0)
+    job.retry_s = 0.001
+    if lines is not None:
+        job.on_line = lines.append
+    return job
+
+
+def test_a_long_job_a_lost_submit_answer_an_outage_and_a_page_that_is_not_json() -> None:
+    from tests.serving import Server
+
+    api = _JobsApi(polls=1100, result={"run": "abc"})
+    with Server(api.app) as server:
+        # a thousand polls and more: the wait between them stays bounded (it once overflowed)
+        lines: list[str] = []
+        result, ran = _stage_job(server.url, "edgeqa-long", lines).run()
+        assert result == {"run": "abc"} and ran["submission_id"] == "edgeqa-long-1"
+        # a line half written when asked is shown once, whole
+        assert "partially done" in lines and "partial" not in lines
+        # the submission went through but its answer was lost: the task finds its job by id
+        api.lose_submit_answer = True
+        result, ran = _stage_job(server.url, "edgeqa-lost").run()
+        assert ran["submission_id"] == "edgeqa-lost-1" and not ran["attached"]
+        assert list(api.jobs).count("edgeqa-lost-1") == 1
+        # a try is one past the highest of its key, whatever the count
+        api.jobs["edgeqa-lost-7"] = {**api.jobs["edgeqa-lost-1"], "submission_id": "edgeqa-lost-7"}
+        api.jobs["edgeqa-lost-7"]["status"] = "FAILED"
+        _, ran = _stage_job(server.url, "edgeqa-lost").run()
+        assert ran["submission_id"] == "edgeqa-lost-8"
+        # the Jobs API away for a while (503s past the retries): the job runs on, it is waited for
+        api.down_for = 12
+        result, _ = _stage_job(server.url, "edgeqa-outage").run()
+        assert result == {"run": "abc"} and api.down_for == 0
+        # something else at the address answers, but not JSON: one clear line, no traceback
+        api.html = True
+        with pytest.raises(StageJobError, match="no JSON: is EDGEQA_RAY_JOBS_ADDRESS"):
+            _stage_job(server.url, "edgeqa-html").run()

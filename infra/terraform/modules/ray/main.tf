@@ -7,7 +7,8 @@
 # role, ray_head). The head has no CPU slot (num-cpus 0): the model stages (embedding the
 # wordings, generating answers) are Ray Data jobs whose actors, one engine each, one per GPU, run
 # on the GPU workers, whose narrower role (ray) may read the logs and read and write the work
-# areas only: the fleet cannot sign or publish.
+# areas only: the actors' pods cannot sign or publish with their own role (code on the cluster
+# can still reach the head's: docs/security.md, known weaknesses).
 #
 # GPUs scale from zero and back: Ray's autoscaler (in-tree, a sidecar of the head) adds a worker
 # pod per GPU the actor pools ask for, up to max_replicas; the Cluster Autoscaler grows the g5 node
@@ -712,9 +713,15 @@ data "aws_iam_policy_document" "ray_head" {
     resources = ["${var.bucket_arn}/*/work/*", "${var.bucket_arn}/*/releases/*"]
   }
   statement {
-    sid       = "ReadWritePointersAndRevocations"
+    sid       = "ReadWritePointers"
     actions   = ["s3:GetObject", "s3:PutObject"]
-    resources = ["${var.bucket_arn}/*/current.json", "${var.bucket_arn}/*/revocations.json"]
+    resources = ["${var.bucket_arn}/*/current.json"]
+  }
+  statement {
+    # read only: revoking is an operator's act (edgeqa release revoke), not the nightly's
+    sid       = "ReadRevocations"
+    actions   = ["s3:GetObject"]
+    resources = ["${var.bucket_arn}/*/revocations.json"]
   }
   statement {
     # keys only; without it a pointer or revocation list not written yet (a profile's first
@@ -725,7 +732,7 @@ data "aws_iam_policy_document" "ray_head" {
   }
   statement {
     sid       = "UseStoreKey"
-    actions   = ["kms:Decrypt", "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey"]
+    actions   = ["kms:Decrypt", "kms:DescribeKey", "kms:GenerateDataKey"]
     resources = [var.kms_key_arn]
   }
   statement {
