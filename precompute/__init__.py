@@ -8,7 +8,8 @@ mining.py      the hot questions (with logwindow.py: the window reduced by DuckD
                time; questions.py: a mined question and its wordings)
 curated.py     the operator's answers
 generate.py    answering the hot questions, partition by partition
-fleet/         where the model stages run: Ray, local or a GPU fleet
+fleet/         where the model stages run (Ray, local or a GPU fleet), and jobs.py: each
+               stage of the DAG as a Ray Job
 build.py       the release's files (with calibration.py: the semantic tier's decision)
 publish.py     publishing: the flip of the signed pointer, pruning
 parent.py      what a run takes from the release it follows

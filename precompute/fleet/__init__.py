@@ -12,13 +12,14 @@ Where Ray is (``EDGEQA_RAY_ADDRESS``):
 - unset: a local Ray, started by the first job of the process with one CPU slot per core
   (``EDGEQA_RAY_WORKERS`` to cap it) and kept for the process: ``make demo``, the tests,
   ``edgeqa precompute run`` on a laptop. A Ray this process already joined (a test session's)
-  is used as it is.
+  is used as it is; a stage run as a Ray Job joins its job's Ray (Ray's ``RAY_ADDRESS``).
 - set: the cluster there (``ray://head:10001``, Ray Client: this process is the driver, the
   actors run on the cluster's GPU workers, which its autoscaler starts for the job). The
   workers run the project's image (``Dockerfile``) and reach the store with their own role.
 
 This module connects (``connect``) and says where things ran; the jobs are ``embedding.py``
-(mining's wordings) and ``generation.py`` (the answers, checkpointed per partition).
+(mining's wordings) and ``generation.py`` (the answers, checkpointed per partition);
+``jobs.py`` submits a whole stage as a Ray Job (what each task of the Airflow DAG does).
 """
 
 from __future__ import annotations
