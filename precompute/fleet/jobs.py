@@ -183,7 +183,8 @@ class StageJob:
             submission, entrypoint, age_s = self._submit(), shlex.join(self.argv), 0.0
         else:
             submission, entrypoint = str(found["submission_id"]), str(found.get("entrypoint"))
-            age_s = max(0.0, time.time() - (found.get("start_time") or 0) / 1000)
+            began_ms = found.get("start_time")  # Ray's, in ms since the epoch (none: unknown)
+            age_s = max(0.0, time.time() - began_ms / 1000) if began_ms else 0.0
         deadline = None if timeout_s is None else started + timeout_s - age_s
         status, logs, message = self._follow(submission, deadline)
         job = {
