@@ -83,15 +83,16 @@ def _clean(path: str) -> str:
     return "/".join(parts)
 
 
-def parquet_table(data: bytes) -> Any:
-    """A Parquet file read from the store, as a ``pyarrow.Table``, decoded on this thread:
-    pyarrow's decoding threads can abort a process at exit ("terminate called without an active
-    exception", apache/arrow#34314; 6 of 10 runs of ``edgeqa release show`` here)."""
+def parquet_table(data: bytes, columns: list[str] | None = None) -> Any:
+    """A Parquet file read from the store, as a ``pyarrow.Table`` (only ``columns``, if given:
+    the others are not decoded), decoded on this thread: pyarrow's decoding threads can abort a
+    process at exit ("terminate called without an active exception", apache/arrow#34314; 6 of
+    10 runs of ``edgeqa release show`` here)."""
     import io
 
     import pyarrow.parquet as pq
 
-    return pq.read_table(io.BytesIO(data), use_threads=False)
+    return pq.read_table(io.BytesIO(data), columns=columns, use_threads=False)
 
 
 def sha256_hex(data: bytes) -> str:

@@ -387,17 +387,8 @@ def run_stage(name: str, params: RunParams, run: str | None = None) -> dict[str,
     ``mine``, or a later stage of the run ``run`` (``<profile>/<run>``, as mine decided), whose
     mine result it reads from the run's work area. The stages themselves are the ones
     ``run_pipeline`` calls in one process."""
-    if name not in STAGES:
-        raise EdgeQAError(f"unknown stage {name!r} (stages: {', '.join(STAGES)})")
     if name == "mine":
         return mine_stage(params)
-    if not run:
-        raise EdgeQAError(f"stage {name} needs the run mine decided (--run <profile>/<run>)")
-    profile, run_id = parse_run(run)
-    try:
-        mined = WorkArea(open_store(params.out_uri), profile, run_id).get_json(MINED)
-    except ObjectNotFoundError:
-        raise EdgeQAError(f"run {run} has not been mined in {params.out_uri}") from None
     stages: dict[str, Callable[[RunParams, Mined], dict[str, Any]]] = {
         "generate": generate_stage,
         "build": build_stage,
@@ -405,6 +396,15 @@ def run_stage(name: str, params: RunParams, run: str | None = None) -> dict[str,
         "publish": publish_stage,
         "prune": prune_stage,
     }
+    if name not in stages:
+        raise EdgeQAError(f"unknown stage {name!r} (stages: {', '.join(STAGES)})")
+    if not run:
+        raise EdgeQAError(f"stage {name} needs the run mine decided (--run <profile>/<run>)")
+    profile, run_id = parse_run(run)
+    try:
+        mined = WorkArea(open_store(params.out_uri), profile, run_id).get_json(MINED)
+    except ObjectNotFoundError:
+        raise EdgeQAError(f"run {run} has not been mined in {params.out_uri}") from None
     return stages[name](params, mined)
 
 

@@ -118,8 +118,7 @@ class WorkArea:
         if not parts:
             raise ObjectNotFoundError(f"{self.prefix}/hot/")
         for path in parts:
-            table = self.get_table(path)
-            yield table.select(columns) if columns else table
+            yield self.get_table(path, columns)
 
     def hot(self) -> Iterator[HotQuestion]:
         """Every mined question, in order, a part read at a time."""
@@ -145,10 +144,10 @@ class WorkArea:
         pq.write_table(table, buffer)
         self.store.put(path, buffer.getvalue())
 
-    def get_table(self, path: str) -> pa.Table:
-        """Raises ``ObjectNotFoundError`` when ``path`` is not there."""
-
-        return parquet_table(self.store.get(path))
+    def get_table(self, path: str, columns: list[str] | None = None) -> pa.Table:
+        """The table at ``path`` (only ``columns``, if given); raises ``ObjectNotFoundError`` when
+        ``path`` is not there."""
+        return parquet_table(self.store.get(path), columns)
 
     def stage_release(self, folder: Path) -> None:
         """Upload a built release folder to ``release/`` (replacing what was there)."""
