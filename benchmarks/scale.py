@@ -25,11 +25,22 @@ built, validated and published, and the edge loading a release of a million entr
    then loaded as the edge loads one (``edge_index.lookup.load_index``) in a child process:
    seconds and peak RSS.
 
-Prints one JSON object: {"config", "mine": {"<rows>": {...}}, "exact_overlap", "release",
-"edge_load"}.
+Prints one JSON object: {"config", "nights", "rules", "mine": {"<rows>": {...}}, "exact_overlap",
+"release", "edge_load"}.
+
+4. **Two nights** (``--nights 2``, ``--rows-per-day N``, default 150,000): 8 days of N rows a
+   day; night 1 mines days 1-7, night 2 days 2-8 in the same store, then days 2-8 again from
+   scratch in a new store (``two_nights``): each one's seconds per step and peak RSS, what the
+   caches across nights found (``precompute/nightcache.py``), night 2's seconds over night 1's,
+   and the overlap of its qualifying clusters and published questions with the run from
+   scratch (1.0: the same).
+
+5. **Text rules** (``--rules N``): the rules alone on N distinct texts of the largest size's
+   logs, on 1 and on 2 processes: texts/s each, and whether the verdicts are the same.
 
 Run: .venv/bin/python benchmarks/scale.py [--sizes 100000,1000000] [--full] [--release 100000]
-     [--edge-rows 1000000] [--skip release,edge_load]
+     [--edge-rows 1000000] [--skip mine,release,edge_load] [--nights 2 --rows-per-day 150000]
+     [--rules 100000]
 """
 
 from __future__ import annotations
@@ -64,15 +75,15 @@ def _peak_rss_mb() -> float:
     return peak_rss_mb()
 
 
-def _params(logs: Path, out: Path, **mining: Any) -> Any:
+def _params(logs: Path, out: Path, until: date = UNTIL, **mining: Any) -> Any:
     from precompute.config import PipelineConfig
     from precompute.pipeline import RunParams
 
     config = PipelineConfig.from_env().replace(mining=mining)
-    started = datetime(UNTIL.year, UNTIL.month, UNTIL.day, 23, 59, 59, tzinfo=UTC)
-    since = UNTIL - timedelta(days=DAYS - 1)
+    started = datetime(until.year, until.month, until.day, 23, 59, 59, tzinfo=UTC)
+    since = until - timedelta(days=DAYS - 1)
     return RunParams(
-        f"file://{logs}", f"file://{out}", since, UNTIL, config, "benchmark", started=started
+        f"file://{logs}", f"file://{out}", since, until, config, "benchmark", started=started
     )
 
 
@@ -105,16 +116,19 @@ def child_mine(args: dict[str, Any]) -> dict[str, Any]:
 
     out = Path(args["out"])
     mining = {"exact_cluster_rows": 10**12} if args["exact"] else {}
-    params = _params(Path(args["logs"]), out, **mining)
+    until = date.fromisoformat(args.get("until", UNTIL.isoformat()))
+    params = _params(Path(args["logs"]), out, until, **mining)
     started = time.perf_counter()
     mined = mine_stage(params)
     seconds = time.perf_counter() - started
     work = _work_area(params, mined)
     clusters = [
         sorted([w["key"] for w in row["published"]] + [w["key"] for w in row["held_back"]])
-        for row in work.get_json("clusters.json")
+        for row in work.clusters()
     ]
     (out / "qualifying.json").write_text(json.dumps(clusters))
+    published = [[h.key, sorted(p.key for p in h.phrasings)] for h in work.hot()]
+    (out / "published.json").write_text(json.dumps(published))
     result: dict[str, Any] = {
         "stage_s": round(seconds, 2),
         "peak_rss_mb": _peak_rss_mb(),
@@ -177,7 +191,11 @@ def child_aggregate(args: dict[str, Any]) -> dict[str, Any]:
     with LogWindow(config.memory_mb) as window:
         window.add(read_log_tables(open_store(params.logs_uri), params.since, params.until, stats))
         table, counts = window.wordings(
-            config, params.now, carry((), config, params.now).tables, params.language
+            config,
+            params.now,
+            carry((), config, params.now).tables,
+            params.language,
+            workers=config.workers(),
         )
     return {
         "stage_s": round(time.perf_counter() - started, 2),
@@ -188,6 +206,38 @@ def child_aggregate(args: dict[str, Any]) -> dict[str, Any]:
         "excluded_rows": counts.excluded_rows,
         "seconds": {k: round(v, 2) for k, v in counts.seconds.items()},
     }
+
+
+def child_rules(args: dict[str, Any]) -> dict[str, Any]:
+    """The text rules alone on the first ``texts`` distinct texts of the logs, on 1 and on 2
+    processes (``textrules.judge_all``): texts/s each, the verdicts compared."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from precompute.textrules import CHUNK, judge_all
+
+    wanted, texts, seen = int(args["texts"]), [], set()
+    for path in sorted(Path(args["logs"]).rglob("*.parquet")):
+        for query in pc.unique(pq.read_table(path, columns=["query"]).column("query")).to_pylist():
+            if query not in seen:
+                seen.add(query)
+                texts.append(query)
+        if len(texts) >= wanted:
+            break
+    texts = texts[:wanted]
+    chunks = [
+        (texts[i : i + CHUNK], [None] * len(texts[i : i + CHUNK]))
+        for i in range(0, len(texts), CHUNK)
+    ]
+    result: dict[str, Any] = {"texts": len(texts)}
+    verdicts = {}
+    for workers in (1, 2):
+        began = time.perf_counter()
+        verdicts[workers] = [v for chunk in judge_all(iter(chunks), "en", workers) for v in chunk]
+        result[f"texts_per_s_{workers}"] = round(len(texts) / (time.perf_counter() - began), 1)
+    result["speedup"] = round(result["texts_per_s_2"] / result["texts_per_s_1"], 3)
+    result["same_verdicts"] = verdicts[1] == verdicts[2]
+    return result
 
 
 def child_release(args: dict[str, Any]) -> dict[str, Any]:
@@ -435,6 +485,7 @@ def child_load_edge_release(args: dict[str, Any]) -> dict[str, Any]:
 CHILDREN = {
     "mine": child_mine,
     "aggregate": child_aggregate,
+    "rules": child_rules,
     "release": child_release,
     "write_edge_release": child_write_edge_release,
     "load_edge_release": child_load_edge_release,
@@ -460,14 +511,79 @@ def run_child(task: str, args: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def logs_for(work: Path, rows: int, seed: int) -> Path:
-    folder = work / f"logs-{rows}-seed{seed}-g{GENERATOR}"
+def logs_for(work: Path, rows: int, seed: int, days: int = DAYS) -> Path:
+    """Synthetic logs of ``rows`` rows over ``days`` days ending ``UNTIL``, written once."""
+    folder = work / (f"logs-{rows}-seed{seed}-g{GENERATOR}" + ("" if days == DAYS else f"-{days}d"))
     done = folder / ".complete"
     if not done.exists():
         shutil.rmtree(folder, ignore_errors=True)
-        write_synthetic_logs(folder, rows, real_questions(DATA_DIR), UNTIL, DAYS, seed)
+        write_synthetic_logs(folder, rows, real_questions(DATA_DIR), UNTIL, days, seed)
         done.touch()
     return folder
+
+
+def _overlap(a: set[Any], b: set[Any]) -> float:
+    return round(len(a & b) / max(len(a | b), 1), 4)
+
+
+def two_nights(per_day: int, work: Path, seed: int) -> dict[str, Any]:
+    """``--nights 2``: 8 days of ``per_day`` rows a day; night 1 mines days 1-7, night 2 days 2-8
+    in the same store (what night 1 judged and embedded is cached: ``precompute/nightcache.py``),
+    then days 2-8 from scratch in a new store: seconds and peak RSS of each, and how much of
+    night 2's qualifying clusters (their wordings) and published questions (key and wordings)
+    the run from scratch has too (shared / either)."""
+    logs = logs_for(work, per_day * (DAYS + 1), seed, DAYS + 1)
+    first = UNTIL - timedelta(days=1)
+    runs: dict[str, Any] = {}
+    found: dict[str, dict[str, set[Any]]] = {}
+    with (
+        tempfile.TemporaryDirectory(dir=work) as same,
+        tempfile.TemporaryDirectory(dir=work) as new,
+    ):
+        for name, out, until in (
+            ("night_1", same, first),
+            ("night_2", same, UNTIL),
+            ("from_scratch", new, UNTIL),
+        ):
+            args = {"logs": str(logs), "out": out, "exact": False, "calibrate": False}
+            result = run_child("mine", {**args, "until": until.isoformat()})
+            if "error" in result:
+                return {name: result}
+            mining = result["mining"]
+            runs[name] = {
+                "window": f"{until - timedelta(days=DAYS - 1)}..{until}",
+                "rows": result["logs"]["rows"],
+                "distinct_wordings": mining["phrasings"],
+                "stage_s": result["stage_s"],
+                "seconds": mining["seconds"],
+                "peak_rss_mb": result["peak_rss_mb"],
+                "qualifying_clusters": mining["qualifying_clusters"],
+                "published_clusters": mining["published_clusters"],
+                "caches": mining.get("caches"),
+                "rule_workers": mining.get("rule_workers"),
+            }
+            folder = Path(out)
+            found[name] = {
+                "qualifying": {
+                    tuple(c) for c in json.loads((folder / "qualifying.json").read_text())
+                },
+                "published": {
+                    (k, tuple(w)) for k, w in json.loads((folder / "published.json").read_text())
+                },
+            }
+    night_1, night_2 = runs["night_1"]["stage_s"], runs["night_2"]["stage_s"]
+    return {
+        "rows_per_day": per_day,
+        **runs,
+        "night_2_over_night_1": round(night_2 / night_1, 3) if night_1 else None,
+        "night_2_over_from_scratch": round(night_2 / runs["from_scratch"]["stage_s"], 3),
+        "qualifying_overlap": _overlap(
+            found["night_2"]["qualifying"], found["from_scratch"]["qualifying"]
+        ),
+        "published_overlap": _overlap(
+            found["night_2"]["published"], found["from_scratch"]["published"]
+        ),
+    }
 
 
 def mine_sizes(sizes: list[int], work: Path, seed: int, exact_at: int | None) -> dict[str, Any]:
@@ -528,6 +644,17 @@ def main() -> None:
         default="",
         help="parts to skip: mine,release,edge_load; s3: the release's publish to S3 on loopback",
     )
+    parser.add_argument(
+        "--nights",
+        type=int,
+        choices=(0, 2),
+        default=0,
+        help="2: night 1, night 2 a day later in the same store, night 2 from scratch",
+    )
+    parser.add_argument("--rows-per-day", type=int, default=150_000, help="--nights' logs")
+    parser.add_argument(
+        "--rules", type=int, default=0, help="N: the text rules on N texts, 1 and 2 processes"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default=str(ROOT / "benchmarks" / "out" / "scale"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -549,6 +676,8 @@ def main() -> None:
             "seed": args.seed,
             "cpus": os.cpu_count(),
             "days": DAYS,
+            "nights": args.nights,
+            "rows_per_day": args.rows_per_day if args.nights else None,
         }
     }
     partial = work / "partial.json"  # what is done so far, should a later part fail or hang
@@ -557,6 +686,11 @@ def main() -> None:
         out[part] = value
         partial.write_text(json.dumps(out))
 
+    if args.nights:
+        done("nights", two_nights(args.rows_per_day, work, args.seed))
+    if args.rules:
+        logs = logs_for(work, max(sizes or [100_000]), args.seed)
+        done("rules", run_child("rules", {"logs": str(logs), "texts": args.rules}))
     if "mine" not in skip:
         mined = mine_sizes(sizes, work, args.seed, sizes[0] if sizes else None)
         done("mine", mined)

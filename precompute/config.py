@@ -14,6 +14,7 @@ Airflow parses it.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ class PrecomputeSettings(EngineSettings):
     top_n: int = Field(1_000_000, ge=1)
     # DuckDB's memory while it reduces the log window; past it, it spills to a temporary folder
     mining_memory_mb: int = Field(1024, ge=64)
+    # processes the mining stage's text rules run on; 0 = one per CPU the stage may use
+    mining_workers: int = Field(0, ge=0)
     keep_releases: int = Field(5, ge=2)
     # where embedding and generation run (precompute/fleet/): "" = a local Ray started by the
     # run; else the cluster's address (ray://head:10001)
@@ -136,6 +139,9 @@ class MiningConfig:
     askers_kept: int = 1024
     # DuckDB's memory limit while it reduces the log window (it spills to disk past it)
     memory_mb: int = 1024
+    # processes the text rules run on (``textrules.judge_all``); 0: one per CPU this process may
+    # use. A night with few texts to judge judges them here
+    rule_workers: int = 0
     # one identity's (one network's) rows that count in a window: past it, theirs are dropped
     max_rows_per_user: int = 500
     max_rows_per_network: int = 5000
@@ -174,6 +180,18 @@ class MiningConfig:
             raise ConfigError("cluster_recall must be in (0, 1]")
         if self.memory_mb < 64:
             raise ConfigError("memory_mb must be at least 64")
+        if self.rule_workers < 0:
+            raise ConfigError("rule_workers must not be negative")
+
+    def workers(self) -> int:
+        """The processes the text rules run on (``rule_workers``, 0: this process's CPUs)."""
+        if self.rule_workers:
+            return self.rule_workers
+        return (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1
+        )
 
     @property
     def kept_askers(self) -> int:
@@ -288,6 +306,7 @@ class PipelineConfig:
             min_asns=settings.min_asns,
             top_n=settings.top_n,
             memory_mb=settings.mining_memory_mb,
+            rule_workers=settings.mining_workers,
         )
         return cls(settings, mining, build=BuildConfig(allow_links=settings.allow_answer_links))
 

@@ -43,7 +43,16 @@ from typing import TYPE_CHECKING, Any
 
 from precompute.asks import to_us
 from precompute.config import MiningConfig
-from precompute.textrules import CHUNK, judge_all
+from precompute.nightcache import PART_ROWS, NightCache
+from precompute.textrules import (
+    CHUNK,
+    REASONS,
+    VERDICT_COLUMNS,
+    Known,
+    judge_all,
+    verdict_part,
+    verdict_schema,
+)
 
 if TYPE_CHECKING:
     import duckdb
@@ -55,6 +64,9 @@ log = logging.getLogger(__name__)
 ROW_COLUMNS = ("ts", "user", "network", "query", "turns", "tier", "status", "signed", "asn")
 ROWS_PER_INSERT = 50_000  # dict rows are batched into Arrow tables of this many
 MB_PER_THREAD = 128  # DuckDB's memory per thread it runs
+# the reasons a cached verdict may give (any other is not taken: the text is judged again)
+_REASONS = ", ".join(f"'{reason}'" for reason in REASONS)
+PARALLEL_TEXTS = 4 * CHUNK  # texts to judge past which the text rules run on several processes
 _US_PER_DAY = 86_400_000_000
 
 
@@ -89,6 +101,7 @@ class WindowCounts:
     carried_users: int = 0  # (wording, user) asks the carried evidence added to the logs'
     distinct_texts: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
+    rule_workers: int = 1  # processes the text rules ran on
 
 
 def _bump(counts: dict[str, int], reason: str, n: int = 1) -> None:
@@ -237,6 +250,8 @@ class LogWindow:
         carried: Mapping[str, pa.Table],
         language: str | None = None,
         progress: bool = False,
+        verdicts: NightCache | None = None,
+        workers: int = 1,
     ) -> tuple[pa.Table, WindowCounts]:
         """The window's wordings (one row per key, in clustering's order: ``key``,
         ``normalized``, ``question`` (the most common raw form), ``hits``, ``user_count``,
@@ -245,11 +260,13 @@ class LogWindow:
         came with a signed token), ``network_count``, ``networks``, ``asn_count``, ``asns``,
         ``askers``)
         and what was counted. ``carried``: the parent run's evidence (``carry.py``);
-        ``language``: only this language's rows count (None: all)."""
+        ``language``: only this language's rows count (None: all); ``verdicts``: the text
+        rules' cache across nights (``nightcache.py``; None: none); ``workers``: processes the
+        text rules run on."""
         counts = WindowCounts()
         counts.seconds["aggregate"] = self.seconds_adding
         started = time.perf_counter()
-        self._judge(language, counts, progress)
+        self._judge(language, counts, progress, verdicts, workers)
         counts.seconds["rules"] = time.perf_counter() - started
         started = time.perf_counter()
         self._classify(config, counts)
@@ -258,54 +275,117 @@ class LogWindow:
         counts.seconds["aggregate"] += time.perf_counter() - started
         return table, counts
 
-    def _judge(self, language: str | None, counts: WindowCounts, progress: bool) -> None:
-        """The text rules on every distinct raw text, into table ``texts``."""
+    def _judge(
+        self,
+        language: str | None,
+        counts: WindowCounts,
+        progress: bool,
+        verdicts: NightCache | None,
+        workers: int,
+    ) -> None:
+        """The text rules on every distinct raw text, into table ``texts``: a verdict found in
+        ``verdicts`` (the cache across nights, by the text's sha256) is taken, not judged again,
+        and the texts judged tonight go into it; the texts judged on ``workers`` processes."""
         import pyarrow as pa
 
         con = self.con
         con.execute(
-            "CREATE TEMP TABLE queries AS SELECT query, row_number() OVER () AS rid "
+            "CREATE TEMP TABLE queries AS SELECT query, sha256(query) AS qhash, "
+            "row_number() OVER () AS rid "
             "FROM (SELECT DISTINCT query FROM rows WHERE query IS NOT NULL)"
         )
         total = self._count("SELECT count(*) FROM queries")
         counts.distinct_texts = int(total)
+        self._known(verdicts)
         con.execute(
             "CREATE TEMP TABLE texts (query VARCHAR, language VARCHAR, reason VARCHAR, "
             "kinds VARCHAR[], key VARCHAR, normalized VARCHAR, form VARCHAR)"
         )
 
-        def chunks() -> Iterable[list[str]]:
+        def chunks() -> Iterable[tuple[list[str], list[Known | None]]]:
             for start in range(1, total + 1, CHUNK):
-                yield [
-                    q
-                    for (q,) in self.con.execute(
-                        "SELECT query FROM queries WHERE rid BETWEEN ? AND ? ORDER BY rid",
-                        [start, start + CHUNK - 1],
-                    ).fetchall()
-                ]
+                rows = self.con.execute(
+                    "SELECT q.query, k.language, k.reason, k.kinds "
+                    "FROM queries q LEFT JOIN known k USING (qhash) "
+                    "WHERE rid BETWEEN ? AND ? ORDER BY rid",
+                    [start, start + CHUNK - 1],
+                ).fetchall()
+                yield (
+                    [query for query, *_ in rows],
+                    [
+                        None if lang is None else (lang, reason, kinds)
+                        for _, lang, reason, kinds in rows
+                    ],
+                )
 
         bar = _progress(total, "text rules", progress)
-        schema = pa.schema(
-            [
-                ("query", pa.string()),
-                ("language", pa.string()),
-                ("reason", pa.string()),
-                ("kinds", pa.list_(pa.string())),
-                ("key", pa.string()),
-                ("normalized", pa.string()),
-                ("form", pa.string()),
-            ]
-        )
-        for verdicts in judge_all(chunks(), language):
-            judged = pa.Table.from_pylist([v._asdict() for v in verdicts], schema=schema)
+        schema = verdict_schema()
+        known = verdicts.counts.found if verdicts is not None else 0
+        if total - known < PARALLEL_TEXTS:  # a process's start costs more than these take
+            workers = 1
+        counts.rule_workers = workers
+        for verdicts_of_chunk in judge_all(chunks(), language, workers):
+            judged = pa.Table.from_pylist([v._asdict() for v in verdicts_of_chunk], schema=schema)
             self._insert_arrow("texts", judged, list(schema.names))
             if bar is not None:
-                bar.update(len(verdicts))
+                bar.update(len(verdicts_of_chunk))
         if bar is not None:
             bar.close()
+        if verdicts is not None:
+            self._keep_verdicts(verdicts)
         con.execute("DROP TABLE queries")
+        con.execute("DROP TABLE known")
         where = "" if language is None else f"WHERE language = '{_sql_literal(language)}'"
         con.execute(f"CREATE TEMP VIEW judged AS SELECT * FROM texts {where}")
+
+    def _known(self, verdicts: NightCache | None) -> None:
+        """Table ``known``: the cached verdict of each of tonight's texts that has one (the
+        latest night's), read a part at a time and only tonight's texts kept."""
+        con = self.con
+        con.execute(
+            "CREATE TEMP TABLE cached (qhash VARCHAR, language VARCHAR, reason VARCHAR, "
+            "kinds VARCHAR[], night DATE)"
+        )
+        parts = verdicts.tables(list(VERDICT_COLUMNS), verdict_part) if verdicts else ()
+        for night, part in parts:
+            con.register("part_in", part)
+            try:
+                con.execute(
+                    "INSERT INTO cached SELECT qhash, language, reason, kinds, ?::DATE "
+                    "FROM part_in WHERE qhash IN (SELECT qhash FROM queries) "
+                    f"AND (reason IS NULL OR reason IN ({_REASONS}))",
+                    [night],
+                )
+            finally:
+                con.unregister("part_in")
+        con.execute(
+            "CREATE TEMP TABLE known AS SELECT DISTINCT ON (qhash) * FROM cached "
+            "ORDER BY qhash, night DESC"
+        )
+        con.execute("DROP TABLE cached")
+        if verdicts is not None:
+            verdicts.counts.found = self._count("SELECT count(*) FROM known")
+
+    def _keep_verdicts(self, verdicts: NightCache) -> None:
+        """Into the cache: the verdicts judged tonight and those taken from a part about to fall
+        out, without their text (hash, language, reason, kinds), a batch at a time."""
+        import pyarrow as pa
+
+        stale = verdicts.since.isoformat()
+        result = self.con.sql(
+            f"""
+            SELECT q.qhash, t.language, t.reason, t.kinds, k.qhash IS NULL AS judged
+            FROM queries q JOIN texts t USING (query) LEFT JOIN known k USING (qhash)
+            WHERE k.qhash IS NULL OR k.night <= DATE '{stale}'
+            """
+        )
+        for batch in result.to_arrow_reader(PART_ROWS):
+            table = pa.Table.from_batches([batch])
+            judged = sum(table.column("judged").to_pylist())
+            verdicts.counts.computed += judged
+            verdicts.counts.rewritten += len(table) - judged
+            verdicts.add(table.drop_columns(["judged"]))
+        verdicts.close()
 
     def _classify(self, config: MiningConfig, counts: WindowCounts) -> None:
         """Rules 1-4 per row: counted by reason; the rows that count, capped, into ``kept``."""

@@ -54,13 +54,16 @@ again; rules 5-8 apply to them as to logged ones.
 
 What runs where: rules 1-4 and the carried evidence's merge run in DuckDB over the window's rows
 (``logwindow.py``: no list of rows in Python), the text rules once per distinct text
-(``textrules.py``); rule 5 embeds and searches in batches (``clustering.py``); rules 6-8 run here,
+(``textrules.py``, on several processes when many are new); rule 5 embeds and searches in batches
+(``clustering.py``); the verdicts and vectors of the nights before are taken from the caches
+across nights, not computed again (``nightcache.py``); rules 6-8 run here,
 on the clusters only, and a cluster whose wordings' askers add up to fewer than k is dropped
 before any of its wordings becomes a ``Phrasing``. ``MiningReport.seconds`` times each step.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -70,6 +73,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from base.errors import EdgeQAError
 from edge_index.guard import numbers
 from precompute.asks import from_us, recency_weight
 from precompute.carry import carry
@@ -83,6 +87,7 @@ from precompute.clustering import (
 )
 from precompute.config import MiningConfig
 from precompute.logwindow import LogWindow, WindowCounts
+from precompute.nightcache import NightCache, NightCaches, vectors_with_cache
 from precompute.questions import HotQuestion, Phrasing, askers_count, crowd, held_back_rows
 from precompute.safetext import publishable
 
@@ -93,6 +98,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# DuckDB's memory while it looks up the night's cached vectors (``nightcache.py``; it spills past)
+VECTOR_LOOKUP_MB = 256
 # the steps whose seconds the report gives (``MiningReport.seconds``)
 STEPS = ("aggregate", "rules", "embed", "cluster", "k_and_text_rules", "rank")
 
@@ -119,6 +126,9 @@ class MiningReport:
     carried_users: int = 0
     expired_users: int = 0
     distinct_texts: int = 0  # raw texts the text rules judged (once each)
+    rule_workers: int = 1  # processes the text rules ran on
+    # what the caches across nights did (``nightcache.py``): entries found, computed, ...
+    caches: dict[str, Any] = field(default_factory=dict)
     # seconds per step (``STEPS``) and how the wordings were clustered (``ClusterStats``)
     seconds: dict[str, float] = field(default_factory=dict)
     clustering: dict[str, Any] = field(default_factory=dict)
@@ -142,6 +152,7 @@ class MiningReport:
             "time_sensitive_by_kind",
             "carried_users",
             "distinct_texts",
+            "rule_workers",
         ):
             setattr(self, name, getattr(counts, name))
         self.seconds.update(counts.seconds)
@@ -165,6 +176,7 @@ def mine(
     language: str | None = None,
     progress: bool = False,
     encoder: Callable[[], Encoder] | None = None,
+    caches: NightCaches | None = None,
 ) -> tuple[list[HotQuestion], MiningReport]:
     """The hot questions to answer, best first, and the report of what was excluded and why.
 
@@ -173,23 +185,30 @@ def mine(
     held as a list. ``carried``: the parent run's phrasings, whose evidence is merged in.
     ``language``: only this language's rows count (None: all). ``encoder``: makes what embeds the
     wordings when ``embedder`` (embedding in this process) is None and there are wordings to
-    cluster: the nightly job's embeds them on Ray (``fleet.embedding.RayEncoder``)."""
+    cluster: the nightly job's embeds them on Ray (``fleet.embedding.RayEncoder``).
+    ``caches``: the text rules' verdicts and the wordings' vectors kept across nights
+    (``nightcache.py``): only what they miss is judged and embedded tonight."""
     config = config or MiningConfig()
     now = now or datetime.now(UTC)
+    caches = caches or NightCaches()
     report = MiningReport()
     evidence = carry(carried, config, now)
     with LogWindow(config.memory_mb) as window:
         window.add(rows)
-        table, counts = window.wordings(config, now, evidence.tables, language, progress)
+        table, counts = window.wordings(
+            config, now, evidence.tables, language, progress, caches.verdicts, config.workers()
+        )
     report.take(counts)
     report.excluded_phrasings.update(evidence.excluded_phrasings)
     report.carried_phrasings = evidence.carried_phrasings
     report.expired_users = evidence.expired_users
     report.phrasings = len(table)
-    encode = local_encoder(embedder) if embedder is not None else None
-    if encode is None and encoder is not None and len(table) > 1:
-        encode = encoder()
-    clusters = _clusters(table, encode, config, report, progress)
+    if embedder is not None:
+        encode: Callable[[], Encoder] | None = functools.partial(local_encoder, embedder)
+    else:
+        encode = encoder
+    clusters = _clusters(table, encode, config, report, progress, caches.vectors)
+    report.caches = caches.as_dict()
     started = time.perf_counter()
     hot = _qualifying(table, clusters, config, now, report)
     report.seconds["k_and_text_rules"] = time.perf_counter() - started
@@ -199,6 +218,8 @@ def mine(
         _exclude_wordings(report, dropped.wordings, "below_top_n")
         report.cluster_rows.append(dropped.report_row("below_top_n"))
     hot = hot[: config.top_n]
+    if caches.verdicts is not None and caches.verdicts.counts.found:
+        _check_verdicts(hot, caches.verdicts, config.workers())
     for h in hot:
         _exclude_wordings(report, h.held_back, "rare_tokens")
         report.cluster_rows.append(h.report_row("selected"))
@@ -209,22 +230,44 @@ def mine(
 
 def _clusters(
     table: pa.Table,
-    encode: Encoder | None,
+    encoder: Callable[[], Encoder] | None,
     config: MiningConfig,
     report: MiningReport,
     progress: bool,
+    vectors: NightCache | None = None,
 ) -> list[list[int]]:
     """Rule 5 on the window's wordings (rows of ``table``, most asked first): clusters of row
-    numbers, head first."""
+    numbers, head first. ``encoder()`` makes what embeds them (None: nothing does, no wording
+    joins another); ``vectors``: the cache that holds some of their vectors (None: none)."""
     n = len(table)
     stats = ClusterStats(wordings=n)
     normalized: list[str] = table.column("normalized").to_pylist()
-    if encode is None or n <= 1:
+    made: list[Encoder] = []
+
+    def encode() -> Encoder:  # made once, when a wording must be embedded
+        if not made:
+            made.append(encoder())  # type: ignore[misc]
+        return made[0]
+
+    if encoder is None or n <= 1:
         clusters = [[i] for i in range(n)]
     else:
         order = embedding_order(n, config.exact_cluster_rows)
+        if vectors is None:
+            chunks = embed(normalized, encode(), order, progress)
+        else:
+            keys = table.column("key").to_pylist()
+            picked = order.tolist()
+            chunks = vectors_with_cache(
+                vectors,
+                [keys[i] for i in picked],
+                [normalized[i] for i in picked],
+                encode,
+                progress,
+                min(config.memory_mb, VECTOR_LOOKUP_MB),
+            )
         clusters = greedy_clusters(
-            embed(normalized, encode, order, progress),
+            chunks,
             config.cluster_threshold,
             lambda row: numbers(normalized[row]),
             exact_rows=config.exact_cluster_rows,
@@ -238,9 +281,35 @@ def _clusters(
     report.seconds["embed"] = stats.embed_s
     report.seconds["cluster"] = stats.cluster_s
     report.clustering = stats.as_dict()
-    if encode is not None and n > 1:  # where the wordings were embedded (``precompute/fleet/``)
-        report.clustering["embedded_on"] = getattr(encode, "where", "") or "this process"
+    if made:  # where the wordings were embedded (``precompute/fleet/``)
+        report.clustering["embedded_on"] = getattr(made[0], "where", "") or "this process"
+    elif encoder is not None and n > 1:
+        report.clustering["embedded_on"] = "cache"  # every vector came from the cache
     return clusters
+
+
+def _check_verdicts(hot: list[HotQuestion], verdicts: NightCache, workers: int) -> None:
+    """A night that took verdicts from the cache judges every wording it publishes again, with
+    the rules (on ``workers`` processes: a million questions' wordings are minutes on one): the
+    cache is read from the store, so it is checked where it matters before use
+    (``docs/security.md``); a disagreement stops the night."""
+    from precompute.textrules import CHUNK, judge_all
+
+    texts = [wording.question for h in hot for wording in h.phrasings]
+    chunks = (
+        (texts[i : i + CHUNK], [None] * len(texts[i : i + CHUNK]))
+        for i in range(0, len(texts), CHUNK)
+    )
+    if len(texts) < 4 * CHUNK:
+        workers = 1
+    for judged in judge_all(chunks, None, workers):
+        for verdict in judged:
+            if verdict.reason is not None:
+                raise EdgeQAError(
+                    f"the text rules' cache ({verdicts.prefix}) let a wording through that the "
+                    f"rules refuse ({verdict.reason}): delete {verdicts.root}/ and run the night "
+                    "again"
+                )
 
 
 def _qualifying(

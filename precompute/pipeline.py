@@ -56,6 +56,7 @@ from precompute.generate import (
     run_id,
 )
 from precompute.mining import MiningReport, drop_clusters, mine
+from precompute.nightcache import NightCaches
 from precompute.parent import current_release, parent_flagged, parent_phrasings, parent_rows
 from precompute.publish import prune, publish
 from precompute.questions import HotQuestion
@@ -173,6 +174,16 @@ def mine_stage(
         progress=progress,
         # on Ray; here when the run was handed a model loaded here (a test, a benchmark)
         encoder=lambda: wordings_encoder(settings, spec, here=model is not None),
+        # what the nights before judged and embedded is not done again (``nightcache.py``)
+        caches=NightCaches.of_night(
+            out,
+            profile.name,
+            params.language,
+            spec,
+            params.since,
+            params.until,
+            settings.cache_dir,
+        ),
     )
     mining.carried_from = parent.version if carried and parent else None
     # a cluster holding a revoked phrasing stays out until it is unrevoked
@@ -188,7 +199,7 @@ def mine_stage(
     )
     work = WorkArea(out, profile.name, run)
     work.put_hot(hot)
-    work.put_json("clusters.json", mining.cluster_rows)
+    clusters = work.put_clusters(mining.cluster_rows)
     work.put_json("profile.json", profile.inputs)
     # the operator's answers first, then the parent's still fresh ones
     reused = curated_rows(hot, curated, params.now)
@@ -216,7 +227,7 @@ def mine_stage(
         "mining": {
             **mining.as_dict(),
             "curated": answered,
-            "cluster_report": f"{work.prefix}/clusters.json",
+            "cluster_report": clusters,
         },
     }
     # what the stages after this one read when they run in another process (``run_stage``)

@@ -293,6 +293,32 @@ def hot_schema() -> pa.Schema:
     )
 
 
+def cluster_report_schema() -> pa.Schema:
+    """A row of the run's cluster report (``HotQuestion.report_row``, ``mining.py``): a cluster
+    that reached k, its askers, the wordings it published and those held back (by key), and
+    what became of it; ``signed_users`` and ``asns`` only for an ``unverified_crowd``."""
+    import pyarrow as pa
+
+    string, integer = pa.string(), pa.int64()
+    published = pa.struct([("key", string), ("question", string), ("identities", integer)])
+    held_back = pa.struct(
+        [("key", string), ("reason", string), ("rare_tokens", integer), ("identities", integer)]
+    )
+    return pa.schema(
+        [
+            ("cluster", string),
+            ("status", string),
+            ("identities", integer),
+            ("signed_users", integer),
+            ("asns", integer),
+            ("question", string),
+            ("synthesized", pa.bool_()),
+            ("published", pa.list_(published)),
+            ("held_back", pa.list_(held_back)),
+        ]
+    )
+
+
 def phrasing_type() -> pa.DataType:
     """A wording (``Phrasing.as_row``): the latest askers as lists of (id, time), in UTC."""
     import pyarrow as pa

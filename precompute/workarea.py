@@ -3,14 +3,18 @@
     <profile>/work/<run>/hot/<nnnnn>.parquet   the mined questions, in rank order, ``HOT_PART_ROWS``
                                                a part (mine; ``questions.hot_schema``)
     <profile>/work/<run>/mined.json            mine's result: counts, profile, run (mine)
-    <profile>/work/<run>/clusters.json         a row per cluster that reached k: askers, wordings
-                                               published and held back, and why (mine)
+    <profile>/work/<run>/clusters/<nnnnn>.parquet
+                                               a row per cluster that reached k: askers, wordings
+                                               published and held back, and why (mine;
+                                               ``questions.cluster_report_schema``)
     <profile>/work/<run>/profile.json          what the answers depend on (mine)
     <profile>/work/<run>/reused.parquet        the parent release's answers taken as they are (mine)
     <profile>/work/<run>/gen/<nnnnn>.parquet   one generated partition each (generate)
     <profile>/work/<run>/attempts/<nnnnn>-<worker>-<t>.json
                                                a worker started generating it (generate)
     <profile>/work/<run>/release/...           the built release, staged (build)
+    <profile>/work/cache/...                   the text rules' verdicts and the wordings' vectors,
+                                               kept across runs (mine: ``nightcache.py``)
 
 ``run`` is a digest of the profile, the mined questions and the parent release, so the same input
 always maps to the same work area: a rerun (an Airflow retry, the same night again before it is
@@ -93,21 +97,43 @@ class WorkArea:
     def put_hot(self, hot: Iterable[HotQuestion]) -> int:
         """Write the mined questions, in order, as ``hot/`` (``HOT_PART_ROWS`` a part, replacing
         what was there); the number of questions."""
-        import pyarrow as pa
-
         from precompute.questions import hot_schema
 
-        schema, rows, part, count = hot_schema(), [], 0, 0
-        self.store.delete_prefix(f"{self.prefix}/hot/")
-        for question in hot:
-            rows.append(question.as_row())
-            if len(rows) == HOT_PART_ROWS:
-                self.put_table(self._hot_part(part), pa.Table.from_pylist(rows, schema=schema))
-                part, count, rows = part + 1, count + len(rows), []
-        if rows or not part:  # an empty night still has its (empty) dataset
-            self.put_table(self._hot_part(part), pa.Table.from_pylist(rows, schema=schema))
-            count += len(rows)
+        return self._put_parts("hot", (question.as_row() for question in hot), hot_schema())
+
+    def put_clusters(self, rows: Iterable[dict[str, Any]]) -> str:
+        """Write the cluster report (``HotQuestion.report_row``s) as ``clusters/``,
+        ``HOT_PART_ROWS`` a part (replacing what was there); where it is."""
+        from precompute.questions import cluster_report_schema
+
+        self._put_parts("clusters", rows, cluster_report_schema())
+        return f"{self.prefix}/clusters/"
+
+    def clusters(self) -> Iterator[dict[str, Any]]:
+        """The cluster report's rows, a part read at a time."""
+        for path in sorted(self.store.list(f"{self.prefix}/clusters/")):
+            yield from self.get_table(path).to_pylist()
+
+    def _put_parts(self, name: str, rows: Iterable[dict[str, Any]], schema: pa.Schema) -> int:
+        """``rows`` as the dataset ``name/<nnnnn>.parquet``, ``HOT_PART_ROWS`` a part, in order
+        (what was there replaced; an empty one still has its empty part); the rows written."""
+        import pyarrow as pa
+
+        batch: list[dict[str, Any]] = []
+        part = count = 0
+        self.store.delete_prefix(f"{self.prefix}/{name}/")
+        for row in rows:
+            batch.append(row)
+            if len(batch) == HOT_PART_ROWS:
+                self.put_table(self._part(name, part), pa.Table.from_pylist(batch, schema=schema))
+                part, count, batch = part + 1, count + len(batch), []
+        if batch or not part:
+            self.put_table(self._part(name, part), pa.Table.from_pylist(batch, schema=schema))
+            count += len(batch)
         return count
+
+    def _part(self, name: str, index: int) -> str:
+        return f"{self.prefix}/{name}/{index:05d}.parquet"
 
     def hot_tables(self, columns: list[str] | None = None) -> Iterator[pa.Table]:
         """The mined questions, a part at a time, in order (only ``columns``, if given). Raises
@@ -127,9 +153,6 @@ class WorkArea:
         for table in self.hot_tables():
             for row in table.to_pylist():
                 yield HotQuestion.from_row(row)
-
-    def _hot_part(self, index: int) -> str:
-        return f"{self.prefix}/hot/{index:05d}.parquet"
 
     def put_json(self, name: str, value: Any) -> None:
         self.store.put(f"{self.prefix}/{name}", json.dumps(value, sort_keys=True).encode())

@@ -254,6 +254,18 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def map_batches(dataset: Any, fn: Any, **arguments: Any) -> Any:
+    """``dataset.map_batches(fn, **arguments)`` (``arguments``: a pool's, ``Fleet.actors``),
+    without Ray's deprecation warning for its remote arguments: the bounded restarts of an actor
+    (``max_restarts``, ``max_task_retries``) have no named parameter in Ray 2.60, whose warning
+    would be every night's output, for nothing a user can change."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.* is deprecated")
+        return dataset.map_batches(fn, **arguments)
+
+
 def bound_class(cls: type, **arguments: Any) -> type:
     """``cls`` with its constructor's arguments bound: shipped with the class (small: names and
     settings), not as objects in the store, which a restarted actor could not get back."""

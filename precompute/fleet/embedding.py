@@ -9,7 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from precompute.fleet import Fleet, FleetError, bound_class, last_line, pool_size, reserve_gpus
+from precompute.fleet import (
+    Fleet,
+    FleetError,
+    bound_class,
+    last_line,
+    map_batches,
+    pool_size,
+    reserve_gpus,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -66,7 +74,8 @@ class RayEncoder:
             for i in range(0, len(texts), self.chunk)
         ]
         pool = self.fleet.actors(len(blocks))
-        dataset = ray.data.from_arrow(blocks).map_batches(
+        dataset = map_batches(
+            ray.data.from_arrow(blocks),
             bound_class(_Embedder, spec=self.spec, cache_dir=cache_dir),
             batch_size=self.chunk,  # a block (one chunk) per call
             batch_format="pyarrow",

@@ -20,6 +20,7 @@ from precompute.fleet import (
     FleetError,
     bound_class,
     last_line,
+    map_batches,
     pool_size,
     reserve_gpus,
     shipped,
@@ -180,7 +181,8 @@ def generate_partitions(
     ]
     pool = fleet.actors(len(items))
     reserve_gpus(fleet, pool_size(pool))
-    dataset = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+    dataset = map_batches(
+        ray.data.from_items(items, override_num_blocks=len(items)),
         bound_class(_Answerer, job=job),
         batch_size=1,  # a partition per call: each is checkpointed before the next starts
         **pool,

@@ -197,6 +197,15 @@ def test_the_ray_fleet_is_private_scales_its_gpus_from_zero_and_its_head_runs_th
     # the GPU workers (the model actors): logs/ and the work areas of the store, nothing
     # broader; they cannot sign, so the fleet cannot publish
     workers = statements["ray"]
+    denied = workers.pop("NoWritesToTheNightCaches")  # mine's caches: the head writes them
+    assert denied == (
+        {"s3:PutObject", "s3:AbortMultipartUpload"},
+        {"${var.bucket_arn}/*/work/cache/*"},
+    )
+    deny = [
+        st for st in policies["ray"]["statement"] if _one(st["sid"]) == "NoWritesToTheNightCaches"
+    ]
+    assert _one(deny[0]["effect"]) == "Deny"
     assert {r for _, resources in workers.values() for r in resources} == {
         "${var.bucket_arn}/logs/*",
         "${var.bucket_arn}/*/work/*",

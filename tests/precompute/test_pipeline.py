@@ -226,6 +226,46 @@ def test_the_mined_questions_are_parquet_parts_read_back_as_they_were(
     assert work.put_hot([]) == 0 and list(work.hot()) == []
 
 
+def test_the_cluster_report_is_parquet_parts_read_back_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import precompute.workarea as workarea
+
+    rows = [
+        {
+            "cluster": f"k{i}",
+            "status": "selected",
+            "identities": 7,
+            "question": f"How do I {i}?",
+            "synthesized": False,
+            "published": [{"key": f"k{i}", "question": f"How do I {i}?", "identities": 6}],
+            "held_back": [
+                {"key": f"h{i}", "reason": "rare_tokens", "rare_tokens": 1, "identities": 1}
+            ],
+        }
+        for i in range(3)
+    ]
+    rows.append(
+        {
+            "cluster": None,
+            "status": "unverified_crowd",
+            "identities": 5,
+            "signed_users": 0,
+            "asns": 1,
+            "question": None,
+            "synthesized": False,
+            "published": [],
+            "held_back": [],
+        }
+    )
+    monkeypatch.setattr(workarea, "HOT_PART_ROWS", 3)
+    work = WorkArea(FileStore(tmp_path), "p", "0123456789abcdef")
+    assert work.put_clusters(iter(rows)) == f"{work.prefix}/clusters/"
+    assert len(work.store.list(f"{work.prefix}/clusters/")) == 2
+    blank = {"signed_users": None, "asns": None}
+    assert list(work.clusters()) == [{**blank, **row} for row in rows]
+
+
 def test_generation_resumes_after_a_crash_without_redoing_finished_partitions(
     embedded_model: Any, tmp_path: Path
 ) -> None:

@@ -660,7 +660,9 @@ resource "aws_iam_role" "irsa" {
 
 # the GPU workers (the model actors): read the request logs and the work areas
 # (<profile>/work/<run>/: the mined questions, the parent's reused answers), write generation
-# checkpoints into them; releases, pointers and signing stay with the head's role (below)
+# checkpoints into them; releases, pointers and signing stay with the head's role (below), and so
+# do the caches across nights (<profile>/work/cache/: mine's driver writes them, on the head;
+# precompute/nightcache.py), which a worker may read but never write
 data "aws_iam_policy_document" "ray" {
   statement {
     sid       = "ReadRequestLogs"
@@ -671,6 +673,12 @@ data "aws_iam_policy_document" "ray" {
     sid       = "ReadWriteWorkAreas"
     actions   = ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"]
     resources = ["${var.bucket_arn}/*/work/*"]
+  }
+  statement {
+    sid       = "NoWritesToTheNightCaches"
+    effect    = "Deny"
+    actions   = ["s3:PutObject", "s3:AbortMultipartUpload"]
+    resources = ["${var.bucket_arn}/*/work/cache/*"]
   }
   statement {
     sid       = "ListLogsAndWorkAreas"
