@@ -115,6 +115,30 @@ class Settings(BaseSettings):
             yield env_name(name)
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may use: those it may run on, and no more than its cgroup's CPU
+    quota (a container limited to 4 CPUs on a 96-core node may use 4, not 96)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cpus = cpus or 1
+    for path, parse in (
+        ("/sys/fs/cgroup/cpu.max", lambda text: text.split()),  # cgroup v2: "<quota> <period>"
+        ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", None),  # cgroup v1
+    ):
+        try:
+            text = Path(path).read_text().strip()
+            if parse is not None:
+                quota, period = parse(text)
+            else:
+                quota = text
+                period = Path(path).with_name("cpu.cfs_period_us").read_text().strip()
+            if quota not in ("max", "-1") and int(period) > 0:
+                return max(1, min(cpus, -(-int(quota) // int(period))))
+            break
+        except (OSError, ValueError):
+            continue
+    return cpus
+
+
 def env_name(field: str) -> str:
     return PREFIX + field.upper()
 

@@ -5,8 +5,8 @@ config.py      the nightly job's settings and run options
 mining.py      the hot questions (with logwindow.py: the window reduced by DuckDB;
                textrules.py: the text rules once per distinct text; carry.py: the parent
                run's evidence; clustering.py; safetext.py: token-level k; asks.py: an ask's
-               time; questions.py: a mined question and its wordings; nightcache.py:
-               the verdicts and vectors kept across nights)
+               time; questions.py: a mined question and its wordings; nightcache.py and
+               vectorcache.py: the verdicts and vectors kept across nights)
 curated.py     the operator's answers
 generate.py    answering the hot questions, partition by partition
 fleet/         where the model stages run (Ray, local or a GPU fleet), and jobs.py: each

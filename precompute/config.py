@@ -14,7 +14,6 @@ Airflow parses it.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from base.config import MAX_OUT_OF_SCOPE_SHARE, OUT_OF_SCOPE_SHARE, ConfigError
+from base.config import MAX_OUT_OF_SCOPE_SHARE, OUT_OF_SCOPE_SHARE, ConfigError, usable_cpus
 from base.pointers import DEFAULT_EXPIRES_S
 from base.signing import LocalSigner, Signer, signer_from
 from origin.config import EngineSettings
@@ -140,7 +139,8 @@ class MiningConfig:
     # DuckDB's memory limit while it reduces the log window (it spills to disk past it)
     memory_mb: int = 1024
     # processes the text rules run on (``textrules.judge_all``); 0: one per CPU this process may
-    # use. A night with few texts to judge judges them here
+    # use (``base.config.usable_cpus``: its affinity and cgroup quota). A night with fewer than
+    # ``logwindow.PARALLEL_TEXTS`` texts to judge judges them here
     rule_workers: int = 0
     # one identity's (one network's) rows that count in a window: past it, theirs are dropped
     max_rows_per_user: int = 500
@@ -185,13 +185,7 @@ class MiningConfig:
 
     def workers(self) -> int:
         """The processes the text rules run on (``rule_workers``, 0: this process's CPUs)."""
-        if self.rule_workers:
-            return self.rule_workers
-        return (
-            len(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity")
-            else os.cpu_count() or 1
-        )
+        return self.rule_workers or usable_cpus()
 
     @property
     def kept_askers(self) -> int:

@@ -31,7 +31,6 @@ clustering takes them: most askers first, then most asks, then key.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -41,6 +40,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from base.config import usable_cpus
 from precompute.asks import to_us
 from precompute.config import MiningConfig
 from precompute.nightcache import PART_ROWS, NightCache
@@ -118,7 +118,7 @@ class LogWindow:
         self._folder = Path(tempfile.mkdtemp(prefix="edgeqa-mining-", dir=temp_dir))  # 0700
         # each thread needs buffers of its own: a small budget runs on fewer threads rather
         # than fail (at 64 MB two threads ran out of memory where one spills)
-        threads = max(1, min(os.cpu_count() or 1, memory_mb // MB_PER_THREAD))
+        threads = max(1, min(usable_cpus(), memory_mb // MB_PER_THREAD))
         self.con: duckdb.DuckDBPyConnection = duckdb.connect(
             str(self._folder / "window.duckdb"),
             config={
@@ -252,6 +252,7 @@ class LogWindow:
         progress: bool = False,
         verdicts: NightCache | None = None,
         workers: int = 1,
+        cached_out: Path | None = None,
     ) -> tuple[pa.Table, WindowCounts]:
         """The window's wordings (one row per key, in clustering's order: ``key``,
         ``normalized``, ``question`` (the most common raw form), ``hits``, ``user_count``,
@@ -262,11 +263,13 @@ class LogWindow:
         and what was counted. ``carried``: the parent run's evidence (``carry.py``);
         ``language``: only this language's rows count (None: all); ``verdicts``: the text
         rules' cache across nights (``nightcache.py``; None: none); ``workers``: processes the
-        text rules run on."""
+        text rules run on; ``cached_out``: where the raw texts whose usable verdict came from
+        the cache are written (Parquet: ``key``, ``query``, ``language``), for mining to judge
+        those it keeps again (none written when no verdict came from it)."""
         counts = WindowCounts()
         counts.seconds["aggregate"] = self.seconds_adding
         started = time.perf_counter()
-        self._judge(language, counts, progress, verdicts, workers)
+        self._judge(language, counts, progress, verdicts, workers, cached_out)
         counts.seconds["rules"] = time.perf_counter() - started
         started = time.perf_counter()
         self._classify(config, counts)
@@ -282,6 +285,7 @@ class LogWindow:
         progress: bool,
         verdicts: NightCache | None,
         workers: int,
+        cached_out: Path | None = None,
     ) -> None:
         """The text rules on every distinct raw text, into table ``texts``: a verdict found in
         ``verdicts`` (the cache across nights, by the text's sha256) is taken, not judged again,
@@ -333,6 +337,17 @@ class LogWindow:
             bar.close()
         if verdicts is not None:
             self._keep_verdicts(verdicts)
+            if cached_out is not None and verdicts.counts.found:
+                target = _sql_literal(str(cached_out))
+                con.execute(
+                    f"""
+                    COPY (
+                        SELECT t.key, q.query, k.language
+                        FROM queries q JOIN known k USING (qhash) JOIN texts t USING (query)
+                        WHERE k.reason IS NULL AND t.key IS NOT NULL
+                    ) TO '{target}' (FORMAT parquet)
+                    """
+                )
         con.execute("DROP TABLE queries")
         con.execute("DROP TABLE known")
         where = "" if language is None else f"WHERE language = '{_sql_literal(language)}'"

@@ -65,15 +65,16 @@ from __future__ import annotations
 
 import functools
 import logging
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from base.errors import EdgeQAError
 from edge_index.guard import numbers
 from precompute.asks import from_us, recency_weight
 from precompute.carry import carry
@@ -87,9 +88,10 @@ from precompute.clustering import (
 )
 from precompute.config import MiningConfig
 from precompute.logwindow import LogWindow, WindowCounts
-from precompute.nightcache import NightCache, NightCaches, vectors_with_cache
+from precompute.nightcache import NightCache, NightCaches, check_verdicts
 from precompute.questions import HotQuestion, Phrasing, askers_count, crowd, held_back_rows
 from precompute.safetext import publishable
+from precompute.vectorcache import vectors_with_cache
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -191,12 +193,50 @@ def mine(
     config = config or MiningConfig()
     now = now or datetime.now(UTC)
     caches = caches or NightCaches()
+    with tempfile.TemporaryDirectory(prefix="edgeqa-mined-") as folder:
+        try:
+            cached_texts = Path(folder) / "cached-texts.parquet"
+            return _mine(
+                rows,
+                embedder,
+                config,
+                now,
+                carried,
+                language,
+                progress,
+                encoder,
+                caches,
+                cached_texts,
+            )
+        finally:
+            caches.close()  # old parts expire even on a night with nothing to embed, or failed
+
+
+def _mine(
+    rows: Iterable[Mapping[str, Any] | pa.Table],
+    embedder: Embedder | None,
+    config: MiningConfig,
+    now: datetime,
+    carried: Iterable[Phrasing],
+    language: str | None,
+    progress: bool,
+    encoder: Callable[[], Encoder] | None,
+    caches: NightCaches,
+    cached_texts: Path,
+) -> tuple[list[HotQuestion], MiningReport]:
     report = MiningReport()
     evidence = carry(carried, config, now)
     with LogWindow(config.memory_mb) as window:
         window.add(rows)
         table, counts = window.wordings(
-            config, now, evidence.tables, language, progress, caches.verdicts, config.workers()
+            config,
+            now,
+            evidence.tables,
+            language,
+            progress,
+            caches.verdicts,
+            config.workers(),
+            cached_texts,
         )
     report.take(counts)
     report.excluded_phrasings.update(evidence.excluded_phrasings)
@@ -208,7 +248,6 @@ def mine(
     else:
         encode = encoder
     clusters = _clusters(table, encode, config, report, progress, caches.vectors)
-    report.caches = caches.as_dict()
     started = time.perf_counter()
     hot = _qualifying(table, clusters, config, now, report)
     report.seconds["k_and_text_rules"] = time.perf_counter() - started
@@ -218,13 +257,16 @@ def mine(
         _exclude_wordings(report, dropped.wordings, "below_top_n")
         report.cluster_rows.append(dropped.report_row("below_top_n"))
     hot = hot[: config.top_n]
-    if caches.verdicts is not None and caches.verdicts.counts.found:
-        _check_verdicts(hot, caches.verdicts, config.workers())
+    if caches.verdicts is not None and cached_texts.exists():
+        kept = {w.key for h in hot for w in h.wordings}
+        check_verdicts(cached_texts, kept, language, caches.verdicts, config.workers())
     for h in hot:
         _exclude_wordings(report, h.held_back, "rare_tokens")
         report.cluster_rows.append(h.report_row("selected"))
     report.count_published(hot)
     report.seconds["rank"] = time.perf_counter() - started
+    caches.close()
+    report.caches = caches.as_dict()
     return hot, report
 
 
@@ -286,30 +328,6 @@ def _clusters(
     elif encoder is not None and n > 1:
         report.clustering["embedded_on"] = "cache"  # every vector came from the cache
     return clusters
-
-
-def _check_verdicts(hot: list[HotQuestion], verdicts: NightCache, workers: int) -> None:
-    """A night that took verdicts from the cache judges every wording it publishes again, with
-    the rules (on ``workers`` processes: a million questions' wordings are minutes on one): the
-    cache is read from the store, so it is checked where it matters before use
-    (``docs/security.md``); a disagreement stops the night."""
-    from precompute.textrules import CHUNK, judge_all
-
-    texts = [wording.question for h in hot for wording in h.phrasings]
-    chunks = (
-        (texts[i : i + CHUNK], [None] * len(texts[i : i + CHUNK]))
-        for i in range(0, len(texts), CHUNK)
-    )
-    if len(texts) < 4 * CHUNK:
-        workers = 1
-    for judged in judge_all(chunks, None, workers):
-        for verdict in judged:
-            if verdict.reason is not None:
-                raise EdgeQAError(
-                    f"the text rules' cache ({verdicts.prefix}) let a wording through that the "
-                    f"rules refuse ({verdict.reason}): delete {verdicts.root}/ and run the night "
-                    "again"
-                )
 
 
 def _qualifying(

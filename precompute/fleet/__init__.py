@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from base.config import usable_cpus
 from base.errors import EdgeQAError
 
 if TYPE_CHECKING:
@@ -143,7 +144,7 @@ def connect(settings: PrecomputeSettings) -> Fleet:
             _connected["started"] = True
             ray.init(
                 address="local",  # a Ray of its own, never one found running on the machine
-                num_cpus=settings.ray_workers or os.cpu_count() or 1,
+                num_cpus=settings.ray_workers or usable_cpus(),
                 include_dashboard=False,
                 object_store_memory=LOCAL_OBJECT_STORE_BYTES,
                 **quiet,  # type: ignore[arg-type]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -119,3 +121,26 @@ def test_every_variable_is_documented_and_every_documented_one_is_read() -> None
     assert read, "no EDGEQA_ variables found"
     assert read - documented == set(), "read but not documented"
     assert documented - read == set(), "documented but never read"
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "expected"),
+    [("150000 100000", 2), ("max 100000", None), ("50000 100000", 1), ("not a quota", None)],
+)
+def test_the_cpus_a_process_may_use_count_its_cgroup_quota(
+    monkeypatch: pytest.MonkeyPatch, cpu_max: str, expected: int | None
+) -> None:
+    from base.config import usable_cpus
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    real = Path.read_text
+
+    def read_text(self: Path, *args: Any, **kwargs: Any) -> str:
+        if str(self) == "/sys/fs/cgroup/cpu.max":
+            return cpu_max
+        if str(self).startswith("/sys/fs/cgroup/"):
+            raise FileNotFoundError(self)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    assert usable_cpus() == (expected if expected is not None else 8)

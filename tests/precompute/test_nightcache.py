@@ -1,5 +1,6 @@
 """Incremental nights: the text rules' verdicts and the wordings' vectors kept across nights
-(``precompute/nightcache.py``) change what a night computes, never what it mines."""
+(``precompute/nightcache.py``, ``precompute/vectorcache.py``) change what a night computes, never
+what it mines."""
 
 from __future__ import annotations
 
@@ -18,9 +19,15 @@ from base.errors import EdgeQAError
 from base.store import FileStore, Store
 from precompute.config import MiningConfig
 from precompute.mining import mine
-from precompute.nightcache import NightCache, NightCaches, rules_fingerprint, vectors_with_cache
+from precompute.nightcache import (
+    NightCache,
+    NightCaches,
+    embedder_fingerprint,
+    rules_fingerprint,
+)
 from precompute.samplelogs import generate_rows
 from precompute.textrules import judge_all
+from precompute.vectorcache import vectors_with_cache
 
 UNTIL = date(2026, 11, 28)
 FIRST = UNTIL - timedelta(days=7)  # 8 days of logs: night 1 mines the first 7, night 2 the last 7
@@ -63,6 +70,10 @@ def test_a_night_with_the_caches_mines_what_a_night_from_scratch_does(
     hot, second = _night(rows, embedder, same, UNTIL)
     scratch_hot, scratch = _night(rows, embedder, new, UNTIL)
     assert hot and _rows_of(hot) == _rows_of(scratch_hot)
+    since = UNTIL - timedelta(days=6)
+    window = sorted((r for r in rows if since <= r["ts"].date() <= UNTIL), key=lambda r: r["ts"])
+    uncached, _ = mine(window, embedder, CONFIG, _end(UNTIL), language="en")  # no cache at all
+    assert _rows_of(uncached) == _rows_of(hot)
     assert second.qualifying_clusters == scratch.qualifying_clusters
     assert second.excluded_rows == scratch.excluded_rows
     verdicts, vectors = second.caches["verdicts"], second.caches["vectors"]
@@ -157,7 +168,7 @@ def test_a_verdict_cache_that_lets_a_refused_text_through_stops_the_night(
         return table.set_column(table.schema.get_field_index("reason"), "reason", nulls)
 
     assert _rewrite_parts(store, "p/work/cache/verdicts/", usable)
-    with pytest.raises(EdgeQAError, match=r"cache .*let a wording through .*time_sensitive"):
+    with pytest.raises(EdgeQAError, match=r"cache .*let a text through .*\(time_sensitive\)"):
         _night(rows, embedder, store, UNTIL)
 
 
@@ -181,13 +192,20 @@ def _vectors(cache: NightCache, keys: list[str], calls: list[list[str]]) -> np.n
     return np.concatenate(list(vectors_with_cache(cache, keys, texts, _encoder(calls))))
 
 
-def test_vectors_come_in_the_night_s_order_and_stale_parts_expire(tmp_path: Path) -> None:
-    """A night's vectors come in its order, cached or embedded; an entry from a part about to
-    fall out is written again when used; the parts of nights before the window go; a night
-    whose every vector is cached makes no encoder."""
+def test_vectors_come_in_the_night_s_order_and_stale_parts_expire(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A night's vectors come in its order, cached or embedded (in chunks that mix them); an
+    entry from a part about to fall out is written again when used; the parts of nights before
+    the window go, of any fingerprint; a night whose every vector is cached makes no encoder."""
+    import precompute.vectorcache as vectorcache
+
+    monkeypatch.setattr(vectorcache, "VECTOR_CHUNK", 2)
     store = FileStore(tmp_path)
     store.put("p/work/cache/vectors/README", b"not a part")  # other objects are left alone
     day = date(2026, 11, 1)
+    old_embedder = f"p/work/cache/vectors/g/{day}/00000-x.parquet"  # another fingerprint's
+    store.put(old_embedder, b"old")
 
     def cache(since: int, until: int) -> NightCache:
         at = day + timedelta(days=since), day + timedelta(days=until)
@@ -199,15 +217,16 @@ def test_vectors_come_in_the_night_s_order_and_stale_parts_expire(tmp_path: Path
     assert calls == [["text of a", "text of b", "text of c"]]
     assert first.counts.computed == 3
     second = cache(6, 12)  # night 1's part (day 6) falls out after this night: used ones rewritten
-    two = _vectors(second, ["d", "c", "a"], calls)
-    assert calls[1:] == [["text of d"]]
-    np.testing.assert_array_equal(two[1:], one[[2, 0]])
-    assert (second.counts.found, second.counts.computed, second.counts.rewritten) == (2, 1, 2)
-    assert second.counts.expired_parts == 0
+    two = _vectors(second, ["c", "d", "e", "a"], calls)  # chunks of 2: cached and new mixed
+    assert calls[1:] == [["text of d", "text of e"]]
+    np.testing.assert_array_equal(two[[0, 3]], one[[2, 0]])
+    assert (second.counts.found, second.counts.computed, second.counts.rewritten) == (2, 2, 2)
+    assert second.counts.expired_parts == 1  # the other fingerprint's part, of day 0
+    assert not store.exists(old_embedder)
     third = cache(7, 13)
     three = _vectors(third, ["a", "c", "d"], calls)
     assert len(calls) == 2  # all cached: nothing embedded, no encoder made
-    np.testing.assert_array_equal(three, two[[2, 1, 0]])
+    np.testing.assert_array_equal(three, two[[3, 0, 1]])
     assert third.counts.expired_parts == 1  # night 1's part
     # nothing computed or rewritten: no part of its own; night 2's holds what is in use
     nights = {p.split("/")[-2] for p in store.list("p/work/cache/vectors/f/")}
@@ -225,6 +244,24 @@ def test_the_text_rules_give_the_same_verdicts_on_two_processes() -> None:
     assert [v.reason for v in alone[-2:]] == ["time_sensitive", "pii"]
 
 
-def test_a_rule_s_or_a_language_s_change_is_another_cache() -> None:
+def test_a_rule_s_or_a_language_s_or_an_embedder_s_change_is_another_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import precompute.nightcache as nightcache
+
     assert rules_fingerprint("en") != rules_fingerprint("zh")
     assert rules_fingerprint("en") == rules_fingerprint("en")
+    assert embedder_fingerprint("embedded") != embedder_fingerprint("multilingual")
+    folder = tmp_path / "tuned"
+    folder.mkdir()
+    (folder / "weights.bin").write_bytes(b"1")
+    tuned = embedder_fingerprint(str(folder))
+    (folder / "weights.bin").write_bytes(b"2")
+    nightcache._folder_digest.cache_clear()
+    assert embedder_fingerprint(str(folder)) != tuned
+    # a rule's code is part of the fingerprint
+    rules = nightcache.RULES_MODULES
+    monkeypatch.setattr(nightcache, "RULES_MODULES", rules[:-1])
+    changed = rules_fingerprint("en")
+    monkeypatch.setattr(nightcache, "RULES_MODULES", rules)
+    assert changed != rules_fingerprint("en")
