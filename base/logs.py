@@ -23,7 +23,6 @@ Reading them back (a window of days, file by file, every row checked): ``logread
 from __future__ import annotations
 
 import atexit
-import io
 import logging
 import re
 import signal
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from base.spill import SpillFolder
+from base.store import parquet_bytes
 from policy.redaction import loggable
 
 if TYPE_CHECKING:
@@ -300,12 +300,9 @@ class LogWriter:
 
 def _encode(rows: list[dict[str, Any]]) -> bytes:
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     table = pa.Table.from_pylist([loggable(r, COLUMNS) for r in rows], schema=schema())
-    buffer = io.BytesIO()
-    pq.write_table(table, buffer, compression="zstd")
-    return buffer.getvalue()
+    return parquet_bytes(table, compression="zstd")
 
 
 def _metrics_registry(writer: LogWriter) -> CollectorRegistry:

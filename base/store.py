@@ -95,6 +95,17 @@ def parquet_table(data: bytes, columns: list[str] | None = None) -> Any:
     return pq.read_table(io.BytesIO(data), columns=columns, use_threads=False)
 
 
+def parquet_bytes(table: Any, compression: str = "snappy") -> bytes:
+    """``table`` (a ``pyarrow.Table``) as the bytes of a Parquet file, to put in the store."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, compression=compression)
+    return buffer.getvalue()
+
+
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

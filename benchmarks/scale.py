@@ -214,7 +214,7 @@ def child_rules(args: dict[str, Any]) -> dict[str, Any]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from precompute.textrules import CHUNK, judge_all
+    from precompute.textrules import judge_all, unjudged
 
     wanted, texts, seen = int(args["texts"]), [], set()
     for path in sorted(Path(args["logs"]).rglob("*.parquet")):
@@ -225,15 +225,13 @@ def child_rules(args: dict[str, Any]) -> dict[str, Any]:
         if len(texts) >= wanted:
             break
     texts = texts[:wanted]
-    chunks = [
-        (texts[i : i + CHUNK], [None] * len(texts[i : i + CHUNK]))
-        for i in range(0, len(texts), CHUNK)
-    ]
     result: dict[str, Any] = {"texts": len(texts)}
     verdicts = {}
     for workers in (1, 2):
         began = time.perf_counter()
-        verdicts[workers] = [v for chunk in judge_all(iter(chunks), "en", workers) for v in chunk]
+        verdicts[workers] = [
+            v for chunk in judge_all(unjudged(texts), "en", workers) for v in chunk
+        ]
         result[f"texts_per_s_{workers}"] = round(len(texts) / (time.perf_counter() - began), 1)
     result["speedup"] = round(result["texts_per_s_2"] / result["texts_per_s_1"], 3)
     result["same_verdicts"] = verdicts[1] == verdicts[2]

@@ -113,24 +113,12 @@ class LogWindow:
     wording (``wordings``). A context manager: its temporary folder goes with it."""
 
     def __init__(self, memory_mb: int = 1024, temp_dir: Path | None = None) -> None:
-        import duckdb
 
         self._folder = Path(tempfile.mkdtemp(prefix="edgeqa-mining-", dir=temp_dir))  # 0700
         # each thread needs buffers of its own: a small budget runs on fewer threads rather
         # than fail (at 64 MB two threads ran out of memory where one spills)
         threads = max(1, min(usable_cpus(), memory_mb // MB_PER_THREAD))
-        self.con: duckdb.DuckDBPyConnection = duckdb.connect(
-            str(self._folder / "window.duckdb"),
-            config={
-                "memory_limit": f"{memory_mb}MB",
-                "threads": threads,
-                "temp_directory": str(self._folder / "spill"),
-                "preserve_insertion_order": False,
-                # nothing is downloaded at run time: no extension may be fetched or loaded
-                "autoinstall_known_extensions": False,
-                "autoload_known_extensions": False,
-            },
-        )
+        self.con: duckdb.DuckDBPyConnection = embedded_duckdb(self._folder, memory_mb, threads)
         self.con.execute(
             "CREATE TABLE rows (seq BIGINT, ts BIGINT, user VARCHAR, network VARCHAR, "
             "query VARCHAR, turns INTEGER, tier VARCHAR, status INTEGER, signed BOOLEAN, "
@@ -547,6 +535,25 @@ class LogWindow:
             ORDER BY askers DESC, hits DESC, key
             """
         ).to_arrow_table()
+
+
+def embedded_duckdb(folder: Path, memory_mb: int, threads: int) -> duckdb.DuckDBPyConnection:
+    """A DuckDB database in ``folder`` (private, the caller's to remove) that spills there past
+    ``memory_mb`` and never downloads or loads an extension."""
+    import duckdb
+
+    return duckdb.connect(
+        str(folder / "db.duckdb"),
+        config={
+            "memory_limit": f"{memory_mb}MB",
+            "threads": threads,
+            "temp_directory": str(folder / "spill"),
+            "preserve_insertion_order": False,
+            # nothing is downloaded at run time: no extension may be fetched or loaded
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+        },
+    )
 
 
 def _sql_literal(text: str) -> str:

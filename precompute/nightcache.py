@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import logging
 import secrets
 import sys
@@ -49,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from base.errors import EdgeQAError
-from base.store import ObjectNotFoundError, Store, parquet_table
+from base.store import ObjectNotFoundError, Store, parquet_bytes, parquet_table
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -271,16 +270,13 @@ class NightCache:
 
     def _flush(self) -> None:
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         if not self._pending:
             return
         table = pa.concat_tables(self._pending)
         self._pending, self._pending_rows = [], 0
-        buffer = io.BytesIO()
-        pq.write_table(table, buffer)
         path = f"{self.prefix}/{self.night.isoformat()}/{self._written:05d}-{self._token}.parquet"
-        self.store.put(path, buffer.getvalue())
+        self.store.put(path, parquet_bytes(table))
         self._written += 1
 
     def close(self) -> None:

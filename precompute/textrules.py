@@ -139,6 +139,13 @@ def judge_chunk(
     ]
 
 
+def unjudged(texts: Sequence[str]) -> Iterator[tuple[Sequence[str], list[None]]]:
+    """``texts`` as ``judge_all``'s chunks, none with a known verdict."""
+    for start in range(0, len(texts), CHUNK):
+        chunk = texts[start : start + CHUNK]
+        yield chunk, [None] * len(chunk)
+
+
 def judge_all(
     chunks: Iterable[tuple[Sequence[str], Sequence[Known | None]]],
     language: str | None,

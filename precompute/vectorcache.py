@@ -7,10 +7,12 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from base.errors import EdgeQAError
 from edge_index.query_encoder import TOKENIZE_CHUNK
+from precompute.logwindow import embedded_duckdb
 from precompute.nightcache import NightCache
 
 if TYPE_CHECKING:
@@ -43,8 +45,6 @@ def vectors_with_cache(
     of unit length and of the night's dimension is not used (embedded again, and counted)."""
     from importlib.metadata import PackageNotFoundError
 
-    import duckdb
-
     n = len(keys)
     if n == 0:
         return
@@ -55,17 +55,7 @@ def vectors_with_cache(
         yield from encoder()(texts, progress)
         return
     with tempfile.TemporaryDirectory(prefix="edgeqa-vectors-") as folder:
-        con = duckdb.connect(
-            f"{folder}/vectors.duckdb",
-            config={
-                "memory_limit": f"{memory_mb}MB",
-                "threads": 1,
-                "temp_directory": f"{folder}/spill",
-                "preserve_insertion_order": False,
-                "autoinstall_known_extensions": False,
-                "autoload_known_extensions": False,
-            },
-        )
+        con = embedded_duckdb(Path(folder), memory_mb, threads=1)
         try:
             misses, dim = _lookup(con, cache, keys)
             yield from _merged(con, cache, keys, texts, misses, dim, encoder, progress)

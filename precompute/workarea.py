@@ -24,7 +24,6 @@ Stages may run on different machines; the store is all they share.
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import tempfile
@@ -37,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from base.errors import EdgeQAError
 from base.manifest import Manifest
-from base.store import Store, parquet_table
+from base.store import Store, parquet_bytes, parquet_table
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -161,11 +160,8 @@ class WorkArea:
         return json.loads(self.store.get(f"{self.prefix}/{name}"))
 
     def put_table(self, path: str, table: pa.Table) -> None:
-        import pyarrow.parquet as pq
 
-        buffer = io.BytesIO()
-        pq.write_table(table, buffer)
-        self.store.put(path, buffer.getvalue())
+        self.store.put(path, parquet_bytes(table))
 
     def get_table(self, path: str, columns: list[str] | None = None) -> pa.Table:
         """The table at ``path`` (only ``columns``, if given); raises ``ObjectNotFoundError`` when
