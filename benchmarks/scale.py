@@ -393,49 +393,64 @@ def _write_release_logs(root: Path, questions: list[str]) -> None:
         pq.write_table(table.filter(mask), folder / "release.parquet", compression="zstd")
 
 
-def child_write_edge_release(args: dict[str, Any]) -> dict[str, Any]:
-    """A release of M entries, vectors drawn at random, written into a store folder."""
+def _edge_release_rows(m: int, now: datetime) -> Any:
+    """``m`` rows and random unit vectors made a part at a time, the same on every pass: what a
+    store's parts would hand the writer, never all held."""
     import numpy as np
 
     from base.keys import key, normalize
+    from precompute.build import PART_ROWS, ReleaseRows
+
+    def parts() -> Any:
+        for start in range(0, m, PART_ROWS):
+            rows = []
+            for i in range(start, min(start + PART_ROWS, m)):
+                question = f"How do I do thing number {i}?"
+                rows.append(
+                    {
+                        "id": i,
+                        "key": key(question),
+                        "question": question,
+                        "normalized": normalize(question),
+                        "answer": f"Answer {i}: open the app and follow the steps.",
+                        "users": 5,
+                        "hits": 5,
+                        "generated_at": now,
+                        "expires_at": now + timedelta(days=3650),
+                        "cluster": key(question),
+                        "canonical": True,
+                        "object_sha256": "",
+                        "checks": "",
+                    }
+                )
+            rng = np.random.default_rng(start)
+            vectors = rng.standard_normal((len(rows), 384), dtype=np.float32)
+            vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+            yield rows, vectors
+
+    return ReleaseRows(m, 384, parts)
+
+
+def child_write_edge_release(args: dict[str, Any]) -> dict[str, Any]:
+    """A release of M entries, vectors drawn at random, written a part at a time into a store
+    folder: the writer's peak RSS (before publishing) and the whole child's."""
     from base.manifest import EmbedderEntry, ProfileEntry, Threshold
     from base.store import FileStore
-    from precompute.build import BuildConfig, content_sha256, release_version, write_release
+    from precompute.build import BuildConfig, release_version, write_release
     from precompute.publish import publish
 
     m = int(args["rows"])
     store_dir = Path(args["store"])
     now = datetime(UNTIL.year, UNTIL.month, UNTIL.day, tzinfo=UTC)
-    rng = np.random.default_rng(0)
-    vectors = rng.standard_normal((m, 384), dtype=np.float32)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    rows = []
-    for i in range(m):
-        question = f"How do I do thing number {i}?"
-        rows.append(
-            {
-                "id": i,
-                "key": key(question),
-                "question": question,
-                "normalized": normalize(question),
-                "answer": f"Answer {i}: open the app and follow the steps.",
-                "users": 5,
-                "hits": 5,
-                "generated_at": now,
-                "expires_at": now + timedelta(days=3650),
-                "cluster": key(question),
-                "canonical": True,
-                "object_sha256": "",
-                "checks": "",
-            }
-        )
+    source = _edge_release_rows(m, now)
+    baseline = _peak_rss_mb()
     began = time.perf_counter()
-    version = release_version(now, content_sha256(rows))
+    content = source.content_sha256()
+    version = release_version(now, content)
     with tempfile.TemporaryDirectory(dir=store_dir.parent) as tmp:
         write_release(
             Path(tmp),
-            rows,
-            vectors,
+            source,
             version,
             ProfileEntry(name="scale-edge", inputs={}),
             EmbedderEntry(name="embedded", dim=384),
@@ -443,16 +458,19 @@ def child_write_edge_release(args: dict[str, Any]) -> dict[str, Any]:
             BuildConfig(),
             {
                 "counts": {"clusters": m, "rows": m},
-                "content_sha256": content_sha256(rows),
+                "content_sha256": content,
                 "created_at": now.isoformat(),
             },
         )
         written = time.perf_counter() - began
+        writer_peak = _peak_rss_mb()
         began = time.perf_counter()
         report = publish(FileStore(store_dir), Path(tmp), keep=2)
     return {
         "rows": m,
         "write_s": round(written, 2),
+        "writer_peak_rss_mb": writer_peak,
+        "rss_before_write_mb": baseline,
         "publish_file_s": round(time.perf_counter() - began, 2),
         "files": report.files,
         "bytes": report.bytes,

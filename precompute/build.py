@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -35,11 +35,10 @@ from base.manifest import (
     ShardEntry,
     Threshold,
 )
-from base.proofs import leaf, tree
+from base.proofs import MerkleTree, leaf
 from base.release import (
     object_path,
     row_schema,
-    serialize_index,
     sha256_hex,
     shard_paths,
 )
@@ -90,24 +89,38 @@ def _jitter(key: str) -> float:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
 
 
-def build_index(vectors: np.ndarray, factory: str, config: BuildConfig) -> faiss.Index:
+def new_index(dim: int, factory: str, config: BuildConfig) -> faiss.Index:
+    """An empty inner-product index of ``factory`` with the build's search settings."""
     import faiss
 
-    index = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     inner = faiss.downcast_index(index)
     if hasattr(inner, "hnsw"):
         inner.hnsw.efConstruction = config.ef_construction
         inner.hnsw.efSearch = config.ef_search
     if hasattr(inner, "nprobe"):
         inner.nprobe = config.nprobe
-    if not index.is_trained:
-        # k-means on at most 64 points per list: enough for the centroids, minutes faster
-        nlist = getattr(inner, "nlist", 1)
-        sample = vectors
-        if len(vectors) > 64 * nlist:
-            chosen = np.random.default_rng(0).choice(len(vectors), 64 * nlist, replace=False)
-            sample = vectors[np.sort(chosen)]
-        index = _train(index, sample)
+    return index
+
+
+def training_positions(index: faiss.Index, rows: int) -> np.ndarray | None:
+    """Which of ``rows`` vectors train ``index`` (sorted): at most 64 a list -- enough for the
+    centroids, minutes faster; None when it needs no training."""
+    import faiss
+
+    if index.is_trained:
+        return None
+    nlist = getattr(faiss.downcast_index(index), "nlist", 1)
+    if rows <= 64 * nlist:
+        return np.arange(rows)
+    return np.sort(np.random.default_rng(0).choice(rows, 64 * nlist, replace=False))
+
+
+def build_index(vectors: np.ndarray, factory: str, config: BuildConfig) -> faiss.Index:
+    index = new_index(vectors.shape[1], factory, config)
+    chosen = training_positions(index, len(vectors))
+    if chosen is not None:
+        index = _train(index, vectors if len(chosen) == len(vectors) else vectors[chosen])
     index.add(vectors)
     return index
 
@@ -160,7 +173,7 @@ def finetuned_embedder(
     return tuned, folder, info
 
 
-def content_sha256(rows: list[dict[str, Any]]) -> str:
+def content_sha256(rows: Iterable[dict[str, Any]]) -> str:
     """What a release answers (each phrasing's key, answer and cluster), hashed: the version's
     suffix."""
     content = hashlib.sha256()
@@ -169,63 +182,156 @@ def content_sha256(rows: list[dict[str, Any]]) -> str:
     return content.hexdigest()
 
 
-def write_release_files(
-    staging: Path,
-    rows: list[dict[str, Any]],
-    vectors: np.ndarray,
-    version: str,
-    profile: str,
-    config: BuildConfig,
-) -> tuple[list[ShardEntry], str]:
-    """The answer objects (with their proofs) and the FAISS and Parquet shards of ``rows``
-    (``vectors``: their embeddings, row for row) under ``staging``; (the manifest's shard
-    entries, the answers root). Fills each row's ``object_sha256``."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+PART_ROWS = 65_536
 
-    staging.mkdir(parents=True, exist_ok=True)
-    answers_root, proofs = tree([leaf(answer_fields(row, version, profile)) for row in rows])
-    for row, proof in zip(rows, proofs, strict=True):
-        data = answer_object(row, version, profile, proof)
-        row["object_sha256"] = sha256_hex(data)
-        target = staging / object_path(row["key"])
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-    shards = []
-    per_shard = shard_rows_for(config, vectors.shape[1] if vectors.ndim == 2 else 0)
-    for shard, start in enumerate(range(0, len(rows), per_shard)):
-        chunk = rows[start : start + per_shard]
-        index = build_index(
-            vectors[start : start + per_shard], factory_for(config, len(chunk)), config
-        )
-        index_path, rows_path = shard_paths(shard)
-        index_bytes = serialize_index(index)
-        (staging / index_path).parent.mkdir(parents=True, exist_ok=True)
-        (staging / index_path).write_bytes(index_bytes)
-        table = pa.Table.from_pylist(
-            [{**r, "id": i} for i, r in enumerate(chunk)], schema=row_schema()
-        )
-        pq.write_table(table, staging / rows_path, compression="zstd")
-        rows_bytes = (staging / rows_path).read_bytes()
-        shards.append(
-            ShardEntry.of(
-                {
-                    "id": shard,
-                    "count": len(chunk),
-                    "index": {
-                        "path": index_path,
-                        "bytes": len(index_bytes),
-                        "sha256": sha256_hex(index_bytes),
-                    },
-                    "rows": {
-                        "path": rows_path,
-                        "bytes": len(rows_bytes),
-                        "sha256": sha256_hex(rows_bytes),
-                    },
-                }
+
+@dataclass(frozen=True)
+class ReleaseRows:
+    """A release's rows (``base.release.row_schema``'s fields) and their vectors, in release
+    order, read a part at a time as often as the writer asks (``parts``: a fresh iterator of
+    (rows, their vectors) each call). The writer holds one shard's index and rows at most, never
+    the release's: rows may come from memory (``in_memory``) or from a store, part by part."""
+
+    count: int
+    dim: int
+    parts: Callable[[], Iterator[tuple[list[dict[str, Any]], np.ndarray]]]
+
+    @classmethod
+    def in_memory(cls, rows: list[dict[str, Any]], vectors: np.ndarray) -> ReleaseRows:
+        def parts() -> Iterator[tuple[list[dict[str, Any]], np.ndarray]]:
+            for start in range(0, len(rows), PART_ROWS):
+                yield rows[start : start + PART_ROWS], vectors[start : start + PART_ROWS]
+
+        return cls(len(rows), int(vectors.shape[1]) if vectors.ndim == 2 else 0, parts)
+
+    def rows(self) -> Iterator[dict[str, Any]]:
+        for part, _ in self.parts():
+            yield from part
+
+    def content_sha256(self) -> str:
+        return content_sha256(self.rows())
+
+    def vectors_at(self, positions: np.ndarray, offset: int = 0) -> np.ndarray:
+        """The vectors at ``positions`` (sorted) counted from row ``offset``, in one pass."""
+        out = np.empty((len(positions), self.dim), dtype=np.float32)
+        wanted = np.asarray(positions, dtype=np.int64) + offset
+        start = taken = 0
+        for _, vectors in self.parts():
+            stop = start + len(vectors)
+            upto = int(np.searchsorted(wanted, stop))
+            if upto > taken:
+                out[taken:upto] = vectors[wanted[taken:upto] - start]
+                taken = upto
+            start = stop
+            if taken == len(wanted):
+                break
+        if taken != len(wanted):
+            raise ValueError(f"the release's rows end at {start}, before row {wanted[taken]}")
+        return out
+
+
+class _ShardWriter:
+    """One shard being written: its rows (Arrow batches, ids from 0) and its index, trained on
+    its sample first and then filled part by part. An index that needs no training (a graph)
+    is filled in one call, as ``build_index`` fills it, so it comes out the same."""
+
+    def __init__(
+        self, number: int, start: int, stop: int, source: ReleaseRows, config: BuildConfig
+    ) -> None:
+        self.number, self.start, self.stop = number, start, stop
+        self.index = new_index(source.dim, factory_for(config, stop - start), config)
+        chosen = training_positions(self.index, stop - start)
+        if chosen is not None:
+            self.index = _train(self.index, source.vectors_at(chosen, start))
+        self._held: list[np.ndarray] | None = None if chosen is not None else []
+        self._batches: list[Any] = []
+        self._written = 0
+
+    def add(self, rows: list[dict[str, Any]], vectors: np.ndarray) -> None:
+        import pyarrow as pa
+
+        ids = range(self._written, self._written + len(rows))
+        self._batches.append(
+            pa.RecordBatch.from_pylist(
+                [{**r, "id": i} for i, r in zip(ids, rows, strict=True)], schema=row_schema()
             )
         )
-    return shards, answers_root
+        self._written += len(rows)
+        if self._held is None:
+            self.index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+        else:
+            self._held.append(vectors)
+
+    def finish(self, staging: Path) -> ShardEntry:
+        import faiss
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self._held:
+            self.index.add(np.ascontiguousarray(np.concatenate(self._held), dtype=np.float32))
+        self._held = None
+        index_path, rows_path = shard_paths(self.number)
+        (staging / index_path).parent.mkdir(parents=True, exist_ok=True)
+        faiss.write_index(self.index, str(staging / index_path))  # not copied in memory first
+        table = pa.Table.from_batches(self._batches, schema=row_schema())
+        self._batches = []
+        pq.write_table(table, staging / rows_path, compression="zstd")
+        return ShardEntry.of(
+            {
+                "id": self.number,
+                "count": self.stop - self.start,
+                "index": _file_entry(staging, index_path),
+                "rows": _file_entry(staging, rows_path),
+            }
+        )
+
+
+def _file_entry(staging: Path, path: str) -> dict[str, Any]:
+    with (staging / path).open("rb") as handle:
+        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+    return {"path": path, "bytes": (staging / path).stat().st_size, "sha256": digest}
+
+
+def write_release_files(
+    staging: Path, source: ReleaseRows, version: str, profile: str, config: BuildConfig
+) -> tuple[list[ShardEntry], str]:
+    """The answer objects (with their proofs) and the FAISS and Parquet shards of ``source``'s
+    rows under ``staging``; (the manifest's shard entries, the answers root). Each row's
+    ``object_sha256`` is its object's digest. Two passes over the rows (the proofs' leaves, then
+    the files) and one over a shard's vectors to train its index: what is held is the Merkle
+    tree's nodes and one shard, whatever the release's size."""
+    staging.mkdir(parents=True, exist_ok=True)
+    merkle = MerkleTree(leaf(answer_fields(row, version, profile)) for row in source.rows())
+    if len(merkle) != source.count:
+        raise ValueError(f"the release has {len(merkle)} rows, not the {source.count} stated")
+    per_shard = shard_rows_for(config, source.dim)
+    shards: list[ShardEntry] = []
+    shard: _ShardWriter | None = None
+    position = 0
+    for rows, vectors in source.parts():
+        if len(rows) != len(vectors):
+            raise ValueError(f"a part of {len(rows)} rows came with {len(vectors)} vectors")
+        for offset, row in enumerate(rows):
+            data = answer_object(row, version, profile, merkle.proof(position + offset))
+            row["object_sha256"] = sha256_hex(data)
+            target = staging / object_path(row["key"])
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        taken = 0
+        while taken < len(rows):
+            if shard is None:
+                start = position + taken
+                shard = _ShardWriter(
+                    len(shards), start, min(start + per_shard, source.count), source, config
+                )
+            upto = min(len(rows), shard.stop - position)
+            shard.add(rows[taken:upto], vectors[taken:upto])
+            taken = upto
+            if position + taken == shard.stop:
+                shards.append(shard.finish(staging))
+                shard = None
+        position += len(rows)
+    return shards, merkle.root
 
 
 def release_version(now: datetime, content_sha256: str) -> str:
@@ -317,8 +423,7 @@ def build_release(
     )
     manifest = write_release(
         staging,
-        rows,
-        all_vectors,
+        ReleaseRows.in_memory(rows, all_vectors),
         version,
         ProfileEntry(name=profile, inputs=profile_inputs),
         embedder_entry,
@@ -340,8 +445,7 @@ def build_release(
 
 def write_release(
     staging: Path,
-    rows: list[dict[str, Any]],
-    vectors: np.ndarray,
+    source: ReleaseRows,
     version: str,
     profile: ProfileEntry,
     embedder: EmbedderEntry,
@@ -352,9 +456,7 @@ def write_release(
     """The release files (``write_release_files``) and its ``manifest.json`` under ``staging``:
     ``profile`` (name, inputs), ``embedder`` and ``threshold`` entries, ``extra`` fields
     (counts, content digest, dates, lineage: ``Manifest``'s) on top; the manifest."""
-    shards, answers_root = write_release_files(
-        staging, rows, vectors, version, profile.name, config
-    )
+    shards, answers_root = write_release_files(staging, source, version, profile.name, config)
     manifest = Manifest.of(
         {
             "format": FORMAT,
@@ -365,7 +467,7 @@ def write_release(
             "index": {
                 # the largest shard's (every shard but the last is that large)
                 "factory": factory_for(
-                    config, min(len(rows), shard_rows_for(config, vectors.shape[1]))
+                    config, min(source.count, shard_rows_for(config, source.dim))
                 ),
                 "ef_construction": config.ef_construction,
                 "ef_search": config.ef_search,
@@ -374,7 +476,11 @@ def write_release(
             "threshold": threshold,
             "guard": Guard().as_dict(),
             "shards": shards,
-            "objects": {"prefix": "a/", "count": len(rows), "integrity": "rows.object_sha256"},
+            "objects": {
+                "prefix": "a/",
+                "count": source.count,
+                "integrity": "rows.object_sha256",
+            },
             "expiry": {"ttl_days": config.ttl_days, "jitter": config.ttl_jitter},
             "answers_root": answers_root,
             **extra,
@@ -422,7 +528,9 @@ def derive_release(
     version = release_version(now, content)
     dim = manifest.embedder.dim
     matrix = np.asarray(kept_vectors, dtype=np.float32).reshape(len(rows), dim)
-    shards, answers_root = write_release_files(staging, rows, matrix, version, profile, config)
+    shards, answers_root = write_release_files(
+        staging, ReleaseRows.in_memory(rows, matrix), version, profile, config
+    )
     for path, data in parent.embedder_files.items():  # the same bytes the manifest lists
         target = staging / path
         target.parent.mkdir(parents=True, exist_ok=True)

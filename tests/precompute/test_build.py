@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
+from base.proofs import proves
+from base.release import object_path, serialize_index
 from policy.answers import CHECKS
-from precompute.build import build_release
+from precompute.build import ReleaseRows, build_index, build_release, write_release_files
 from precompute.config import BuildConfig
 from precompute.curated import CURATED
 from precompute.generate import flag_of
@@ -220,3 +225,77 @@ def test_an_answer_with_a_link_is_not_published_by_default(embedder, tmp_path: P
         embedder, tmp_path / "curated", curated, BuildConfig(), reused_from=CURATED
     )
     assert report.excluded_clusters == {} and len(rows) == 1
+
+
+def _rows(n: int) -> tuple[list[dict[str, object]], np.ndarray]:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    rows: list[dict[str, object]] = [
+        {
+            "id": i,
+            "key": f"{i:064x}",
+            "question": f"Question {i}?",
+            "normalized": f"question {i}",
+            "answer": f"Answer {i}.",
+            "users": 5,
+            "hits": 6,
+            "generated_at": now,
+            "expires_at": now,
+            "cluster": f"{i // 3:064x}",
+            "canonical": i % 3 == 0,
+            "object_sha256": "",
+            "checks": "",
+        }
+        for i in range(n)
+    ]
+    vectors = np.random.default_rng(1).standard_normal((n, 8)).astype(np.float32)
+    return rows, vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("factory", ["HNSW8,Flat", "IVF2,Flat"])
+def test_rows_read_in_uneven_parts_write_the_release_written_from_memory(
+    tmp_path: Path, factory: str
+) -> None:
+    """The writer reads its rows a part at a time (a store's parts need not align with shards):
+    parts of 7 rows across shards of 140 give the files one list in memory gives, every shard's
+    index trained on the same sample (128 of 140 rows) and every object proved against the same
+    root."""
+    rows, vectors = _rows(300)
+    config = BuildConfig(factory=factory, shard_rows=140)
+
+    def parts():  # type: ignore[no-untyped-def]
+        fresh, _ = _rows(300)
+        for start in range(0, 300, 7):
+            yield fresh[start : start + 7], vectors[start : start + 7]
+
+    streamed = ReleaseRows(300, 8, parts)
+    assert streamed.content_sha256() == ReleaseRows.in_memory(rows, vectors).content_sha256()
+    shards_a, root_a = write_release_files(
+        tmp_path / "a", ReleaseRows.in_memory(rows, vectors), "v1", "p", config
+    )
+    shards_b, root_b = write_release_files(tmp_path / "b", streamed, "v1", "p", config)
+    assert [s.count for s in shards_a] == [140, 140, 20]
+    assert (shards_a, root_a) == (shards_b, root_b)
+    assert _tree(tmp_path / "a") == _tree(tmp_path / "b")
+    whole = build_index(vectors[140:280], factory, config)  # one call, the whole shard in hand
+    assert serialize_index(whole) == (tmp_path / "b" / shards_b[1].index.path).read_bytes()
+    table = pq.read_table(tmp_path / "b" / shards_b[1].rows.path)
+    assert table.column("id").to_pylist() == list(range(140))
+    assert table.column("key").to_pylist() == [r["key"] for r in rows[140:280]]
+    objects = [json.loads((tmp_path / "b" / object_path(r["key"])).read_bytes()) for r in rows]  # type: ignore[arg-type]
+    assert all(proves(o, root_b) for o in objects)
+
+
+def test_a_source_shorter_than_it_says_is_refused(tmp_path: Path) -> None:
+    rows, vectors = _rows(10)
+    short = ReleaseRows(12, 8, ReleaseRows.in_memory(rows, vectors).parts)
+    with pytest.raises(ValueError, match="has 10 rows, not the 12 stated"):
+        write_release_files(tmp_path, short, "v1", "p", BuildConfig())
+    uneven = ReleaseRows(10, 8, lambda: iter([(rows, vectors[:9])]))
+    with pytest.raises(ValueError, match="10 rows came with 9 vectors"):
+        write_release_files(tmp_path / "u", uneven, "v1", "p", BuildConfig())
