@@ -328,27 +328,51 @@ def load_release(
     unsigned release is then refused too); ``check_objects`` also fetches and checks every answer
     object.
     """
-
     manifest, manifest_sha = verified_manifest(
         store, profile, version, expected_manifest_sha256, public_keys
     )
     prefix = release_prefix(profile, manifest.version)
-    shards = []
-    for entry in manifest.shards:
-        try:
-            index = deserialize_index(_checked(store, prefix, entry.index))
-            rows = parquet_table(_checked(store, prefix, entry.rows))
-        except (RuntimeError, OSError, ValueError) as error:  # faiss / arrow refusing the bytes
-            if isinstance(error, ReleaseError | StoreError):
-                raise
-            raise ReleaseError(f"{prefix}: shard {_label(entry)} does not parse: {error}") from None
-        if index.ntotal != rows.num_rows or rows.num_rows != entry.count:
-            raise ReleaseError(f"{prefix}: shard {_label(entry)} index and rows disagree")
-        shards.append(Shard(index, rows))
-        if check_objects:
-            _check_objects(store, prefix, rows, manifest.answers_root)
+    shards = [_shard(store, prefix, entry, manifest, check_objects) for entry in manifest.shards]
     embedder_files = {e.path: _checked(store, prefix, e) for e in manifest.embedder.files}
     return LoadedRelease(manifest, manifest_sha, shards, embedder_files)
+
+
+def check_release(
+    store: Store,
+    profile: str,
+    version: str,
+    expected_manifest_sha256: str,
+    public_keys: Iterable[str] = (),
+) -> Manifest:
+    """What ``load_release(..., check_objects=True)`` checks, a shard at a time, none of them
+    kept: a publisher reads a release of millions of rows back holding one shard; the manifest.
+    ``ReleaseError`` names what does not verify."""
+    manifest, _ = verified_manifest(store, profile, version, expected_manifest_sha256, public_keys)
+    prefix = release_prefix(profile, manifest.version)
+    for entry in manifest.shards:
+        _shard(store, prefix, entry, manifest, check_objects=True)
+    for file in manifest.embedder.files:
+        _checked(store, prefix, file)
+    return manifest
+
+
+def _shard(
+    store: Store, prefix: str, entry: ShardEntry, manifest: Manifest, check_objects: bool
+) -> Shard:
+    """Shard ``entry`` read and checked (its files against the manifest, index against rows;
+    every answer object of it too, given ``check_objects``)."""
+    try:
+        index = deserialize_index(_checked(store, prefix, entry.index))
+        rows = parquet_table(_checked(store, prefix, entry.rows))
+    except (RuntimeError, OSError, ValueError) as error:  # faiss / arrow refusing the bytes
+        if isinstance(error, ReleaseError | StoreError):
+            raise
+        raise ReleaseError(f"{prefix}: shard {_label(entry)} does not parse: {error}") from None
+    if index.ntotal != rows.num_rows or rows.num_rows != entry.count:
+        raise ReleaseError(f"{prefix}: shard {_label(entry)} index and rows disagree")
+    if check_objects:
+        _check_objects(store, prefix, rows, manifest.answers_root)
+    return Shard(index, rows)
 
 
 def _label(entry: ShardEntry) -> str:

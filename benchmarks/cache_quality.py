@@ -57,7 +57,7 @@ from edge_index.embedder import load_embedder
 from edge_index.guard import Guard
 from edge_index.lookup import Hit, ReleaseIndex
 from edge_index.matcher import Decision, calibrate
-from precompute.build import build_release
+from precompute.build import answered, build_release
 from precompute.config import BuildConfig
 from precompute.publish import publish
 from precompute.questions import HotQuestion, Phrasing
@@ -133,8 +133,7 @@ def cache_release(
     store = FileStore(tmp / "store")
     manifest, _ = build_release(
         tmp / "release",
-        hot,
-        answers,
+        answered(hot, answers),
         embedder,
         name,
         "cache-quality",

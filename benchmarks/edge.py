@@ -46,7 +46,7 @@ from edge_index.lookup import Hit, ReleaseIndex
 from edge_index.server.app import create_app
 from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from edgeqa.local import LocalServer
-from precompute.build import build_index, build_release, factory_for
+from precompute.build import answered, build_index, build_release, factory_for
 from precompute.config import BuildConfig
 from precompute.publish import publish
 from precompute.questions import HotQuestion, Phrasing
@@ -80,8 +80,7 @@ def build_real(texts: list[str], embedder: Any, tmp: Path) -> ReleaseIndex:
     store = FileStore(tmp / "store")
     build_release(
         tmp / "r",
-        hot,
-        answers,
+        answered(hot, answers),
         embedder,
         "embedded",
         "bench",

@@ -5,7 +5,8 @@ The questions are banking77's (``../shared/data``, read by path), split into par
 with one engine in this process (``generate.generate_all``: what a run handed a loaded model
 does); ``ray_local`` is the nightly job's path (``generate.generate_on_fleet``): a Ray Data job on
 a local Ray (``precompute/fleet/``), one engine per actor, one actor per CPU slot, each
-partition written to the work area by the actor that answered it. The same settings (the nightly
+partition read from the run's ``hot/`` and written to the work area by the actor that answered
+it. The same settings (the nightly
 default INT8 weights unless ``--quantization``, greedy, ``--max-tokens``).
 
 Per system: ``answers_per_s`` and ``tokens_per_s`` as the run report measures them (from the
@@ -33,14 +34,24 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from base.keys import key
+from base.keys import key, normalize
 from base.store import FileStore
 from benchmarks._common import banking_questions
 from precompute.config import PrecomputeSettings
 from precompute.fleet import connect
 from precompute.fleet.generation import Job, generate_on_fleet
 from precompute.generate import generate_all, nightly_engine, read_partitions
+from precompute.questions import HotQuestion, Phrasing
 from precompute.workarea import WorkArea
+
+
+def _hot(questions: list[str]) -> list[HotQuestion]:
+    """``questions`` as mined ones (one wording each), in order: what a run's ``hot/`` holds."""
+    hot = []
+    for question in questions:
+        wording = Phrasing(key(question), normalize(question), question, set(), 1, {})
+        hot.append(HotQuestion(wording, [wording], users=5, hits=5, score=1.0))
+    return hot
 
 
 def _system(report: Any, wall: float) -> dict[str, Any]:
@@ -95,9 +106,18 @@ def main() -> None:
         # on a local Ray: the nightly job's path (Ray started first, as a run's mining does)
         fleet = connect(settings)
         work = WorkArea(store, "bench", "ray")
-        job = Job.of(fleet, settings, args.quantization, work, at)  # type: ignore[arg-type]
+        work.put_hot(_hot(questions))  # the actors read their partitions' questions there
+        job = Job.of(
+            fleet,
+            settings,
+            args.quantization,  # type: ignore[arg-type]
+            work,
+            at,
+            args.partition_size,
+            len(questions),
+        )
         started = time.perf_counter()
-        report = generate_on_fleet(fleet, job, work, keys, questions, args.partition_size)
+        report = generate_on_fleet(fleet, job, work)
         systems["ray_local"] = _system(report, time.perf_counter() - started)
         answers["ray_local"] = [r["answer"] for r in read_partitions(work)]
 

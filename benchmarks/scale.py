@@ -111,7 +111,7 @@ def _stand_in_answers(hot: list[Any], now: datetime) -> dict[str, dict[str, Any]
 def child_mine(args: dict[str, Any]) -> dict[str, Any]:
     """mine_stage on the logs; the qualifying clusters (their wordings' keys); calibration."""
     from edge_index.embedder import load_embedder
-    from precompute.build import build_release
+    from precompute.build import answered, build_release
     from precompute.pipeline import mine_stage, scaled
 
     out = Path(args["out"])
@@ -144,8 +144,7 @@ def child_mine(args: dict[str, Any]) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
             manifest, report = build_release(
                 Path(tmp) / "release",
-                hot,
-                _stand_in_answers(hot, params.now),
+                answered(hot, _stand_in_answers(hot, params.now)),
                 load_embedder(spec),
                 spec,
                 "scale",

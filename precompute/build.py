@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -45,7 +45,7 @@ from base.release import (
 from edge_index.guard import Guard
 from edge_index.query_encoder import encode_many
 from policy.answers import answer_problem, checks_passed
-from precompute.calibration import HeldBack, calibrate_rows, semantic_decision
+from precompute.calibration import HeldBack, calibrate_release, semantic_decision
 from precompute.config import BuildConfig
 from precompute.curated import CURATED
 
@@ -339,10 +339,72 @@ def release_version(now: datetime, content_sha256: str) -> str:
     return f"{now.strftime('%Y%m%dT%H%M%SZ')}-{content_sha256[:8]}"
 
 
+class _Spill:
+    """A release's rows and their vectors written to a local folder as they are made, read back
+    a part at a time (``source``): the build holds one part, never the release. Parts are cut
+    every ``PART_ROWS`` rows of the release, a multiple of the embedder's chunk, so each row's
+    vector is the one embedding every row at once gives."""
+
+    def __init__(self, folder: Path, embedder: Embedder) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder, self.embedder = folder, embedder
+        self.dim = int(embedder.get_embedding_dimension() or 0)
+        self.count = 0
+        self._parts: list[int] = []  # rows of each part written
+        self._waiting: list[dict[str, Any]] = []
+        self._content = hashlib.sha256()
+
+    def add(self, row: dict[str, Any]) -> None:
+        row["id"] = self.count + len(self._waiting)
+        self._content.update(canonical_json([row["key"], row["answer"], row["cluster"]]))
+        self._waiting.append(row)
+        if len(self._waiting) == PART_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows, self._waiting = self._waiting, []
+        vectors = encode_many(self.embedder, [r["normalized"] for r in rows])
+        part = len(self._parts)
+        table = pa.Table.from_pylist(rows, schema=row_schema())
+        pq.write_table(table, self.folder / f"{part:05d}.parquet")
+        np.save(self.folder / f"{part:05d}.npy", vectors.reshape(len(rows), self.dim))
+        self._parts.append(len(rows))
+        self.count += len(rows)
+
+    def content_sha256(self) -> str:
+        return self._content.hexdigest()
+
+    def source(self) -> ReleaseRows:
+        """The rows added, in order (what waits for a whole part written first)."""
+        import pyarrow.parquet as pq
+
+        if self._waiting:
+            self._flush()
+        folder, count = self.folder, len(self._parts)
+
+        def parts() -> Iterator[tuple[list[dict[str, Any]], np.ndarray]]:
+            for part in range(count):
+                rows = pq.read_table(folder / f"{part:05d}.parquet").to_pylist()
+                yield rows, np.load(folder / f"{part:05d}.npy")
+
+        return ReleaseRows(self.count, self.dim, parts)
+
+
+Answered = Callable[[], Iterator[tuple["HotQuestion", dict[str, Any] | None]]]
+
+
+def answered(hot: list[HotQuestion], answers: Mapping[str, dict[str, Any]]) -> Answered:
+    """Mined questions and their answers (by the cluster's key) held in memory, as
+    ``build_release`` reads them."""
+    return lambda: ((cluster, answers.get(cluster.key)) for cluster in hot)
+
+
 def build_release(
     staging: Path,
-    hot: list[HotQuestion],
-    answers: dict[str, dict[str, Any]],
+    clusters: Answered,
     embedder: Embedder,
     embedder_name: str,
     profile: str,
@@ -355,92 +417,107 @@ def build_release(
 ) -> tuple[Manifest, BuildReport]:
     """Write a complete release under ``staging``; returns its manifest.
 
-    ``answers``: generated rows by the cluster's canonical key (``answer``, ``flag``,
-    ``generated_at``, ``finish_reason`` when known). Clusters whose answer is missing, flagged, or
-    degenerate (``policy.answers``) are left out and counted as ``not_generated`` or
-    ``answer_<flag>``; every row records the checks it passed (``checks``).
+    ``clusters``: a fresh iterator, each call, of the mined questions in rank order, each with
+    its generated row (``answer``, ``flag``, ``generated_at``, ``finish_reason`` when known;
+    None: not generated), read twice (the rows, then the held-back wordings calibration
+    samples), so a build from the work area holds a part of it at a time. Clusters whose answer
+    is missing, flagged, or degenerate (``policy.answers``) are left out and counted as
+    ``not_generated`` or ``answer_<flag>``; every row records the checks it passed
+    (``checks``). The rows and their vectors wait in a local folder (``_Spill``) until the
+    release is written from it (``write_release``).
     ``embedder_dir``: a (fine-tuned) sentence-transformers folder to ship inside the release under
     ``embedder/`` -- the edge then embeds queries with it; ``embedder_info``: how it was tuned.
     """
+    import tempfile
     import time
 
     started = time.perf_counter()
     now = (now or datetime.now(UTC)).replace(microsecond=0)
     report = BuildReport()
-    rows: list[dict[str, Any]] = []
-    for cluster in hot:
-        generated = answers.get(cluster.key)
-        if generated is None:
-            reason = "not_generated"
-        else:
-            # checked again: a partition generated before a check existed is held to it too.
-            # Links are judged here, where an answer is published, not at generation; an
-            # operator's curated answer is trusted content (its links are the operator's)
+    built: set[str] = set()
+    held_back = 0  # the built clusters' held-back wordings
+    with tempfile.TemporaryDirectory(prefix="edgeqa-rows-") as tmp:
+        spill = _Spill(Path(tmp), embedder)
+        for cluster, generated in clusters():
+            reason = _excluded(cluster, generated, config)
+            if reason:
+                report.excluded_clusters[reason] = report.excluded_clusters.get(reason, 0) + 1
+                continue
+            assert generated is not None
+            report.clusters += 1
+            built.add(cluster.key)
+            held_back += len(cluster.held_back)
             allow_links = config.allow_links or generated.get("reused_from") == CURATED
-            stored = "" if generated["flag"] == "link" else generated["flag"]
-            flag = stored or answer_problem(
-                cluster.question, generated["answer"], generated.get("finish_reason"), allow_links
-            )
-            reason = f"answer_{flag}" if flag else ""
-        if reason:
-            report.excluded_clusters[reason] = report.excluded_clusters.get(reason, 0) + 1
-            continue
-        assert generated is not None
-        report.clusters += 1
-        generated_at = generated["generated_at"]
-        for phrasing in cluster.phrasings:
-            ttl = timedelta(days=config.ttl_days * (1 + config.ttl_jitter * _jitter(phrasing.key)))
-            rows.append(
-                {
-                    "id": len(rows),
-                    "key": phrasing.key,
-                    "question": phrasing.question,
-                    "normalized": phrasing.normalized,
-                    "answer": generated["answer"],
-                    "users": phrasing.user_count,
-                    "hits": phrasing.hits,
-                    "generated_at": generated_at,
-                    "expires_at": (generated_at + ttl).replace(microsecond=0),
-                    "cluster": cluster.key,
-                    "canonical": phrasing is cluster.canonical,
-                    "object_sha256": "",
-                    "checks": checks_passed(allow_links),
-                }
-            )
-    content = content_sha256(rows)
-    version = release_version(now, content)
-    dim = int(embedder.get_embedding_dimension() or 0)
-    all_vectors = encode_many(embedder, [r["normalized"] for r in rows]).reshape(len(rows), dim)
-    held_back = HeldBack.of(hot, {r["cluster"] for r in rows}, embedder, config.calibration_rows)
-    calibration = calibrate_rows(rows, all_vectors, config, held_back)
-    embedder_entry = EmbedderEntry.of(
-        {
-            "name": embedder_name,
-            "dim": dim,
-            **({"finetuned": embedder_info} if embedder_info is not None else {}),
-            **({"files": _copy_embedder(embedder_dir, staging)} if embedder_dir else {}),
-        }
-    )
-    manifest = write_release(
-        staging,
-        ReleaseRows.in_memory(rows, all_vectors),
-        version,
-        ProfileEntry(name=profile, inputs=profile_inputs),
-        embedder_entry,
-        semantic_decision(calibration, config),
-        config,
-        {
-            "counts": {"clusters": report.clusters, "rows": len(rows)},
-            "excluded_clusters": dict(sorted(report.excluded_clusters.items())),
-            "content_sha256": content,
-            "created_at": now.isoformat(),
-            **(extra or {}),
-        },
-    )
-    report.rows = len(rows)
+            generated_at = generated["generated_at"]
+            for phrasing in cluster.phrasings:
+                jitter = 1 + config.ttl_jitter * _jitter(phrasing.key)
+                ttl = timedelta(days=config.ttl_days * jitter)
+                spill.add(
+                    {
+                        "key": phrasing.key,
+                        "question": phrasing.question,
+                        "normalized": phrasing.normalized,
+                        "answer": generated["answer"],
+                        "users": phrasing.user_count,
+                        "hits": phrasing.hits,
+                        "generated_at": generated_at,
+                        "expires_at": (generated_at + ttl).replace(microsecond=0),
+                        "cluster": cluster.key,
+                        "canonical": phrasing is cluster.canonical,
+                        "object_sha256": "",
+                        "checks": checks_passed(allow_links),
+                    }
+                )
+        source = spill.source()
+        content = spill.content_sha256()
+        version = release_version(now, content)
+        wordings = HeldBack.sampled(
+            (c for c, _ in clusters()), built, held_back, embedder, config.calibration_rows
+        )
+        calibration = calibrate_release(source, config, wordings)
+        embedder_entry = EmbedderEntry.of(
+            {
+                "name": embedder_name,
+                "dim": source.dim,
+                **({"finetuned": embedder_info} if embedder_info is not None else {}),
+                **({"files": _copy_embedder(embedder_dir, staging)} if embedder_dir else {}),
+            }
+        )
+        manifest = write_release(
+            staging,
+            source,
+            version,
+            ProfileEntry(name=profile, inputs=profile_inputs),
+            embedder_entry,
+            semantic_decision(calibration, config),
+            config,
+            {
+                "counts": {"clusters": report.clusters, "rows": source.count},
+                "excluded_clusters": dict(sorted(report.excluded_clusters.items())),
+                "content_sha256": content,
+                "created_at": now.isoformat(),
+                **(extra or {}),
+            },
+        )
+    report.rows = source.count
     report.shards = len(manifest.shards)
     report.seconds = time.perf_counter() - started
     return manifest, report
+
+
+def _excluded(cluster: HotQuestion, generated: dict[str, Any] | None, config: BuildConfig) -> str:
+    """Why ``cluster`` is left out of the release ("" when it is not)."""
+    if generated is None:
+        return "not_generated"
+    # checked again: a partition generated before a check existed is held to it too. Links are
+    # judged here, where an answer is published, not at generation; an operator's curated
+    # answer is trusted content (its links are the operator's)
+    allow_links = config.allow_links or generated.get("reused_from") == CURATED
+    stored = "" if generated["flag"] == "link" else generated["flag"]
+    flag = stored or answer_problem(
+        cluster.question, generated["answer"], generated.get("finish_reason"), allow_links
+    )
+    return f"answer_{flag}" if flag else ""
 
 
 def write_release(

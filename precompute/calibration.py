@@ -17,8 +17,11 @@ from edge_index.matcher import Calibration, Decision, Queries, calibrate
 from precompute.config import BuildConfig
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from edge_index.embedder import Embedder
-    from precompute.questions import HotQuestion
+    from precompute.build import ReleaseRows
+    from precompute.questions import HotQuestion, Phrasing
 
 
 def calibrate_rows(
@@ -27,12 +30,35 @@ def calibrate_rows(
     config: BuildConfig,
     held_back: HeldBack | None = None,
 ) -> Calibration:
+    """``calibrate_release`` on rows and vectors held in memory."""
+    from precompute.build import ReleaseRows
+
+    return calibrate_release(ReleaseRows.in_memory(rows, vectors), config, held_back)
+
+
+def calibrate_release(
+    source: ReleaseRows, config: BuildConfig, held_back: HeldBack | None = None
+) -> Calibration:
     """The semantic tier's decision, calibrated leave-one-out on the release's own phrasings
     (label = the answer's cluster) and on the held-back wordings of its clusters (``held_back``:
     real paraphrases of the questions it answers, looked up against the published phrasings;
     they stay in the work area, only the decision is published); a deterministic sample of each
-    when there are very many."""
-    chosen = _sample(len(rows), config.calibration_rows, seed=0)
+    when there are very many, read from ``source`` in one pass."""
+    chosen = np.asarray(_sample(source.count, config.calibration_rows, seed=0), dtype=np.int64)
+    labels: list[str] = []
+    texts: list[str] = []
+    vectors = np.empty((len(chosen), source.dim), dtype=np.float32)
+    start = taken = 0
+    for rows, part in source.parts():
+        stop = start + len(rows)
+        upto = int(np.searchsorted(chosen, stop))
+        for at, position in enumerate(chosen[taken:upto].tolist(), start=taken):
+            labels.append(rows[position - start]["cluster"])
+            texts.append(rows[position - start]["question"])
+            vectors[at] = part[position - start]
+        taken, start = upto, stop
+        if taken == len(chosen):
+            break
     queries = None
     if held_back is not None and len(held_back.labels):
         picked = _sample(len(held_back.labels), config.calibration_rows, seed=1)
@@ -42,9 +68,9 @@ def calibrate_rows(
             [held_back.texts[i] for i in picked],
         )
     return calibrate(
-        vectors[chosen],
-        [rows[i]["cluster"] for i in chosen],
-        [rows[i]["question"] for i in chosen],
+        vectors,
+        labels,
+        texts,
         Guard(),
         target_precision=config.target_precision,
         out_of_scope_share=config.out_of_scope_share,
@@ -83,14 +109,39 @@ class HeldBack:
         limit: int | None = None,
     ) -> HeldBack:
         """The held-back wordings of the clusters in ``built`` (keys), embedded: all of them,
-        or past ``limit`` the deterministic sample ``calibrate_rows`` draws (only those are
-        embedded: a million log rows hold back ~110,000 wordings, of which 20,000 calibrate)."""
+        or past ``limit`` the deterministic sample ``calibrate_release`` draws."""
+        count = sum(len(h.held_back) for h in hot if h.key in built)
+        return cls.sampled(iter(hot), built, count, embedder, limit)
+
+    @classmethod
+    def sampled(
+        cls,
+        hot: Iterator[HotQuestion],
+        built: set[str],
+        count: int,
+        embedder: Embedder,
+        limit: int | None = None,
+    ) -> HeldBack:
+        """``of``, the mined questions read once, in order (``count``: the built clusters'
+        held-back wordings): only the sample is held and embedded (a million log rows hold
+        back ~110,000 wordings, of which 20,000 calibrate)."""
         from edge_index.query_encoder import encode_many
 
-        wordings = [(h.key, p) for h in hot if h.key in built for p in h.held_back]
-        if limit is not None and len(wordings) > limit:
-            picked = _sample(len(wordings), limit, seed=1)
-            wordings = [wordings[i] for i in picked]
+        picked = range(count) if limit is None or count <= limit else _sample(count, limit, 1)
+        wanted = iter(picked)
+        following = next(wanted, None)
+        wordings: list[tuple[str, Phrasing]] = []
+        position = 0
+        for cluster in hot:
+            if following is None:
+                break
+            if cluster.key not in built:
+                continue
+            for wording in cluster.held_back:
+                if position == following:
+                    wordings.append((cluster.key, wording))
+                    following = next(wanted, None)
+                position += 1
         vectors = encode_many(embedder, [p.normalized for _, p in wordings])
         return cls([k for k, _ in wordings], [p.question for _, p in wordings], vectors)
 

@@ -31,9 +31,10 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,12 +47,10 @@ from precompute.config import STAGES, PipelineConfig
 from precompute.curated import CURATED, curated_rows, read_curated
 from precompute.fleet import ran_on
 from precompute.generate import (
-    answer_schema,
     generate_all,
     make_profile,
     nightly_engine,
     partitions,
-    read_partitions,
     reusable_answers,
     run_id,
 )
@@ -117,6 +116,28 @@ def _hot(work: WorkArea) -> list[HotQuestion]:
     return list(work.hot())
 
 
+def _answered(
+    work: WorkArea, partitions: list[str]
+) -> Iterator[tuple[HotQuestion, dict[str, Any] | None]]:
+    """The run's mined questions, in order, each with its generated row: ``hot/`` and the
+    generated partitions read side by side, a part of each at a time (a partition's rows are
+    its questions' answers, in their order)."""
+
+    def answers() -> Iterator[dict[str, Any]]:
+        for path in partitions:
+            yield from work.get_table(path).to_pylist()
+
+    rows = answers()
+    for cluster in work.hot():
+        row = next(rows, None)
+        if row is None or row["key"] != cluster.key:
+            raise EdgeQAError(
+                f"{work.prefix}: the generated partitions do not answer hot/ in order "
+                f"(at {cluster.key}): run generate again"
+            )
+        yield cluster, row
+
+
 def excluded_rows(stats: LogReadStats, mining: MiningReport) -> dict[str, int]:
     """Log rows left out of the release, by reason: malformed ones, then mining's reasons."""
     excluded = {"malformed": stats.malformed_rows} if stats.malformed_rows else {}
@@ -143,7 +164,6 @@ def scaled(config: PipelineConfig, spec: str) -> PipelineConfig:
 def mine_stage(
     params: RunParams, model: LoadedModel | None = None, progress: bool = False
 ) -> dict[str, Any]:
-    import pyarrow as pa
 
     from origin.model import load_tokenizer
     from precompute.fleet.embedding import wordings_encoder
@@ -209,7 +229,7 @@ def mine_stage(
         done = {row["key"] for row in reused}
         fresh = reusable_answers(hot, published, parent.version, params.now, max_age, flagged)
         reused += [row for row in fresh if row["key"] not in done]
-    work.put_table(work.reused, pa.Table.from_pylist(reused, schema=answer_schema()))
+    work.put_reused(reused, {h.key: at for at, h in enumerate(hot)})
     count = len(partitions(hot, config.generation.partition_size))
     answered = sum(1 for row in reused if row["reused_from"] == CURATED)
     mined = {
@@ -245,20 +265,25 @@ def generate_stage(
 
     config, settings = params.config, params.config.settings
     work = _work(params, mined)
+    size = config.generation.partition_size
+    if model is None:  # the actors read the run's questions and reused answers themselves
+        fleet = connect(settings)
+        job = Job.of(
+            fleet,
+            settings,
+            config.generation.quantization,
+            work,
+            params.now,
+            size,
+            int(mined["questions"]),
+        )
+        return generate_on_fleet(fleet, job, work, progress).as_dict()
     keys: list[str] = []
     questions: list[str] = []
     for table in work.hot_tables(["key", "question"]):  # what generation needs of each
         keys += table.column("key").to_pylist()
         questions += table.column("question").to_pylist()
-    size = config.generation.partition_size
-    if model is None:  # the actors take the run's reused answers from the work area
-        fleet = connect(settings)
-        job = Job.of(fleet, settings, config.generation.quantization, work, params.now)
-        return generate_on_fleet(fleet, job, work, keys, questions, size, progress).as_dict()
-    try:
-        reused = {r["key"]: r for r in work.get_table(work.reused).to_pylist()}
-    except ObjectNotFoundError:  # mined before answers were reused
-        reused = {}
+    reused = {r["key"]: r for part in work.reused_parts() for r in part.to_pylist()}
     _, report = generate_all(
         lambda: nightly_engine(settings, config.generation.quantization, model),
         work,
@@ -279,11 +304,11 @@ def build_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
 
     config, settings = params.config, params.config.settings
     work = _work(params, mined)
-    hot = _hot(work)
-    try:
-        rows = read_partitions(work, int(mined["partitions"]))
-    except ObjectNotFoundError as error:
-        raise EdgeQAError(f"a partition is not generated: run generate first ({error})") from None
+    partitions = [work.partition(index) for index in range(int(mined["partitions"]))]
+    written = set(work.store.list(work.partition(0).rsplit("/", 1)[0]))  # one listing
+    missing = [path for path in partitions if path not in written]
+    if missing:
+        raise EdgeQAError(f"a partition is not generated: run generate first ({missing[0]})")
     pointer, _ = read_pointer(work.store, work.profile)
     parent = pointer.version if pointer else None
     spec = settings.embedders[params.language]
@@ -291,14 +316,13 @@ def build_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
     config = scaled(config, spec)
     with tempfile.TemporaryDirectory(prefix="edgeqa-build-") as tmp:
         embedder_dir, embedder_info = None, None
-        if config.finetune_steps:
+        if config.finetune_steps:  # tuned on every published wording: all of them held
             embedder, embedder_dir, embedder_info = finetuned_embedder(
-                embedder, spec, hot, config.finetune_steps, Path(tmp) / "embedder"
+                embedder, spec, _hot(work), config.finetune_steps, Path(tmp) / "embedder"
             )
         manifest, report = build_release(
             Path(tmp) / "release",
-            hot,
-            {r["key"]: r for r in rows},
+            partial(_answered, work, partitions),
             embedder,
             spec,
             work.profile,

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +40,8 @@ from base.release import (
     MAX_MANIFEST_BYTES,
     POINTER_CACHE_CONTROL,
     ReleaseError,
+    check_release,
     list_versions,
-    load_release,
     pointer_path,
     read_manifest,
     read_pointer,
@@ -87,15 +89,36 @@ class PublishReport:
         return {**self.__dict__, "seconds": round(self.seconds, 2)}
 
 
-def _upload(store: Store, prefix: str, files: list[Path], staging: Path, workers: int) -> int:
+UPLOADS_IN_FLIGHT = 64  # files handed to the upload threads at once, per thread
+
+
+def _upload(store: Store, prefix: str, files: Iterable[Path], staging: Path, workers: int) -> int:
+    """Upload ``files`` (each under ``prefix`` at its place in ``staging``), ``workers`` at a
+    time, a bounded number waiting: a million answer objects are never a million futures."""
+
     def one(path: Path) -> int:
         relative = path.relative_to(staging).as_posix()
         kind = "application/json" if path.suffix == ".json" else "application/octet-stream"
         store.put_file(f"{prefix}/{relative}", path, kind)
         return path.stat().st_size
 
+    total = 0
+    waiting = iter(files)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return sum(pool.map(one, files))
+        while batch := list(islice(waiting, UPLOADS_IN_FLIGHT * workers)):
+            total += sum(pool.map(one, batch))
+    return total
+
+
+def _answer_objects(staging: Path) -> Iterator[Path]:
+    """The answer objects under ``staging/a/``, as the folder lists them (never all held)."""
+    folder = staging / "a"
+    if not folder.is_dir():
+        return
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name.endswith(".json") and entry.is_file():
+                yield Path(entry.path)
 
 
 def publish(
@@ -152,9 +175,7 @@ def publish(
             )
         stage("verify")
         if not verified:  # a resumed upload was just read back whole: once is enough
-            load_release(
-                store, profile, version, manifest_sha, check_objects=True, public_keys=keys
-            )
+            check_release(store, profile, version, manifest_sha, public_keys=keys)
         stage("flip")
         flipping = True
         flip_pointer(
@@ -195,8 +216,15 @@ def _upload_release(
 ) -> tuple[int, int]:
     """Objects, shards (and the embedder), the signature, then the manifest: (bytes, files)."""
     stage("objects")
-    objects = sorted((staging / "a").glob("*.json")) if (staging / "a").is_dir() else []
-    total = _upload(store, prefix, objects, staging, workers)
+    objects = 0
+
+    def counted() -> Iterator[Path]:
+        nonlocal objects
+        for path in _answer_objects(staging):
+            objects += 1
+            yield path
+
+    total = _upload(store, prefix, counted(), staging, workers)
     stage("shards")
     shards = sorted((staging / "shards").glob("*"))
     shards += sorted(p for p in (staging / "embedder").rglob("*") if p.is_file())
@@ -207,7 +235,7 @@ def _upload_release(
         store.put(f"{prefix}/{SIGNATURE}", signature, "application/json")
         total += len(signature)
     store.put(f"{prefix}/manifest.json", manifest_bytes, "application/json")
-    return total + len(manifest_bytes), len(objects) + len(shards) + 1 + bool(signature)
+    return total + len(manifest_bytes), objects + len(shards) + 1 + bool(signature)
 
 
 def _names(pointer: Pointer | None, version: str, manifest_sha: str) -> bool:
@@ -235,9 +263,7 @@ def _verifies(
     store: Store, profile: str, version: str, manifest_sha: str, public_keys: tuple[str, ...]
 ) -> bool:
     try:
-        load_release(
-            store, profile, version, manifest_sha, check_objects=True, public_keys=public_keys
-        )
+        check_release(store, profile, version, manifest_sha, public_keys=public_keys)
     except ReleaseError as error:
         log.warning(
             "resuming %s/%s: the earlier upload does not verify (%s)", profile, version, error

@@ -8,7 +8,10 @@
                                                published and held back, and why (mine;
                                                ``questions.cluster_report_schema``)
     <profile>/work/<run>/profile.json          what the answers depend on (mine)
-    <profile>/work/<run>/reused.parquet        the parent release's answers taken as they are (mine)
+    <profile>/work/<run>/reused/<nnnnn>.parquet
+                                               the answers taken as they are (the operator's, the
+                                               parent release's) of the questions of ``hot/``'s
+                                               part <nnnnn> (mine; ``generate.answer_schema``)
     <profile>/work/<run>/gen/<nnnnn>.parquet   one generated partition each (generate)
     <profile>/work/<run>/attempts/<nnnnn>-<worker>-<t>.json
                                                a worker started generating it (generate)
@@ -63,10 +66,27 @@ class WorkArea:
         """Where the built release is staged before it is published."""
         return f"{self.prefix}/release"
 
-    @property
-    def reused(self) -> str:
-        """The parent release's answers this run takes instead of generating (``answer_schema``)."""
-        return f"{self.prefix}/reused.parquet"
+    def put_reused(self, rows: Iterable[dict[str, Any]], position: dict[str, int]) -> int:
+        """Write the answers this run takes instead of generating (``answer_schema`` rows), each
+        in ``reused/`` beside the part of ``hot/`` its question is in (``position``: a key's
+        place in ``hot/``), replacing what was there; the rows written."""
+        import pyarrow as pa
+
+        from precompute.generate import answer_schema
+
+        by_part: dict[int, list[dict[str, Any]]] = {}
+        for row in rows:
+            by_part.setdefault(position[row["key"]] // HOT_PART_ROWS, []).append(row)
+        self.store.delete_prefix(f"{self.prefix}/reused/")
+        for part, found in sorted(by_part.items()):
+            table = pa.Table.from_pylist(found, schema=answer_schema())
+            self.put_table(self._part("reused", part), table)
+        return sum(len(found) for found in by_part.values())
+
+    def reused_parts(self) -> Iterator[pa.Table]:
+        """Every answer the run takes as it is, a part at a time."""
+        for path in sorted(self.store.list(f"{self.prefix}/reused/")):
+            yield self.get_table(path)
 
     def partition(self, index: int) -> str:
         return f"{self.prefix}/gen/{index:05d}.parquet"
@@ -196,6 +216,81 @@ class WorkArea:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(self.store.get(path))
             yield Path(tmp)
+
+
+class PartitionReader:
+    """The questions of generation's partitions (``size`` of ``hot/``'s ``count`` questions
+    each, in order) and the answers the run reuses for them, read from the work area a part of
+    ``hot/`` at a time: what a worker needs of the run, never the run. The last parts read are
+    kept (a worker is handed neighbouring partitions: one read of a part serves up to
+    ``HOT_PART_ROWS / size`` of them)."""
+
+    def __init__(self, work: WorkArea, size: int, count: int, keep: int = 2) -> None:
+        if size < 1:
+            raise ValueError(f"a partition of {size} questions")
+        self.work, self.size, self.count, self.keep = work, size, count, keep
+        self._parts: dict[tuple[str, int], pa.Table] = {}
+
+    def _table(self, name: str, part: int) -> pa.Table:
+        from base.store import ObjectNotFoundError
+        from precompute.generate import answer_schema
+
+        found = self._parts.pop((name, part), None)
+        if found is None:
+            path = self.work._part(name, part)
+            if name == "hot":
+                found = self.work.get_table(path, ["key", "question"])
+            else:
+                try:
+                    found = self.work.get_table(path)
+                except ObjectNotFoundError:  # no answer of this part is reused
+                    found = answer_schema().empty_table()
+        self._parts[(name, part)] = found  # the newest last
+        while len(self._parts) > 2 * self.keep:
+            self._parts.pop(next(iter(self._parts)))
+        return found
+
+    @property
+    def partitions(self) -> int:
+        return -(-self.count // self.size)
+
+    def _spans(self, index: int) -> Iterator[tuple[int, int, int]]:
+        """(part, first row, row after) of ``hot/`` for partition ``index``."""
+        if not 0 <= index < self.partitions:
+            raise IndexError(f"partition {index} of {self.partitions}")
+        start, stop = index * self.size, min((index + 1) * self.size, self.count)
+        for part in range(start // HOT_PART_ROWS, (stop - 1) // HOT_PART_ROWS + 1):
+            low = max(start, part * HOT_PART_ROWS) - part * HOT_PART_ROWS
+            yield part, low, min(stop, (part + 1) * HOT_PART_ROWS) - part * HOT_PART_ROWS
+
+    def questions(self, index: int) -> tuple[list[str], list[str]]:
+        """Partition ``index``'s keys and questions, in order. Raises ``ObjectNotFoundError``
+        when a part of ``hot/`` it needs is not there, ``ValueError`` when one is short."""
+        keys: list[str] = []
+        questions: list[str] = []
+        for part, low, high in self._spans(index):
+            table = self._table("hot", part)
+            if table.num_rows < high:
+                raise ValueError(f"hot/ part {part} has {table.num_rows} questions, not {high}")
+            table = table.slice(low, high - low)
+            keys += table.column("key").to_pylist()
+            questions += table.column("question").to_pylist()
+        return keys, questions
+
+    def reused(self, index: int, keys: list[str]) -> dict[str, dict[str, Any]]:
+        """The reused answers of partition ``index``'s ``keys``, by key."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        wanted = pa.array(sorted(set(keys)), pa.string())
+        found: dict[str, dict[str, Any]] = {}
+        for part, _, _ in self._spans(index):
+            table = self._table("reused", part)
+            if not table.num_rows:
+                continue
+            taken = table.filter(pc.is_in(table.column("key"), value_set=wanted))
+            found.update({row["key"]: row for row in taken.to_pylist()})
+        return found
 
 
 def work_prefix(profile: str, run: str) -> str:

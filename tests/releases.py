@@ -10,7 +10,7 @@ from typing import Any
 from base.manifest import Manifest
 from base.release import read_pointer
 from base.store import Store
-from precompute.build import build_release
+from precompute.build import answered, build_release
 from precompute.config import BuildConfig, MiningConfig
 from precompute.mining import mine
 from precompute.questions import HotQuestion
@@ -80,8 +80,7 @@ def build(
     pointer, _ = read_pointer(store, profile)
     manifest, _ = build_release(
         staging,
-        hot,
-        generated,
+        answered(hot, generated),
         embedder,
         embedder_name,
         profile,

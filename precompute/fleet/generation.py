@@ -1,8 +1,11 @@
 """The answers as a Ray Data job: the partitions not in the run's work area yet, one per batch,
-one nightly engine per actor (``generate.generate_partition``); each actor writes a partition to
-the work area as soon as it is answered (the checkpoint), so a lost worker (Ray restarts its
-actor and retries the batch) or a rerun redoes only the partitions not written yet. Every
-attempt is recorded (``WorkArea.attempt``): the report names the partitions redone."""
+one nightly engine per actor (``generate.generate_partition``). The job is handed partition
+numbers only: each actor reads its partition's questions and reused answers from the work area
+(``workarea.PartitionReader``: a part of ``hot/`` and of ``reused/`` at a time) and writes the
+partition there as soon as it is answered (the checkpoint), so no question and no answer passes
+through the driver, a lost worker (Ray restarts its actor and retries the batch) or a rerun redoes
+only the partitions not written yet. Every attempt is recorded (``WorkArea.attempt``): the report
+names the partitions redone."""
 
 from __future__ import annotations
 
@@ -26,7 +29,6 @@ from precompute.fleet import (
     shipped,
     worker_name,
 )
-from precompute.generate import answer_schema
 
 if TYPE_CHECKING:
     from origin.config import EngineSettings
@@ -46,6 +48,8 @@ class Job:
     settings: EngineSettings
     quantization: EngineQuantization
     generated_at: datetime
+    partition_size: int  # questions a partition
+    questions: int  # in the run's hot/
     own_cache: bool = False  # the actors use their own EDGEQA_CACHE_DIR (a fleet's machines)
 
     @classmethod
@@ -56,9 +60,11 @@ class Job:
         quantization: EngineQuantization,
         work: WorkArea,
         generated_at: datetime,
+        partition_size: int,
+        questions: int,
     ) -> Job:
-        """The job of ``work``'s run on ``fleet``, its settings without a secret
-        (``shipped``)."""
+        """The job of ``work``'s run (``questions`` in ``hot/``, ``partition_size`` a partition)
+        on ``fleet``, its settings without a secret (``shipped``)."""
         engine = shipped(settings)
         return cls(
             work.store.uri,
@@ -67,18 +73,20 @@ class Job:
             engine,
             quantization,
             generated_at,
+            partition_size,
+            questions,
             not fleet.local,
         )
 
 
 class _Answerer:
     """One engine per actor (the nightly engine: ``generate.nightly_engine``), built when its
-    first partition needs generating; a batch is partitions, each answered and written to the
-    work area before the next (the checkpoint)."""
+    first partition needs generating; a batch is partition numbers, each read from the work area,
+    answered and written there before the next (the checkpoint)."""
 
     def __init__(self, job: Job) -> None:
-        from base.store import ObjectNotFoundError, open_store
-        from precompute.workarea import WorkArea
+        from base.store import open_store
+        from precompute.workarea import PartitionReader, WorkArea
 
         self.job = job
         if job.own_cache:  # the driver's cache folder is on the driver's machine
@@ -89,13 +97,7 @@ class _Answerer:
                 job, settings=job.settings.model_copy(update={"cache_dir": own})
             )
         self.work = WorkArea(open_store(job.out_uri), job.profile, job.run)
-        # the run's reused answers as one Arrow table (a million answers' text is held once,
-        # not as a dict per row); a partition takes its own rows from it
-        try:
-            self.reused = self.work.get_table(self.work.reused)
-        except ObjectNotFoundError:
-            self.reused = answer_schema().empty_table()
-        self.reused_at = {k: i for i, k in enumerate(self.reused.column("key").to_pylist())}
+        self.reader = PartitionReader(self.work, job.partition_size, job.questions)
         self.engine: Any = None
 
     def _engine(self) -> Any:
@@ -106,20 +108,14 @@ class _Answerer:
         return self.engine
 
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, list[Any]]:
-        import pyarrow as pa
-
         from precompute.generate import generate_partition
 
         fields = ("partition", "generated", "tokens", "started", "ended", "worker", "flags")
         done: dict[str, list[Any]] = {k: [] for k in fields}
-        for index, keys, questions in zip(
-            batch["partition"], batch["keys"], batch["questions"], strict=True
-        ):
-            names, texts = [str(k) for k in keys], [str(q) for q in questions]
+        for index in batch["partition"]:
+            names, texts = self.reader.questions(int(index))
             self.work.attempt(int(index), worker_name())
-            taken = [self.reused_at[k] for k in names if k in self.reused_at]
-            rows = self.reused.take(pa.array(taken, pa.int64())).to_pylist()
-            reused = {r["key"]: r for r in rows}
+            reused = self.reader.reused(int(index), names)
             todo = len(names) - len(reused)
             if todo:
                 self._engine()  # built before the clock starts: the answers are timed
@@ -160,34 +156,26 @@ class Generated:
 
 
 def generate_partitions(
-    fleet: Fleet,
-    job: Job,
-    todo: Sequence[int],
-    keys: Sequence[Sequence[str]],
-    questions: Sequence[Sequence[str]],
-    progress: bool = False,
+    fleet: Fleet, job: Job, todo: Sequence[int], progress: bool = False
 ) -> Generated:
-    """Answer partitions ``todo`` (``keys[i]``, ``questions[i]`` each) on the fleet, each
-    written to the work area as it is done; returns what each did (``progress``: a bar of the
-    answers as their partitions come back)."""
+    """Answer partitions ``todo`` of ``job``'s run on the fleet, each read from the work area and
+    written there by the actor that answers it; returns what each did (``progress``: a bar of
+    the answers as their partitions come back)."""
     import ray.data
     from tqdm import tqdm
 
     if not todo:
         return Generated([], "")
-    items = [
-        {"partition": i, "keys": list(keys[n]), "questions": list(questions[n])}
-        for n, i in enumerate(todo)
-    ]
-    pool = fleet.actors(len(items))
+    pool = fleet.actors(len(todo))
     reserve_gpus(fleet, pool_size(pool))
     dataset = map_batches(
-        ray.data.from_items(items, override_num_blocks=len(items)),
+        ray.data.from_items([{"partition": i} for i in todo], override_num_blocks=len(todo)),
         bound_class(_Answerer, job=job),
         batch_size=1,  # a partition per call: each is checkpointed before the next starts
         **pool,
     )
-    answers = {i: len(keys[n]) for n, i in enumerate(todo)}  # by partition
+    size = job.partition_size
+    answers = {i: min(size, job.questions - i * size) for i in todo}  # by partition
     bar = tqdm(total=sum(answers.values()), desc="generating", unit="answer", disable=not progress)
     rows: list[dict[str, Any]] = []
     try:
@@ -205,66 +193,48 @@ def generate_partitions(
 
 
 def generate_on_fleet(
-    fleet: Fleet,
-    job: Job,
-    work: WorkArea,
-    keys: Sequence[str],
-    questions: Sequence[str],
-    partition_size: int,
-    progress: bool = False,
+    fleet: Fleet, job: Job, work: WorkArea, progress: bool = False
 ) -> GenerationReport:
-    """``generate.generate_all`` on the fleet: the partitions not in the work area yet
-    are one Ray Data job, each written there by the actor that answered it (taking the run's
-    reused answers from the work area, as ``generate_stage`` does); those whose every answer is
-    reused are written by this process, with no actor. The report's ``seconds`` run from the
-    first generated partition's start to the last one's end."""
+    """``generate.generate_all`` on the fleet: the partitions of ``job``'s run not in the work
+    area yet are one Ray Data job, each read and written there by the actor that answers it;
+    those whose every answer is reused are written by this process, with no actor. What this
+    process holds is a part of ``hot/`` and of ``reused/`` at a time and a row per partition.
+    The report's ``seconds`` run from the first generated partition's start to the last one's
+    end."""
     from base.store import ObjectNotFoundError
-    from precompute.generate import GenerationReport, partitions
+    from precompute.generate import GenerationReport
 
     report = GenerationReport()
-    key_parts = partitions(keys, partition_size)
-    question_parts = partitions(questions, partition_size)
-    report.partitions = len(key_parts)
+    copier = _Answerer(job)
+    reader = copier.reader
+    report.partitions = reader.partitions
     written = set(work.store.list(work.partition(0).rsplit("/", 1)[0]))  # one listing
     todo: list[int] = []
-    for index in range(len(key_parts)):
+    for index in range(reader.partitions):
         if work.partition(index) not in written:
             todo.append(index)
             continue
         try:  # answered by an earlier attempt at this run: counted as it is
-            report.count_flags(work.get_table(work.partition(index)).to_pylist())
+            report.count_flags(work.get_table(work.partition(index), ["flag"]).to_pylist())
             report.partitions_reused += 1
         except ObjectNotFoundError:
             todo.append(index)
     # a partition whose every answer the run reuses (a rerun, last night's hot questions) is
     # written here first, as an actor would write it: no actor, engine or GPU starts for it
-    copied: dict[str, list[Any]] = {}
-    if todo:
-        copier = _Answerer(job)
-        whole = {i for i in todo if all(k in copier.reused_at for k in key_parts[i])}
-        if whole:
-            todo = [i for i in todo if i not in whole]
-            copied = copier(
-                {
-                    "partition": sorted(whole),
-                    "keys": [key_parts[i] for i in sorted(whole)],
-                    "questions": [question_parts[i] for i in sorted(whole)],
-                }
-            )
-    done = generate_partitions(
-        fleet,
-        job,
-        todo,
-        [key_parts[i] for i in todo],
-        [question_parts[i] for i in todo],
-        progress,
-    )
+    whole = []
+    for index in todo:
+        keys, _ = reader.questions(index)
+        if len(reader.reused(index, keys)) == len(keys):
+            whole.append(index)
+    copied = copier({"partition": whole}) if whole else {}
+    skipped = set(whole)
+    done = generate_partitions(fleet, job, [i for i in todo if i not in skipped], progress)
     if copied:
         rows = zip(*copied.values(), strict=True)
         done.rows += [dict(zip(copied, values, strict=True)) for values in rows]
         done.where = done.where or "this process (every answer reused)"
     for row in done.rows:  # what each partition's actor counted as it wrote it
-        answers = len(key_parts[row["partition"]])
+        answers = min(job.partition_size, job.questions - row["partition"] * job.partition_size)
         report.answers += answers
         for flag, n in json.loads(row["flags"]).items():
             report.flagged[flag] = report.flagged.get(flag, 0) + n

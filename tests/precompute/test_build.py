@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from base.proofs import proves
 from base.release import object_path, serialize_index
 from policy.answers import CHECKS
-from precompute.build import ReleaseRows, build_index, build_release, write_release_files
+from precompute.build import ReleaseRows, answered, build_index, build_release, write_release_files
 from precompute.config import BuildConfig
 from precompute.curated import CURATED
 from precompute.generate import flag_of
@@ -50,8 +51,7 @@ def test_a_repetitive_answer_is_excluded_and_counted(embedder, tmp_path: Path) -
     }
     manifest, report = build_release(
         tmp_path / "release",
-        hot,
-        answers,
+        answered(hot, answers),
         embedder,
         "embedded",
         "p",
@@ -109,8 +109,7 @@ def test_held_back_wordings_calibrate_a_release_that_publishes_one_wording_per_c
     def threshold(clusters: list[HotQuestion], where: str) -> dict:  # type: ignore[type-arg]
         manifest, _ = build_release(
             tmp_path / where,
-            clusters,
-            answers,
+            answered(clusters, answers),
             embedder,
             "embedded",
             "p",
@@ -193,7 +192,14 @@ def _built(embedder, tmp_path: Path, texts: dict[str, str], config: BuildConfig,
         for h in hot
     }
     manifest, report = build_release(
-        tmp_path, hot, answers, embedder, "embedded", "p", {"model": "test"}, config, now=NOW
+        tmp_path,
+        answered(hot, answers),
+        embedder,
+        "embedded",
+        "p",
+        {"model": "test"},
+        config,
+        now=NOW,
     )
     rows = [
         r
@@ -299,3 +305,34 @@ def test_a_source_shorter_than_it_says_is_refused(tmp_path: Path) -> None:
     uneven = ReleaseRows(10, 8, lambda: iter([(rows, vectors[:9])]))
     with pytest.raises(ValueError, match="10 rows came with 9 vectors"):
         write_release_files(tmp_path / "u", uneven, "v1", "p", BuildConfig())
+
+
+def test_a_build_cut_in_many_parts_writes_the_release_one_part_writes(
+    embedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The build keeps a part of its rows and vectors at a time in a local folder: cut every
+    2 rows (clusters straddle parts), it writes the rows, objects and proofs one part writes,
+    and vectors that agree. Parts are whole embedder chunks, so at the default size each vector
+    is the one embedding every row at once gives."""
+    import precompute.build as build
+    from edge_index.query_encoder import TOKENIZE_CHUNK
+
+    assert build.PART_ROWS % TOKENIZE_CHUNK == 0
+    texts = {
+        **GOOD,
+        "How do I change my PIN?": "Go to Cards, choose your card, then tap Change PIN.",
+        "How do I order a new card?": "Open Cards and tap Order a replacement card.",
+        "Where can I find my sort code?": "Your sort code is on the Account details screen.",
+        "How do I set up a standing order?": "Tap Payments, then Standing orders, then New.",
+    }
+    _, whole = _built(embedder, tmp_path / "whole", texts, BuildConfig(factory="Flat"))
+    monkeypatch.setattr(build, "PART_ROWS", 2)
+    _, cut = _built(embedder, tmp_path / "cut", texts, BuildConfig(factory="Flat"))
+    assert len(whole) > 2 and cut == whole
+    a, b = (json.loads((tmp_path / f / "manifest.json").read_bytes()) for f in ("whole", "cut"))
+    assert (a["answers_root"], a["content_sha256"]) == (b["answers_root"], b["content_sha256"])
+    vectors = []
+    for folder in ("whole", "cut"):
+        index = faiss.read_index(str(tmp_path / folder / "shards" / "00000.faiss"))
+        vectors.append(index.reconstruct_n(0, index.ntotal))
+    assert np.allclose(vectors[0], vectors[1], atol=1e-5)

@@ -6,12 +6,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from base.keys import key
-from base.store import FileStore
+from base.store import FileStore, ObjectNotFoundError
 from precompute.config import PrecomputeSettings
 from precompute.generate import generate_all, reusable_answers
 from precompute.questions import HotQuestion, Phrasing
-from precompute.workarea import WorkArea
+from precompute.workarea import PartitionReader, WorkArea
 
 NOW = datetime(2026, 11, 29, tzinfo=UTC)
 ANSWER = "Open the app, tap Cards, then Freeze card."
@@ -79,3 +81,49 @@ def test_a_partition_answered_by_the_parent_builds_no_engine(tmp_path: Path) -> 
     assert (report.reused, report.generated, report.partitions) == (2, 0, 2)
     summary = report.as_dict()
     assert summary["seconds_saved"] is None and summary["answers_per_s"] is None
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7])
+def test_a_worker_reads_its_partition_and_its_reused_answers_a_part_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """What a generation worker is handed is a partition's number: it reads the partition's
+    questions from ``hot/`` (a partition may straddle two parts) and the answers the run reuses
+    for them from ``reused/``, kept beside the part of ``hot/`` their question is in."""
+    import precompute.workarea as workarea
+
+    monkeypatch.setattr(workarea, "HOT_PART_ROWS", 3)
+    questions = [f"How do I do step {n}?" for n in range(8)]
+    hot = [_cluster(q) for q in questions]
+    work = WorkArea(FileStore(tmp_path), "p", "run")
+    work.put_hot(hot)
+    parent = [_row(questions[n], answer=f"Answer {n}.") for n in (1, 4, 7)]
+    reused = reusable_answers(hot, parent, "v1", NOW, timedelta(days=3))
+    position = {h.key: at for at, h in enumerate(hot)}
+    assert work.put_reused(reused, position) == 3
+    assert [p.rsplit("/", 1)[1] for p in sorted(work.store.list(f"{work.prefix}/reused/"))] == [
+        "00000.parquet",  # questions 0-2: 1
+        "00001.parquet",  # 3-5: 4
+        "00002.parquet",  # 6-7: 7
+    ]
+    reader = PartitionReader(work, size, len(hot))
+    assert reader.partitions == -(-8 // size)
+    seen: list[str] = []
+    answers: dict[str, str] = {}
+    for index in range(reader.partitions):
+        keys, texts = reader.questions(index)
+        assert keys == [key(q) for q in texts]
+        seen += texts
+        found = reader.reused(index, keys)
+        assert set(found) <= set(keys)
+        answers.update({k: row["answer"] for k, row in found.items()})
+    assert seen == questions
+    assert answers == {key(questions[n]): f"Answer {n}." for n in (1, 4, 7)}
+    with pytest.raises(IndexError):
+        reader.questions(reader.partitions)
+    work.store.delete(f"{work.prefix}/hot/00001.parquet")
+    with pytest.raises(ObjectNotFoundError):
+        PartitionReader(work, size, len(hot)).questions(4 // size)
+    short = PartitionReader(work, size, 9)  # more questions than hot/ holds
+    with pytest.raises(ValueError, match="has 2 questions"):
+        short.questions(short.partitions - 1)

@@ -14,7 +14,7 @@ import pytest
 
 from base.keys import key
 from edge_index.guard import content_tokens
-from precompute.build import build_release
+from precompute.build import answered, build_release
 from precompute.config import BuildConfig, MiningConfig
 from precompute.mining import drop_clusters, mine
 from precompute.questions import HotQuestion, Phrasing
@@ -512,7 +512,7 @@ def test_questions_spread_over_wordings_publish_and_no_rare_token_does(
         for h in hot
     }
     staging = tmp_path / "release"
-    build_release(staging, hot, answers, embedder, "e", "p", {}, BuildConfig(), now=NOW)
+    build_release(staging, answered(hot, answers), embedder, "e", "p", {}, BuildConfig(), now=NOW)
     published = [json.loads(path.read_bytes()) for path in (staging / "a").rglob("*.json")]
     shard_rows = [r for path in staging.rglob("*.parquet") for r in pq.read_table(path).to_pylist()]
     assert len(published) == len(shard_rows) > len(questions)
