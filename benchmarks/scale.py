@@ -237,29 +237,23 @@ def child_rules(args: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def child_release(args: dict[str, Any]) -> dict[str, Any]:
-    """N questions mined, answered from an answers file, built, validated, published (to
-    file://, and to S3 on loopback unless ``s3`` is false)."""
-    from precompute.pipeline import (
-        build_stage,
-        generate_stage,
-        mine_stage,
-        publish_stage,
-        validate_stage,
-    )
-
-    work = Path(args["work"])
-    n = int(args["n"])
+def _release_night(work: Path, n: int) -> Any:
+    """The run parameters of a night whose logs hold ``n`` distinct questions, each asked by 5
+    to 7 people, every one answered by an operator's answers file (no LLM time); logs and
+    answers written under ``work`` once."""
     logs, out = work / "logs", work / "out"
-    questions = _release_questions(n)
     answers = work / "answers.jsonl"
-    with answers.open("w", encoding="utf-8") as f:
-        for i, q in enumerate(questions):
-            text = f"Reference answer {i}: open the app, choose the topic, follow the steps."
-            f.write(json.dumps({"question": q, "answer": text}) + "\n")
-    _write_release_logs(logs, questions)
+    if not (work / ".complete").exists():
+        work.mkdir(parents=True, exist_ok=True)
+        questions = _release_questions(n)
+        with answers.open("w", encoding="utf-8") as f:
+            for i, q in enumerate(questions):
+                text = f"Reference answer {i}: open the app, choose the topic, follow the steps."
+                f.write(json.dumps({"question": q, "answer": text}) + "\n")
+        _write_release_logs(logs, questions)
+        (work / ".complete").touch()
     params = _params(logs, out)
-    params = params.__class__(
+    return params.__class__(
         **{
             **params.__dict__,
             "config": params.config.replace(
@@ -273,6 +267,20 @@ def child_release(args: dict[str, Any]) -> dict[str, Any]:
             ),
         }
     )
+
+
+def child_release(args: dict[str, Any]) -> dict[str, Any]:
+    """N questions mined, answered from an answers file, built, validated, published (to
+    file://, and to S3 on loopback unless ``s3`` is false)."""
+    from precompute.pipeline import (
+        build_stage,
+        generate_stage,
+        mine_stage,
+        publish_stage,
+        validate_stage,
+    )
+
+    params = _release_night(Path(args["work"]), int(args["n"]))
     timings: dict[str, float] = {}
 
     def timed(name: str, call: Any) -> Any:
@@ -288,7 +296,7 @@ def child_release(args: dict[str, Any]) -> dict[str, Any]:
     published = timed("publish_file", lambda: publish_stage(params, mined))
     s3_report = _publish_to_s3(params, mined, timed) if args.get("s3", True) else None
     return {
-        "questions_asked": len(questions),
+        "questions_asked": int(args["n"]),
         "clusters": built["clusters"],
         "rows": built["rows"],
         "curated": mined["curated"],
@@ -302,6 +310,66 @@ def child_release(args: dict[str, Any]) -> dict[str, Any]:
         "s3_bytes": s3_report.bytes if s3_report else None,
         "peak_rss_mb": _peak_rss_mb(),
     }
+
+
+RELEASE_STAGES = ("mine", "generate", "build", "validate", "publish")
+
+
+def child_stage(args: dict[str, Any]) -> dict[str, Any]:
+    """One stage of ``_release_night`` in this process, as a Ray Job runs it (mine's result read
+    from the work area by the others): its seconds and its own peak RSS; mine's FAISS lists
+    in bytes per wording, and its peak without them."""
+    import precompute.pipeline as pipeline
+
+    work = Path(args["work"])
+    params = _release_night(work, int(args["n"]))
+    stage = args["stage"]
+    began = time.perf_counter()
+    if stage == "mine":
+        done = pipeline.mine_stage(params)
+        (work / "mined.json").write_text(json.dumps(done))
+    else:
+        mined = json.loads((work / "mined.json").read_text())
+        done = getattr(pipeline, f"{stage}_stage")(params, mined)
+    result: dict[str, Any] = {
+        "stage_s": round(time.perf_counter() - began, 2),
+        "peak_rss_mb": _peak_rss_mb(),
+    }
+    if stage == "mine":
+        clustering = done["mining"]["clustering"]
+        result["wordings"] = clustering["wordings"]
+        result["index"] = clustering["index"]
+        result["index_bytes_per_wording"] = clustering["index_bytes_per_wording"]
+        lists_mb = clustering["index_bytes"] / 2**20
+        result["peak_rss_without_lists_mb"] = round(result["peak_rss_mb"] - lists_mb, 1)
+    if stage == "build":
+        result["rows"] = done["rows"]
+    return result
+
+
+def stage_sizes(sizes: list[int], work: Path) -> dict[str, Any]:
+    """Each stage of the release night in its own process at each size (log rows; a question
+    is asked ~6 times), peak RSS per stage, and each stage's growth from the first size to the
+    last."""
+    results: dict[str, Any] = {}
+    for rows in sizes:
+        folder = work / f"stages-{rows}"
+        shutil.rmtree(folder / "out", ignore_errors=True)
+        run_child("night", {"work": str(folder), "n": rows // 6})  # the logs, written once
+        per: dict[str, Any] = {}
+        for stage in RELEASE_STAGES:
+            per[stage] = run_child("stage", {"work": str(folder), "n": rows // 6, "stage": stage})
+            if "error" in per[stage]:
+                break
+        results[str(rows)] = per
+    first, last = results[str(sizes[0])], results[str(sizes[-1])]
+    key = {s: "peak_rss_without_lists_mb" if s == "mine" else "peak_rss_mb" for s in first}
+    results["growth_mb"] = {
+        stage: round(last[stage][key[stage]] - first[stage][key[stage]], 1)
+        for stage in RELEASE_STAGES
+        if key.get(stage) in first.get(stage, {}) and key[stage] in last.get(stage, {})
+    }
+    return results
 
 
 def _publish_to_s3(params: Any, mined: dict[str, Any], timed: Any) -> Any:
@@ -502,6 +570,8 @@ CHILDREN = {
     "aggregate": child_aggregate,
     "rules": child_rules,
     "release": child_release,
+    "stage": child_stage,
+    "night": lambda args: {"logs": _release_night(Path(args["work"]), int(args["n"])).logs_uri},
     "write_edge_release": child_write_edge_release,
     "load_edge_release": child_load_edge_release,
 }
@@ -670,6 +740,11 @@ def main() -> None:
     parser.add_argument(
         "--rules", type=int, default=0, help="N: the text rules on N texts, 1 and 2 processes"
     )
+    parser.add_argument(
+        "--stages",
+        default="",
+        help="log rows (e.g. 300000,1000000,3000000): each stage of a night in its own process",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default=str(ROOT / "benchmarks" / "out" / "scale"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -703,6 +778,8 @@ def main() -> None:
 
     if args.nights:
         done("nights", two_nights(args.rows_per_day, work, args.seed))
+    if args.stages:
+        done("stages", stage_sizes([int(s) for s in args.stages.split(",")], work))
     if args.rules:
         logs = logs_for(work, max(sizes or [100_000]), args.seed)
         done("rules", run_child("rules", {"logs": str(logs), "texts": args.rules}))

@@ -67,6 +67,7 @@ class ClusterStats:
     # of the neighbours an exact search finds for ``RECALL_PROBES`` random wordings, the share
     # the inverted file finds too (None: the search was exact)
     neighbour_recall: float | None = None
+    index_bytes: int = 0  # the vectors (codes) and ids the index holds once every one is in
 
     @property
     def wordings_per_s(self) -> float | None:
@@ -83,6 +84,10 @@ class ClusterStats:
             "embed_wordings_per_s": self.wordings_per_s,
             "neighbours": self.neighbours,
             "neighbour_recall": self.neighbour_recall,
+            "index_bytes": self.index_bytes,
+            "index_bytes_per_wording": round(self.index_bytes / self.wordings, 1)
+            if self.wordings
+            else None,
         }
 
 
@@ -206,6 +211,7 @@ def neighbour_index(
         embedded.check_all_came()
         if flat is None:
             raise ValueError("no vectors to index")
+        stats.index_bytes = flat.ntotal * (4 * flat.d + 8)  # fp32 vectors and their ids
         if threshold is None:  # exact copies of the vectors, read back by id
             threshold = estimated_cluster_threshold(flat.reconstruct_batch(sample_rows(n, 2000)))
         return flat, "Flat", None, threshold
@@ -247,6 +253,7 @@ def neighbour_index(
         take(rows, vectors)
         del vectors  # in the index now: not held while the next chunk is embedded
     embedded.check_all_came()
+    stats.index_bytes = index.ntotal * (ivf.code_size + 8)  # the lists: codes and ids
     wanted = sum(len(e) for e in exact)
     ivf.nprobe = min(nprobe, nlist)
     while True:
