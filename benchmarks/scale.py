@@ -347,21 +347,22 @@ def child_stage(args: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def stage_sizes(sizes: list[int], work: Path) -> dict[str, Any]:
+def stage_sizes(sizes: list[int], work: Path, done: Any) -> dict[str, Any]:
     """Each stage of the release night in its own process at each size (log rows; a question
     is asked ~6 times), peak RSS per stage, and each stage's growth from the first size to the
-    last."""
+    last; ``done`` is handed what is measured after each stage."""
     results: dict[str, Any] = {}
     for rows in sizes:
         folder = work / f"stages-{rows}"
         shutil.rmtree(folder / "out", ignore_errors=True)
         run_child("night", {"work": str(folder), "n": rows // 6})  # the logs, written once
         per: dict[str, Any] = {}
+        results[str(rows)] = per
         for stage in RELEASE_STAGES:
             per[stage] = run_child("stage", {"work": str(folder), "n": rows // 6, "stage": stage})
+            done("stages", results)
             if "error" in per[stage]:
                 break
-        results[str(rows)] = per
     first, last = results[str(sizes[0])], results[str(sizes[-1])]
     key = {s: "peak_rss_without_lists_mb" if s == "mine" else "peak_rss_mb" for s in first}
     results["growth_mb"] = {
@@ -779,7 +780,7 @@ def main() -> None:
     if args.nights:
         done("nights", two_nights(args.rows_per_day, work, args.seed))
     if args.stages:
-        done("stages", stage_sizes([int(s) for s in args.stages.split(",")], work))
+        done("stages", stage_sizes([int(s) for s in args.stages.split(",")], work, done))
     if args.rules:
         logs = logs_for(work, max(sizes or [100_000]), args.seed)
         done("rules", run_child("rules", {"logs": str(logs), "texts": args.rules}))

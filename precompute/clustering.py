@@ -224,8 +224,8 @@ def neighbour_index(
     if threshold is None:
         threshold = estimated_cluster_threshold(came[sample_rows(len(came), 2000)])
     index = faiss.index_factory(came.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
-    index.train(came[:wanted])
     ivf = faiss.extract_index_ivf(index)
+    train_lists(ivf, came[:wanted])
     hashtable = faiss.DirectMap.Hashtable  # type: ignore[attr-defined]
     ivf.set_direct_map_type(hashtable)  # vectors read back by id, and removable
     # the recall probes: rows the k-means did not train on where enough came past them
@@ -267,6 +267,33 @@ def neighbour_index(
         ivf.nprobe = min(2 * ivf.nprobe, nlist)
     stats.neighbour_recall = round(reached, 4)
     return index, factory, int(ivf.nprobe), threshold
+
+
+TWO_LEVEL_LISTS = 1024  # from this many lists, their centroids come from two-level k-means
+
+
+def train_lists(ivf: faiss.IndexIVF, sample: np.ndarray) -> None:
+    """Train the inverted file's lists on ``sample`` (unit vectors). Up to
+    ``TWO_LEVEL_LISTS`` lists, FAISS's own k-means; past it, two-level k-means (FAISS's
+    ``two_level_clustering``, spherical): ``sqrt(nlist)`` coarse centroids, then each one's
+    points split into lists in proportion to their number. One level compares every sampled
+    vector with every centroid, so its cost grows with the square of the night (300,000
+    wordings: 10 s, 3,000,000: ~1,000 s); two levels compare it with ~``2 sqrt(nlist)``
+    (3.8 s and 35 s)."""
+    import math
+
+    import faiss
+    from faiss.contrib.clustering import two_level_clustering
+
+    if ivf.nlist < TWO_LEVEL_LISTS:
+        ivf.train(sample)
+        return
+    centroids, _ = two_level_clustering(
+        sample, int(math.sqrt(ivf.nlist)), ivf.nlist, clustering_niter=10, spherical=True
+    )
+    ivf.quantizer.add(np.ascontiguousarray(centroids, dtype=np.float32))
+    ivf.train_encoder(len(sample), faiss.swig_ptr(sample), None)  # the fp16 codes: no state
+    ivf.is_trained = True
 
 
 def _first_rows(

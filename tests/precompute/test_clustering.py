@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from benchmarks.synthetic_logs import synthetic_tables
 from precompute.clustering import (
@@ -96,6 +97,35 @@ def test_an_inverted_file_finds_the_same_clusters_and_reports_its_recall() -> No
     assert probes[0.5] == 1 and recall[0.5] is not None and 0.5 <= recall[0.5] < 0.95
     assert probes[0.99] is not None and probes[0.99] > 1  # probed more lists until ...
     assert recall[0.99] is not None and recall[0.99] >= 0.99  # ... the recall was reached
+
+
+def test_many_lists_are_trained_in_two_levels_and_find_the_same_clusters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past ``TWO_LEVEL_LISTS`` lists their centroids come from two-level k-means (one level's
+    cost grows with the square of the night): the lists still find the exact search's
+    clusters, at the recall asked for."""
+    import precompute.clustering as clustering
+
+    vectors = _groups(400, 10, 0.12, seed=2)
+    exact = greedy_clusters(_chunks(vectors), 0.9, lambda r: 0, exact_rows=10**6)
+    trained: list[int] = []
+    two_level = clustering.train_lists
+
+    def counted(ivf: Any, sample: Any) -> None:
+        trained.append(ivf.nlist)
+        two_level(ivf, sample)
+
+    monkeypatch.setattr(clustering, "TWO_LEVEL_LISTS", 16)
+    monkeypatch.setattr(clustering, "train_lists", counted)
+    stats = ClusterStats()
+    lists = greedy_clusters(
+        _chunks(vectors), 0.9, lambda r: 0, exact_rows=100, list_rows=32, nprobe=4, stats=stats
+    )
+    assert trained == [len(vectors) // 32] and trained[0] >= 16
+    assert stats.neighbour_recall is not None and stats.neighbour_recall >= 0.99
+    same = {tuple(c) for c in exact} & {tuple(c) for c in lists}
+    assert len(same) >= 0.99 * len(exact)
 
 
 def test_vectors_coming_in_any_order_and_any_chunks_find_the_exact_search_s_clusters() -> None:
