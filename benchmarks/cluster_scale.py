@@ -8,8 +8,9 @@ the neighbours an exact search finds for 500 sampled wordings are found; thresho
 The vectors are synthetic, built on real ones so that the night's geometry holds at every size:
 the embedder's vectors of 5,000 real questions (``../shared/data``, read by path) are mixed into
 ``n / 8`` topics (one question's vector, half of another's and a shared random direction), and
-each wording is a topic's vector moved by noise (cosine ~0.95 to its topic, ~0.9 between two
-wordings of a topic), rows in random topic order. So a wording has about as many neighbours at
+each wording is a topic's vector moved by noise of its own size (cosine 0.93 to 0.995 to its
+topic: two wordings of a topic from ~0.99 apart to below the threshold), rows in random topic
+order. So a wording has about as many neighbours at
 the threshold at every size (reported: ``neighbours_per_wording``), as a night's logs have (the
 synthetic logs: ~5 at 100,000 and at 1,000,000 rows) — growth in wordings is growth in questions,
 not the same questions asked in ever more ways. Vectors are made a chunk at a time, as embedding
@@ -70,7 +71,9 @@ def chunks(n: int, bases: np.ndarray, seed: int = 0) -> Iterator[np.ndarray]:
         mixed /= np.linalg.norm(mixed, axis=1, keepdims=True)
         noise = rng.standard_normal((size, dim), dtype=np.float32)
         noise /= np.linalg.norm(noise, axis=1, keepdims=True)
-        wording = mixed + 0.32 * noise
+        # each wording its own distance from its topic: two wordings of a topic from ~0.98
+        # apart to below the threshold, as a night's paraphrases spread (not all at 0.9)
+        wording = mixed + rng.uniform(0.1, 0.4, (size, 1)).astype(np.float32) * noise
         yield (wording / np.linalg.norm(wording, axis=1, keepdims=True)).astype(np.float32)
 
 

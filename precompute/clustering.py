@@ -21,9 +21,11 @@ What it costs grows ``n log n``, not ``n²``:
   cosine moves by at most 2⁻¹¹ (~10⁻⁵ typically) against fp32, and the recall measured below
   counts it. SemDeDup's design
   (k-means partitions, pairs searched only in a partition and its nearest ones) as FAISS builds
-  it. Every night measures its recall against an exact search on sampled wordings and probes
-  more lists until it reaches ``recall`` (``neighbour_index``); ``benchmarks/scale.py`` reports
-  the clusters found again against the exact search.
+  it; past ``TWO_LEVEL_LISTS`` lists the k-means runs in two levels (``train_lists``), so its
+  cost per wording stays flat as the night grows. Every night measures its recall against an
+  exact search on sampled wordings and probes more lists until it reaches ``recall``
+  (``neighbour_index``); ``benchmarks/scale.py`` reports the clusters found again against the
+  exact search.
 - The greedy pass asks for neighbours a batch of unclustered wordings at a time, in order, and
   removes every wording it clusters from the index: a query returns unclustered neighbours only,
   so what a range search returns stays bounded by what the pass then takes (a hot question's
@@ -144,6 +146,7 @@ def sample_rows(n: int, rows: int, seed: int = 0) -> np.ndarray:
 
 
 RECALL_PROBES = 500  # wordings whose neighbours are searched exactly too, to measure recall
+PROBE_GAIN = 0.001  # recall twice the probes must add, or the probes stop doubling
 TRAIN_ROWS_PER_LIST = 64  # k-means points per list (FAISS warns below 39): linear in the night
 
 
@@ -193,10 +196,12 @@ def neighbour_index(
     chosen per night: from ``nprobe``, doubled until the neighbours at the threshold it finds
     for ``RECALL_PROBES`` random wordings (not trained on, where enough came past those) hold
     ``recall`` of those an exact search finds (``stats.neighbour_recall``: the share reached;
-    the exact ones found as the chunks pass, ``probes × n`` scores in all). The lists a
-    near-duplicate falls into spread as the night grows (437,551 wordings, 256 a list: 16
-    probes find 0.955 of the neighbours, 32 find 0.996), so a fixed number would lose recall
-    with size."""
+    the exact ones found as the chunks pass, ``probes × n`` scores in all), or until twice the
+    probes find fewer than ``PROBE_GAIN`` more of them (the rest is the fp16 codes' rounding at
+    the threshold, which no list holds: the fewer probes are kept and their recall reported).
+    The lists a near-duplicate falls into spread as the night grows (437,551 wordings, 256 a
+    list: 16 probes find 0.955 of the neighbours, 32 find 0.996), so a fixed number would lose
+    recall with size."""
     import faiss
 
     stats = stats if stats is not None else ClusterStats()
@@ -256,14 +261,22 @@ def neighbour_index(
     stats.index_bytes = index.ntotal * (ivf.code_size + 8)  # the lists: codes and ids
     wanted = sum(len(e) for e in exact)
     ivf.nprobe = min(nprobe, nlist)
+    before: tuple[int, float] | None = None  # the probes tried last and the recall they reached
     while True:
         lims, _, ids = index.range_search(probe_vectors, threshold)
         found = sum(
             len(exact[i] & set(ids[lims[i] : lims[i + 1]].tolist())) for i in range(len(exact))
         )
         reached = found / wanted if wanted else 1.0
+        if before is not None and reached - before[1] < PROBE_GAIN:
+            # twice the lists found nothing more: what is missed is not in another list (the
+            # fp16 codes round a pair at the threshold below it), and probing every list would
+            # make the search all pairs
+            ivf.nprobe, reached = before
+            break
         if reached >= recall or ivf.nprobe >= nlist:
             break
+        before = (int(ivf.nprobe), reached)
         ivf.nprobe = min(2 * ivf.nprobe, nlist)
     stats.neighbour_recall = round(reached, 4)
     return index, factory, int(ivf.nprobe), threshold

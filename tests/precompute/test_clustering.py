@@ -128,6 +128,29 @@ def test_many_lists_are_trained_in_two_levels_and_find_the_same_clusters(
     assert len(same) >= 0.99 * len(exact)
 
 
+def test_probes_stop_doubling_when_more_lists_find_nothing_more() -> None:
+    """Pairs a hair above the threshold: the fp16 codes round some of them below it, so no
+    number of lists finds them. The probes stop doubling once twice as many find nothing more
+    (searching every list would make the night all pairs), and the recall reached is
+    reported."""
+    rng = np.random.default_rng(3)
+    first = rng.standard_normal((2000, 32)).astype(np.float32)
+    first /= np.linalg.norm(first, axis=1, keepdims=True)
+    away = rng.standard_normal((2000, 32)).astype(np.float32)
+    away -= (away * first).sum(axis=1, keepdims=True) * first  # orthogonal to its pair's first
+    away /= np.linalg.norm(away, axis=1, keepdims=True)
+    cosine = 0.9 + 2e-5
+    second = cosine * first + np.sqrt(1 - cosine**2) * away
+    vectors = np.empty((4000, 32), dtype=np.float32)
+    vectors[0::2], vectors[1::2] = first, second
+    stats = ClusterStats()
+    greedy_clusters(
+        _chunks(vectors), 0.9, lambda r: 0, exact_rows=100, list_rows=32, nprobe=1, stats=stats
+    )
+    assert stats.neighbour_recall is not None and stats.neighbour_recall < 0.99
+    assert stats.nprobe is not None and stats.nprobe < len(vectors) // 32
+
+
 def test_vectors_coming_in_any_order_and_any_chunks_find_the_exact_search_s_clusters() -> None:
     """The night's vectors embedded in a random order (``embedding_order``), in chunks of any
     size: the clusters an exact search finds; the seconds spent waiting for chunks are the
