@@ -10,10 +10,10 @@ the embedder's vectors of 5,000 real questions (``../shared/data``, read by path
 ``n / 8`` topics (one question's vector, half of another's and a shared random direction), and
 each wording is a topic's vector moved by noise of its own size (cosine 0.93 to 0.995 to its
 topic: two wordings of a topic from ~0.99 apart to below the threshold), rows in random topic
-order. So a wording has about as many neighbours at
-the threshold at every size (reported: ``neighbours_per_wording``), as a night's logs have (the
-synthetic logs: ~5 at 100,000 and at 1,000,000 rows) — growth in wordings is growth in questions,
-not the same questions asked in ever more ways. Vectors are made a chunk at a time, as embedding
+order. So a wording has as many neighbours at the
+threshold at every size (reported: ``neighbours_per_wording``, ~1 here; the synthetic logs'
+nights have ~5 at 100,000 and at 1,000,000 rows): growth in wordings is growth in questions, not
+the same questions asked in ever more ways. Vectors are made a chunk at a time, as embedding
 hands them over, never all held.
 
 Per size: wordings, the index and its probes, the measured neighbour recall, clustering seconds

@@ -218,7 +218,7 @@ def test_curated_rows_answer_the_clusters_a_curated_question_is_in() -> None:
         "reused_from": CURATED,
     }
     assert second["answer"] == "Call us to close it." and second["reused_from"] == "curated"
-    # rows of the generated answers' schema (the pipeline saves them as reused.parquet)
+    # rows of the generated answers' schema (the pipeline saves them in reused/)
     assert pa.Table.from_pylist(rows, schema=answer_schema()).num_rows == 2
     assert curated_rows([hours], curated, NOW) == []
     assert curated_rows([freeze], {}, NOW) == []
