@@ -7,7 +7,7 @@ to reach the target precision, unless the build is told to)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,18 +22,6 @@ if TYPE_CHECKING:
     from edge_index.embedder import Embedder
     from precompute.build import ReleaseRows
     from precompute.questions import HotQuestion, Phrasing
-
-
-def calibrate_rows(
-    rows: list[dict[str, Any]],
-    vectors: np.ndarray,
-    config: BuildConfig,
-    held_back: HeldBack | None = None,
-) -> Calibration:
-    """``calibrate_release`` on rows and vectors held in memory."""
-    from precompute.build import ReleaseRows
-
-    return calibrate_release(ReleaseRows.in_memory(rows, vectors), config, held_back)
 
 
 def calibrate_release(

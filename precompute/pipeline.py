@@ -47,6 +47,7 @@ from precompute.config import STAGES, PipelineConfig
 from precompute.curated import CURATED, curated_rows, read_curated
 from precompute.fleet import ran_on
 from precompute.generate import (
+    answer_schema,
     generate_all,
     make_profile,
     nightly_engine,
@@ -164,6 +165,7 @@ def scaled(config: PipelineConfig, spec: str) -> PipelineConfig:
 def mine_stage(
     params: RunParams, model: LoadedModel | None = None, progress: bool = False
 ) -> dict[str, Any]:
+    import pyarrow as pa
 
     from origin.model import load_tokenizer
     from precompute.fleet.embedding import wordings_encoder
@@ -229,7 +231,8 @@ def mine_stage(
         done = {row["key"] for row in reused}
         fresh = reusable_answers(hot, published, parent.version, params.now, max_age, flagged)
         reused += [row for row in fresh if row["key"] not in done]
-    work.put_reused(reused, {h.key: at for at, h in enumerate(hot)})
+    table = pa.Table.from_pylist(reused, schema=answer_schema())
+    work.put_reused(table, {h.key: at for at, h in enumerate(hot)})
     count = len(partitions(hot, config.generation.partition_size))
     answered = sum(1 for row in reused if row["reused_from"] == CURATED)
     mined = {
@@ -260,6 +263,7 @@ def generate_stage(
     """Answer every partition not answered yet: on Ray (``precompute/fleet/``: a local Ray, or
     the cluster ``EDGEQA_RAY_ADDRESS`` names), one engine per actor; or, given a ``model``
     loaded in this process, here with it (one engine for every partition)."""
+
     from precompute.fleet import connect
     from precompute.fleet.generation import Job, generate_on_fleet
 

@@ -66,22 +66,20 @@ class WorkArea:
         """Where the built release is staged before it is published."""
         return f"{self.prefix}/release"
 
-    def put_reused(self, rows: Iterable[dict[str, Any]], position: dict[str, int]) -> int:
-        """Write the answers this run takes instead of generating (``answer_schema`` rows), each
-        in ``reused/`` beside the part of ``hot/`` its question is in (``position``: a key's
-        place in ``hot/``), replacing what was there; the rows written."""
+    def put_reused(self, table: pa.Table, position: dict[str, int]) -> int:
+        """Write the answers this run takes instead of generating (a table of
+        ``generate.answer_schema``), each in ``reused/`` beside the part of ``hot/`` its
+        question is in (``position``: a key's place in ``hot/``), replacing what was there; the
+        rows written."""
         import pyarrow as pa
 
-        from precompute.generate import answer_schema
-
-        by_part: dict[int, list[dict[str, Any]]] = {}
-        for row in rows:
-            by_part.setdefault(position[row["key"]] // HOT_PART_ROWS, []).append(row)
+        by_part: dict[int, list[int]] = {}
+        for row, key in enumerate(table.column("key").to_pylist()):
+            by_part.setdefault(position[key] // HOT_PART_ROWS, []).append(row)
         self.store.delete_prefix(f"{self.prefix}/reused/")
-        for part, found in sorted(by_part.items()):
-            table = pa.Table.from_pylist(found, schema=answer_schema())
-            self.put_table(self._part("reused", part), table)
-        return sum(len(found) for found in by_part.values())
+        for part, rows in sorted(by_part.items()):
+            self.put_table(self._part("reused", part), table.take(pa.array(rows, pa.int64())))
+        return table.num_rows
 
     def reused_parts(self) -> Iterator[pa.Table]:
         """Every answer the run takes as it is, a part at a time."""
@@ -229,22 +227,22 @@ class PartitionReader:
         if size < 1:
             raise ValueError(f"a partition of {size} questions")
         self.work, self.size, self.count, self.keep = work, size, count, keep
-        self._parts: dict[tuple[str, int], pa.Table] = {}
+        self._parts: dict[tuple[str, int], pa.Table | None] = {}
 
-    def _table(self, name: str, part: int) -> pa.Table:
+    def _table(self, name: str, part: int) -> pa.Table | None:
+        """Part ``part`` of ``name`` (``hot``: its key and question; ``reused``: None when no
+        answer of it is reused)."""
         from base.store import ObjectNotFoundError
-        from precompute.generate import answer_schema
 
-        found = self._parts.pop((name, part), None)
-        if found is None:
-            path = self.work._part(name, part)
-            if name == "hot":
-                found = self.work.get_table(path, ["key", "question"])
-            else:
-                try:
-                    found = self.work.get_table(path)
-                except ObjectNotFoundError:  # no answer of this part is reused
-                    found = answer_schema().empty_table()
+        if (name, part) in self._parts:
+            found = self._parts.pop((name, part))
+        elif name == "hot":
+            found = self.work.get_table(self.work._part(name, part), ["key", "question"])
+        else:
+            try:
+                found = self.work.get_table(self.work._part(name, part))
+            except ObjectNotFoundError:  # no answer of this part is reused
+                found = None
         self._parts[(name, part)] = found  # the newest last
         while len(self._parts) > 2 * self.keep:
             self._parts.pop(next(iter(self._parts)))
@@ -270,6 +268,7 @@ class PartitionReader:
         questions: list[str] = []
         for part, low, high in self._spans(index):
             table = self._table("hot", part)
+            assert table is not None  # a missing part of hot/ raised
             if table.num_rows < high:
                 raise ValueError(f"hot/ part {part} has {table.num_rows} questions, not {high}")
             table = table.slice(low, high - low)
@@ -286,7 +285,7 @@ class PartitionReader:
         found: dict[str, dict[str, Any]] = {}
         for part, _, _ in self._spans(index):
             table = self._table("reused", part)
-            if not table.num_rows:
+            if table is None or not table.num_rows:
                 continue
             taken = table.filter(pc.is_in(table.column("key"), value_set=wanted))
             found.update({row["key"]: row for row in taken.to_pylist()})

@@ -136,7 +136,7 @@ def test_only_the_held_back_wordings_calibration_samples_are_embedded(embedder) 
     """Past ``calibration_rows`` the held-back wordings are sampled before they are embedded:
     the same sample, and the same calibration, as embedding them all and sampling after."""
     from base.keys import key, normalize
-    from precompute.calibration import HeldBack, calibrate_rows
+    from precompute.calibration import HeldBack, calibrate_release
     from precompute.questions import HotQuestion, Phrasing
     from tests.precompute.test_mining import TASKS, WORDINGS
 
@@ -159,9 +159,8 @@ def test_only_the_held_back_wordings_calibration_samples_are_embedded(embedder) 
     from edge_index.query_encoder import encode_many
 
     vectors = encode_many(embedder, [r["question"] for r in rows])
-    assert calibrate_rows(rows, vectors, config, sampled) == calibrate_rows(
-        rows, vectors, config, every
-    )
+    release = ReleaseRows.in_memory(rows, vectors)
+    assert calibrate_release(release, config, sampled) == calibrate_release(release, config, every)
     at = [every.texts.index(t) for t in sampled.texts]
     assert np.allclose(sampled.vectors, every.vectors[at], atol=1e-6)
 

@@ -6,12 +6,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from base.keys import key
 from base.store import FileStore, ObjectNotFoundError
 from precompute.config import PrecomputeSettings
-from precompute.generate import generate_all, reusable_answers
+from precompute.generate import answer_schema, generate_all, reusable_answers
 from precompute.questions import HotQuestion, Phrasing
 from precompute.workarea import PartitionReader, WorkArea
 
@@ -100,7 +101,8 @@ def test_a_worker_reads_its_partition_and_its_reused_answers_a_part_at_a_time(
     parent = [_row(questions[n], answer=f"Answer {n}.") for n in (1, 4, 7)]
     reused = reusable_answers(hot, parent, "v1", NOW, timedelta(days=3))
     position = {h.key: at for at, h in enumerate(hot)}
-    assert work.put_reused(reused, position) == 3
+    table = pa.Table.from_pylist(reused, schema=answer_schema())
+    assert work.put_reused(table, position) == 3
     assert [p.rsplit("/", 1)[1] for p in sorted(work.store.list(f"{work.prefix}/reused/"))] == [
         "00000.parquet",  # questions 0-2: 1
         "00001.parquet",  # 3-5: 4
