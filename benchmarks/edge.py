@@ -46,10 +46,11 @@ from edge_index.lookup import Hit, ReleaseIndex
 from edge_index.server.app import create_app
 from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from edgeqa.local import LocalServer
-from precompute.build import answered, build_index, build_release, factory_for
+from precompute.build import answered, build_release
 from precompute.config import BuildConfig
 from precompute.publish import publish
 from precompute.questions import HotQuestion, Phrasing
+from precompute.shards import build_index, factory_for
 
 
 def real_questions() -> tuple[list[str], list[str]]:

@@ -467,7 +467,7 @@ def _edge_release_rows(m: int, now: datetime) -> Any:
     import numpy as np
 
     from base.keys import key, normalize
-    from precompute.build import PART_ROWS, ReleaseRows
+    from precompute.shards import PART_ROWS, ReleaseRows
 
     def parts() -> Any:
         for start in range(0, m, PART_ROWS):

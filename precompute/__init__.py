@@ -11,7 +11,8 @@ curated.py     the operator's answers
 generate.py    answering the hot questions, partition by partition
 fleet/         where the model stages run (Ray, local or a GPU fleet), and jobs.py: each
                stage of the DAG as a Ray Job
-build.py       the release's files (with calibration.py: the semantic tier's decision)
+build.py       the release from the mined questions and their answers (with calibration.py:
+               the semantic tier's decision; shards.py: the files written a part at a time)
 publish.py     publishing: the flip of the signed pointer, pruning
 parent.py      what a run takes from the release it follows
 revocations.py the signed revocation list and derived releases

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from edge_index.embedder import Embedder
-    from precompute.build import ReleaseRows
     from precompute.questions import HotQuestion, Phrasing
+    from precompute.shards import ReleaseRows
 
 
 def calibrate_release(

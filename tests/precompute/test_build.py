@@ -14,10 +14,11 @@ import pytest
 from base.proofs import proves
 from base.release import object_path, serialize_index
 from policy.answers import CHECKS
-from precompute.build import ReleaseRows, answered, build_index, build_release, write_release_files
+from precompute.build import answered, build_release
 from precompute.config import BuildConfig
 from precompute.curated import CURATED
 from precompute.generate import flag_of
+from precompute.shards import ReleaseRows, build_index, write_release_files
 from tests.releases import hot_questions
 
 NOW = datetime(2026, 11, 29, tzinfo=UTC)
@@ -167,7 +168,7 @@ def test_only_the_held_back_wordings_calibration_samples_are_embedded(embedder) 
 
 def test_a_shard_stays_under_what_readers_accept() -> None:
     from base.manifest import MAX_SHARD_FILE_BYTES
-    from precompute.build import shard_rows_for
+    from precompute.shards import shard_rows_for
 
     rows = shard_rows_for(BuildConfig(), 384)
     assert 400_000 < rows < 500_000  # a million phrasings go out in three shards
