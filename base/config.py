@@ -321,3 +321,19 @@ def parse_embedders(value: str, languages: tuple[str, ...]) -> dict[str, str]:
             raise ValueError(f"{language!r} is not one of the languages {', '.join(languages)}")
         chosen[language] = spec
     return chosen
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB: Linux's ``VmHWM``, the high-water mark of its
+    own memory since it started (``ru_maxrss`` is not: Linux keeps it across ``exec``, so a
+    child started by a large parent reports the parent's); ``ru_maxrss`` elsewhere."""
+    import resource
+
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)  # kB
+    except OSError:
+        pass
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)

@@ -78,9 +78,9 @@ def chunks(n: int, bases: np.ndarray, seed: int = 0) -> Iterator[np.ndarray]:
 
 
 def child(n: int) -> dict[str, Any]:
+    from base.config import peak_rss_mb
     from precompute.clustering import ClusterStats, greedy_clusters
     from precompute.config import MiningConfig
-    from precompute.fleet.jobs import peak_rss_mb
 
     config = MiningConfig()
     bases = _bases()

@@ -38,9 +38,19 @@ Prints one JSON object: {"config", "nights", "rules", "mine": {"<rows>": {...}},
 5. **Text rules** (``--rules N``): the rules alone on N distinct texts of the largest size's
    logs, on 1 and on 2 processes: texts/s each, and whether the verdicts are the same.
 
+6. **Aggregation at size** (``--aggregate 10000000,30000000``): the log window alone
+   (aggregation and text rules, as ``--full`` does at 10M) at each size with DuckDB given
+   ``--aggregate-memory-mb`` (2048, ``EDGEQA_MINING_MEMORY_MB``): seconds, µs per row, peak RSS
+   and the window's folder at its fullest (database and spill: what sizes the disk), and the
+   last size's µs per row over the first's.
+
+7. **Stages** (``--stages 300000,3000000``): each stage of a night whose every question is
+   asked by ~6 people (all published), in its own process: seconds and peak RSS, mine's FAISS
+   lists apart.
+
 Run: .venv/bin/python benchmarks/scale.py [--sizes 100000,1000000] [--full] [--release 100000]
      [--edge-rows 1000000] [--skip mine,release,edge_load] [--nights 2 --rows-per-day 150000]
-     [--rules 100000]
+     [--rules 100000] [--aggregate 10000000,30000000] [--stages 300000,3000000]
 """
 
 from __future__ import annotations
@@ -65,12 +75,13 @@ from benchmarks.synthetic_logs import real_questions, write_synthetic_logs
 
 UNTIL = date(2026, 11, 28)
 DAYS = 7
+DISK_SAMPLE_S = 0.5  # how often ``--aggregate`` reads the size of the log window's folder
 GENERATOR = 2  # bump when synthetic_logs.py changes: cached logs are written again (2: signed)
 
 
 def _peak_rss_mb() -> float:
     """This process's own peak (``VmHWM``: ``ru_maxrss`` would report a large parent's)."""
-    from precompute.fleet.jobs import peak_rss_mb
+    from base.config import peak_rss_mb
 
     return peak_rss_mb()
 
@@ -176,35 +187,76 @@ def child_mine(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def child_aggregate(args: dict[str, Any]) -> dict[str, Any]:
-    """The log window alone: aggregation and text rules, no embedding."""
+    """The log window alone: aggregation and text rules, no embedding, DuckDB given
+    ``memory_mb``: seconds, peak RSS and the window's folder at its fullest (its database and
+    what DuckDB spilled, sampled every ``DISK_SAMPLE_S``)."""
+    import threading
+
     from base.logreader import LogReadStats, read_log_tables
     from base.store import open_store
     from precompute.carry import carry
-    from precompute.config import MiningConfig
     from precompute.logwindow import LogWindow
 
-    params = _params(Path(args["logs"]), Path(args["logs"]))
-    config: MiningConfig = params.config.mining
+    params = _params(Path(args["logs"]), Path(args["logs"]), memory_mb=int(args["memory_mb"]))
+    config = params.config.mining
     stats = LogReadStats()
     started = time.perf_counter()
+    disk = [0]
     with LogWindow(config.memory_mb) as window:
-        window.add(read_log_tables(open_store(params.logs_uri), params.since, params.until, stats))
-        table, counts = window.wordings(
-            config,
-            params.now,
-            carry((), config, params.now).tables,
-            params.language,
-            workers=config.workers(),
-        )
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(DISK_SAMPLE_S):
+                disk[0] = max(disk[0], window.disk_bytes())
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            window.add(
+                read_log_tables(open_store(params.logs_uri), params.since, params.until, stats)
+            )
+            wordings, counts = window.wordings(
+                config,
+                params.now,
+                carry((), config, params.now).tables,
+                params.language,
+                workers=config.workers(),
+            )
+            count = len(wordings)
+        finally:
+            stop.set()
+            sampler.join()
+    seconds = time.perf_counter() - started
     return {
-        "stage_s": round(time.perf_counter() - started, 2),
+        "stage_s": round(seconds, 2),
+        "us_per_row": round(seconds / max(stats.rows, 1) * 1e6, 2),
         "peak_rss_mb": _peak_rss_mb(),
+        "memory_mb": config.memory_mb,
+        "disk_peak_mb": round(disk[0] / 2**20, 1),
         "rows": stats.rows,
-        "wordings": len(table),
+        "wordings": count,
         "distinct_texts": counts.distinct_texts,
+        "rule_workers": counts.rule_workers,
         "excluded_rows": counts.excluded_rows,
         "seconds": {k: round(v, 2) for k, v in counts.seconds.items()},
     }
+
+
+def aggregate_sizes(
+    sizes: list[int], memory_mb: int, work: Path, seed: int, done: Any
+) -> dict[str, Any]:
+    """``--aggregate``: the log window alone at each size (``child_aggregate``), and the seconds
+    per row and peak RSS of the last size over the first's."""
+    results: dict[str, Any] = {}
+    for rows in sizes:
+        logs = logs_for(work, rows, seed)
+        results[str(rows)] = run_child("aggregate", {"logs": str(logs), "memory_mb": memory_mb})
+        done("aggregate", results)
+    first, last = results[str(sizes[0])], results[str(sizes[-1])]
+    if len(sizes) >= 2 and "error" not in first and "error" not in last:
+        results["us_per_row_ratio"] = round(last["us_per_row"] / first["us_per_row"], 3)
+        results["peak_rss_delta_mb"] = round(last["peak_rss_mb"] - first["peak_rss_mb"], 1)
+    return results
 
 
 def child_rules(args: dict[str, Any]) -> dict[str, Any]:
@@ -723,6 +775,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sizes", default="100000,1000000", help="log rows to mine, in order")
     parser.add_argument("--full", action="store_true", help="also 10,000,000 rows (aggregate)")
+    parser.add_argument(
+        "--aggregate",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[],
+        help="log rows to aggregate and judge only, in order (e.g. 10000000,30000000)",
+    )
+    parser.add_argument(
+        "--aggregate-memory-mb",
+        type=int,
+        default=2048,
+        help="DuckDB's memory for --aggregate and --full (EDGEQA_MINING_MEMORY_MB)",
+    )
     parser.add_argument("--release", type=int, default=100_000, help="clusters of the release")
     parser.add_argument("--edge-rows", type=int, default=1_000_000, help="entries the edge loads")
     parser.add_argument(
@@ -769,6 +833,8 @@ def main() -> None:
             "days": DAYS,
             "nights": args.nights,
             "rows_per_day": args.rows_per_day if args.nights else None,
+            "aggregate": args.aggregate,
+            "aggregate_memory_mb": args.aggregate_memory_mb,
         }
     }
     partial = work / "partial.json"  # what is done so far, should a later part fail or hang
@@ -798,8 +864,17 @@ def main() -> None:
             )
         if args.full:
             logs = logs_for(work, 10_000_000, args.seed)
-            mined["10000000"] = {"aggregate_only": run_child("aggregate", {"logs": str(logs)})}
+            mined["10000000"] = {
+                "aggregate_only": run_child(
+                    "aggregate", {"logs": str(logs), "memory_mb": args.aggregate_memory_mb}
+                )
+            }
             done("mine", mined)
+    if args.aggregate:
+        done(
+            "aggregate",
+            aggregate_sizes(args.aggregate, args.aggregate_memory_mb, work, args.seed, done),
+        )
     if "release" not in skip and args.release:
         with tempfile.TemporaryDirectory(dir=work) as tmp:
             release = {"work": tmp, "n": args.release, "s3": "s3" not in skip}

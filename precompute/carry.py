@@ -8,7 +8,9 @@ tonight's log window (``logwindow.py``), which merges them per user (signed or n
 AS, keeping the latest ask. Here, before that: today's text rules are applied to each carried
 wording again (a rule added since may exclude it), and an ask older than ``carry_half_lives``
 half-lives (weight ``0.5 ** carry_half_lives``, 1/16: 28 days at the default 7-day half-life)
-is dropped, so a cluster nobody asks for fades out.
+is dropped, so a cluster nobody asks for fades out. The parent's wordings are read a part of
+``hot/`` at a time (``parent.parent_phrasings``) and what is carried is held as Arrow, made a
+batch at a time.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from precompute.questions import Phrasing
+
+BATCH_ROWS = 65_536  # carried rows held as Python lists before they become an Arrow batch
 
 
 def carried_schemas() -> dict[str, pa.Schema]:
@@ -67,6 +71,7 @@ def carry(parent: Iterable[Phrasing], config: MiningConfig, now: datetime) -> Ca
     columns: dict[str, dict[str, list[Any]]] = {
         name: {f.name: [] for f in schema} for name, schema in schemas.items()
     }
+    batches: dict[str, list[pa.RecordBatch]] = {name: [] for name in schemas}
     done = Carried({})
 
     def young(times: Mapping[str, datetime]) -> dict[str, datetime]:
@@ -75,6 +80,10 @@ def carry(parent: Iterable[Phrasing], config: MiningConfig, now: datetime) -> Ca
             for name, ts in times.items()
             if recency_weight(ts, now, config.half_life_days) >= floor
         }
+
+    def flush(name: str) -> None:  # the Python lists into Arrow, a batch at a time
+        batches[name].append(pa.record_batch(columns[name], schema=schemas[name]))
+        columns[name] = {f.name: [] for f in schemas[name]}
 
     for old in parent if config.carry_half_lives > 0 else ():
         problem = text_problem(old.question)  # today's rules, which may be stricter
@@ -101,5 +110,13 @@ def carry(parent: Iterable[Phrasing], config: MiningConfig, now: datetime) -> Ca
                 columns[table]["ts"].append(to_us(ts))
                 if who == "user":
                     columns[table]["signed"].append(name in old.latest_by_signer)
-    done.tables = {name: pa.table(columns[name], schema=schema) for name, schema in schemas.items()}
+        for name in schemas:
+            if len(columns[name]["key"]) >= BATCH_ROWS:
+                flush(name)
+    for name in schemas:
+        flush(name)
+    done.tables = {
+        name: pa.Table.from_batches(batches[name], schema=schema)
+        for name, schema in schemas.items()
+    }
     return done

@@ -87,7 +87,7 @@ def make_profile(
 
 
 def run_id(
-    profile: Profile, questions: Sequence[str], parent: str | None = None, curated: str = ""
+    profile: Profile, questions: Iterable[str], parent: str | None = None, curated: str = ""
 ) -> str:
     """The run's work area: the profile, the mined questions, the release they build on (its
     evidence and answers are carried forward, so the next night is another run) and the curated
@@ -218,42 +218,64 @@ def reusable_answers(
     max_age: timedelta,
     flagged: Iterable[Mapping[str, Any]] = (),
 ) -> list[dict[str, Any]]:
-    """The rows (``answer_schema``) of the clusters the parent already answered, each answer at
-    most ``max_age`` old at ``now``: the parent release's (``published`` rows) answer to the
-    canonical phrasing, or else to the first other phrasing it has, when it passes today's checks
-    on today's question; or else the answer its run generated for the same canonical phrasing and
-    flagged (``flagged``: the run's partition rows), flag and all, or left out at build for
-    sending its reader elsewhere (``link``, judged where answers are published), so it stays out
-    of the release without being generated again: greedy decoding with the same profile gives it
-    back. An engine ``error`` is never reused."""
-    by_key = {row["key"]: row for row in published}
-    unfit = {
-        row["key"]: row for row in flagged if now - row["generated_at"] <= max_age and left_out(row)
-    }
-    rows = []
-    for cluster in hot:
-        found = next((by_key[p.key] for p in cluster.phrasings if p.key in by_key), None)
-        flag = ""
-        if found is not None and (
-            now - found["generated_at"] > max_age
-            or answer_problem(cluster.question, found["answer"], None, allow_links=True)
-        ):
-            found = None
-        if found is None and cluster.key in unfit:
-            found, flag = unfit[cluster.key], unfit[cluster.key]["flag"]
-        if found is None:
-            continue
-        rows.append(
-            reused_row(
-                cluster,
-                found["answer"],
-                found["generated_at"],
-                parent,
-                found.get("finish_reason"),
-                flag,
+    """``ParentAnswers(...).rows(hot)``: the rows (``answer_schema``) of the clusters the parent
+    already answered."""
+    return ParentAnswers(published, parent, now, max_age, flagged).rows(hot)
+
+
+class ParentAnswers:
+    """The parent release's answers a run may take instead of generating, looked up by key
+    (``published``: the release's rows; ``flagged``: its run's partition rows), each at most
+    ``max_age`` old at ``now``. ``rows(hot)`` gives, for each cluster, the parent's answer to
+    the canonical phrasing, or else to the first other phrasing it has, when it passes today's
+    checks on today's question; or else the answer its run generated for the same canonical
+    phrasing and flagged, flag and all, or left out at build for sending its reader elsewhere
+    (``link``, judged where answers are published), so it stays out of the release without
+    being generated again: greedy decoding with the same profile gives it back. An engine
+    ``error`` is never reused."""
+
+    def __init__(
+        self,
+        published: Iterable[Mapping[str, Any]],
+        parent: str,
+        now: datetime,
+        max_age: timedelta,
+        flagged: Iterable[Mapping[str, Any]] = (),
+    ) -> None:
+        self.parent, self.now, self.max_age = parent, now, max_age
+        self.by_key = {row["key"]: row for row in published}
+        self.unfit = {
+            row["key"]: row
+            for row in flagged
+            if now - row["generated_at"] <= max_age and left_out(row)
+        }
+
+    def rows(self, hot: Iterable[HotQuestion]) -> list[dict[str, Any]]:
+        by_key, unfit, now, max_age = self.by_key, self.unfit, self.now, self.max_age
+        rows = []
+        for cluster in hot:
+            found = next((by_key[p.key] for p in cluster.phrasings if p.key in by_key), None)
+            flag = ""
+            if found is not None and (
+                now - found["generated_at"] > max_age
+                or answer_problem(cluster.question, found["answer"], None, allow_links=True)
+            ):
+                found = None
+            if found is None and cluster.key in unfit:
+                found, flag = unfit[cluster.key], unfit[cluster.key]["flag"]
+            if found is None:
+                continue
+            rows.append(
+                reused_row(
+                    cluster,
+                    found["answer"],
+                    found["generated_at"],
+                    self.parent,
+                    found.get("finish_reason"),
+                    flag,
+                )
             )
-        )
-    return rows
+        return rows
 
 
 def generate_partition(

@@ -24,8 +24,9 @@ its kept set alone already holds k distinct askers, and so does the union, whate
 Counts and scores add the askers beyond the kept ones (exact per wording; over a cluster, someone
 typing two wordings that both overflow counts twice).
 
-Arrow tables in, an Arrow table out (``LogWindow.wordings``), one row per wording sorted the way
-clustering takes them: most askers first, then most asks, then key.
+Arrow tables in; out, one row per wording in the order clustering takes them (most askers
+first, then most asks, then key): a table in this window's database (``reduction.py``), read a
+column or a batch of rows at a time while the window is open, never whole in Python.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from base.config import usable_cpus
 from precompute.asks import to_us
 from precompute.config import MiningConfig
 from precompute.nightcache import PART_ROWS, NightCache
+from precompute.reduction import Wordings, reduce_window
 from precompute.textrules import (
     CHUNK,
     REASONS,
@@ -67,7 +69,6 @@ MB_PER_THREAD = 128  # DuckDB's memory per thread it runs
 # the reasons a cached verdict may give (any other is not taken: the text is judged again)
 _REASONS = ", ".join(f"'{reason}'" for reason in REASONS)
 PARALLEL_TEXTS = 4 * CHUNK  # texts to judge past which the text rules run on several processes
-_US_PER_DAY = 86_400_000_000
 
 
 def _rows_schema() -> pa.Schema:
@@ -124,6 +125,7 @@ class LogWindow:
             "query VARCHAR, turns INTEGER, tier VARCHAR, status INTEGER, signed BOOLEAN, "
             "asn VARCHAR)"
         )
+        self._memory_mb = memory_mb
         self._seq = 0
         self._pending: list[Mapping[str, Any]] = []
         self.seconds_adding = 0.0
@@ -137,6 +139,16 @@ class LogWindow:
     def close(self) -> None:
         self.con.close()
         shutil.rmtree(self._folder, ignore_errors=True)
+
+    def disk_bytes(self) -> int:
+        """Bytes in the window's folder now: its database and what DuckDB spilled."""
+        total = 0
+        for path in self._folder.rglob("*"):
+            try:
+                total += path.stat().st_size if path.is_file() else 0
+            except FileNotFoundError:  # a spill file removed while counted
+                continue
+        return total
 
     def _count(self, sql: str) -> int:
         """The one number ``sql`` selects (its result fetched whole: DuckDB wants it done)."""
@@ -241,8 +253,9 @@ class LogWindow:
         verdicts: NightCache | None = None,
         workers: int = 1,
         cached_out: Path | None = None,
-    ) -> tuple[pa.Table, WindowCounts]:
-        """The window's wordings (one row per key, in clustering's order: ``key``,
+    ) -> tuple[Wordings, WindowCounts]:
+        """The window's wordings (``reduction.Wordings``: one row per key, in clustering's
+        order, kept in this window's database: valid while it is open; ``key``,
         ``normalized``, ``question`` (the most common raw form), ``hits``, ``user_count``,
         ``users`` (the kept ones: a list of {name, ts, signed}, ts in µs since the epoch),
         ``more_user_weight`` (the others' summed recency weight), ``signer_count`` (users who
@@ -262,7 +275,7 @@ class LogWindow:
         started = time.perf_counter()
         self._classify(config, counts)
         self._carry(carried, counts)
-        table = self._reduce(config, now)
+        table = reduce_window(self.con, config, now, self._memory_mb)
         counts.seconds["aggregate"] += time.perf_counter() - started
         return table, counts
 
@@ -452,89 +465,6 @@ class LogWindow:
             "SELECT count(*) FROM (SELECT DISTINCT key, user FROM carried_users) c "
             "WHERE NOT EXISTS (SELECT 1 FROM kept k WHERE k.key = c.key AND k.user = c.user)"
         )
-
-    def _reduce(self, config: MiningConfig, now: datetime) -> pa.Table:
-        """One row per wording (``wordings``' columns), in clustering's order. Step by step into
-        temporary tables: each step one operator DuckDB can spill (grouping, window, join)."""
-        con = self.con
-        kept_askers = int(config.kept_askers)
-        half_life_us = _US_PER_DAY * config.half_life_days
-        decay = f"pow(0.5, greatest({to_us(now)} - ts, 0) / {half_life_us!r})"
-        # (key, who, ts, signed) per ask, logged or carried. ``signed``: the crowd rule's signed
-        # users, a flag on the user's own entry (a second list of them would double what the
-        # lists hold); a row from before the column is not signed, nor has an AS
-        sources = {
-            "user": "SELECT key, user, ts, coalesce(signed, false) AS signed FROM kept "
-            "UNION ALL SELECT key, user, ts, signed FROM carried_users",
-            # a row without a network counts its user as its network (logs from before them)
-            "network": "SELECT key, CASE WHEN coalesce(network, '') = '' THEN 'user:' || user "
-            "ELSE network END AS network, ts, false AS signed FROM kept "
-            "UNION ALL SELECT key, network, ts, false FROM carried_networks",
-            "asn": "SELECT key, asn, ts, false AS signed FROM kept WHERE coalesce(asn, '') <> '' "
-            "UNION ALL SELECT key, asn, ts, false FROM carried_asns",
-        }
-        for who, source in sources.items():
-            # each identity's latest ask of each wording, ranked latest first
-            con.execute(
-                f"""
-                CREATE TEMP TABLE {who}_ranked AS
-                SELECT key, {who}, ts, signed,
-                    row_number() OVER (PARTITION BY key ORDER BY ts DESC, {who}) AS rank
-                FROM (
-                    SELECT key, {who}, max(ts) AS ts, bool_or(signed) AS signed
-                    FROM ({source}) GROUP BY key, {who}
-                )
-                """
-            )
-            fields = f"name := {who}, ts := ts" + (", signed := signed" if who == "user" else "")
-            con.execute(
-                f"""
-                CREATE TEMP TABLE by_{who} AS
-                SELECT key, count(*) AS {who}_count,
-                    count(*) FILTER (WHERE signed) AS signed_{who}_count,
-                    list(struct_pack({fields})) FILTER (WHERE rank <= {kept_askers}) AS {who}s,
-                    coalesce(sum({decay}) FILTER (WHERE rank > {kept_askers}), 0)
-                        AS more_{who}_weight
-                FROM {who}_ranked GROUP BY key
-                """
-            )
-            con.execute(f"DROP TABLE {who}_ranked")
-        # asks per wording, and its most common raw form (ties: the first by text)
-        con.execute(
-            """
-            CREATE TEMP TABLE by_form AS
-            SELECT key, hits, form AS question FROM (
-                SELECT key, form, sum(n) OVER (PARTITION BY key) AS hits,
-                    row_number() OVER (PARTITION BY key ORDER BY n DESC, form) AS rank
-                FROM (SELECT key, form, count(*) AS n FROM kept GROUP BY key, form)
-            )
-            WHERE rank = 1
-            """
-        )
-        return con.sql(
-            """
-            WITH normalized AS (SELECT DISTINCT key, normalized FROM judged WHERE key IS NOT NULL)
-            SELECT u.key,
-                coalesce(t.normalized, c.normalized) AS normalized,
-                coalesce(f.question, c.question) AS question,
-                coalesce(f.hits, 0)::BIGINT AS hits,
-                u.user_count, u.users, u.more_user_weight,
-                u.signed_user_count AS signer_count,
-                coalesce(n.network_count, 0) AS network_count,
-                coalesce(n.networks, []) AS networks,
-                coalesce(a.asn_count, 0) AS asn_count,
-                coalesce(a.asns, []) AS asns,
-                CASE WHEN coalesce(n.network_count, 0) = 0 THEN u.user_count
-                    ELSE least(u.user_count, n.network_count) END AS askers
-            FROM by_user u
-            LEFT JOIN by_network n USING (key)
-            LEFT JOIN by_asn a USING (key)
-            LEFT JOIN by_form f USING (key)
-            LEFT JOIN normalized t USING (key)
-            LEFT JOIN carried c USING (key)
-            ORDER BY askers DESC, hits DESC, key
-            """
-        ).to_arrow_table()
 
 
 def embedded_duckdb(folder: Path, memory_mb: int, threads: int) -> duckdb.DuckDBPyConnection:

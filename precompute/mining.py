@@ -75,8 +75,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from base.config import peak_rss_mb
 from edge_index.guard import numbers
-from precompute.asks import from_us, recency_weight
+from precompute.asks import recency_weight
 from precompute.carry import carry
 from precompute.clustering import (
     ClusterStats,
@@ -90,7 +91,9 @@ from precompute.config import MiningConfig
 from precompute.logwindow import LogWindow, WindowCounts
 from precompute.nightcache import NightCache, NightCaches, check_verdicts
 from precompute.questions import HotQuestion, Phrasing, askers_count, crowd, held_back_rows
+from precompute.reduction import Wordings
 from precompute.safetext import publishable
+from precompute.spill import ClusterSpill, HotSpill
 from precompute.vectorcache import vectors_with_cache
 
 if TYPE_CHECKING:
@@ -133,17 +136,22 @@ class MiningReport:
     caches: dict[str, Any] = field(default_factory=dict)
     # seconds per step (``STEPS``) and how the wordings were clustered (``ClusterStats``)
     seconds: dict[str, float] = field(default_factory=dict)
+    # the process's peak resident memory (MB) as each step ended: the step that raised it
+    peak_rss_mb: dict[str, float] = field(default_factory=dict)
     clustering: dict[str, Any] = field(default_factory=dict)
     # one row per cluster that reached k (``HotQuestion.report_row``): kept in the run's work
-    # area, not in the run report
-    cluster_rows: list[dict[str, Any]] = field(default_factory=list)
+    # area, not in the run report (on local disk past a part, when mined into a folder)
+    cluster_rows: ClusterSpill = field(default_factory=ClusterSpill)
 
-    def count_published(self, hot: list[HotQuestion]) -> None:
-        """The counts of what ``hot`` publishes."""
-        self.published_clusters = len(hot)
-        self.phrasings_kept = sum(len(h.phrasings) - h.synthesized for h in hot)
-        self.held_back_phrasings = sum(len(h.held_back) for h in hot)
-        self.synthesized_questions = sum(h.synthesized for h in hot)
+    def count_published(self, hot: Iterable[HotQuestion]) -> None:
+        """The counts of what ``hot`` publishes (read once)."""
+        self.published_clusters = self.phrasings_kept = 0
+        self.held_back_phrasings = self.synthesized_questions = 0
+        for h in hot:
+            self.published_clusters += 1
+            self.phrasings_kept += len(h.phrasings) - h.synthesized
+            self.held_back_phrasings += len(h.held_back)
+            self.synthesized_questions += h.synthesized
 
     def take(self, counts: WindowCounts) -> None:
         """What the log window's reduction counted (rules 1-4, carried evidence)."""
@@ -180,7 +188,29 @@ def mine(
     encoder: Callable[[], Encoder] | None = None,
     caches: NightCaches | None = None,
 ) -> tuple[list[HotQuestion], MiningReport]:
-    """The hot questions to answer, best first, and the report of what was excluded and why.
+    """The hot questions to answer, best first, and the report of what was excluded and why:
+    ``mine_to`` with everything held in memory (a night of a few thousand questions)."""
+    hot, report = mine_to(
+        None, rows, embedder, config, now, carried, language, progress, encoder, caches
+    )
+    return list(hot), report
+
+
+def mine_to(
+    folder: Path | None,
+    rows: Iterable[Mapping[str, Any] | pa.Table],
+    embedder: Embedder | None,
+    config: MiningConfig | None = None,
+    now: datetime | None = None,
+    carried: Iterable[Phrasing] = (),
+    language: str | None = None,
+    progress: bool = False,
+    encoder: Callable[[], Encoder] | None = None,
+    caches: NightCaches | None = None,
+) -> tuple[HotSpill, MiningReport]:
+    """The hot questions to answer (read back best first, as often as wanted) and the report of
+    what was excluded and why. ``folder``: where the questions and the cluster report are kept
+    past a part (``spill.py``; the caller's to remove; None: held in memory).
 
     ``rows``: the window's request-log rows in log order, as Arrow tables of the logs' columns
     (``base.logs.read_log_tables``) or dicts; reduced by DuckDB (``logwindow.py``), never
@@ -193,10 +223,10 @@ def mine(
     config = config or MiningConfig()
     now = now or datetime.now(UTC)
     caches = caches or NightCaches()
-    with tempfile.TemporaryDirectory(prefix="edgeqa-mined-") as folder:
+    with tempfile.TemporaryDirectory(prefix="edgeqa-mined-") as texts:
         try:
-            cached_texts = Path(folder) / "cached-texts.parquet"
             return _mine(
+                folder,
                 rows,
                 embedder,
                 config,
@@ -206,13 +236,14 @@ def mine(
                 progress,
                 encoder,
                 caches,
-                cached_texts,
+                Path(texts) / "cached-texts.parquet",
             )
         finally:
             caches.close()  # old parts expire even on a night with nothing to embed, or failed
 
 
 def _mine(
+    folder: Path | None,
     rows: Iterable[Mapping[str, Any] | pa.Table],
     embedder: Embedder | None,
     config: MiningConfig,
@@ -223,8 +254,9 @@ def _mine(
     encoder: Callable[[], Encoder] | None,
     caches: NightCaches,
     cached_texts: Path,
-) -> tuple[list[HotQuestion], MiningReport]:
-    report = MiningReport()
+) -> tuple[HotSpill, MiningReport]:
+    report = MiningReport(cluster_rows=ClusterSpill(folder and folder / "clusters"))
+    hot = HotSpill(folder and folder / "hot")
     evidence = carry(carried, config, now)
     with LogWindow(config.memory_mb) as window:
         window.add(rows)
@@ -238,40 +270,51 @@ def _mine(
             config.workers(),
             cached_texts,
         )
-    report.take(counts)
-    report.excluded_phrasings.update(evidence.excluded_phrasings)
-    report.carried_phrasings = evidence.carried_phrasings
-    report.expired_users = evidence.expired_users
-    report.phrasings = len(table)
-    if embedder is not None:
-        encode: Callable[[], Encoder] | None = functools.partial(local_encoder, embedder)
-    else:
-        encode = encoder
-    clusters = _clusters(table, encode, config, report, progress, caches.vectors)
+        report.take(counts)
+        report.peak_rss_mb["rules"] = peak_rss_mb()
+        report.excluded_phrasings.update(evidence.excluded_phrasings)
+        report.carried_phrasings = evidence.carried_phrasings
+        report.expired_users = evidence.expired_users
+        report.phrasings = len(table)
+        if embedder is not None:
+            encode: Callable[[], Encoder] | None = functools.partial(local_encoder, embedder)
+        else:
+            encode = encoder
+        clusters = _clusters(table, encode, config, report, progress, caches.vectors)
+        report.peak_rss_mb["cluster"] = peak_rss_mb()
+        started = time.perf_counter()
+        _qualifying(table, clusters, config, now, report, hot)
+        report.seconds["k_and_text_rules"] = time.perf_counter() - started
+        report.peak_rss_mb["k_and_text_rules"] = peak_rss_mb()
     started = time.perf_counter()
-    hot = _qualifying(table, clusters, config, now, report)
-    report.seconds["k_and_text_rules"] = time.perf_counter() - started
-    started = time.perf_counter()
-    hot.sort(key=lambda h: (-h.score, -h.users, h.key))
-    for dropped in hot[config.top_n :]:
+    hot.limit = config.top_n  # read back best first: those past it were not selected
+    for dropped in hot.past_limit():
         _exclude_wordings(report, dropped.wordings, "below_top_n")
         report.cluster_rows.append(dropped.report_row("below_top_n"))
-    hot = hot[: config.top_n]
-    if caches.verdicts is not None and cached_texts.exists():
-        kept = {w.key for h in hot for w in h.wordings}
+    check = caches.verdicts is not None and cached_texts.exists()
+    kept: set[str] = set()  # the wordings of the questions kept, when their verdicts are checked
+
+    def selected() -> Iterator[HotQuestion]:  # one pass over them
+        for h in hot:
+            if check:
+                kept.update(w.key for w in h.wordings)
+            _exclude_wordings(report, h.held_back, "rare_tokens")
+            report.cluster_rows.append(h.report_row("selected"))
+            yield h
+
+    report.count_published(selected())
+    if check:
+        assert caches.verdicts is not None
         check_verdicts(cached_texts, kept, language, caches.verdicts, config.workers())
-    for h in hot:
-        _exclude_wordings(report, h.held_back, "rare_tokens")
-        report.cluster_rows.append(h.report_row("selected"))
-    report.count_published(hot)
     report.seconds["rank"] = time.perf_counter() - started
+    report.peak_rss_mb["rank"] = peak_rss_mb()
     caches.close()
     report.caches = caches.as_dict()
     return hot, report
 
 
 def _clusters(
-    table: pa.Table,
+    table: Wordings,
     encoder: Callable[[], Encoder] | None,
     config: MiningConfig,
     report: MiningReport,
@@ -331,13 +374,15 @@ def _clusters(
 
 
 def _qualifying(
-    table: pa.Table,
+    table: Wordings,
     clusters: list[list[int]],
     config: MiningConfig,
     now: datetime,
     report: MiningReport,
-) -> list[HotQuestion]:
-    """Rules 6-7 and the score of rule 8: the clusters asked by k, each with what it publishes.
+    hot: HotSpill,
+) -> None:
+    """Rules 6-7 and the score of rule 8: the clusters asked by k, each with what it publishes,
+    into ``hot``.
     A cluster whose wordings' users or networks add up to fewer than k is below k without a
     look at who they are (their union is no larger): only the others become ``Phrasing``s."""
     hits = table.column("hits").to_numpy()
@@ -355,8 +400,8 @@ def _qualifying(
             continue
         candidates.append(members)
     taken = _KeySet(table.column("key"))
-    hot = []
-    for wordings in _with_phrasings(table, candidates):
+    crowds = signed_crowds = 0
+    for wordings in table.phrasings(candidates):
         users, score = _askers_and_score(wordings, now, config.half_life_days)
         if users < config.k:
             below_k_wordings += len(wordings)
@@ -364,6 +409,7 @@ def _qualifying(
             continue
         signers, asns = crowd(wordings)
         if not config.verified_crowd(signers, asns):
+            crowds, signed_crowds = crowds + 1, signed_crowds + bool(signers)
             _exclude_wordings(report, wordings, "unverified_crowd")
             report.cluster_rows.append(
                 {
@@ -396,7 +442,7 @@ def _qualifying(
             )
             continue
         taken.add(published[0].key)
-        hot.append(
+        hot.add(
             HotQuestion(
                 canonical=published[0],
                 phrasings=published,
@@ -414,18 +460,16 @@ def _qualifying(
     ):
         if n:
             _exclude(counts, "below_k", n)
-    crowds = [r for r in report.cluster_rows if r["status"] == "unverified_crowd"]
-    if crowds and not any(r["signed_users"] for r in crowds) and config.min_signed_users:
+    if crowds and not signed_crowds and config.min_signed_users:
         log.warning(
             "%d question(s) reached k, but none of their askers was a signed user: nothing is "
             "published from unsigned askers alone (EDGEQA_MIN_SIGNED_USERS=%d). Set "
             "EDGEQA_IDENTITY_SECRET on the edge and the origin and send user tokens, or, for a "
             "product without sign-in, EDGEQA_MIN_SIGNED_USERS=0 with EDGEQA_MIN_ASNS and "
             "EDGEQA_ASN_TABLE",
-            len(crowds),
+            crowds,
             config.min_signed_users,
         )
-    return hot
 
 
 def _askers_and_score(
@@ -452,55 +496,7 @@ def _askers_and_score(
     return users, weight * (users / max(user_count, 1))  # many users from few networks weigh as few
 
 
-PHRASING_ROWS = 8192  # wordings turned into ``Phrasing``s at a time
-
-
-def _with_phrasings(table: pa.Table, clusters: list[list[int]]) -> Iterator[list[Phrasing]]:
-    """Each cluster's wordings as ``Phrasing``s, in order, built ~``PHRASING_ROWS`` wordings at a
-    time: what a cluster below k holds goes with its batch (a million log rows: ~200,000
-    candidate wordings, a million kept askers — built at once they held 800 MB)."""
-    start = 0
-    while start < len(clusters):
-        end, rows = start, 0
-        while end < len(clusters) and (end == start or rows + len(clusters[end]) <= PHRASING_ROWS):
-            rows += len(clusters[end])
-            end += 1
-        batch = clusters[start:end]
-        phrasings = _phrasings(table, sorted({row for members in batch for row in members}))
-        for members in batch:
-            yield [phrasings[row] for row in members]
-        start = end
-
-
-def _phrasings(table: pa.Table, rows: list[int]) -> dict[int, Phrasing]:
-    """``Phrasing``s of the wordings at ``rows`` of the window's table."""
-    import pyarrow as pa
-
-    picked = table.take(pa.array(rows, pa.int64())).to_pylist() if rows else []
-    out = {}
-    for row, d in zip(rows, picked, strict=True):
-        users = {u["name"]: from_us(u["ts"]) for u in d["users"] or ()}
-        networks = {n["name"]: from_us(n["ts"]) for n in d["networks"] or ()}
-        signers = {u["name"]: from_us(u["ts"]) for u in d["users"] or () if u["signed"]}
-        asns = {a["name"]: from_us(a["ts"]) for a in d["asns"] or ()}
-        out[row] = Phrasing(
-            d["key"],
-            d["normalized"],
-            d["question"],
-            set(users),
-            int(d["hits"]),
-            users,
-            set(networks),
-            networks,
-            more_users=int(d["user_count"]) - len(users),
-            more_networks=int(d["network_count"]) - len(networks),
-            more_weight=float(d["more_user_weight"] or 0.0),
-            latest_by_signer=signers,
-            latest_by_asn=asns,
-            more_signers=int(d["signer_count"]) - len(signers),
-            more_asns=int(d["asn_count"]) - len(asns),
-        )
-    return out
+KEY_SLICE = 1 << 18  # keys turned into 64-bit prefixes at a time
 
 
 class _KeySet:
@@ -510,8 +506,11 @@ class _KeySet:
     def __init__(self, keys: pa.ChunkedArray) -> None:
         import pyarrow.compute as pc
 
-        prefixes = pc.utf8_slice_codeunits(keys, 0, 16).to_pylist()
-        self._night = np.sort(np.array([int(p, 16) for p in prefixes], dtype=np.uint64))
+        parts = [np.empty(0, dtype=np.uint64)]
+        for start in range(0, len(keys), KEY_SLICE):  # a slice of Python ints at a time
+            prefixes = pc.utf8_slice_codeunits(keys.slice(start, KEY_SLICE), 0, 16).to_pylist()
+            parts.append(np.array([int(p, 16) for p in prefixes], dtype=np.uint64))
+        self._night = np.sort(np.concatenate(parts))
         self._added: set[str] = set()
 
     def add(self, k: str) -> None:
@@ -540,26 +539,33 @@ def _exclude_wordings(report: MiningReport, wordings: Iterable[Phrasing], reason
 
 
 def drop_clusters(
-    hot: list[HotQuestion], drop: Callable[[HotQuestion], bool], report: MiningReport, reason: str
-) -> list[HotQuestion]:
-    """``hot`` without the clusters ``drop`` picks after mining (``revoked``): all their wordings
-    and rows are then counted under ``reason``, the held-back ones' no longer as ``rare_tokens``."""
-    kept = []
-    for h in hot:
-        if not drop(h):
-            kept.append(h)
-            continue
-        for counts, n in (
-            (report.excluded_phrasings, len(h.held_back)),
-            (report.excluded_rows, sum(w.hits for w in h.held_back)),
-        ):
-            if n:
-                counts["rare_tokens"] -= n
-                if not counts["rare_tokens"]:
-                    del counts["rare_tokens"]
-        _exclude_wordings(report, h.wordings, reason)
-        for row in report.cluster_rows:
-            if row["cluster"] == h.key:
-                row["status"] = reason
-    report.count_published(kept)
-    return kept
+    hot: Iterable[HotQuestion],
+    drop: Callable[[HotQuestion], bool],
+    report: MiningReport,
+    reason: str,
+) -> set[str]:
+    """The keys of the clusters of ``hot`` (read once) that ``drop`` picks after mining
+    (``revoked``): all their wordings and rows are then counted under ``reason``, the held-back
+    ones' no longer as ``rare_tokens``, their report rows relabelled, and what is published
+    counted again without them."""
+    dropped: set[str] = set()
+
+    def kept() -> Iterator[HotQuestion]:
+        for h in hot:
+            if not drop(h):
+                yield h
+                continue
+            for counts, n in (
+                (report.excluded_phrasings, len(h.held_back)),
+                (report.excluded_rows, sum(w.hits for w in h.held_back)),
+            ):
+                if n:
+                    counts["rare_tokens"] -= n
+                    if not counts["rare_tokens"]:
+                        del counts["rare_tokens"]
+            _exclude_wordings(report, h.wordings, reason)
+            dropped.add(h.key)
+
+    report.count_published(kept())
+    report.cluster_rows.relabel(dropped, reason)
+    return dropped

@@ -4,7 +4,9 @@ its run flagged (never generated again)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from base.manifest import Manifest
@@ -41,24 +43,29 @@ def _parent_work(store: Store, parent: LoadedRelease | None) -> WorkArea | None:
     return WorkArea(store, parent.manifest.profile.name, parent.manifest.run_id)
 
 
-def parent_phrasings(store: Store, parent: LoadedRelease | None) -> list[Phrasing]:
+def parent_phrasings(store: Store, parent: LoadedRelease | None) -> Iterator[Phrasing]:
     """What the parent release's run mined (its work area's ``hot/``, never published): the
     wordings of its clusters, published or held back, with their hashed users and networks and
-    the time of each one's latest ask. None when the run's work area is gone (pruned, or a
-    release made elsewhere). A run mined before ``hot/`` was Parquet left ``hot/``: read
-    once, the night after the upgrade."""
+    the time of each one's latest ask, read a part at a time. None when the run's work area is
+    gone (pruned, or a release made elsewhere). A run mined before ``hot/`` was Parquet left
+    ``hot.json``: read once, the night after the upgrade."""
     work = _parent_work(store, parent)
     if work is None:
-        return []
+        return
     try:
-        return [p for question in work.hot() for p in question.wordings]
+        parts = work.hot_tables()
+        first = next(parts)  # raises when the run has no ``hot/``
     except ObjectNotFoundError:
-        pass
-    try:
-        items = work.get_json("hot.json")
-    except ObjectNotFoundError:
-        return []
-    return [p for item in items for p in HotQuestion.from_dict(item).wordings]
+        try:
+            items = work.get_json("hot.json")
+        except ObjectNotFoundError:
+            return
+        for item in items:
+            yield from HotQuestion.from_dict(item).wordings
+        return
+    for table in itertools.chain([first], parts):
+        for row in table.to_pylist():
+            yield from HotQuestion.from_row(row).wordings
 
 
 def parent_flagged(store: Store, parent: LoadedRelease | None) -> list[dict[str, Any]]:

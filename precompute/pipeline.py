@@ -12,7 +12,8 @@ included.
 - ``mine_stage``: read the logs of the window, mine the hot questions with the evidence carried
   from the parent release's run (the current release: ``mining.carry``), decide the profile, the
   run id (a digest of the profile, the questions and the parent) and which of the parent's answers
-  are reused (``generate.reusable_answers``), save them; the partitions to generate.
+  are reused (``generate.ParentAnswers``), save them; the partitions to generate. The questions
+  and the cluster report wait on local disk (``spill.py``), read back a part at a time.
 - ``generate_stage``: answer one partition (or all), checkpointed in the store.
 - ``build_stage``: the release (FAISS shards, answer objects, manifest; the embedder fine-tuned
   first when asked) from the generated partitions, staged in the work area.
@@ -29,41 +30,44 @@ yields the same version and content.
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from functools import partial
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from base.config import peak_rss_mb
 from base.errors import EdgeQAError
 from base.languages import DEFAULT_LANGUAGE, LANGUAGES
 from base.logreader import LogReadStats, read_log_tables
 from base.release import read_pointer
 from base.store import ObjectNotFoundError, open_store
 from precompute.config import STAGES, PipelineConfig
-from precompute.curated import CURATED, curated_rows, read_curated
+from precompute.curated import curated_rows, read_curated
 from precompute.fleet import ran_on
 from precompute.generate import (
+    ParentAnswers,
     answer_schema,
     generate_all,
     make_profile,
     nightly_engine,
-    partitions,
-    reusable_answers,
     run_id,
 )
-from precompute.mining import MiningReport, drop_clusters, mine
+from precompute.mining import MiningReport, drop_clusters, mine_to
 from precompute.nightcache import NightCaches
 from precompute.parent import current_release, parent_flagged, parent_phrasings, parent_rows
 from precompute.publish import prune, publish
-from precompute.questions import HotQuestion
+from precompute.questions import HotQuestion, Phrasing
 from precompute.revocations import is_revoked, nightly_revocations
-from precompute.workarea import WorkArea, parse_run
+from precompute.workarea import HOT_PART_ROWS, WorkArea, parse_run
 
 if TYPE_CHECKING:
+    from base.release import LoadedRelease
     from origin.runtime import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -165,8 +169,6 @@ def scaled(config: PipelineConfig, spec: str) -> PipelineConfig:
 def mine_stage(
     params: RunParams, model: LoadedModel | None = None, progress: bool = False
 ) -> dict[str, Any]:
-    import pyarrow as pa
-
     from origin.model import load_tokenizer
     from precompute.fleet.embedding import wordings_encoder
 
@@ -181,66 +183,72 @@ def mine_stage(
     tables = read_log_tables(open_store(params.logs_uri), params.since, params.until, stats)
     out = open_store(params.out_uri)
     parent = current_release(out, profile.name)
-    carried = parent_phrasings(out, parent)
+    read = 0  # the parent's wordings read, a part of its ``hot/`` at a time
+
+    def carried() -> Iterator[Phrasing]:
+        nonlocal read
+        for phrasing in parent_phrasings(out, parent):
+            read += 1
+            yield phrasing
+
     spec = settings.embedders[params.language]
 
     # this run's language only: every other language's questions are another profile's; a
-    # language without two wordings tonight needs no embedder (loaded only when one is needed)
-    hot, mining = mine(
-        tables,
-        None,
-        scaled(config, spec).mining,
-        params.now,
-        carried,
-        language=params.language,
-        progress=progress,
-        # on Ray; here when the run was handed a model loaded here (a test, a benchmark)
-        encoder=lambda: wordings_encoder(settings, spec, here=model is not None),
-        # what the nights before judged and embedded is not done again (``nightcache.py``)
-        caches=NightCaches.of_night(
-            out,
-            profile.name,
-            params.language,
-            spec,
-            params.since,
-            params.until,
-        ),
-    )
-    mining.carried_from = parent.version if carried and parent else None
-    # a cluster holding a revoked phrasing stays out until it is unrevoked
-    revoked = is_revoked(nightly_revocations(out, profile.name, settings, parent))
-    hot = drop_clusters(
-        hot,
-        lambda h: any(revoked({"key": p.key, "cluster": h.key}) for p in h.phrasings),
-        mining,
-        "revoked",
-    )
-    run = run_id(
-        profile, [h.question for h in hot], parent.version if parent else None, curated_sha
-    )
-    work = WorkArea(out, profile.name, run)
-    work.put_hot(hot)
-    clusters = work.put_clusters(mining.cluster_rows)
-    work.put_json("profile.json", profile.inputs)
-    # the operator's answers first, then the parent's still fresh ones
-    reused = curated_rows(hot, curated, params.now)
-    if parent is not None and config.generation.reuse_ttl_fraction > 0:
-        published = [r for shard in parent.shards for r in shard.rows.to_pylist()]
-        max_age = timedelta(days=config.build.ttl_days * config.generation.reuse_ttl_fraction)
-        flagged = parent_flagged(out, parent)
-        done = {row["key"] for row in reused}
-        fresh = reusable_answers(hot, published, parent.version, params.now, max_age, flagged)
-        reused += [row for row in fresh if row["key"] not in done]
-    table = pa.Table.from_pylist(reused, schema=answer_schema())
-    work.put_reused(table, {h.key: at for at, h in enumerate(hot)})
-    count = len(partitions(hot, config.generation.partition_size))
-    answered = sum(1 for row in reused if row["reused_from"] == CURATED)
+    # language without two wordings tonight needs no embedder (loaded only when one is needed);
+    # the questions and the cluster report are kept on local disk, not in this process
+    spill = Path(tempfile.mkdtemp(prefix="edgeqa-mine-"))
+    try:
+        hot, mining = mine_to(
+            spill,
+            tables,
+            None,
+            scaled(config, spec).mining,
+            params.now,
+            carried(),
+            language=params.language,
+            progress=progress,
+            # on Ray; here when the run was handed a model loaded here (a test, a benchmark)
+            encoder=lambda: wordings_encoder(settings, spec, here=model is not None),
+            # what the nights before judged and embedded is not done again (``nightcache.py``)
+            caches=NightCaches.of_night(
+                out,
+                profile.name,
+                params.language,
+                spec,
+                params.since,
+                params.until,
+            ),
+        )
+        mining.carried_from = parent.version if read and parent else None
+        # a cluster holding a revoked phrasing stays out until it is unrevoked
+        revoked = is_revoked(nightly_revocations(out, profile.name, settings, parent))
+        dropped = drop_clusters(
+            hot,
+            lambda h: any(revoked({"key": p.key, "cluster": h.key}) for p in h.phrasings),
+            mining,
+            "revoked",
+        )
+
+        def kept() -> Iterator[HotQuestion]:  # the mined questions, read again as often as asked
+            return (h for h in hot if h.key not in dropped)
+
+        parent_version = parent.version if parent else None
+        run = run_id(profile, (h.question for h in kept()), parent_version, curated_sha)
+        work = WorkArea(out, profile.name, run)
+        questions = work.put_hot(kept())
+        clusters = work.put_clusters(mining.cluster_rows)
+        work.put_json("profile.json", profile.inputs)
+        reused, answered = _reused(params, work, kept(), curated, parent)
+        mining.peak_rss_mb["hot_and_reused"] = peak_rss_mb()
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
+    count = -(-questions // config.generation.partition_size)
     mined = {
         "profile": profile.name,
         "run": run,
         "parent": parent.version if parent else None,
-        "questions": len(hot),
-        "reusable": len(reused),
+        "questions": questions,
+        "reusable": reused,
         "curated": answered,
         "partitions": count,
         "logs": {**stats.__dict__, "rows": mining.rows},
@@ -255,6 +263,53 @@ def mine_stage(
     # what the stages after this one read when they run in another process (``run_stage``)
     work.put_json(MINED, mined)
     return mined
+
+
+def _reused(
+    params: RunParams,
+    work: WorkArea,
+    hot: Iterable[HotQuestion],
+    curated: dict[str, dict[str, str]],
+    parent: LoadedRelease | None,
+) -> tuple[int, int]:
+    """Into ``reused/``, a part beside each part of ``hot/`` (the mined questions, in their
+    order): the answers taken as they are, the operator's first, then the parent's still fresh
+    ones. The rows written, and how many are the operator's."""
+    import pyarrow as pa
+
+    config = params.config
+    answers = None
+    if parent is not None and config.generation.reuse_ttl_fraction > 0:
+        max_age = timedelta(days=config.build.ttl_days * config.generation.reuse_ttl_fraction)
+        answers = ParentAnswers(
+            (r for shard in parent.shards for r in shard.rows.to_pylist()),
+            parent.version,
+            params.now,
+            max_age,
+            parent_flagged(work.store, parent),
+        )
+    written = operator = 0
+
+    def parts() -> Iterator[pa.Table]:
+        nonlocal written, operator
+        for part in batched(hot, HOT_PART_ROWS):
+            rows = curated_rows(part, curated, params.now)
+            operator += len(rows)
+            if answers is not None:
+                done = {row["key"] for row in rows}
+                rows += [row for row in answers.rows(part) if row["key"] not in done]
+            written += len(rows)
+            yield pa.Table.from_pylist(rows, schema=answer_schema())
+
+    work.put_reused(parts())
+    return written, operator
+
+
+def batched(items: Iterable[HotQuestion], size: int) -> Iterator[list[HotQuestion]]:
+    """``items`` in lists of ``size`` (the last shorter)."""
+    it = iter(items)
+    while batch := list(islice(it, size)):
+        yield batch
 
 
 def generate_stage(

@@ -66,20 +66,18 @@ class WorkArea:
         """Where the built release is staged before it is published."""
         return f"{self.prefix}/release"
 
-    def put_reused(self, table: pa.Table, position: dict[str, int]) -> int:
-        """Write the answers this run takes instead of generating (a table of
-        ``generate.answer_schema``), each in ``reused/`` beside the part of ``hot/`` its
-        question is in (``position``: a key's place in ``hot/``), replacing what was there; the
-        rows written."""
-        import pyarrow as pa
-
-        by_part: dict[int, list[int]] = {}
-        for row, key in enumerate(table.column("key").to_pylist()):
-            by_part.setdefault(position[key] // HOT_PART_ROWS, []).append(row)
+    def put_reused(self, parts: Iterable[pa.Table]) -> int:
+        """Write the answers this run takes instead of generating (tables of
+        ``generate.answer_schema``, the ``i``-th the answers to questions of ``hot/``'s ``i``-th
+        part) as ``reused/``, each beside its part of ``hot/`` (an empty one not written),
+        replacing what was there; the rows written."""
         self.store.delete_prefix(f"{self.prefix}/reused/")
-        for part, rows in sorted(by_part.items()):
-            self.put_table(self._part("reused", part), table.take(pa.array(rows, pa.int64())))
-        return table.num_rows
+        written = 0
+        for part, table in enumerate(parts):
+            if table.num_rows:
+                self.put_table(self._part("reused", part), table)
+                written += table.num_rows
+        return written
 
     def reused_parts(self) -> Iterator[pa.Table]:
         """Every answer the run takes as it is, a part at a time."""

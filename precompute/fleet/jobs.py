@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any
 
+from base.config import peak_rss_mb
 from base.errors import EdgeQAError
 
 log = logging.getLogger(__name__)
@@ -116,22 +117,6 @@ def job_key(*parts: str) -> str:
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
     readable = re.sub(r"[^A-Za-z0-9_-]+", "_", "-".join(parts))[:80].strip("_-")
     return f"edgeqa-{readable}-{digest}"
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory in MB: Linux's ``VmHWM``, the high-water mark of its
-    own memory since it started (``ru_maxrss`` is not: Linux keeps it across ``exec``, so a
-    child started by a large parent reports the parent's); ``ru_maxrss`` elsewhere."""
-    import resource
-
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return round(int(line.split()[1]) / 1024, 1)  # kB
-    except OSError:
-        pass
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def task_process() -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pytest
 from base.keys import key
 from base.store import FileStore, ObjectNotFoundError
 from precompute.config import PrecomputeSettings
-from precompute.generate import answer_schema, generate_all, reusable_answers
+from precompute.generate import ParentAnswers, answer_schema, generate_all, reusable_answers
 from precompute.questions import HotQuestion, Phrasing
 from precompute.workarea import PartitionReader, WorkArea
 
@@ -99,10 +99,12 @@ def test_a_worker_reads_its_partition_and_its_reused_answers_a_part_at_a_time(
     work = WorkArea(FileStore(tmp_path), "p", "run")
     work.put_hot(hot)
     parent = [_row(questions[n], answer=f"Answer {n}.") for n in (1, 4, 7)]
-    reused = reusable_answers(hot, parent, "v1", NOW, timedelta(days=3))
-    position = {h.key: at for at, h in enumerate(hot)}
-    table = pa.Table.from_pylist(reused, schema=answer_schema())
-    assert work.put_reused(table, position) == 3
+    answers = ParentAnswers(parent, "v1", NOW, timedelta(days=3))
+    parts = [  # beside hot/'s parts of 3 questions: reused answers to 1, 4 and 7
+        pa.Table.from_pylist(answers.rows(hot[at : at + 3]), schema=answer_schema())
+        for at in range(0, len(hot), 3)
+    ]
+    assert work.put_reused(parts) == 3
     assert [p.rsplit("/", 1)[1] for p in sorted(work.store.list(f"{work.prefix}/reused/"))] == [
         "00000.parquet",  # questions 0-2: 1
         "00001.parquet",  # 3-5: 4

@@ -16,7 +16,7 @@ from base.keys import key
 from edge_index.guard import content_tokens
 from precompute.build import answered, build_release
 from precompute.config import BuildConfig, MiningConfig
-from precompute.mining import drop_clusters, mine
+from precompute.mining import drop_clusters, mine, mine_to
 from precompute.questions import HotQuestion, Phrasing
 from precompute.safetext import safe_question
 from precompute.samplelogs import spread_askers
@@ -427,7 +427,7 @@ def test_revoked_clusters_count_every_wording_as_revoked(embedder) -> None:  # t
     )
     hot, report = mine(rows, embedder, MiningConfig(cluster_threshold=0.9, k=5), NOW)
     assert report.excluded_rows == {"rare_tokens": 1}  # asap: one person
-    assert drop_clusters(hot, lambda h: True, report, "revoked") == []
+    assert drop_clusters(hot, lambda h: True, report, "revoked") == {hot[0].key}
     assert report.excluded_rows == {"revoked": 6}
     assert report.excluded_phrasings == {"revoked": 2}
     assert report.published_clusters == 0
@@ -543,11 +543,14 @@ def test_the_sample_logs_mine_the_same_clusters_as_before_the_log_window_moved_t
     multilingual_embedder: Any,
     phrasing_rows: int | None,
     monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
-    """And the same when the candidate clusters' wordings are read a few at a time."""
+    """And the same when the candidate clusters' wordings are read a few at a time, and the
+    questions found are kept on disk a few a part and read back merged in rank order."""
     from datetime import date
 
-    import precompute.mining
+    import precompute.reduction
+    import precompute.spill
     from precompute.samplelogs import ZH_INTENTS, generate_rows
 
     expected = json.loads(GOLDEN.read_text())["clusters"]
@@ -561,11 +564,26 @@ def test_the_sample_logs_mine_the_same_clusters_as_before_the_log_window_moved_t
             0.97,
         ),
     ]
-    if phrasing_rows is not None:
-        monkeypatch.setattr(precompute.mining, "PHRASING_ROWS", phrasing_rows)
+    spill = None
+    if phrasing_rows is not None:  # and the questions kept on disk 2 a part, merged back
+        monkeypatch.setattr(precompute.reduction, "PICKED_ROWS", phrasing_rows)
+        monkeypatch.setattr(precompute.spill, "SPILL_ROWS", 2)
+        monkeypatch.setattr(precompute.spill, "READ_ROWS", 1)
         languages = languages[:1]
+        spill = tmp_path / "spill"
     for language, rows, model, threshold in languages:
-        hot, _ = mine(rows, model, MiningConfig(cluster_threshold=threshold, k=5), now)
+        found, report = mine_to(
+            spill, rows, model, MiningConfig(cluster_threshold=threshold, k=5), now
+        )
+        hot = list(found)
+        if spill is not None:
+            assert len(list((spill / "hot").glob("*.parquet"))) == len(hot) // 2
+            assert (
+                len(list((spill / "clusters").glob("*.parquet"))) == len(report.cluster_rows) // 2
+            )
+            assert [r["cluster"] for r in report.cluster_rows if r["status"] == "selected"] == [
+                h.key for h in hot
+            ]
         mined = [
             [
                 h.key,
@@ -625,6 +643,9 @@ def test_text_rules_run_once_per_distinct_text_and_count_every_row(embedder: Any
     assert set(report.seconds) == {
         "aggregate", "rules", "embed", "cluster", "k_and_text_rules", "rank"
     }  # fmt: skip
+    # the peak resident memory as each step ended, never falling
+    peaks = [report.peak_rss_mb[step] for step in ("rules", "cluster", "k_and_text_rules", "rank")]
+    assert 0 < peaks[0] and peaks == sorted(peaks)
 
 
 def test_the_log_window_spills_to_disk_under_a_tight_memory_limit(embedder: Any) -> None:

@@ -1,0 +1,139 @@
+"""What the mine stage makes as it goes and hands on whole, kept on local disk instead of in
+its memory: the mined questions (``HotSpill``, read back in rank order) and the cluster report
+(``ClusterSpill``, read back as made). A night of a million hot questions held ~5 KB of Python
+objects each (their askers as sets and dicts); here the stage holds a part of
+``SPILL_ROWS`` rows, and the rest is Parquet in a private folder the caller removes.
+
+Both are ``RowSpill``s: rows of a Parquet schema, kept in memory up to a part and written to
+``<folder>/<nnnnn>.parquet`` a part at a time. With an ``order`` (a key over rows) each part is
+sorted before it is written and reading merges the parts (``heapq.merge`` over each part read
+``READ_ROWS`` at a time): an external sort whose memory is a part plus a batch a part.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from precompute.questions import HotQuestion, cluster_report_schema, hot_schema
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+SPILL_ROWS = 8192  # rows held before a part is written
+READ_ROWS = 256  # rows read from each part at a time while they are merged
+
+
+class RowSpill:
+    """Rows (dicts) of ``schema``: ``append``, then iterate (as often as wanted). ``folder``:
+    where the parts go (None: every row is held); ``order``: a key over rows (None: as
+    appended)."""
+
+    def __init__(
+        self,
+        schema: pa.Schema,
+        folder: Path | None = None,
+        order: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> None:
+        self._schema = schema
+        self._folder = folder
+        self._order = order
+        self._held: list[dict[str, Any]] = []
+        self._parts: list[Path] = []
+        self._count = 0
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def append(self, row: dict[str, Any]) -> None:
+        self._held.append(row)
+        self._count += 1
+        if self._folder is not None and len(self._held) >= SPILL_ROWS:
+            self._write()
+
+    def _write(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        assert self._folder is not None
+        if self._order is not None:
+            self._held.sort(key=self._order)
+        path = self._folder / f"{len(self._parts):05d}.parquet"
+        pq.write_table(pa.Table.from_pylist(self._held, schema=self._schema), path)
+        self._parts.append(path)
+        self._held = []
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        held = sorted(self._held, key=self._order) if self._order else list(self._held)
+        streams: list[Iterable[dict[str, Any]]] = [_read(path) for path in self._parts]
+        if self._order is None:
+            return (row for stream in [*streams, held] for row in stream)
+        return heapq.merge(*streams, held, key=self._order)
+
+
+def _read(path: Path) -> Iterator[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=READ_ROWS):
+        yield from batch.to_pylist()
+
+
+def rank(row: dict[str, Any]) -> tuple[float, int, str]:
+    """A mined question's place (``hot_schema`` row): best score first, then most askers, then
+    its key."""
+    return (-row["score"], -row["users"], row["key"])
+
+
+class HotSpill:
+    """The mined questions, added in any order, read back in rank order (``rank``) as
+    ``HotQuestion``s, the first ``limit`` of them (None: all; ``past_limit``: the others):
+    as ``hot/`` keeps them (``HotQuestion.as_row``), so a wording's ``more_weight`` (the
+    run's alone) is not kept."""
+
+    def __init__(self, folder: Path | None = None) -> None:
+        self._rows = RowSpill(hot_schema(), folder, rank)
+        self.limit: int | None = None
+
+    def __len__(self) -> int:
+        count = len(self._rows)
+        return count if self.limit is None else min(count, self.limit)
+
+    def add(self, question: HotQuestion) -> None:
+        self._rows.append(question.as_row())
+
+    def __iter__(self) -> Iterator[HotQuestion]:
+        return (HotQuestion.from_row(row) for row in islice(self._rows, self.limit))
+
+    def past_limit(self) -> Iterator[HotQuestion]:
+        if self.limit is None or len(self._rows) <= self.limit:
+            return iter(())
+        return (HotQuestion.from_row(row) for row in islice(self._rows, self.limit, None))
+
+
+class ClusterSpill:
+    """The cluster report's rows (``HotQuestion.report_row``), read back in the order they came,
+    with the clusters dropped after mining (``relabel``) under their new status."""
+
+    def __init__(self, folder: Path | None = None) -> None:
+        self._rows = RowSpill(cluster_report_schema(), folder)
+        self._status: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def append(self, row: dict[str, Any]) -> None:
+        self._rows.append({"signed_users": None, "asns": None, **row})
+
+    def relabel(self, clusters: Iterable[str], status: str) -> None:
+        """The rows of ``clusters`` (their keys) read with ``status``."""
+        self._status.update((key, status) for key in clusters)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for row in self._rows:
+            status = self._status.get(row["cluster"]) if row["cluster"] is not None else None
+            yield row if status is None else {**row, "status": status}

@@ -1,0 +1,82 @@
+"""What the mine stage keeps on local disk instead of in memory (``precompute/spill.py``), and
+the window's wordings read back from DuckDB (``precompute/reduction.py``)."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+import precompute.spill as spill
+from precompute.carry import carry
+from precompute.config import MiningConfig
+from precompute.logwindow import LogWindow
+from precompute.questions import HotQuestion, Phrasing
+from precompute.spill import ClusterSpill, HotSpill
+
+NOW = datetime(2026, 11, 28, 12, tzinfo=UTC)
+
+
+def _question(n: int, score: float, users: int) -> HotQuestion:
+    seen = {f"user-{n}-{i}": NOW - timedelta(minutes=i) for i in range(3)}
+    wording = Phrasing(f"{n:064x}", f"question {n}", f"Question {n}?", set(seen), 3, seen)
+    return HotQuestion(wording, [wording], users, 3, score)
+
+
+@pytest.mark.parametrize("folder", [False, True])
+def test_questions_come_back_in_rank_order_from_parts_merged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: bool
+) -> None:
+    monkeypatch.setattr(spill, "SPILL_ROWS", 4)
+    monkeypatch.setattr(spill, "READ_ROWS", 3)
+    rng = random.Random(7)
+    questions = [_question(n, rng.choice([1.0, 2.5, 3.0]), rng.randint(5, 7)) for n in range(23)]
+    hot = HotSpill(tmp_path / "hot" if folder else None)
+    for question in questions:
+        hot.add(question)
+    assert len(list((tmp_path / "hot").glob("*.parquet"))) == (5 if folder else 0)
+    ranked = sorted(questions, key=lambda h: (-h.score, -h.users, h.key))
+    assert len(hot) == 23 and list(hot) == ranked
+    assert list(hot) == ranked  # read as often as asked
+    hot.limit = 10
+    assert len(hot) == 10 and list(hot) == ranked[:10]
+    assert list(hot.past_limit()) == ranked[10:]
+
+
+def test_the_cluster_report_keeps_its_order_and_reads_dropped_clusters_relabelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(spill, "SPILL_ROWS", 2)
+    rows = ClusterSpill(tmp_path / "clusters")
+    for n in range(5):
+        rows.append(_question(n, 1.0, 5).report_row("selected"))
+    rows.append({"cluster": None, "status": "unverified_crowd", "signed_users": 0, "asns": 1})
+    rows.relabel([f"{3:064x}"], "revoked")
+    got = list(rows)
+    assert [r["cluster"] for r in got] == [f"{n:064x}" for n in range(5)] + [None]
+    assert [r["status"] for r in got] == ["selected"] * 3 + ["revoked", "selected"] + [
+        "unverified_crowd"
+    ]
+    assert got[-1]["signed_users"] == 0 and got[0]["signed_users"] is None
+
+
+def test_the_wordings_are_read_from_the_window_by_column_and_by_row() -> None:
+    rows = [
+        {"ts": NOW - timedelta(hours=i), "user": f"u{i % 7}", "network": f"n{i % 5}", "query": q}
+        for i, q in enumerate(["How do I reset my password?"] * 6 + ["Where is my order?"] * 3)
+    ]
+    config = MiningConfig(k=2)
+    with LogWindow(64) as window:
+        window.add(rows)
+        wordings, _ = window.wordings(config, NOW, carry((), config, NOW).tables)
+        assert len(wordings) == 2
+        assert wordings.column("hits").to_pylist() == [6, 3]  # most askers first
+        (picked,) = wordings.picked([1, 0, 1])
+        assert picked.column("hits").to_pylist() == [3, 6, 3]
+        with pytest.raises(ValueError, match="no column 'ts'"):
+            wordings.column("ts")
+        with pytest.raises(IndexError, match=r"\[0, 2\)"):
+            list(wordings.picked([2]))
+        assert list(wordings.picked([])) == []
