@@ -301,8 +301,8 @@ def _release_night(work: Path, n: int) -> Any:
         with answers.open("w", encoding="utf-8") as f:
             for i, q in enumerate(questions):
                 # short: 500,000 of them stay under the answers file's 64 MB (curated.MAX_BYTES)
-                text = f"Answer {i}: open the app and follow the steps."
-                f.write(json.dumps({"question": q, "answer": text}) + "\n")
+                text = f"Answer {i}: follow the steps."
+                f.write(json.dumps({"question": q, "answer": text}, separators=(",", ":")) + "\n")
         _write_release_logs(logs, questions)
         (work / ".complete").touch()
     params = _params(logs, out)
