@@ -7,7 +7,8 @@ objects each (their askers as sets and dicts); here the stage holds a part of
 Both are ``RowSpill``s: rows of a Parquet schema, kept in memory up to a part and written to
 ``<folder>/<nnnnn>.parquet`` a part at a time. With an ``order`` (a key over rows) each part is
 sorted before it is written and reading merges the parts (``heapq.merge`` over each part read
-``READ_ROWS`` at a time): an external sort whose memory is a part plus a batch a part.
+``READ_ROWS`` at a time, the parts written in row groups of as many): an external sort whose
+memory is a part plus a row group a part.
 """
 
 from __future__ import annotations
@@ -64,7 +65,10 @@ class RowSpill:
         if self._order is not None:
             self._held.sort(key=self._order)
         path = self._folder / f"{len(self._parts):05d}.parquet"
-        pq.write_table(pa.Table.from_pylist(self._held, schema=self._schema), path)
+        # row groups of READ_ROWS: a reader decodes a row group whole, and the merge keeps a
+        # reader open on every part (one group a part: 8,192 questions held per part)
+        table = pa.Table.from_pylist(self._held, schema=self._schema)
+        pq.write_table(table, path, row_group_size=READ_ROWS)
         self._parts.append(path)
         self._held = []
 
@@ -79,7 +83,9 @@ class RowSpill:
 def _read(path: Path) -> Iterator[dict[str, Any]]:
     import pyarrow.parquet as pq
 
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=READ_ROWS):
+    for batch in pq.ParquetFile(path, pre_buffer=False).iter_batches(
+        batch_size=READ_ROWS, use_threads=False
+    ):
         yield from batch.to_pylist()
 
 
