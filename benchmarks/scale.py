@@ -46,16 +46,20 @@ Prints one JSON object: {"config", "nights", "rules", "mine": {"<rows>": {...}},
 
 7. **Stages** (``--stages 300000,3000000``): each stage of a night whose every question is
    asked by ~6 people (all published), in its own process: seconds and peak RSS, mine's FAISS
-   lists apart.
+   lists apart; DuckDB given ``--stage-memory-mb`` (512, ``EDGEQA_MINING_MEMORY_MB``: a budget
+   the 3M-row night reaches and the 300k one does not, so it is held the same at every size);
+   ``--stage-names mine`` runs only those stages (the others read what an earlier run left).
 
 Run: .venv/bin/python benchmarks/scale.py [--sizes 100000,1000000] [--full] [--release 100000]
      [--edge-rows 1000000] [--skip mine,release,edge_load] [--nights 2 --rows-per-day 150000]
      [--rules 100000] [--aggregate 10000000,30000000] [--stages 300000,3000000]
+     [--stage-memory-mb 512] [--stage-names mine,generate,build,validate,publish]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -376,6 +380,9 @@ def child_stage(args: dict[str, Any]) -> dict[str, Any]:
 
     work = Path(args["work"])
     params = _release_night(work, int(args["n"]))
+    if args.get("memory_mb"):
+        config = params.config.replace(mining={"memory_mb": int(args["memory_mb"])})
+        params = dataclasses.replace(params, config=config)
     stage = args["stage"]
     began = time.perf_counter()
     if stage == "mine":
@@ -400,19 +407,30 @@ def child_stage(args: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def stage_sizes(sizes: list[int], work: Path, done: Any) -> dict[str, Any]:
+def stage_sizes(
+    sizes: list[int],
+    work: Path,
+    done: Any,
+    memory_mb: int = 512,
+    stages: tuple[str, ...] = RELEASE_STAGES,
+) -> dict[str, Any]:
     """Each stage of the release night in its own process at each size (log rows; a question
-    is asked ~6 times), peak RSS per stage, and each stage's growth from the first size to the
-    last; ``done`` is handed what is measured after each stage."""
-    results: dict[str, Any] = {}
+    is asked ~6 times), DuckDB given ``memory_mb``, peak RSS per stage, and each stage's growth
+    from the first size to the last; ``done`` is handed what is measured after each stage. A
+    run of ``stages`` without mine reads what the last run mined."""
+    results: dict[str, Any] = {"mining_memory_mb": memory_mb}
     for rows in sizes:
         folder = work / f"stages-{rows}"
-        shutil.rmtree(folder / "out", ignore_errors=True)
+        if "mine" in stages:
+            shutil.rmtree(folder / "out", ignore_errors=True)
         run_child("night", {"work": str(folder), "n": rows // 6})  # the logs, written once
         per: dict[str, Any] = {}
         results[str(rows)] = per
-        for stage in RELEASE_STAGES:
-            per[stage] = run_child("stage", {"work": str(folder), "n": rows // 6, "stage": stage})
+        for stage in stages:
+            per[stage] = run_child(
+                "stage",
+                {"work": str(folder), "n": rows // 6, "stage": stage, "memory_mb": memory_mb},
+            )
             done("stages", results)
             if "error" in per[stage]:
                 break
@@ -811,6 +829,14 @@ def main() -> None:
         default="",
         help="log rows (e.g. 300000,1000000,3000000): each stage of a night in its own process",
     )
+    parser.add_argument(
+        "--stage-memory-mb", type=int, default=512, help="--stages: DuckDB's memory in mine"
+    )
+    parser.add_argument(
+        "--stage-names",
+        default=",".join(RELEASE_STAGES),
+        help="--stages: which stages to run (without mine: on what the last run mined)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default=str(ROOT / "benchmarks" / "out" / "scale"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -847,7 +873,9 @@ def main() -> None:
     if args.nights:
         done("nights", two_nights(args.rows_per_day, work, args.seed))
     if args.stages:
-        done("stages", stage_sizes([int(s) for s in args.stages.split(",")], work, done))
+        names = tuple(n for n in RELEASE_STAGES if n in args.stage_names.split(","))
+        sizes_ = [int(s) for s in args.stages.split(",")]
+        done("stages", stage_sizes(sizes_, work, done, args.stage_memory_mb, names))
     if args.rules:
         logs = logs_for(work, max(sizes or [100_000]), args.seed)
         done("rules", run_child("rules", {"logs": str(logs), "texts": args.rules}))

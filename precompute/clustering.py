@@ -424,6 +424,8 @@ def greedy_clusters(
             taken += members
         gone = np.asarray(taken, dtype=np.int64)
         index.remove_ids(faiss.IDSelectorArray(len(gone), faiss.swig_ptr(gone)))
+        for row in taken:  # a clustered row is never compared again
+            numbers.pop(row, None)
         if bar is not None:
             bar.update(len(taken))
     if bar is not None:

@@ -58,18 +58,21 @@ def read_bytes(uri: str) -> bytes:
     return path.read_bytes()
 
 
-def parse_curated(data: bytes, name: str = "answers") -> dict[str, dict[str, str]]:
-    """``{key: {"question", "answer"}}`` of a JSON Lines file; ``CuratedAnswersError`` naming
-    the first bad line."""
-    curated: dict[str, dict[str, str]] = {}
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise CuratedAnswersError(f"{name} is not UTF-8") from None
-    for number, line in enumerate(text.splitlines(), 1):
+def parse_curated(data: bytes, name: str = "answers") -> dict[str, str]:
+    """``{key: answer}`` of a JSON Lines file, read a line at a time (the answer is all a run
+    takes: a file at the 64 MB cap is ~100 MB held this way, ~300 MB as a dict per line);
+    ``CuratedAnswersError`` naming the first bad line."""
+    import io
+
+    curated: dict[str, str] = {}
+    for number, raw in enumerate(io.BytesIO(data), 1):
+        where = f"{name} line {number}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CuratedAnswersError(f"{name} is not UTF-8 ({where})") from None
         if not line.strip():
             continue
-        where = f"{name} line {number}"
         try:
             item = json.loads(line)
         except ValueError:
@@ -89,11 +92,11 @@ def parse_curated(data: bytes, name: str = "answers") -> dict[str, dict[str, str
             kinds = find_pii(value)
             if kinds:
                 raise CuratedAnswersError(f"{where}: the {field} carries personal data {kinds}")
-        curated[k] = {"question": question, "answer": answer}
+        curated[k] = answer
     return curated
 
 
-def read_curated(uri: str, sha256: str) -> tuple[dict[str, dict[str, str]], str]:
+def read_curated(uri: str, sha256: str) -> tuple[dict[str, str], str]:
     """The curated answers at ``uri`` and the sha256 of the file (a run depends on it);
     ``CuratedAnswersError`` unless that digest is ``sha256``, the pinned one."""
     if not sha256:
@@ -116,7 +119,7 @@ def read_curated(uri: str, sha256: str) -> tuple[dict[str, dict[str, str]], str]
 
 
 def curated_rows(
-    hot: Iterable[Any], curated: dict[str, dict[str, str]], now: datetime
+    hot: Iterable[Any], curated: dict[str, str], now: datetime
 ) -> list[dict[str, Any]]:
     """The rows (``generate.answer_schema``) of the mined clusters (``HotQuestion``) a curated
     answer answers: its canonical phrasing's, or else the first other phrasing's."""
@@ -125,5 +128,5 @@ def curated_rows(
         found = next((curated[p.key] for p in cluster.phrasings if p.key in curated), None)
         if found is None:
             continue
-        rows.append(reused_row(cluster, found["answer"], now, CURATED))
+        rows.append(reused_row(cluster, found, now, CURATED))
     return rows

@@ -86,20 +86,35 @@ def make_profile(
     return Profile(f"{slug}-{language}-{digest}", inputs)
 
 
+class RunDigest:
+    """``run_id`` taken a question at a time (``add``), so the questions are read once, beside
+    what else reads them."""
+
+    def __init__(self, profile: Profile) -> None:
+        self._digest = hashlib.sha256(profile.name.encode())
+
+    def add(self, question: str) -> None:
+        self._digest.update(b"\0" + question.encode())
+
+    def run_id(self, parent: str | None = None, curated: str = "") -> str:
+        digest = self._digest.copy()
+        if parent:
+            digest.update(b"\1" + parent.encode())
+        if curated:
+            digest.update(b"\2" + curated.encode())
+        return digest.hexdigest()[:16]
+
+
 def run_id(
     profile: Profile, questions: Iterable[str], parent: str | None = None, curated: str = ""
 ) -> str:
     """The run's work area: the profile, the mined questions, the release they build on (its
     evidence and answers are carried forward, so the next night is another run) and the curated
     answers file's digest (``curated.py``)."""
-    digest = hashlib.sha256(profile.name.encode())
+    digest = RunDigest(profile)
     for question in questions:
-        digest.update(b"\0" + question.encode())
-    if parent:
-        digest.update(b"\1" + parent.encode())
-    if curated:
-        digest.update(b"\2" + curated.encode())
-    return digest.hexdigest()[:16]
+        digest.add(question)
+    return digest.run_id(parent, curated)
 
 
 def partitions(items: Sequence[Any], size: int) -> list[list[Any]]:

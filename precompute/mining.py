@@ -103,8 +103,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# DuckDB's memory while it looks up the night's cached vectors (``nightcache.py``; it spills past)
-VECTOR_LOOKUP_MB = 256
 # the steps whose seconds the report gives (``MiningReport.seconds``)
 STEPS = ("aggregate", "rules", "embed", "cluster", "k_and_text_rules", "rank")
 
@@ -341,15 +339,12 @@ def _clusters(
         if vectors is None:
             chunks = embed(normalized, encode(), order, progress)
         else:
-            keys = table.column("key").to_pylist()
-            picked = order.tolist()
             chunks = vectors_with_cache(
                 vectors,
-                [keys[i] for i in picked],
-                [normalized[i] for i in picked],
+                table.column("key").take(order),  # Arrow: no Python string a key
+                [normalized[i] for i in order.tolist()],
                 encode,
                 progress,
-                min(config.memory_mb, VECTOR_LOOKUP_MB),
             )
         clusters = greedy_clusters(
             chunks,
@@ -543,16 +538,19 @@ def drop_clusters(
     drop: Callable[[HotQuestion], bool],
     report: MiningReport,
     reason: str,
+    kept: Callable[[HotQuestion], None] | None = None,
 ) -> set[str]:
     """The keys of the clusters of ``hot`` (read once) that ``drop`` picks after mining
     (``revoked``): all their wordings and rows are then counted under ``reason``, the held-back
     ones' no longer as ``rare_tokens``, their report rows relabelled, and what is published
-    counted again without them."""
+    counted again without them. ``kept``: handed each cluster not dropped, in order."""
     dropped: set[str] = set()
 
-    def kept() -> Iterator[HotQuestion]:
+    def not_dropped() -> Iterator[HotQuestion]:
         for h in hot:
             if not drop(h):
+                if kept is not None:
+                    kept(h)
                 yield h
                 continue
             for counts, n in (
@@ -566,6 +564,6 @@ def drop_clusters(
             _exclude_wordings(report, h.wordings, reason)
             dropped.add(h.key)
 
-    report.count_published(kept())
+    report.count_published(not_dropped())
     report.cluster_rows.relabel(dropped, reason)
     return dropped

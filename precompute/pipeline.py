@@ -33,11 +33,10 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from functools import partial
-from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,11 +51,11 @@ from precompute.curated import curated_rows, read_curated
 from precompute.fleet import ran_on
 from precompute.generate import (
     ParentAnswers,
+    RunDigest,
     answer_schema,
     generate_all,
     make_profile,
     nightly_engine,
-    run_id,
 )
 from precompute.mining import MiningReport, drop_clusters, mine_to
 from precompute.nightcache import NightCaches
@@ -64,7 +63,7 @@ from precompute.parent import current_release, parent_flagged, parent_phrasings,
 from precompute.publish import prune, publish
 from precompute.questions import HotQuestion, Phrasing
 from precompute.revocations import is_revoked, nightly_revocations
-from precompute.workarea import HOT_PART_ROWS, WorkArea, parse_run
+from precompute.workarea import WorkArea, parse_run
 
 if TYPE_CHECKING:
     from base.release import LoadedRelease
@@ -222,23 +221,22 @@ def mine_stage(
         mining.carried_from = parent.version if read and parent else None
         # a cluster holding a revoked phrasing stays out until it is unrevoked
         revoked = is_revoked(nightly_revocations(out, profile.name, settings, parent))
+        digest = RunDigest(profile)  # the run id, from the same pass
         dropped = drop_clusters(
             hot,
             lambda h: any(revoked({"key": p.key, "cluster": h.key}) for p in h.phrasings),
             mining,
             "revoked",
+            kept=lambda h: digest.add(h.question),
         )
-
-        def kept() -> Iterator[HotQuestion]:  # the mined questions, read again as often as asked
-            return (h for h in hot if h.key not in dropped)
-
-        parent_version = parent.version if parent else None
-        run = run_id(profile, (h.question for h in kept()), parent_version, curated_sha)
+        run = digest.run_id(parent.version if parent else None, curated_sha)
         work = WorkArea(out, profile.name, run)
-        questions = work.put_hot(kept())
+        # the mined questions read once more: ``hot/`` and ``reused/`` beside it, a part at a time
+        reuse = _Reuse(params, work, curated, parent)
+        questions = work.put_hot((h for h in hot if h.key not in dropped), reuse.part)
         clusters = work.put_clusters(mining.cluster_rows)
         work.put_json("profile.json", profile.inputs)
-        reused, answered = _reused(params, work, kept(), curated, parent)
+        reused, answered = reuse.written, reuse.operator
         mining.peak_rss_mb["hot_and_reused"] = peak_rss_mb()
     finally:
         shutil.rmtree(spill, ignore_errors=True)
@@ -265,51 +263,45 @@ def mine_stage(
     return mined
 
 
-def _reused(
-    params: RunParams,
-    work: WorkArea,
-    hot: Iterable[HotQuestion],
-    curated: dict[str, dict[str, str]],
-    parent: LoadedRelease | None,
-) -> tuple[int, int]:
-    """Into ``reused/``, a part beside each part of ``hot/`` (the mined questions, in their
-    order): the answers taken as they are, the operator's first, then the parent's still fresh
-    ones. The rows written, and how many are the operator's."""
-    import pyarrow as pa
+class _Reuse:
+    """Into ``reused/``, a part beside each part of ``hot/`` (``part``: handed the mined
+    questions of each, in their order; what was there is removed first): the answers taken as
+    they are, the operator's first, then the parent's still fresh ones. ``written``: the rows
+    written; ``operator``: how many of them are the operator's."""
 
-    config = params.config
-    answers = None
-    if parent is not None and config.generation.reuse_ttl_fraction > 0:
-        max_age = timedelta(days=config.build.ttl_days * config.generation.reuse_ttl_fraction)
-        answers = ParentAnswers(
-            (r for shard in parent.shards for r in shard.rows.to_pylist()),
-            parent.version,
-            params.now,
-            max_age,
-            parent_flagged(work.store, parent),
+    def __init__(
+        self,
+        params: RunParams,
+        work: WorkArea,
+        curated: dict[str, str],
+        parent: LoadedRelease | None,
+    ) -> None:
+        config = params.config
+        self._work, self._curated, self._now = work, curated, params.now
+        self._answers = None
+        if parent is not None and config.generation.reuse_ttl_fraction > 0:
+            max_age = timedelta(days=config.build.ttl_days * config.generation.reuse_ttl_fraction)
+            self._answers = ParentAnswers(
+                (r for shard in parent.shards for r in shard.rows.to_pylist()),
+                parent.version,
+                params.now,
+                max_age,
+                parent_flagged(work.store, parent),
+            )
+        self.written = self.operator = 0
+        work.put_reused(())  # none yet: an earlier attempt's parts are removed
+
+    def part(self, index: int, questions: list[HotQuestion]) -> None:
+        import pyarrow as pa
+
+        rows = curated_rows(questions, self._curated, self._now)
+        self.operator += len(rows)
+        if self._answers is not None:
+            done = {row["key"] for row in rows}
+            rows += [row for row in self._answers.rows(questions) if row["key"] not in done]
+        self.written += self._work.put_reused_part(
+            index, pa.Table.from_pylist(rows, schema=answer_schema())
         )
-    written = operator = 0
-
-    def parts() -> Iterator[pa.Table]:
-        nonlocal written, operator
-        for part in batched(hot, HOT_PART_ROWS):
-            rows = curated_rows(part, curated, params.now)
-            operator += len(rows)
-            if answers is not None:
-                done = {row["key"] for row in rows}
-                rows += [row for row in answers.rows(part) if row["key"] not in done]
-            written += len(rows)
-            yield pa.Table.from_pylist(rows, schema=answer_schema())
-
-    work.put_reused(parts())
-    return written, operator
-
-
-def batched(items: Iterable[HotQuestion], size: int) -> Iterator[list[HotQuestion]]:
-    """``items`` in lists of ``size`` (the last shorter)."""
-    it = iter(items)
-    while batch := list(islice(it, size)):
-        yield batch
 
 
 def generate_stage(

@@ -27,11 +27,12 @@ Stages may run on different machines; the store is all they share.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,12 +73,14 @@ class WorkArea:
         part) as ``reused/``, each beside its part of ``hot/`` (an empty one not written),
         replacing what was there; the rows written."""
         self.store.delete_prefix(f"{self.prefix}/reused/")
-        written = 0
-        for part, table in enumerate(parts):
-            if table.num_rows:
-                self.put_table(self._part("reused", part), table)
-                written += table.num_rows
-        return written
+        return sum(self.put_reused_part(part, table) for part, table in enumerate(parts))
+
+    def put_reused_part(self, part: int, table: pa.Table) -> int:
+        """``reused/``'s part ``part`` (the answers to ``hot/``'s part ``part``; not written
+        when empty): its rows. ``put_reused`` writes them all, what was there removed."""
+        if table.num_rows:
+            self.put_table(self._part("reused", part), table)
+        return table.num_rows
 
     def reused_parts(self) -> Iterator[pa.Table]:
         """Every answer the run takes as it is, a part at a time."""
@@ -109,12 +112,28 @@ class WorkArea:
             for path in self.store.list(f"{self.prefix}/attempts")
         ]
 
-    def put_hot(self, hot: Iterable[HotQuestion]) -> int:
+    def put_hot(
+        self,
+        hot: Iterable[HotQuestion],
+        each_part: Callable[[int, list[HotQuestion]], None] | None = None,
+    ) -> int:
         """Write the mined questions, in order, as ``hot/`` (``HOT_PART_ROWS`` a part, replacing
-        what was there); the number of questions."""
+        what was there); the number of questions. ``each_part(i, questions)``: handed each
+        part's questions as it is written (what is written beside it: ``reused/``), so they are
+        read once."""
         from precompute.questions import hot_schema
 
-        return self._put_parts("hot", (question.as_row() for question in hot), hot_schema())
+        def rows() -> Iterator[dict[str, Any]]:
+            it = iter(hot)
+            for part in itertools.count():
+                questions = list(itertools.islice(it, HOT_PART_ROWS))
+                if not questions:
+                    return
+                if each_part is not None:
+                    each_part(part, questions)
+                yield from (question.as_row() for question in questions)
+
+        return self._put_parts("hot", rows(), hot_schema())
 
     def put_clusters(self, rows: Iterable[dict[str, Any]]) -> str:
         """Write the cluster report (``HotQuestion.report_row``s) as ``clusters/``,

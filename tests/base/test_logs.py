@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from prometheus_client import generate_latest
 
-from base.logreader import LogReadStats, read_logs
+from base.logreader import LogReadStats, read_log_tables, read_logs
 from base.logs import LogWriter
 from base.store import FileStore, Store, open_store
 from base.users import UserHasher, hash_user
@@ -124,6 +124,38 @@ def test_malformed_rows_and_files_are_skipped_and_counted(tmp_path: Path) -> Non
     assert stats.bad_files == 1
     assert stats.malformed_rows == 5
     assert stats.malformed_by_field == {"turns": 1, "tier": 1, "query": 1, "user": 1, "ts": 1}
+
+
+def test_a_file_is_read_a_row_group_at_a_time_and_a_corrupt_one_ends_it(tmp_path: Path) -> None:
+    """Each row group is its own table (a day's file is never decoded whole); a row group
+    that cannot be decoded counts the file bad, and the row groups before it are kept."""
+    store = FileStore(tmp_path)
+    with LogWriter(store, flush_interval_s=0) as writer:
+        for n in range(6):
+            writer.write(**_row(n))
+    (path,) = store.list(f"logs/dt={DAY.isoformat()}")
+    table = pq.read_table(io.BytesIO(store.get(path)))
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, row_group_size=2, compression="none")
+    store.put(path, buffer.getvalue())
+    stats = LogReadStats()
+    tables = list(read_log_tables(store, DAY, DAY, stats))
+    assert [t.num_rows for t in tables] == [2, 2, 2]
+    queries = [r["query"] for t in tables for r in t.to_pylist()]
+    assert queries == [f"question {n}" for n in range(6)]
+    assert (stats.files, stats.rows, stats.bad_files) == (1, 6, 0)
+
+    # the second row group's first page overwritten: the first two rows are read, then the file
+    # is counted bad (its footer still says three row groups)
+    data = bytearray(buffer.getvalue())
+    offset = pq.ParquetFile(io.BytesIO(bytes(data))).metadata.row_group(1).column(0)
+    start = offset.data_page_offset
+    data[start : start + 64] = b"\xff" * 64
+    store.put(path, bytes(data))
+    stats = LogReadStats()
+    rows = read_logs(store, DAY, DAY, stats)
+    assert [r["query"] for r in rows] == ["question 0", "question 1"]
+    assert (stats.files, stats.rows, stats.bad_files) == (1, 2, 1)
 
 
 def test_user_hash_is_salted_and_stable() -> None:

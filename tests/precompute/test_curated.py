@@ -36,7 +36,7 @@ def _jsonl(*items: Any) -> str:
     return "\n".join(i if isinstance(i, str) else json.dumps(i, ensure_ascii=False) for i in items)
 
 
-def test_parse_curated_reads_question_and_answer_by_key() -> None:
+def test_parse_curated_reads_the_answer_by_the_question_key() -> None:
     data = _jsonl(
         {"question": "How do I freeze my card?", "answer": "Use Cards > Freeze in the app."},
         "",
@@ -45,14 +45,8 @@ def test_parse_curated_reads_question_and_answer_by_key() -> None:
     ).encode()
     curated = parse_curated(data + b"\n\n")
     assert curated == {
-        key("How do I freeze my card?"): {
-            "question": "How do I freeze my card?",
-            "answer": "Use Cards > Freeze in the app.",
-        },
-        key("如何冻结我的银行卡？"): {
-            "question": "如何冻结我的银行卡？",
-            "answer": "请在手机银行中冻结。",
-        },
+        key("How do I freeze my card?"): "Use Cards > Freeze in the app.",
+        key("如何冻结我的银行卡？"): "请在手机银行中冻结。",
     }
     # a question is found by its key: the same question typed otherwise is the same entry
     assert key("  how do I FREEZE my card??") in curated

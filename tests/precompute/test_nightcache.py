@@ -234,6 +234,36 @@ def test_vectors_come_in_the_night_s_order_and_stale_parts_expire(
     assert store.exists("p/work/cache/vectors/README")
 
 
+def test_the_latest_night_s_vector_of_a_wording_is_taken_and_bad_rows_are_embedded(
+    tmp_path: Path,
+) -> None:
+    """Two nights' parts hold a vector of ``a``: the later night's is taken, whichever part is
+    read first; a part's row that is not a unit vector is embedded again, its good rows taken."""
+    store = FileStore(tmp_path)
+    day = date(2026, 11, 20)
+
+    def unit(seed: int) -> np.ndarray:
+        vector = np.random.default_rng(seed).normal(size=8).astype(np.float32)
+        return vector / np.linalg.norm(vector)
+
+    def put(night: date, keys: list[str], vectors: list[np.ndarray]) -> None:
+        values = pa.array(np.concatenate(vectors), pa.float32())
+        table = pa.table({"key": keys, "vector": pa.FixedSizeListArray.from_arrays(values, 8)})
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer)
+        store.put(f"p/work/cache/vectors/f/{night}/00000-t.parquet", buffer.getvalue())
+
+    put(day + timedelta(days=2), ["a", "b"], [unit(2), 3 * unit(3)])  # b's is not unit length
+    put(day + timedelta(days=1), ["a", "c"], [unit(1), unit(4)])
+    cache = NightCache(store, "p", "vectors", "f", day, day + timedelta(days=6))
+    calls: list[list[str]] = []
+    got = _vectors(cache, ["b", "c", "a"], calls)
+    assert calls == [["text of b"]]  # the only one embedded
+    np.testing.assert_array_equal(got[1], unit(4))
+    np.testing.assert_array_equal(got[2], unit(2))  # day 2's, not day 1's
+    assert (cache.counts.found, cache.counts.invalid, cache.counts.computed) == (2, 1, 1)
+
+
 def test_the_text_rules_give_the_same_verdicts_on_two_processes() -> None:
     texts = [f"How do I reset my password number {i}?" for i in range(40)]
     texts += ["What is the weather today?", "My email is ann@example.com, help"]

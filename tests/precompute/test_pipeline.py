@@ -210,7 +210,10 @@ def test_the_mined_questions_are_parquet_parts_read_back_as_they_were(
     ]
     monkeypatch.setattr(workarea, "HOT_PART_ROWS", 2)
     work = WorkArea(FileStore(tmp_path), "p", "0123456789abcdef")
-    assert work.put_hot(iter(hot)) == 5
+    handed: list[tuple[int, list[str]]] = []
+    assert work.put_hot(iter(hot), lambda i, part: handed.append((i, [h.key for h in part]))) == 5
+    # each part's questions handed over as it is written (``reused/`` beside it: one read)
+    assert handed == [(0, ["k0", "k1"]), (1, ["k2", "k3"]), (2, ["k4"])]
     parts = sorted(work.store.list(f"{work.prefix}/hot/"))
     assert [p.rsplit("/", 1)[1] for p in parts] == [
         "00000.parquet",
