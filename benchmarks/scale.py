@@ -404,6 +404,11 @@ def child_stage(args: dict[str, Any]) -> dict[str, Any]:
         result["peak_rss_without_lists_mb"] = round(result["peak_rss_mb"] - lists_mb, 1)
     if stage == "build":
         result["rows"] = done["rows"]
+        # the writer holds one shard's index at a time: the largest, apart (as mine's lists)
+        manifest = _work_area(params, mined).get_json("release/manifest.json")
+        index_mb = max(s["index"]["bytes"] for s in manifest["shards"]) / 2**20
+        result["largest_index_mb"] = round(index_mb, 1)
+        result["peak_rss_without_index_mb"] = round(result["peak_rss_mb"] - index_mb, 1)
     return result
 
 
@@ -435,7 +440,8 @@ def stage_sizes(
             if "error" in per[stage]:
                 break
     first, last = results[str(sizes[0])], results[str(sizes[-1])]
-    key = {s: "peak_rss_without_lists_mb" if s == "mine" else "peak_rss_mb" for s in first}
+    apart = {"mine": "peak_rss_without_lists_mb", "build": "peak_rss_without_index_mb"}
+    key = {s: apart.get(s, "peak_rss_mb") for s in first}
     results["growth_mb"] = {
         stage: round(last[stage][key[stage]] - first[stage][key[stage]], 1)
         for stage in RELEASE_STAGES
