@@ -17,6 +17,7 @@ import base.release as release
 from base.answer_objects import answer_object_problem
 from base.release import (
     ReleaseError,
+    check_release,
     load_release,
     pointer_path,
     release_prefix,
@@ -160,6 +161,30 @@ def test_the_edge_refuses_a_forged_release_and_keeps_serving_the_old_one(
     assert watcher.refresh() is False
     assert watcher.index.version == old and not escaped.exists()
     assert load_release(store, PROFILE, old).version == old  # the old release is untouched
+
+
+def test_a_shard_index_that_does_not_parse_is_refused_loaded_or_checked(
+    published: tuple[FileStore, str],
+) -> None:
+    """An index whose bytes match the manifest but are no FAISS index (a builder's bug): the
+    edge's load and the publisher's check (lists mapped, not read) both refuse it by name, and
+    a good one checks with its rows counted."""
+    store, version = published
+    pointer = json.loads(store.get(pointer_path(PROFILE)))
+    manifest = check_release(store, PROFILE, version, pointer["manifest_sha256"])
+    assert sum(shard.count for shard in manifest.shards) > 0
+    garbage = b"not a faiss index" * 64
+    store.put(f"{release_prefix(PROFILE, version)}/shards/00000.faiss", garbage)
+
+    def forged(m: dict[str, Any]) -> None:
+        m["shards"][0]["index"].update(bytes=len(garbage), sha256=sha256_hex(garbage))
+
+    _forge(store, version, forged)
+    sha = json.loads(store.get(pointer_path(PROFILE)))["manifest_sha256"]
+    with pytest.raises(ReleaseError, match=r"shard 0 does not parse"):
+        load_release(store, PROFILE)
+    with pytest.raises(ReleaseError, match=r"shard 0 does not parse"):
+        check_release(store, PROFILE, version, sha)
 
 
 def test_answer_objects_are_shown_only_when_asked_for_and_fresh() -> None:
