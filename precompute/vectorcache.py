@@ -5,8 +5,8 @@ from it, the rest embedded and kept, all handed to clustering in its order, a ch
 The lookup reads the cache a part at a time and writes each vector it finds to a local file, at
 its wording's place in the night's order; clustering's chunks are then read from that file in
 order, the misses embedded into their places. The process holds a part and a chunk, never the
-night's vectors: a DuckDB join and sort of the vectors (what this was before) took 758 MB beyond
-its 256 MB budget for 500,000 wordings; the file is 1.5 KB a wording of local disk."""
+night's vectors: a DuckDB join and sort of the vectors (what this was before) grew the process by
+758 MB for 500,000 wordings, with a 256 MB budget; the file is 1.5 KB a wording of local disk."""
 
 from __future__ import annotations
 
