@@ -95,8 +95,9 @@ def read_log_tables(
 
 
 def _row_groups(path: str, data: bytes | Exception, stats: LogReadStats) -> Iterator[pa.Table]:
-    """The row groups of a fetched file, each decoded (on this thread: ``parquet_table``) as it
-    is asked for; a file that cannot be read is logged and counted as bad, once."""
+    """The row groups of a fetched file, each decoded as it is asked for, on this thread (as
+    ``base.store.parquet_table`` does: pyarrow's decoding threads can abort a process at exit);
+    a file that cannot be read is logged and counted as bad, once."""
     import io
 
     import pyarrow.parquet as pq

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from base.errors import EdgeQAError
 from edge_index.query_encoder import TOKENIZE_CHUNK
@@ -224,42 +224,30 @@ def _merged(
 
 
 class _Rows:
-    """Rows pulled from an iterator of arrays (or of tuples of arrays, row-aligned), ``k`` at a
-    time: at most one pulled chunk beyond what is taken is held."""
+    """Vectors pulled from an iterator of 2-D arrays, ``k`` rows at a time: at most one pulled
+    chunk beyond what is taken is held."""
 
-    def __init__(self, chunks: Iterator[Any]) -> None:
+    def __init__(self, chunks: Iterator[np.ndarray]) -> None:
         self._chunks = chunks
-        self._held: list[tuple[np.ndarray, ...]] = []
+        self._held: list[np.ndarray] = []
         self._count = 0
-
-    def _pull(self, k: int) -> None:
-        while self._count < k:
-            try:
-                chunk = next(self._chunks)
-            except StopIteration:
-                raise ValueError(f"{k - self._count} more vectors were expected") from None
-            parts = chunk if isinstance(chunk, tuple) else (chunk,)
-            self._held.append(parts)
-            self._count += len(parts[0])
-
-    def take_with(self, k: int) -> tuple[np.ndarray, ...]:
-        import numpy as np
-
-        if k == 0:
-            return (np.zeros(0, dtype=np.int64), np.zeros((0, 0), np.float32), np.zeros(0, object))
-        self._pull(k)
-        joined = tuple(np.concatenate(column) for column in zip(*self._held, strict=True))
-        self._held = [tuple(column[k:] for column in joined)] if len(joined[0]) > k else []
-        self._count -= k
-        return tuple(column[:k] for column in joined)
 
     def take(self, k: int) -> np.ndarray:
         import numpy as np
 
         if k == 0:
             return np.zeros((0, 0), dtype=np.float32)
-        (vectors,) = self.take_with(k)
-        return np.ascontiguousarray(vectors, dtype=np.float32)
+        while self._count < k:
+            try:
+                chunk = next(self._chunks)
+            except StopIteration:
+                raise ValueError(f"{k - self._count} more vectors were expected") from None
+            self._held.append(chunk)
+            self._count += len(chunk)
+        joined = np.concatenate(self._held)
+        self._held = [joined[k:]] if len(joined) > k else []
+        self._count -= k
+        return np.ascontiguousarray(joined[:k], dtype=np.float32)
 
     def done(self) -> None:
         """Every row was taken and the iterator is spent (the embedder gave no extra vector)."""
