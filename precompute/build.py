@@ -209,18 +209,18 @@ def build_release(
     started = time.perf_counter()
     now = (now or datetime.now(UTC)).replace(microsecond=0)
     report = BuildReport()
-    built: set[str] = set()
+    built = bytearray()  # 1: the cluster at that place in ``clusters()`` is in the release
     held_back = 0  # the built clusters' held-back wordings
     with tempfile.TemporaryDirectory(prefix="edgeqa-rows-") as tmp:
         spill = _Spill(Path(tmp), embedder)
         for cluster, generated in clusters():
             reason = _excluded(cluster, generated, config)
+            built.append(not reason)
             if reason:
                 report.excluded_clusters[reason] = report.excluded_clusters.get(reason, 0) + 1
                 continue
             assert generated is not None
             report.clusters += 1
-            built.add(cluster.key)
             held_back += len(cluster.held_back)
             allow_links = config.allow_links or generated.get("reused_from") == CURATED
             generated_at = generated["generated_at"]
@@ -247,7 +247,10 @@ def build_release(
         content = spill.content_sha256()
         version = release_version(now, content)
         wordings = HeldBack.sampled(
-            (c for c, _ in clusters()), built, held_back, embedder, config.calibration_rows
+            (c for (c, _), b in zip(clusters(), built, strict=True) if b),
+            held_back,
+            embedder,
+            config.calibration_rows,
         )
         calibration = calibrate_release(source, config, wordings)
         embedder_entry = EmbedderEntry.of(

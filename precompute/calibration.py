@@ -98,20 +98,19 @@ class HeldBack:
     ) -> HeldBack:
         """The held-back wordings of the clusters in ``built`` (keys), embedded: all of them,
         or past ``limit`` the deterministic sample ``calibrate_release`` draws."""
-        count = sum(len(h.held_back) for h in hot if h.key in built)
-        return cls.sampled(iter(hot), built, count, embedder, limit)
+        kept = [h for h in hot if h.key in built]
+        return cls.sampled(iter(kept), sum(len(h.held_back) for h in kept), embedder, limit)
 
     @classmethod
     def sampled(
         cls,
         hot: Iterator[HotQuestion],
-        built: set[str],
         count: int,
         embedder: Embedder,
         limit: int | None = None,
     ) -> HeldBack:
-        """``of``, the mined questions read once, in order (``count``: the built clusters'
-        held-back wordings): only the sample is held and embedded (a million log rows hold
+        """``of``, the built clusters read once, in order (``count``: their held-back
+        wordings): only the sample is held and embedded (a million log rows hold
         back ~110,000 wordings, of which 20,000 calibrate)."""
         from edge_index.query_encoder import encode_many
 
@@ -123,8 +122,6 @@ class HeldBack:
         for cluster in hot:
             if following is None:
                 break
-            if cluster.key not in built:
-                continue
             for wording in cluster.held_back:
                 if position == following:
                     wordings.append((cluster.key, wording))
