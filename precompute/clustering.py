@@ -16,16 +16,15 @@ What it costs grows ``n log n``, not ``n²``:
   lists hold ~``list_rows`` wordings each, the coarse centroids in an HNSW graph
   (``IVF<n/list_rows>_HNSW32,SQfp16``: assigning a vector costs ``log`` of the lists), searched in
   the ``nprobe`` nearest lists: each query scans ``nprobe × list_rows`` vectors. The lists hold
-  the vectors in fp16 (``SQfp16``): half the memory of fp32, whose lists, grown one vector at a
-  time, hold ~1.4× their vectors (402,732 wordings: 830 MB in fp32 lists, 416 MB in fp16); a
-  cosine moves by at most 2⁻¹¹ (~10⁻⁵ typically) against fp32, and the recall measured below
-  counts it. SemDeDup's design
-  (k-means partitions, pairs searched only in a partition and its nearest ones) as FAISS builds
-  it; past ``TWO_LEVEL_LISTS`` lists the k-means runs in two levels (``train_lists``), so its
-  cost per wording stays flat as the night grows. Every night measures its recall against an
-  exact search on sampled wordings and probes more lists until it reaches ``recall``
-  (``neighbour_index``); ``benchmarks/scale.py`` reports the clusters found again against the
-  exact search.
+  the vectors in fp16 (``SQfp16``): half the memory of fp32, each list sized once to what it
+  holds (``_Assigned``: a list grown a chunk at a time holds ~1.4× its vectors); a cosine
+  moves by at most 2⁻¹¹ (~10⁻⁵ typically) against fp32, and the recall measured below counts
+  it. SemDeDup's design (k-means partitions, pairs searched only in a partition and its
+  nearest ones) as FAISS builds it; past ``TWO_LEVEL_LISTS`` lists the k-means runs in two
+  levels (``train_lists``), so its cost per wording stays flat as the night grows. Every night
+  measures its recall against an exact search on sampled wordings and probes more lists until
+  it reaches ``recall`` (``neighbour_index``); ``benchmarks/scale.py`` reports the clusters
+  found again against the exact search.
 - The greedy pass asks for neighbours a batch of unclustered wordings at a time, in order, and
   removes every wording it clusters from the index: a query returns unclustered neighbours only,
   so what a range search returns stays bounded by what the pass then takes (a hot question's
@@ -37,12 +36,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
 if TYPE_CHECKING:
     import faiss
+    import pyarrow as pa
 
     from edge_index.embedder import Embedder
 
@@ -118,6 +118,104 @@ def embedding_order(n: int, exact_rows: int) -> np.ndarray:
     return np.random.default_rng(0).permutation(n).astype(np.int64)
 
 
+class Texts(Sequence[str]):
+    """Texts held as one Arrow string array, made Python strings a slice at a time, as an
+    encoder reads them: the night's wordings (500,000 of them: ~30 MB as Arrow, ~85 MB as
+    Python strings, which clustering held until it was done)."""
+
+    def __init__(self, texts: pa.Array | pa.ChunkedArray | Sequence[str]) -> None:
+        import pyarrow as pa
+
+        if isinstance(texts, Texts):
+            texts = texts.array
+        elif isinstance(texts, pa.ChunkedArray):
+            texts = texts.combine_chunks()
+        elif not isinstance(texts, pa.Array):
+            texts = pa.array(list(texts), pa.string())
+        self.array: pa.Array = texts
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    @overload
+    def __getitem__(self, at: int) -> str: ...
+
+    @overload
+    def __getitem__(self, at: slice) -> list[str]: ...
+
+    def __getitem__(self, at: int | slice) -> str | list[str]:
+        if isinstance(at, slice):
+            start, stop, step = at.indices(len(self))
+            if step != 1:
+                return [self[i] for i in range(start, stop, step)]
+            return self.array.slice(start, max(0, stop - start)).to_pylist()  # type: ignore[no-any-return]
+        return self.array[at].as_py()  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[str]:
+        for start in range(0, len(self), 4096):
+            yield from self[start : start + 4096]
+
+    def take(self, rows: np.ndarray) -> Texts:
+        """The texts at ``rows``, in that order."""
+        import pyarrow as pa
+
+        return Texts(self.array.take(pa.array(rows, pa.int64())))
+
+
+class Clusters(Sequence[list[int]]):
+    """Clusters of row numbers, each head first, held as two flat arrays (every cluster's rows
+    one after another, and where each one ends): 8 bytes a row, where a Python list of ints a
+    cluster took ~130 (500,000 clusters: ~65 MB). Read back a cluster at a time as a list."""
+
+    def __init__(self) -> None:
+        from array import array
+
+        self._rows, self._ends = array("q"), array("q")
+
+    @classmethod
+    def singletons(cls, n: int) -> Clusters:
+        """Each of ``n`` rows a cluster of its own."""
+        from array import array
+
+        clusters = cls()
+        clusters._rows, clusters._ends = array("q", range(n)), array("q", range(1, n + 1))
+        return clusters
+
+    def append(self, members: Sequence[int]) -> None:
+        self._rows.extend(members)
+        self._ends.append(len(self._rows))
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    @overload
+    def __getitem__(self, at: int) -> list[int]: ...
+
+    @overload
+    def __getitem__(self, at: slice) -> list[list[int]]: ...
+
+    def __getitem__(self, at: int | slice) -> list[int] | list[list[int]]:
+        if isinstance(at, slice):
+            return [self[i] for i in range(*at.indices(len(self)))]
+        end = self._ends[at]  # IndexError past the last, as a list
+        at = at % len(self)
+        return self._rows[self._ends[at - 1] if at else 0 : end].tolist()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start = 0
+        for end in self._ends:
+            yield self._rows[start:end].tolist()
+            start = end
+
+    def rows(self) -> np.ndarray:
+        """Every cluster's rows, one cluster after another."""
+        return (
+            np.frombuffer(self._rows, dtype=np.int64).copy()
+            if self._rows
+            else np.zeros(0, np.int64)
+        )
+
+
 def embed(
     texts: Sequence[str],
     encode: Encoder,
@@ -127,7 +225,7 @@ def embed(
     """Unit-length fp32 vectors of ``texts[order[0]]``, ``texts[order[1]]``, ... (None: row
     order), a chunk at a time, as ``encode`` makes them: ``local_encoder``'s, or a Ray job's
     (``fleet.embedding.RayEncoder``)."""
-    picked = texts if order is None else [texts[i] for i in order.tolist()]
+    picked = texts if order is None else Texts(texts).take(order)
     return encode(picked, progress)
 
 
@@ -249,20 +347,22 @@ def neighbour_index(
     probe_rows = np.concatenate([r for r, _ in held])[asked]
     del came
     exact: list[set[int]] = [set() for _ in asked]
+    with _Assigned(ivf) as assigned:
 
-    def take(rows: np.ndarray, vectors: np.ndarray) -> None:
-        hit_probe, hit_at = np.nonzero(probe_vectors @ vectors.T >= threshold)
-        for probe, row in zip(hit_probe.tolist(), rows[hit_at].tolist(), strict=True):
-            if row != probe_rows[probe]:  # itself is no neighbour
-                exact[probe].add(row)
-        index.add_with_ids(vectors, rows)
+        def take(rows: np.ndarray, vectors: np.ndarray) -> None:
+            hit_probe, hit_at = np.nonzero(probe_vectors @ vectors.T >= threshold)
+            for probe, row in zip(hit_probe.tolist(), rows[hit_at].tolist(), strict=True):
+                if row != probe_rows[probe]:  # itself is no neighbour
+                    exact[probe].add(row)
+            assigned.add(rows, vectors)
 
-    while held:
-        take(*held.pop(0))
-    for rows, vectors in embedded:
-        take(rows, vectors)
-        del vectors  # in the index now: not held while the next chunk is embedded
-    embedded.check_all_came()
+        while held:
+            take(*held.pop(0))
+        for rows, vectors in embedded:
+            take(rows, vectors)
+            del vectors  # on disk now: not held while the next chunk is embedded
+        embedded.check_all_came()
+        assigned.fill()
     stats.index_bytes = index.ntotal * (ivf.code_size + 8)  # the lists: codes and ids
     wanted = sum(len(e) for e in exact)
     ivf.nprobe = min(nprobe, nlist)
@@ -285,6 +385,67 @@ def neighbour_index(
         ivf.nprobe = min(2 * ivf.nprobe, nlist)
     stats.neighbour_recall = round(reached, 4)
     return index, factory, int(ivf.nprobe), threshold
+
+
+class _Assigned:
+    """The night's vectors, each with its row and the list it falls in, kept in a private
+    temporary folder (1.5 KB a wording) until every one has come; ``fill`` then gives each list
+    the room it needs before the vectors go in. Grown as the chunks come, a list's room doubles
+    whenever it is full: ~1.4× the codes it holds on average (500,000 wordings: ~540 MB for
+    370 MB of codes, where sized once the lists take what they hold). The index is the one
+    ``add_with_ids`` builds (the same lists, in the same order): the assignment is the
+    quantizer's, and ``add_core`` encodes as it does."""
+
+    def __init__(self, ivf: faiss.IndexIVF) -> None:
+        import tempfile
+        from pathlib import Path
+
+        self._ivf = ivf
+        self._folder = tempfile.TemporaryDirectory(prefix="edgeqa-lists-")
+        self._paths = [Path(self._folder.name) / n for n in ("rows", "lists", "vectors")]
+        self._files = [p.open("wb") for p in self._paths]
+        self.counts = np.zeros(ivf.nlist, dtype=np.int64)
+
+    def __enter__(self) -> _Assigned:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for f in self._files:
+            f.close()
+        self._folder.cleanup()
+
+    def add(self, rows: np.ndarray, vectors: np.ndarray) -> None:
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        lists = self._ivf.quantizer.assign(vectors, 1).ravel().astype(np.int64)
+        self.counts += np.bincount(lists, minlength=len(self.counts))
+        for f, part in zip(self._files, (rows.astype(np.int64), lists, vectors), strict=True):
+            f.write(part.tobytes())
+
+    def fill(self, batch: int = 1024) -> None:
+        """Each list sized to what it holds, then the vectors added in the order they came."""
+        import faiss
+
+        for f in self._files:
+            f.close()
+        invlists = self._ivf.invlists and faiss.downcast_InvertedLists(self._ivf.invlists)
+        if not isinstance(invlists, faiss.ArrayInvertedLists):  # sized in place: in memory
+            raise TypeError(f"lists held in memory expected, not {type(invlists).__name__}")
+        for number in np.flatnonzero(self.counts).tolist():
+            invlists.resize(number, int(self.counts[number]))  # room for exactly these
+            invlists.resize(number, 0)  # emptied: the room stays
+        d, total = self._ivf.d, int(self.counts.sum())
+        for start in range(0, total, batch):
+            count = min(batch, total - start)
+            rows, lists = (
+                np.fromfile(p, dtype=np.int64, count=count, offset=8 * start)
+                for p in self._paths[:2]
+            )
+            vectors = np.fromfile(
+                self._paths[2], dtype=np.float32, count=count * d, offset=4 * d * start
+            )
+            self._ivf.add_core(
+                count, faiss.swig_ptr(vectors), faiss.swig_ptr(rows), faiss.swig_ptr(lists)
+            )
 
 
 TWO_LEVEL_LISTS = 1024  # from this many lists, their centroids come from two-level k-means
@@ -355,7 +516,7 @@ def greedy_clusters(
     progress: bool = False,
     recall: float = 0.99,
     order: np.ndarray | None = None,
-) -> list[list[int]]:
+) -> Clusters:
     """Rows of the night's vectors (unit length; row numbers in the greedy order: most asked
     first) grouped: each cluster's rows, its head first, the others ascending. ``chunks``: the
     vectors of rows ``order[0]``, ``order[1]``, ..., a chunk at a time, consumed as they come
@@ -375,7 +536,7 @@ def greedy_clusters(
     n = len(order)
     if n == 0:
         stats.threshold = threshold
-        return []
+        return Clusters()
     index, stats.index, stats.nprobe, threshold = neighbour_index(
         chunks, order, exact_rows, list_rows, nprobe, threshold, stats, recall
     )
@@ -393,7 +554,7 @@ def greedy_clusters(
 
         bar = tqdm(total=n, desc="clustering", unit="wording", leave=False)
     assigned = np.zeros(n, dtype=bool)
-    clusters: list[list[int]] = []
+    clusters = Clusters()
     position = 0
     while position < n:
         queries: list[int] = []

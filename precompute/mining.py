@@ -80,8 +80,10 @@ from edge_index.guard import numbers
 from precompute.asks import recency_weight
 from precompute.carry import carry
 from precompute.clustering import (
+    Clusters,
     ClusterStats,
     Encoder,
+    Texts,
     embed,
     embedding_order,
     greedy_clusters,
@@ -318,13 +320,13 @@ def _clusters(
     report: MiningReport,
     progress: bool,
     vectors: NightCache | None = None,
-) -> list[list[int]]:
+) -> Clusters:
     """Rule 5 on the window's wordings (rows of ``table``, most asked first): clusters of row
     numbers, head first. ``encoder()`` makes what embeds them (None: nothing does, no wording
     joins another); ``vectors``: the cache that holds some of their vectors (None: none)."""
     n = len(table)
     stats = ClusterStats(wordings=n)
-    normalized: list[str] = table.column("normalized").to_pylist()
+    normalized = Texts(table.column("normalized"))
     made: list[Encoder] = []
 
     def encode() -> Encoder:  # made once, when a wording must be embedded
@@ -333,7 +335,7 @@ def _clusters(
         return made[0]
 
     if encoder is None or n <= 1:
-        clusters = [[i] for i in range(n)]
+        clusters = Clusters.singletons(n)
     else:
         order = embedding_order(n, config.exact_cluster_rows)
         if vectors is None:
@@ -342,7 +344,7 @@ def _clusters(
             chunks = vectors_with_cache(
                 vectors,
                 table.column("key").take(order),  # Arrow: no Python string a key
-                [normalized[i] for i in order.tolist()],
+                normalized.take(order),
                 encode,
                 progress,
             )
@@ -370,7 +372,7 @@ def _clusters(
 
 def _qualifying(
     table: Wordings,
-    clusters: list[list[int]],
+    clusters: Clusters,
     config: MiningConfig,
     now: datetime,
     report: MiningReport,
@@ -383,7 +385,7 @@ def _qualifying(
     hits = table.column("hits").to_numpy()
     user_counts = table.column("user_count").to_numpy()
     network_counts = table.column("network_count").to_numpy()
-    candidates = []
+    candidates = Clusters()
     below_k_wordings = below_k_rows = 0
     for members in clusters:
         report.clusters += 1

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     import duckdb
     import pyarrow as pa
 
+    from precompute.clustering import Clusters
+
 _US_PER_DAY = 86_400_000_000
 READ_MEMORY_MB = 256  # DuckDB's memory once the wordings are reduced (reads spill past it)
 PICKED_ROWS = 8192  # wordings read back per batch
@@ -100,12 +102,12 @@ class Wordings:
         finally:
             self._con.unregister("wanted_in")
 
-    def phrasings(self, clusters: list[list[int]]) -> Iterator[list[Phrasing]]:
+    def phrasings(self, clusters: Clusters) -> Iterator[list[Phrasing]]:
         """Each cluster's wordings as ``Phrasing``s, in order: read back from the window's database
         in that order (``Wordings.picked``), a batch of wordings at a time. What a cluster below k
         holds goes with its batch (a million log rows: ~200,000 candidate wordings, a million kept
         askers — built at once they held 800 MB)."""
-        rows = np.fromiter((row for members in clusters for row in members), dtype=np.int64)
+        rows = clusters.rows()
         batches = (_phrasings(batch) for batch in self.picked(rows))
         pending: list[Phrasing] = []
         for members in clusters:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from base.errors import EdgeQAError
 from edge_index.query_encoder import TOKENIZE_CHUNK
+from precompute.clustering import Texts
 from precompute.nightcache import NightCache
 
 if TYPE_CHECKING:
@@ -177,7 +178,7 @@ def _merged(
     misses = np.flatnonzero(nights == 0)
     fresh = _Rows(iter(()))
     if len(misses):
-        fresh = _Rows(iter(encoder()([texts[p] for p in misses.tolist()], progress)))
+        fresh = _Rows(iter(encoder()(Texts(texts).take(misses), progress)))
     with open(path, "rb") as stored:
         for start in range(0, n, VECTOR_CHUNK):
             end = min(n, start + VECTOR_CHUNK)

@@ -81,6 +81,7 @@ class RayEncoder:
             batch_format="pyarrow",
             **pool,
         )
+        del blocks  # in the object store now: not held here too while the night is embedded
         self.where = self.fleet.where(pool_size(pool))
         came = 0
         batches = iter(dataset.iter_batches(batch_size=None, batch_format="numpy"))

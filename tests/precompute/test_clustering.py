@@ -15,7 +15,10 @@ import pytest
 from benchmarks.synthetic_logs import synthetic_tables
 from precompute.clustering import (
     TRAIN_ROWS_PER_LIST,
+    Clusters,
     ClusterStats,
+    Texts,
+    _Assigned,
     embedding_order,
     greedy_clusters,
     local_encoder,
@@ -66,7 +69,7 @@ def test_the_greedy_pass_in_batches_is_the_all_pairs_greedy_rule() -> None:
 
     expected = _all_pairs(vectors, 0.9, numbers)
     found = greedy_clusters(_chunks(vectors), 0.9, numbers, exact_rows=10**6)
-    assert found == expected
+    assert list(found) == expected
     assert max(len(c) for c in found) > 3 and len(found) < len(vectors) / 2  # groups were found
 
 
@@ -214,6 +217,85 @@ def test_past_the_rows_the_inverted_file_trains_on_no_chunk_waits_for_the_index(
     assert len(alive_when_asked) == 40 and trained_on == 10
     assert max(alive_when_asked[trained_on + 1 :]) == 0, alive_when_asked
     assert peak < 0.6 * vectors.nbytes, (peak, vectors.nbytes)  # all of them held: > 1.0
+
+
+def test_texts_held_as_arrow_read_as_python_strings() -> None:
+    """What the encoders are handed: a slice, an item, every text in turn, the texts at some
+    rows, from a list, an Arrow array or a chunked one alike."""
+    import pyarrow as pa
+
+    words = [f"wording {i} é" for i in range(10_000)]
+    for held in (words, pa.array(words), pa.chunked_array([words[:3], words[3:]])):
+        texts = Texts(held)
+        assert len(texts) == len(words) and texts[-1] == words[-1] and texts[2] == words[2]
+        assert texts[4095:4100] == words[4095:4100] and texts[9_998:20_000] == words[9_998:]
+        assert texts[::3000] == words[::3000] and list(texts) == words
+        assert list(texts.take(np.array([7, 1, 7]))) == [words[7], words[1], words[7]]
+    with pytest.raises(IndexError):
+        Texts(words)[10_000]
+
+
+def test_clusters_held_flat_read_back_as_lists() -> None:
+    """The greedy pass's clusters, kept as two flat arrays: each one read back as the list it
+    was, by place (from the end too), in order, and every row in turn."""
+    made = [[4, 1, 2], [0], [], [3, 9]]
+    clusters = Clusters()
+    for members in made:
+        clusters.append(members)
+    assert len(clusters) == 4 and list(clusters) == made
+    assert clusters[0] == made[0] and clusters[-1] == made[-1] and clusters[2] == []
+    assert clusters[1:3] == made[1:3] and clusters.rows().tolist() == [4, 1, 2, 0, 3, 9]
+    with pytest.raises(IndexError):
+        clusters[4]
+    assert list(Clusters.singletons(3)) == [[0], [1], [2]] and not Clusters().rows().size
+
+
+def test_lists_sized_once_hold_what_adding_each_chunk_would() -> None:
+    """The vectors kept on disk until all came, then added to lists sized for them: the same
+    lists, in the same order, as ``add_with_ids`` a chunk at a time (codes, ids, read back by
+    id, removable); the temporary folder is gone after, and after a failure too."""
+    import faiss
+
+    vectors = _groups(300, 10, 0.1, seed=5, dim=32)
+    rows = np.random.default_rng(2).permutation(len(vectors)).astype(np.int64)
+
+    def trained() -> Any:
+        index = faiss.index_factory(32, "IVF20_HNSW32,SQfp16", faiss.METRIC_INNER_PRODUCT)
+        ivf = faiss.extract_index_ivf(index)
+        ivf.train(vectors[:1000])
+        ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
+        return index, ivf
+
+    grown, _ = trained()
+    for start in range(0, len(rows), 700):
+        grown.add_with_ids(vectors[start : start + 700], rows[start : start + 700])
+    sized, ivf = trained()
+    with _Assigned(ivf) as assigned:
+        folder = Path(assigned._folder.name)
+        for start in range(0, len(rows), 700):
+            assigned.add(rows[start : start + 700], vectors[start : start + 700])
+        assigned.fill(batch=256)
+    assert not folder.exists()
+    assert assigned.counts.sum() == sized.ntotal == grown.ntotal == len(vectors)
+    for number in range(20):
+        grown_lists, sized_lists = (faiss.extract_index_ivf(i).invlists for i in (grown, sized))
+        size = grown_lists.list_size(number)
+        assert sized_lists.list_size(number) == size == assigned.counts[number]
+        for get, width in (("get_ids", 1), ("get_codes", ivf.code_size)):  # elements
+            a, b = (
+                faiss.rev_swig_ptr(getattr(lists, get)(number), size * width).tobytes()
+                for lists in (grown_lists, sized_lists)
+            )
+            assert a == b
+    picked = rows[:50]
+    assert np.array_equal(sized.reconstruct_batch(picked), grown.reconstruct_batch(picked))
+    sized.remove_ids(faiss.IDSelectorArray(len(picked), faiss.swig_ptr(picked)))
+    assert sized.ntotal == len(vectors) - 50
+    with pytest.raises(ValueError), _Assigned(ivf) as failing:
+        folder = Path(failing._folder.name)
+        failing.add(rows[:10], vectors[:10])
+        raise ValueError("the embedding job failed")
+    assert not folder.exists()
 
 
 def test_mining_with_the_approximate_search_finds_the_exact_search_s_qualifying_clusters(
