@@ -90,6 +90,20 @@ def _peak_rss_mb() -> float:
     return peak_rss_mb()
 
 
+def _shared_rss_mb() -> float | None:
+    """Of this process's resident memory now, the shared memory it has touched (``RssShmem``):
+    a Ray driver's pages of the object store (``LOCAL_OBJECT_STORE_BYTES`` at most), which the
+    high-water mark counts though they are the store's, held whoever maps them."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("RssShmem:"):
+                    return round(int(line.split()[1]) / 1024, 1)  # kB
+    except OSError:
+        pass
+    return None
+
+
 def _params(logs: Path, out: Path, until: date = UNTIL, **mining: Any) -> Any:
     from precompute.config import PipelineConfig
     from precompute.pipeline import RunParams
@@ -402,6 +416,7 @@ def child_stage(args: dict[str, Any]) -> dict[str, Any]:
         result["index_bytes_per_wording"] = clustering["index_bytes_per_wording"]
         lists_mb = clustering["index_bytes"] / 2**20
         result["peak_rss_without_lists_mb"] = round(result["peak_rss_mb"] - lists_mb, 1)
+        result["ray_shared_mb"] = _shared_rss_mb()  # the object store's pages, in it to the end
     if stage == "build":
         result["rows"] = done["rows"]
         # the writer holds one shard's index at a time: the largest, apart (as mine's lists)
