@@ -22,7 +22,8 @@ the pointer is read into ``Pointer`` (``pointers.py``).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -107,24 +108,6 @@ def serialize_index(index: faiss.Index) -> bytes:
     import faiss
 
     return faiss.serialize_index(index).tobytes()
-
-
-def deserialize_index(data: bytes, mapped: bool = False) -> faiss.Index:
-    """The index ``data`` holds, read from a private temporary file: FAISS's own
-    ``deserialize_index`` copies the bytes into a vector first, so a shard's index was held
-    three times at once (a 733 MB shard: 2.2 GB). ``mapped``: an inverted file's lists are
-    mapped from the file, not read (to check that it parses and how many rows it holds)."""
-    import os
-    import tempfile
-
-    import faiss
-
-    with tempfile.TemporaryDirectory(prefix="edgeqa-index-") as folder:  # mode 0700
-        path = os.path.join(folder, "index.faiss")
-        with open(path, "wb") as out:
-            out.write(data)
-        flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mapped else 0
-        return faiss.read_index(path, flags)  # a mapping outlives the file's name
 
 
 def read_pointer(store: Store, profile: str) -> tuple[Pointer | None, str | None]:
@@ -249,15 +232,51 @@ def _checked(store: Store, prefix: str, entry: FileEntry) -> bytes:
     """The bytes of ``entry`` (held to the layout when the manifest was read), never read past
     the size the manifest claims; ``ReleaseError`` unless they match its size and sha256."""
     path = f"{prefix}/{entry.path}"
-    try:
+    with _fetching(path):
         data = store.get(path, max_bytes=entry.size_bytes)
+    _check_digest(path, entry, len(data), sha256_hex(data))
+    return data
+
+
+def _checked_index(store: Store, prefix: str, entry: FileEntry, mapped: bool) -> faiss.Index:
+    """The index file ``entry`` names, as ``_checked`` checks it, read from the store into a
+    private temporary file (mode 0700, removed at once) a chunk at a time and parsed from it
+    only once its size and sha256 match: neither its bytes nor a copy of them is held (FAISS's
+    ``deserialize_index`` copies the bytes it is handed into a vector first: a 733 MB shard
+    was held three times). ``mapped``: an inverted file's lists are mapped from the file, not
+    read (to check that it parses and how many rows it holds)."""
+    import hashlib
+    import tempfile
+
+    import faiss
+
+    path = f"{prefix}/{entry.path}"
+    with tempfile.TemporaryDirectory(prefix="edgeqa-index-") as folder:
+        local = Path(folder) / "index.faiss"
+        with _fetching(path):
+            size = store.get_file(path, local, max_bytes=entry.size_bytes)
+        with local.open("rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        _check_digest(path, entry, size, digest)
+        flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mapped else 0
+        return faiss.read_index(str(local), flags)  # a mapping outlives the file's name
+
+
+@contextmanager
+def _fetching(path: str) -> Iterator[None]:
+    """A release file read from the store: missing, or larger than the manifest says, is a
+    ``ReleaseError`` naming it."""
+    try:
+        yield
     except ObjectNotFoundError:
         raise ReleaseError(f"{path} is missing") from None
     except ObjectTooLargeError:
         raise ReleaseError(f"{path} is larger than the manifest says") from None
-    if len(data) != entry.size_bytes or sha256_hex(data) != entry.sha256:
+
+
+def _check_digest(path: str, entry: FileEntry, size: int, sha256: str) -> None:
+    if size != entry.size_bytes or sha256 != entry.sha256:
         raise ReleaseError(f"{path} does not match its sha256 in the manifest")
-    return data
 
 
 def verified_manifest(
@@ -377,9 +396,9 @@ def _shard(
 ) -> Shard:
     """Shard ``entry`` read and checked (its files against the manifest, index against rows;
     every answer object of it too, given ``check_objects``; ``mapped``: the index's lists
-    mapped, not read: ``deserialize_index``)."""
+    mapped, not read: ``_checked_index``)."""
     try:
-        index = deserialize_index(_checked(store, prefix, entry.index), mapped)
+        index = _checked_index(store, prefix, entry.index, mapped)
         rows = parquet_table(_checked(store, prefix, entry.rows))
     except (RuntimeError, OSError, ValueError) as error:  # faiss / arrow refusing the bytes
         if isinstance(error, ReleaseError | StoreError):

@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 from urllib.parse import unquote, urlparse
 
 from base.errors import EdgeQAError
@@ -56,6 +56,23 @@ def _bounded(data: bytes, max_bytes: int | None, path: str) -> bytes:
     if max_bytes is not None and len(data) > max_bytes:
         raise ObjectTooLargeError(f"{path} is larger than {max_bytes} bytes")
     return data
+
+
+COPY_CHUNK = 1 << 20  # bytes read at a time when an object is written to a local file
+
+
+def _copy_bounded(
+    read: Callable[[int], bytes], out: BinaryIO, max_bytes: int | None, path: str
+) -> int:
+    """What ``read`` gives, a chunk at a time, written to ``out``; ``ObjectTooLargeError`` once
+    past ``max_bytes`` (read no further); the bytes written."""
+    written = 0
+    while chunk := read(COPY_CHUNK):
+        written += len(chunk)
+        if max_bytes is not None and written > max_bytes:
+            raise ObjectTooLargeError(f"{path} is larger than {max_bytes} bytes")
+        out.write(chunk)
+    return written
 
 
 def backoff_s(attempt: int, base_s: float = 0.05) -> float:
@@ -125,6 +142,14 @@ class Store:
     def get_with_etag(self, path: str, max_bytes: int | None = None) -> tuple[bytes, str]:
         """The object and its ETag; ``ObjectTooLargeError`` past ``max_bytes`` (read no further)."""
         raise NotImplementedError
+
+    def get_file(self, path: str, local: Path, max_bytes: int | None = None) -> int:
+        """The object written to the file ``local`` (replaced), a chunk at a time where the
+        store can (a shard's index is up to 1 GiB), never past ``max_bytes``
+        (``ObjectTooLargeError``); the bytes written."""
+        data = self.get(path, max_bytes)
+        Path(local).write_bytes(data)
+        return len(data)
 
     def exists(self, path: str) -> bool:
         raise NotImplementedError
@@ -225,6 +250,15 @@ class FileStore(Store):
 
         data = _bounded(with_retries(lambda: _file_call(read), self.retries), max_bytes, path)
         return data, sha256_hex(data)
+
+    def get_file(self, path: str, local: Path, max_bytes: int | None = None) -> int:
+        target = self._path(path)
+
+        def copy() -> int:
+            with open(target, "rb") as source, open(local, "wb") as out:
+                return _copy_bounded(source.read, out, max_bytes, path)
+
+        return with_retries(lambda: _file_call(copy), self.retries)
 
     def exists(self, path: str) -> bool:
         return self._path(path).is_file()
@@ -365,6 +399,22 @@ class S3Store(Store):
             finally:
                 body.close()
             return _bounded(data, max_bytes, where), response["ETag"]
+
+        return self._call(fetch, path)
+
+    def get_file(self, path: str, local: Path, max_bytes: int | None = None) -> int:
+        where = f"{self.uri}/{_clean(path)}"
+
+        def fetch() -> int:  # a retry writes the file again from its start
+            response = self.client.get_object(Bucket=self.bucket, Key=self._key(path))
+            body = response["Body"]
+            try:
+                if max_bytes is not None and response.get("ContentLength", 0) > max_bytes:
+                    raise ObjectTooLargeError(f"{where} is larger than {max_bytes} bytes")
+                with open(local, "wb") as out:
+                    return _copy_bounded(body.read, out, max_bytes, where)
+            finally:
+                body.close()
 
         return self._call(fetch, path)
 

@@ -108,6 +108,17 @@ def test_put_file_and_large_object(store: Store, tmp_path: Path) -> None:
         store.get("shards/00000.faiss", max_bytes=len(payload) - 1)
     with pytest.raises(ObjectTooLargeError):
         store.get_with_etag("shards/00000.faiss", max_bytes=0)
+    # written to a local file a chunk at a time (11 chunks of 1 MiB here), bounded the same way
+    copy = tmp_path / "copy.bin"
+    assert store.get_file("shards/00000.faiss", copy, max_bytes=len(payload)) == len(payload)
+    assert copy.read_bytes() == payload
+    copy.write_bytes(b"older and longer" * 10**6)  # replaced, not appended to
+    assert store.get_file("shards/00000.faiss", copy) == len(payload)
+    assert copy.read_bytes() == payload
+    with pytest.raises(ObjectTooLargeError, match=str(len(payload) - 1)):
+        store.get_file("shards/00000.faiss", copy, max_bytes=len(payload) - 1)
+    with pytest.raises(ObjectNotFoundError):
+        store.get_file("shards/missing.faiss", copy)
 
 
 def test_bad_paths_and_uris_are_refused(tmp_path: Path) -> None:
@@ -143,13 +154,18 @@ def test_with_retries_gives_up_after_the_budget() -> None:
     assert len(calls) == 3  # the call and two retries
 
 
-def test_s3_transient_errors_are_retried(s3_bucket: str, s3_proxy: type[FaultyS3]) -> None:
+def test_s3_transient_errors_are_retried(
+    s3_bucket: str, s3_proxy: type[FaultyS3], tmp_path: Path
+) -> None:
     store = open_store(f"s3://{s3_bucket}/r", retries=3)
     s3_proxy.failures_left = 2
     store.put("x.json", b"{}")
     assert s3_proxy.failures_left == 0
     s3_proxy.failures_left = 3
     assert store.get("x.json") == b"{}"
+    s3_proxy.failures_left = 2
+    assert store.get_file("x.json", tmp_path / "x.json") == 2
+    assert (tmp_path / "x.json").read_bytes() == b"{}" and s3_proxy.failures_left == 0
     s3_proxy.failures_left = 10
     with pytest.raises(TransientStoreError, match="SlowDown"):
         store.get("x.json")
