@@ -245,21 +245,27 @@ def _checked_index(store: Store, prefix: str, entry: FileEntry, mapped: bool) ->
     ``deserialize_index`` copies the bytes it is handed into a vector first: a 733 MB shard
     was held three times). ``mapped``: an inverted file's lists are mapped from the file, not
     read (to check that it parses and how many rows it holds)."""
-    import hashlib
     import tempfile
 
     import faiss
 
-    path = f"{prefix}/{entry.path}"
     with tempfile.TemporaryDirectory(prefix="edgeqa-index-") as folder:
         local = Path(folder) / "index.faiss"
-        with _fetching(path):
-            size = store.get_file(path, local, max_bytes=entry.size_bytes)
-        with local.open("rb") as f:
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
-        _check_digest(path, entry, size, digest)
+        _checked_file(store, prefix, entry, local)
         flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mapped else 0
         return faiss.read_index(str(local), flags)  # a mapping outlives the file's name
+
+
+def _checked_file(store: Store, prefix: str, entry: FileEntry, local: Path) -> None:
+    """``entry`` written to ``local`` a chunk at a time (``Store.get_file``), never past the size
+    the manifest claims; ``ReleaseError`` unless it matches its size and sha256."""
+    import hashlib
+
+    path = f"{prefix}/{entry.path}"
+    with _fetching(path):
+        size = store.get_file(path, local, max_bytes=entry.size_bytes)
+    with local.open("rb") as f:
+        _check_digest(path, entry, size, hashlib.file_digest(f, "sha256").hexdigest())
 
 
 @contextmanager
@@ -311,11 +317,13 @@ def verified_manifest(
 OBJECT_WORKERS = 16  # answer objects fetched at once when a release is checked whole
 
 
-def _check_objects(store: Store, prefix: str, rows: pa.Table, root: str) -> None:
-    """Fetch every answer object of ``rows`` (``OBJECT_WORKERS`` at a time: a release of a
-    million objects is a million round trips) and check it against its row's sha256 and the
-    answers root; ``ReleaseError`` names the first bad one in row order."""
+def _check_objects(store: Store, prefix: str, rows: Iterable[tuple[str, str]], root: str) -> None:
+    """Fetch the answer object of every (key, object_sha256) of ``rows`` (``OBJECT_WORKERS`` at
+    a time: a release of a million objects is a million round trips; a bounded number taken
+    from ``rows`` at a time) and check it against its sha256 and the answers root;
+    ``ReleaseError`` names the first bad one in row order."""
     from concurrent.futures import ThreadPoolExecutor
+    from itertools import islice
 
     def problem(item: tuple[str, str]) -> str | None:
         key, digest = item
@@ -332,12 +340,9 @@ def _check_objects(store: Store, prefix: str, rows: pa.Table, root: str) -> None
             return f"{path}: its proof does not lead to the answers root"
         return None
 
-    items = list(
-        zip(rows.column("key").to_pylist(), rows.column("object_sha256").to_pylist(), strict=True)
-    )
+    items = iter(rows)
     with ThreadPoolExecutor(max_workers=OBJECT_WORKERS) as pool:
-        for start in range(0, len(items), 64 * OBJECT_WORKERS):  # a bounded number in flight
-            batch = items[start : start + 64 * OBJECT_WORKERS]
+        while batch := list(islice(items, 64 * OBJECT_WORKERS)):  # a bounded number in flight
             for found in pool.map(problem, batch):  # in order; a store error is raised as is
                 if found is not None:
                     raise ReleaseError(found)
@@ -380,10 +385,49 @@ def check_release(
     manifest, _ = verified_manifest(store, profile, version, expected_manifest_sha256, public_keys)
     prefix = release_prefix(profile, manifest.version)
     for entry in manifest.shards:
-        _shard(store, prefix, entry, manifest, check_objects=True, mapped=True)
+        _check_shard(store, prefix, entry, manifest)
     for file in manifest.embedder.files:
         _checked(store, prefix, file)
     return manifest
+
+
+def _check_shard(store: Store, prefix: str, entry: ShardEntry, manifest: Manifest) -> None:
+    """What ``_shard`` checks, every answer object included, holding neither the shard's index
+    (its lists mapped from a private temporary file) nor its rows: they go to that folder as
+    they are read, then every column is decoded a batch at a time, one column after another,
+    and the objects are fetched a batch of rows at a time (a 471,859-row shard, decoded whole
+    with the objects' keys as Python strings, was +460 MB)."""
+    import tempfile
+
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory(prefix="edgeqa-shard-") as folder:
+        local = Path(folder) / "rows.parquet"
+        try:
+            count = _checked_index(store, prefix, entry.index, mapped=True).ntotal
+            _checked_file(store, prefix, entry.rows, local)
+            with pq.ParquetFile(local) as rows:
+                for name in rows.schema_arrow.names:  # each decodes, however many rows it has
+                    decoded = sum(
+                        b.num_rows
+                        for b in rows.iter_batches(8192, columns=[name], use_threads=False)
+                    )
+                    if decoded != count or decoded != entry.count:
+                        raise ReleaseError(
+                            f"{prefix}: shard {_label(entry)} index and rows disagree"
+                        )
+                pairs = (
+                    pair
+                    for batch in rows.iter_batches(
+                        8192, columns=["key", "object_sha256"], use_threads=False
+                    )
+                    for pair in zip(*(c.to_pylist() for c in batch.columns), strict=True)
+                )
+                _check_objects(store, prefix, pairs, manifest.answers_root)
+        except (RuntimeError, OSError, ValueError, KeyError) as error:  # faiss / arrow refusing
+            if isinstance(error, ReleaseError | StoreError):
+                raise
+            raise ReleaseError(f"{prefix}: shard {_label(entry)} does not parse: {error}") from None
 
 
 def _shard(
@@ -392,13 +436,11 @@ def _shard(
     entry: ShardEntry,
     manifest: Manifest,
     check_objects: bool,
-    mapped: bool = False,
 ) -> Shard:
     """Shard ``entry`` read and checked (its files against the manifest, index against rows;
-    every answer object of it too, given ``check_objects``; ``mapped``: the index's lists
-    mapped, not read: ``_checked_index``)."""
+    every answer object of it too, given ``check_objects``)."""
     try:
-        index = _checked_index(store, prefix, entry.index, mapped)
+        index = _checked_index(store, prefix, entry.index, mapped=False)
         rows = parquet_table(_checked(store, prefix, entry.rows))
     except (RuntimeError, OSError, ValueError) as error:  # faiss / arrow refusing the bytes
         if isinstance(error, ReleaseError | StoreError):
@@ -407,7 +449,9 @@ def _shard(
     if index.ntotal != rows.num_rows or rows.num_rows != entry.count:
         raise ReleaseError(f"{prefix}: shard {_label(entry)} index and rows disagree")
     if check_objects:
-        _check_objects(store, prefix, rows, manifest.answers_root)
+        keys, digests = (rows.column(c).to_pylist() for c in ("key", "object_sha256"))
+        pairs = zip(keys, digests, strict=True)
+        _check_objects(store, prefix, pairs, manifest.answers_root)
     return Shard(index, rows)
 
 
