@@ -6,7 +6,9 @@ text rules (``policy/``).
     languages.py       which language profile a question belongs to (mirrored in web/edgeqa.js)
     errors.py          the one base of every error users read (EdgeQAError)
     config.py          the settings root: every shared EDGEQA_* variable, read once
-    store.py           one store over local folders (file://) and S3 (s3://)
+    store.py           one store over local folders (file://) and S3 (s3://), opened by URI
+    store_base.py      the store interface, its errors and retries, bulk transfers' worker pool
+    s3store.py         S3: conditional writes, a pool sized to requests in flight, batch deletes
     logs.py            request logs: Parquet batches under <store>/logs/dt=YYYY-MM-DD/
     logreader.py       request logs read back, a window of days file by file
     spill.py           the local folder logs wait in while the store refuses them
@@ -16,8 +18,9 @@ text rules (``policy/``).
     credentials.py     bearer tokens compared in constant time
     manifest.py        the release manifest as one typed model (docs/release-format.md)
     release.py         the release format: reading and verifying a published release
-    answer_objects.py  the exact tier's answer objects and the rule every client applies
+    release_check.py   a release checked whole where it is served, before it is pointed to
+    answer_objects.py  the exact tier: objects by content, the key index, the clients' rule
     signing.py         release signatures: who may publish what is served
     pointers.py        the signed pointer (current.json): which release, in what order, until when
-    proofs.py          Merkle proofs of one answer object against a release's signature
+    proofs.py          Merkle proofs of a key-index bucket against a release's signature
 """

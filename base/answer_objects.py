@@ -1,62 +1,142 @@
-"""The exact tier's answer objects: one JSON object per published phrasing, served by the CDN at
-``<profile>/releases/<version>/a/<key>.json`` (``release.object_path``), and the one rule every
-client applies before showing one (``answer_object_problem``, mirrored in ``web/edgeqa.js``).
+"""The exact tier on the CDN: answer objects addressed by their content, shared by every release
+that holds them, and each release's key index, which says which object answers each key and
+proves it to the release's signed ``answers_root`` (``docs/release-format.md#answer-objects``).
 
-An object carries its question, its answer, where it belongs (key, profile, version), its dates
-and a Merkle proof (``proofs.py``) that leads it to the release's signed ``answers_root``.
+    <profile>/a/<sha256[:2]>/<sha256>.json              an answer object (``object_path``)
+    <profile>/releases/<version>/k/<key[:3]>.json       a bucket of the key index (``bucket_path``)
+
+An answer object holds what a client shows and checks (key, profile, answer, dates) and nothing
+of the release, so an answer unchanged since the parent release is the same object, written
+once. A bucket lists its keys' objects (``<key> <sha256>`` lines, sorted) with a Merkle proof of
+its leaf; the answers root is the root over the buckets. Every client applies one rule before
+showing an answer (``bucket_problem``, ``answer_object_problem``; ``web/edgeqa.js`` mirrors
+both, on ``tests/vectors/answer_objects.json`` and ``proofs.json``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+from collections.abc import Iterable
 from typing import Any
 
-from base.proofs import proves
+from base.proofs import leaf, proof_root
+
+KEY_DIGITS = 3  # a bucket per 3 hex digits of the key: 4,096, ~244 keys each at a million
+OBJECT_FIELDS = ("answer", "expires_at", "generated_at", "key", "profile")
+BUCKET_FIELDS = ("profile", "version", "bucket", "entries")  # a bucket's leaf, in this order
+MAX_BUCKET_BYTES = 4 << 20
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_ENTRY = re.compile(r"([0-9a-f]{64}) ([0-9a-f]{64})")
 
 
 def canonical_json(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def answer_fields(row: dict[str, Any], version: str, profile: str) -> list[str]:
-    """The values of ``proofs.LEAF_FIELDS`` for one row, as its answer object spells them."""
-    return [row["key"], profile, version, row["expires_at"].isoformat(), row["answer"]]
-
-
-def answer_object(row: dict[str, Any], version: str, profile: str, proof: list[str]) -> bytes:
-    """The exact-tier object served by the CDN for one phrasing's key; ``proof`` leads it to
-    the release's ``answers_root`` (``proofs.py``)."""
+def answer_object(row: dict[str, Any], profile: str) -> bytes:
+    """The object served for one phrasing's key: its bytes are its address (``object_path``)."""
     return canonical_json(
         {
-            "key": row["key"],
-            "question": row["question"],
             "answer": row["answer"],
-            "version": version,
-            "profile": profile,
-            "generated_at": row["generated_at"].isoformat(),
             "expires_at": row["expires_at"].isoformat(),
-            "proof": proof,
+            "generated_at": row["generated_at"].isoformat(),
+            "key": row["key"],
+            "profile": profile,
         }
     )
 
 
-def answer_object_problem(
-    obj: Any, key: str, profile: str, version: str, now_s: float, root: str | None = None
+def object_path(sha256: str) -> str:
+    """Where the object of digest ``sha256`` lives, under ``<profile>/``: 256 folders."""
+    return f"a/{sha256[:2]}/{sha256}.json"
+
+
+def bucket_of(key: str) -> str:
+    return key[:KEY_DIGITS]
+
+
+def bucket_path(bucket: str) -> str:
+    """Where a bucket of the key index lives, under ``<profile>/releases/<version>/``."""
+    return f"k/{bucket}.json"
+
+
+def bucket_entries(pairs: Iterable[tuple[str, str]]) -> str:
+    """The ``entries`` text of a bucket: a ``<key> <sha256>`` line per (key, digest), in the
+    order given (sorted by key)."""
+    return "".join(f"{key} {digest}\n" for key, digest in pairs)
+
+
+def bucket_leaf(profile: str, version: str, bucket: str, entries: str) -> bytes:
+    """A bucket's leaf in the answers tree (``proofs.leaf`` over ``BUCKET_FIELDS``)."""
+    return leaf([profile, version, bucket, entries])
+
+
+def bucket_file(profile: str, version: str, bucket: str, entries: str, proof: list[str]) -> bytes:
+    return canonical_json(
+        {
+            "bucket": bucket,
+            "entries": entries,
+            "profile": profile,
+            "proof": proof,
+            "version": version,
+        }
+    )
+
+
+def bucket_problem(
+    obj: Any, bucket: str, profile: str, version: str, root: str | None
 ) -> str | None:
-    """Why an answer object fetched from the CDN must not be shown as the answer for ``key``
-    (``malformed``, ``proof``, ``key``, ``profile``, ``version``, ``expired``), or None when it
-    may. Every client applies this rule (``web/edgeqa.js`` mirrors it, on the vectors in
-    ``tests/vectors/answer_objects.json`` and ``proofs.json``): a forged, cached or misplaced
-    object, or one past its ``expires_at``, sends the question on to the next layer. ``root``:
-    the signed ``answers_root`` of ``version`` (``signing.py``); the object must prove itself
-    against it."""
+    """Why a bucket fetched from the CDN must not be read for ``bucket`` of ``profile``'s
+    ``version`` (``malformed``, ``bucket``, ``profile``, ``version``, ``proof``), or None. ``root``:
+    the signed ``answers_root`` (None: the proof is not checked, for a reader that holds the
+    release's manifest under a verified chain)."""
+    if not isinstance(obj, dict) or not all(isinstance(obj.get(n), str) for n in BUCKET_FIELDS):
+        return "malformed"
+    for name, expected in (("bucket", bucket), ("profile", profile), ("version", version)):
+        if obj[name] != expected:
+            return name
+    if root is not None:
+        try:
+            found = bucket_leaf(profile, version, bucket, obj["entries"])
+        except UnicodeEncodeError:
+            return "malformed"
+        if proof_root(found, obj.get("proof")) != root:
+            return "proof"
+    return None
+
+
+def bucket_entry(obj: dict[str, Any], key: str) -> str | None:
+    """The digest of ``key``'s object in a checked bucket, or None when the bucket lists none."""
+    entries = obj["entries"]
+    at = entries.find(f"{key} ") if _HEX64.fullmatch(key or "") else -1
+    while at > 0 and entries[at - 1] != "\n":  # a match inside a line is no entry
+        at = entries.find(f"{key} ", at + 1)
+    if at < 0:
+        return None
+    found = _ENTRY.match(entries, at)
+    return found.group(2) if found else None
+
+
+def answer_object_problem(
+    data: bytes, key: str, profile: str, sha256: str, now_s: float
+) -> str | None:
+    """Why the object fetched for ``key`` (its bytes: ``data``; the digest its checked bucket
+    names: ``sha256``) must not be shown (``digest``, ``malformed``, ``key``, ``profile``,
+    ``expired``), or None when it may: a forged, cached or misplaced object, or one past its
+    ``expires_at``, sends the question on to the next layer."""
     from datetime import datetime
 
+    if hashlib.sha256(data).hexdigest() != sha256:
+        return "digest"
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return "malformed"
     if not isinstance(obj, dict) or not isinstance(obj.get("answer"), str):
         return "malformed"
-    if root is not None and not proves(obj, root):
-        return "proof"
-    for name, expected in (("key", key), ("profile", profile), ("version", version)):
+    for name, expected in (("key", key), ("profile", profile)):
         if obj.get(name) != expected:
             return name
     try:

@@ -190,7 +190,16 @@ def lowercase(value: Any) -> Any:
     return value.lower() if isinstance(value, str) else value
 
 
-class SharedSettings(Settings):
+class StoreSettings(Settings):
+    """How the store is reached (``base/store.py``: ``open_store`` reads it when not told)."""
+
+    # S3 requests in flight at once in a bulk transfer (uploads, read-back, deletes), and the
+    # client's connection pool: an object store answers each in 15-25 ms, so throughput is
+    # requests in flight over latency
+    s3_concurrency: int = Field(128, ge=1, le=4096)
+
+
+class SharedSettings(StoreSettings):
     """What the edge service, the origin and the nightly job all read."""
 
     store: str = Field(DEFAULT_STORE, description="root of releases and logs")

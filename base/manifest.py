@@ -38,7 +38,7 @@ from pydantic import (
 from base.errors import EdgeQAError
 from base.languages import DEFAULT_LANGUAGE
 
-FORMAT = 2
+FORMAT = 3  # 3: answer objects addressed by content, shared by releases, under a key index
 
 # the most a release file may claim (and be) before it is fetched, parsed or deserialized
 MAX_SHARD_FILE_BYTES = 1 << 30
@@ -48,6 +48,7 @@ MAX_RELEASE_BYTES = 64 << 30
 # what each folder of a release may hold: data formats only (an embedder never ships pickles)
 SUFFIXES = {
     "shards": (".faiss", ".parquet"),
+    "objects": (".parquet",),  # the digests of the answer objects the release holds (private)
     "embedder": (".json", ".safetensors", ".txt", ".model", ".md"),
 }
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -144,7 +145,8 @@ class FileEntry(Document):
     @model_validator(mode="after")
     def _capped(self) -> Self:
         # the caps are read here, at validation, so that a test may lower them
-        cap = MAX_SHARD_FILE_BYTES if self.path.startswith("shards/") else MAX_EMBEDDER_FILE_BYTES
+        shard = self.path.startswith(("shards/", "objects/"))
+        cap = MAX_SHARD_FILE_BYTES if shard else MAX_EMBEDDER_FILE_BYTES
         if not 0 <= self.size_bytes <= cap:
             raise ValueError(
                 f"manifest path {self.path!r}: size {self.size_bytes!r:.40} is not within 0..{cap}"
@@ -243,11 +245,19 @@ class GuardFlags(Document):
 
 
 class Objects(Document):
-    """The exact tier's answer objects: ``<prefix><key>.json``, checked by ``integrity``."""
+    """The exact tier (``answer_objects.py``): ``count`` answer objects under the profile's
+    ``prefix`` (``a/``), addressed by their sha256 (``integrity``: each row's ``object_sha256``);
+    the key index's ``buckets`` under the release's ``index`` (``k/``), a bucket per
+    ``key_digits`` hex digits of a key; ``digests``: every object's sha256, sorted (what prune
+    keeps and the next night does not write again)."""
 
     prefix: StrictStr
     count: StrictInt
     integrity: StrictStr
+    index: StrictStr
+    buckets: StrictInt
+    key_digits: StrictInt
+    digests: FileEntry
 
 
 class Counts(Document):
@@ -356,7 +366,8 @@ class Manifest(Document):
     @property
     def files(self) -> list[FileEntry]:
         """Every file the manifest lists: each shard's index and rows, then the embedder's."""
-        return [e for s in self.shards for e in (s.index, s.rows)] + self.embedder.files
+        shards = [e for s in self.shards for e in (s.index, s.rows)]
+        return [*shards, self.objects.digests, *self.embedder.files]
 
     @property
     def created(self) -> datetime:

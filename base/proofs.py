@@ -1,16 +1,16 @@
-"""Merkle proofs: how a browser checks one answer object against a release's signature.
+"""Merkle proofs: how a browser checks the key index of a release against its signature.
 
 The manifest's signature (``signing.py``) covers every byte of a release for the edge and the
-origin, which read the manifest and its shards. A browser reads only ``current.json`` and one
-answer object (nothing else of a release is public on the CDN), so every answer object carries a
-Merkle proof to the release's ``answers_root``, which the signed statement names, and the signed
-statement rides in ``current.json``. One signature per release (one KMS call) covers millions of
-objects; a client checks an object with about 25 SHA-256s.
+origin, which read the manifest and its shards. A browser reads only ``current.json``, one
+bucket of the release's key index and one answer object (``answer_objects.py``), so every bucket
+carries a Merkle proof to the release's ``answers_root``, which the signed pointer names; the
+bucket names the sha256 of each of its keys' objects. One signature per release covers millions
+of answers; a client checks a bucket with about 15 SHA-256s and an object with one.
 
-- leaf(object) = SHA-256(0x00 || SHA-256(key) || SHA-256(profile) || SHA-256(version) ||
-  SHA-256(expires_at) || SHA-256(answer)), each field UTF-8, exactly as the object spells it;
+- leaf(fields) = SHA-256(0x00 || SHA-256(field 1) || SHA-256(field 2) || ...), each field UTF-8,
+  exactly as the document spells it (a bucket's: ``answer_objects.BUCKET_FIELDS``);
 - node(l, r) = SHA-256(0x01 || l || r) (the prefixes keep a leaf from passing for a node);
-- leaves in release row order; a level's odd last node moves up unchanged;
+- leaves in bucket order; a level's odd last node moves up unchanged;
 - ``proof``: the siblings from the leaf up, each ``"l<hex>"`` (the sibling is on the left) or
   ``"r<hex>"``; the empty release's root is SHA-256 of nothing.
 
@@ -24,7 +24,6 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-LEAF_FIELDS = ("key", "profile", "version", "expires_at", "answer")
 MAX_PROOF_STEPS = 64
 _SIZE = 32  # a SHA-256
 _STEP = re.compile(r"[lr][0-9a-f]{64}")
@@ -34,19 +33,6 @@ def leaf(fields: Sequence[str]) -> bytes:
     """The leaf hash of an object's ``LEAF_FIELDS`` values, in that order."""
     parts = b"".join(hashlib.sha256(value.encode()).digest() for value in fields)
     return hashlib.sha256(b"\x00" + parts).digest()
-
-
-def object_leaf(obj: Any) -> bytes | None:
-    """The leaf of an answer object; None when a field is missing or not a string."""
-    if not isinstance(obj, dict):
-        return None
-    values = [value for name in LEAF_FIELDS if isinstance(value := obj.get(name), str)]
-    if len(values) != len(LEAF_FIELDS):
-        return None
-    try:
-        return leaf(values)
-    except UnicodeEncodeError:  # a lone surrogate: not text any client would show
-        return None
 
 
 def _node(left: bytes, right: bytes) -> bytes:
@@ -115,9 +101,3 @@ def proof_root(leaf_hash: bytes, proof: Any) -> str | None:
         sibling = bytes.fromhex(step[1:])
         node = _node(sibling, node) if step[0] == "l" else _node(node, sibling)
     return node.hex()
-
-
-def proves(obj: Any, root: str) -> bool:
-    """Whether answer object ``obj`` carries a proof of its fields up to ``root``."""
-    found = object_leaf(obj)
-    return found is not None and proof_root(found, obj.get("proof")) == root

@@ -5,13 +5,16 @@ described completely by ``manifest.json``, and the mutable pointer ``current.jso
 <profile>/releases/<version>/manifest.json
 <profile>/releases/<version>/shards/<nnnnn>.faiss     one FAISS index per shard
 <profile>/releases/<version>/shards/<nnnnn>.parquet   rows aligned with the index ids
-<profile>/releases/<version>/a/<key>.json             exact-tier answer objects for the CDN
+<profile>/releases/<version>/objects/digests.parquet  every answer object's sha256, sorted
+<profile>/releases/<version>/k/<bbb>.json             the key index for the CDN (answer_objects.py)
+<profile>/a/<hh>/<sha256>.json                        answer objects, by content, shared by releases
 <profile>/current.json                                {"version", "manifest_sha256", ...}
 ```
 
 Integrity is a chain: the pointer holds the manifest's sha256, the manifest holds the sha256 of
-every shard file, and every row holds the sha256 of its answer object (``object_sha256``), so one
-hash at the top covers every byte of a release without a manifest line per answer object.
+every shard file, and every row holds the sha256 of its answer object (``object_sha256``: its
+name), so one hash at the top covers every byte of a release without a manifest line per
+answer object. ``release_check.py`` checks a release whole where it is served.
 Readers (``load_release``) verify the chain and refuse a release that breaks it. Whoever can write
 the store can still write a manifest, so it is read into ``Manifest`` (``manifest.py``), which
 holds its paths to the layout above (plain names under ``shards/`` and ``embedder/``, only data
@@ -21,7 +24,6 @@ the pointer is read into ``Pointer`` (``pointers.py``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,7 +33,6 @@ from typing import TYPE_CHECKING
 from base.errors import EdgeQAError
 from base.manifest import PLAIN_NAME, FileEntry, FormatError, Manifest, ShardEntry
 from base.pointers import Pointer
-from base.proofs import proves
 from base.signing import MAX_SIGNATURE_BYTES, SIGNATURE, SignatureError, verify_statement
 from base.store import (
     ObjectNotFoundError,
@@ -75,10 +76,6 @@ def pointer_path(profile: str) -> str:
 
 def shard_paths(shard: int) -> tuple[str, str]:
     return f"shards/{shard:05d}.faiss", f"shards/{shard:05d}.parquet"
-
-
-def object_path(key: str) -> str:
-    return f"a/{key}.json"
 
 
 def row_schema() -> pa.Schema:
@@ -314,131 +311,31 @@ def verified_manifest(
     return manifest, manifest_sha
 
 
-OBJECT_WORKERS = 16  # answer objects fetched at once when a release is checked whole
-
-
-def _check_objects(store: Store, prefix: str, rows: Iterable[tuple[str, str]], root: str) -> None:
-    """Fetch the answer object of every (key, object_sha256) of ``rows`` (``OBJECT_WORKERS`` at
-    a time: a release of a million objects is a million round trips; a bounded number taken
-    from ``rows`` at a time) and check it against its sha256 and the answers root;
-    ``ReleaseError`` names the first bad one in row order."""
-    from concurrent.futures import ThreadPoolExecutor
-    from itertools import islice
-
-    def problem(item: tuple[str, str]) -> str | None:
-        key, digest = item
-        path = f"{prefix}/{object_path(key)}"
-        try:
-            data = store.get(path, max_bytes=MAX_ANSWER_OBJECT_BYTES)
-        except ObjectNotFoundError:
-            return f"{path} is missing"
-        except ObjectTooLargeError:
-            return f"{path} is over {MAX_ANSWER_OBJECT_BYTES} bytes"
-        if sha256_hex(data) != digest:
-            return f"{path} does not match its row's object_sha256"
-        if not proves(json.loads(data), root):
-            return f"{path}: its proof does not lead to the answers root"
-        return None
-
-    items = iter(rows)
-    with ThreadPoolExecutor(max_workers=OBJECT_WORKERS) as pool:
-        while batch := list(islice(items, 64 * OBJECT_WORKERS)):  # a bounded number in flight
-            for found in pool.map(problem, batch):  # in order; a store error is raised as is
-                if found is not None:
-                    raise ReleaseError(found)
-
-
 def load_release(
     store: Store,
     profile: str,
     version: str | None = None,
     expected_manifest_sha256: str | None = None,
-    check_objects: bool = False,
     public_keys: Iterable[str] = (),
 ) -> LoadedRelease:
     """Load and verify a release (the pointer's when ``version`` is None).
 
     Every shard file is checked against the manifest, and the manifest against the pointer's
     ``manifest_sha256`` and, given ``public_keys``, against its signature (``signing.py``: an
-    unsigned release is then refused too); ``check_objects`` also fetches and checks every answer
-    object.
+    unsigned release is then refused too). The answer objects are not fetched
+    (``release_check.check_release`` checks them).
     """
     manifest, manifest_sha = verified_manifest(
         store, profile, version, expected_manifest_sha256, public_keys
     )
     prefix = release_prefix(profile, manifest.version)
-    shards = [_shard(store, prefix, entry, manifest, check_objects) for entry in manifest.shards]
+    shards = [_shard(store, prefix, entry) for entry in manifest.shards]
     embedder_files = {e.path: _checked(store, prefix, e) for e in manifest.embedder.files}
     return LoadedRelease(manifest, manifest_sha, shards, embedder_files)
 
 
-def check_release(
-    store: Store,
-    profile: str,
-    version: str,
-    expected_manifest_sha256: str,
-    public_keys: Iterable[str] = (),
-) -> Manifest:
-    """What ``load_release(..., check_objects=True)`` checks, a shard at a time, none of them
-    kept: a publisher reads a release of millions of rows back holding one shard; the manifest.
-    ``ReleaseError`` names what does not verify."""
-    manifest, _ = verified_manifest(store, profile, version, expected_manifest_sha256, public_keys)
-    prefix = release_prefix(profile, manifest.version)
-    for entry in manifest.shards:
-        _check_shard(store, prefix, entry, manifest)
-    for file in manifest.embedder.files:
-        _checked(store, prefix, file)
-    return manifest
-
-
-def _check_shard(store: Store, prefix: str, entry: ShardEntry, manifest: Manifest) -> None:
-    """What ``_shard`` checks, every answer object included, holding neither the shard's index
-    (its lists mapped from a private temporary file) nor its rows: they go to that folder as
-    they are read, then every column is decoded a batch at a time, one column after another,
-    and the objects are fetched a batch of rows at a time (a 471,859-row shard, decoded whole
-    with the objects' keys as Python strings, was +460 MB)."""
-    import tempfile
-
-    import pyarrow.parquet as pq
-
-    with tempfile.TemporaryDirectory(prefix="edgeqa-shard-") as folder:
-        local = Path(folder) / "rows.parquet"
-        try:
-            count = _checked_index(store, prefix, entry.index, mapped=True).ntotal
-            _checked_file(store, prefix, entry.rows, local)
-            with pq.ParquetFile(local) as rows:
-                for name in rows.schema_arrow.names:  # each decodes, however many rows it has
-                    decoded = sum(
-                        b.num_rows
-                        for b in rows.iter_batches(8192, columns=[name], use_threads=False)
-                    )
-                    if decoded != count or decoded != entry.count:
-                        raise ReleaseError(
-                            f"{prefix}: shard {_label(entry)} index and rows disagree"
-                        )
-                pairs = (
-                    pair
-                    for batch in rows.iter_batches(
-                        8192, columns=["key", "object_sha256"], use_threads=False
-                    )
-                    for pair in zip(*(c.to_pylist() for c in batch.columns), strict=True)
-                )
-                _check_objects(store, prefix, pairs, manifest.answers_root)
-        except (RuntimeError, OSError, ValueError, KeyError) as error:  # faiss / arrow refusing
-            if isinstance(error, ReleaseError | StoreError):
-                raise
-            raise ReleaseError(f"{prefix}: shard {_label(entry)} does not parse: {error}") from None
-
-
-def _shard(
-    store: Store,
-    prefix: str,
-    entry: ShardEntry,
-    manifest: Manifest,
-    check_objects: bool,
-) -> Shard:
-    """Shard ``entry`` read and checked (its files against the manifest, index against rows;
-    every answer object of it too, given ``check_objects``)."""
+def _shard(store: Store, prefix: str, entry: ShardEntry) -> Shard:
+    """Shard ``entry`` read and checked (its files against the manifest, index against rows)."""
     try:
         index = _checked_index(store, prefix, entry.index, mapped=False)
         rows = parquet_table(_checked(store, prefix, entry.rows))
@@ -448,10 +345,6 @@ def _shard(
         raise ReleaseError(f"{prefix}: shard {_label(entry)} does not parse: {error}") from None
     if index.ntotal != rows.num_rows or rows.num_rows != entry.count:
         raise ReleaseError(f"{prefix}: shard {_label(entry)} index and rows disagree")
-    if check_objects:
-        keys, digests = (rows.column(c).to_pylist() for c in ("key", "object_sha256"))
-        pairs = zip(keys, digests, strict=True)
-        _check_objects(store, prefix, pairs, manifest.answers_root)
     return Shard(index, rows)
 
 

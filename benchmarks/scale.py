@@ -18,8 +18,8 @@ built, validated and published, and the edge loading a release of a million entr
    other sizes is what it needs.
 2. **Release** (``--release N``, default 100,000): logs in which N distinct questions are each
    asked by 5 to 7 people, mined; answers from an operator's answers file (``--answers``, so no
-   LLM time is spent); then build, validate and publish to ``file://`` and to S3 (moto's server
-   on loopback; ``--skip s3`` leaves it out: moto takes ~60 objects/s), seconds each.
+   LLM time is spent); then build (written where it is served), validate and publish to
+   ``file://``, seconds each. Publishing against S3's latency is ``benchmarks/publish.py``'s.
 3. **Edge load** (``--edge-rows M``, default 1,000,000): a release of M entries (its vectors
    drawn at random, not embedded: what is measured is the load) written by the release writer,
    then loaded as the edge loads one (``edge_index.lookup.load_index``) in a child process:
@@ -342,7 +342,7 @@ def _release_night(work: Path, n: int) -> Any:
 
 def child_release(args: dict[str, Any]) -> dict[str, Any]:
     """N questions mined, answered from an answers file, built, validated, published (to
-    file://, and to S3 on loopback unless ``s3`` is false)."""
+    file://)."""
     from precompute.pipeline import (
         build_stage,
         generate_stage,
@@ -365,7 +365,6 @@ def child_release(args: dict[str, Any]) -> dict[str, Any]:
     built = timed("build", lambda: build_stage(params, mined))
     validated = timed("validate", lambda: validate_stage(params, mined))
     published = timed("publish_file", lambda: publish_stage(params, mined))
-    s3_report = _publish_to_s3(params, mined, timed) if args.get("s3", True) else None
     return {
         "questions_asked": int(args["n"]),
         "clusters": built["clusters"],
@@ -377,8 +376,7 @@ def child_release(args: dict[str, Any]) -> dict[str, Any]:
         ),
         "validate": validated["status"],
         "published": published["status"],
-        "s3_files": s3_report.files if s3_report else None,
-        "s3_bytes": s3_report.bytes if s3_report else None,
+        "upload": built.get("upload"),
         "peak_rss_mb": _peak_rss_mb(),
     }
 
@@ -420,7 +418,11 @@ def child_stage(args: dict[str, Any]) -> dict[str, Any]:
     if stage == "build":
         result["rows"] = done["rows"]
         # the writer holds one shard's index at a time: the largest, apart (as mine's lists)
-        manifest = _work_area(params, mined).get_json("release/manifest.json")
+        from base.release import read_manifest
+
+        work = _work_area(params, mined)
+        built = work.get_json("built.json")
+        manifest = read_manifest(work.store, work.profile, built["version"])[0].as_dict()
         index_mb = max(s["index"]["bytes"] for s in manifest["shards"]) / 2**20
         result["largest_index_mb"] = round(index_mb, 1)
         result["peak_rss_without_index_mb"] = round(result["peak_rss_mb"] - index_mb, 1)
@@ -463,39 +465,6 @@ def stage_sizes(
         if key.get(stage) in first.get(stage, {}) and key[stage] in last.get(stage, {})
     }
     return results
-
-
-def _publish_to_s3(params: Any, mined: dict[str, Any], timed: Any) -> Any:
-    """The staged release published to S3 on loopback (moto's server; ``timed`` as
-    ``publish_s3``)."""
-    import logging
-
-    from moto.server import ThreadedMotoServer
-
-    from base.store import open_store
-    from precompute.publish import publish
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        os.environ.update(
-            AWS_ACCESS_KEY_ID="test",
-            AWS_SECRET_ACCESS_KEY="test",
-            AWS_DEFAULT_REGION="us-east-1",
-            AWS_ENDPOINT_URL=f"http://{host}:{port}",
-        )
-        import boto3
-
-        boto3.client("s3").create_bucket(Bucket="scale-releases")
-        s3 = open_store("s3://scale-releases/edgeqa")
-        with _work_area(params, mined).staged_release_folder() as folder:
-            return timed(
-                "publish_s3", lambda: publish(s3, folder, keep=params.config.keep, signer=None)
-            )
-    finally:
-        server.stop()
 
 
 def _release_questions(n: int) -> list[str]:
@@ -832,7 +801,7 @@ def main() -> None:
     parser.add_argument(
         "--skip",
         default="",
-        help="parts to skip: mine,release,edge_load; s3: the release's publish to S3 on loopback",
+        help="parts to skip: mine,release,edge_load",
     )
     parser.add_argument(
         "--nights",
@@ -927,7 +896,7 @@ def main() -> None:
         )
     if "release" not in skip and args.release:
         with tempfile.TemporaryDirectory(dir=work) as tmp:
-            release = {"work": tmp, "n": args.release, "s3": "s3" not in skip}
+            release = {"work": tmp, "n": args.release}
             done("release", run_child("release", release))
     if "edge_load" not in skip and args.edge_rows:
         with tempfile.TemporaryDirectory(dir=work) as tmp:

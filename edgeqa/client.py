@@ -1,8 +1,9 @@
 """The edgeqa client for Python callers: the web client (``web/edgeqa.js``) in Python.
 
-A question goes to the cheapest layer that can answer it: the CDN's exact-tier object (by the key
-spec's key, under the version ``current.json`` names), then the edge index service (exact and
-semantic tiers), then the origin, whose answer is streamed. After a miss at the edge, the
+A question goes to the cheapest layer that can answer it: the CDN's exact tier (the bucket of the
+release's key index that holds the key spec's key, under the version ``current.json`` names, then
+the answer object it lists, by its content), then the edge index service (exact and semantic
+tiers), then the origin, whose answer is streamed. After a miss at the edge, the
 request to the origin says which release missed (``x-edgeqa-missed: <profile>/<version>``, from
 the edge's miss body), so the origin does not embed and search the question in it again. The two
 clients take the same path for the same question: the key and missed-hint vectors test both
@@ -13,17 +14,28 @@ from __future__ import annotations
 
 import json
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 
-from base.answer_objects import answer_object_problem
+from base.answer_objects import (
+    answer_object_problem,
+    bucket_entry,
+    bucket_of,
+    bucket_path,
+    bucket_problem,
+    object_path,
+)
 from base.keys import key
 from base.languages import language_of
 from base.pointers import client_verdict
 from edge_index.tiers import MISSED_HEADER, missed_hint
+
+MAX_BUCKETS = 64  # buckets of the key index a client keeps (~30 KB each at a million keys)
 
 
 @dataclass(frozen=True)
@@ -42,8 +54,9 @@ class EdgeQAClient:
     ``profiles``: the release profile of each language (``/config.json``'s), a question's chosen
     by its script (``base.languages.language_of``); ``profile``: one profile for every
     question instead. ``public_keys``: the keys releases are signed with
-    (``EDGEQA_RELEASE_PUBLIC_KEYS``); an answer object from the CDN is shown only when it proves
-    itself against a release one of them signed, so without them the CDN is skipped."""
+    (``EDGEQA_RELEASE_PUBLIC_KEYS``); an answer object from the CDN is shown only when the bucket
+    naming it proves itself against a release one of them signed, so without them the CDN is
+    skipped."""
 
     def __init__(
         self,
@@ -73,6 +86,9 @@ class EdgeQAClient:
         self.newest: dict[str, tuple[int, str]] = {}
         # by profile: why the CDN's pointer was last refused (unsigned, rollback, stale)
         self.pointer_problems: dict[str, str] = {}
+        # by (profile, version, bucket, answers root): a bucket of the key index that proved
+        # itself; a release's buckets never change, the last MAX_BUCKETS read are kept
+        self._buckets: OrderedDict[tuple[str, str, str, str], dict[str, Any]] = OrderedDict()
 
     def profile_for(self, question: str) -> str:
         """The profile ``question`` is looked up under ("" when none is known)."""
@@ -92,8 +108,9 @@ class EdgeQAClient:
         pointer = self._json("GET", f"{self.cdn}/{profile}/current.json")
         release = None
         if pointer is not None:
+            now = datetime.fromtimestamp(time.time(), UTC)
             signed, problem = client_verdict(
-                pointer, profile, self.public_keys, self.newest.get(profile)
+                pointer, profile, self.public_keys, self.newest.get(profile), now
             )
             if problem is None and signed is not None:
                 self.newest[profile] = (signed.sequence, signed.manifest_sha256)
@@ -116,12 +133,10 @@ class EdgeQAClient:
         profile = self.profile_for(question)
         release = self.current_release(profile)
         if release:
-            version, root = release
-            found = self._json("GET", f"{self.cdn}/{profile}/releases/{version}/a/{k}.json")
-            problem = answer_object_problem(found, k, profile, version, time.time(), root)
-            if found is not None and problem is None:
-                on_text(found["answer"])
-                return done("exact", "cdn", found["answer"], time.perf_counter())
+            answer = self.exact_answer(profile, release, k)
+            if answer is not None:
+                on_text(answer)
+                return done("exact", "cdn", answer, time.perf_counter())
         missed = None  # the release the edge has just missed in, for the origin
         if self.edge:
             # POST: the question stays out of URLs and so out of access logs
@@ -134,6 +149,40 @@ class EdgeQAClient:
             if found is not None and found.get("miss") is True:
                 missed = missed_hint(found.get("profile"), found.get("version"))
         return self._generate(question, on_text, done, missed)
+
+    def bucket(self, profile: str, release: tuple[str, str], bucket: str) -> dict[str, Any] | None:
+        """Bucket ``bucket`` of ``profile``'s ``release`` (version, answers root) once it proves
+        itself to the root, from memory or the CDN; None when it is missing or refused."""
+        version, root = release
+        kept_as = (profile, version, bucket, root)
+        kept = self._buckets.pop(kept_as, None)
+        if kept is None:
+            url = f"{self.cdn}/{profile}/releases/{version}/{bucket_path(bucket)}"
+            kept = self._json("GET", url)
+            if kept is None or bucket_problem(kept, bucket, profile, version, root) is not None:
+                return None
+        self._buckets[kept_as] = kept  # the most recently used last
+        while len(self._buckets) > MAX_BUCKETS:
+            self._buckets.popitem(last=False)
+        return kept
+
+    def exact_answer(self, profile: str, release: tuple[str, str], k: str) -> str | None:
+        """The CDN's answer for key ``k`` under ``release``: its bucket proves itself and lists
+        ``k``, and the object's bytes hash to the sha256 listed (``answer_object_problem``)."""
+        bucket = self.bucket(profile, release, bucket_of(k))
+        digest = bucket_entry(bucket, k) if bucket is not None else None
+        if digest is None:
+            return None
+        try:
+            response = self.http.get(f"{self.cdn}/{profile}/{object_path(digest)}")
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        data = response.content  # hashed as sent, then parsed
+        if answer_object_problem(data, k, profile, digest, time.time()) is not None:
+            return None
+        return str(json.loads(data)["answer"])
 
     def _json(
         self,

@@ -15,7 +15,8 @@ fleet/         where the model stages run (Ray, local or a GPU fleet), and jobs.
                stage of the DAG as a Ray Job
 build.py       the release from the mined questions and their answers (with calibration.py:
                the semantic tier's decision; shards.py: the files written a part at a time)
-publish.py     publishing: the flip of the signed pointer, pruning
+publish.py     publishing: the release written where it is served, the flip of the signed pointer
+prune.py       old and refused releases, and the answer objects no kept release holds
 parent.py      what a run takes from the release it follows
 revocations.py the signed revocation list and derived releases
 releases.py    operating what is published: list, show, diff, rollback, renew

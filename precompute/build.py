@@ -110,7 +110,9 @@ def finetuned_embedder(
 
 
 def release_version(now: datetime, content_sha256: str) -> str:
-    """Sortable by time; the suffix tells two releases of the same second apart."""
+    """Sortable by time; the suffix tells two releases of the same second apart. The same
+    answers as of the same instant are the same version, written once: a run that builds a
+    version already there goes on with it (``publish.same_release``)."""
     return f"{now.strftime('%Y%m%dT%H%M%SZ')}-{content_sha256[:8]}"
 
 
@@ -311,7 +313,9 @@ def write_release(
     """The release files (``write_release_files``) and its ``manifest.json`` under ``staging``:
     ``profile`` (name, inputs), ``embedder`` and ``threshold`` entries, ``extra`` fields
     (counts, content digest, dates, lineage: ``Manifest``'s) on top; the manifest."""
-    shards, answers_root = write_release_files(staging, source, version, profile.name, config)
+    shards, objects, answers_root = write_release_files(
+        staging, source, version, profile.name, config
+    )
     manifest = Manifest.of(
         {
             "format": FORMAT,
@@ -331,11 +335,7 @@ def write_release(
             "threshold": threshold,
             "guard": Guard().as_dict(),
             "shards": shards,
-            "objects": {
-                "prefix": "a/",
-                "count": source.count,
-                "integrity": "rows.object_sha256",
-            },
+            "objects": objects,
             "expiry": {"ttl_days": config.ttl_days, "jitter": config.ttl_jitter},
             "answers_root": answers_root,
             **extra,
@@ -383,7 +383,7 @@ def derive_release(
     version = release_version(now, content)
     dim = manifest.embedder.dim
     matrix = np.asarray(kept_vectors, dtype=np.float32).reshape(len(rows), dim)
-    shards, answers_root = write_release_files(
+    shards, objects, answers_root = write_release_files(
         staging, ReleaseRows.in_memory(rows, matrix), version, profile, config
     )
     for path, data in parent.embedder_files.items():  # the same bytes the manifest lists
@@ -399,7 +399,7 @@ def derive_release(
             "version": version,
             "parent": parent.version,
             "shards": shards,
-            "objects": {"prefix": "a/", "count": len(rows), "integrity": "rows.object_sha256"},
+            "objects": objects,
             "counts": {"clusters": len({r["cluster"] for r in rows}), "rows": len(rows)},
             "excluded_clusters": dict(sorted(excluded.items())),
             "content_sha256": content,

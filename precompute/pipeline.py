@@ -15,11 +15,12 @@ included.
   are reused (``generate.ParentAnswers``), save them; the partitions to generate. The questions
   and the cluster report wait on local disk (``spill.py``), read back a part at a time.
 - ``generate_stage``: answer one partition (or all), checkpointed in the store.
-- ``build_stage``: the release (FAISS shards, answer objects, manifest; the embedder fine-tuned
-  first when asked) from the generated partitions, staged in the work area.
-- ``validate_stage``: the quality gate; ``QualityGateError`` keeps the previous release live.
-- ``publish_stage``: the atomic publish of the staged release (a no-op when it is already current).
-- ``prune_stage``: drop releases beyond the newest ``keep``.
+- ``build_stage``: the release from the generated partitions, written where it is served
+  (``publish.upload_release``: only the answer objects the parent lacks), noted in ``built.json``.
+- ``validate_stage``: the release checked where it is, and the quality gate; ``QualityGateError``
+  marks it refused (never published, pruned) and keeps the previous release live.
+- ``publish_stage``: sign it and flip the pointer; nothing is uploaded or downloaded again.
+- ``prune_stage``: old and refused releases, and the answer objects no kept release holds.
 
 A run is built "as of" the end of its last log day, or of the moment the run started when that is
 earlier (a window that ends today): ``RunParams.as_of``, fixed once per run (the DAG passes its data
@@ -44,8 +45,9 @@ from base.config import peak_rss_mb
 from base.errors import EdgeQAError
 from base.languages import DEFAULT_LANGUAGE, LANGUAGES
 from base.logreader import LogReadStats, read_log_tables
-from base.release import read_pointer
-from base.store import ObjectNotFoundError, open_store
+from base.release import ReleaseError, read_manifest, read_pointer, release_prefix
+from base.release_check import check_release
+from base.store import ObjectNotFoundError, open_store, sha256_hex
 from precompute.config import STAGES, PipelineConfig
 from precompute.curated import curated_rows, read_curated
 from precompute.fleet import ran_on
@@ -60,10 +62,16 @@ from precompute.generate import (
 from precompute.mining import MiningReport, drop_clusters, mine_to
 from precompute.nightcache import NightCaches
 from precompute.parent import current_release, parent_flagged, parent_phrasings, parent_rows
-from precompute.publish import prune, publish
+from precompute.prune import mark_refused, prune
+from precompute.publish import (
+    PublishConflictError,
+    publish_uploaded,
+    same_release,
+    upload_release,
+)
 from precompute.questions import HotQuestion, Phrasing
 from precompute.revocations import is_revoked, nightly_revocations
-from precompute.workarea import WorkArea, parse_run
+from precompute.workarea import WorkArea, empty_answers, parse_run
 
 if TYPE_CHECKING:
     from base.release import LoadedRelease
@@ -73,6 +81,7 @@ log = logging.getLogger(__name__)
 
 Mined = Mapping[str, Any]  # what mine_stage returned: profile, run, partitions, ...
 MINED = "mined.json"  # mine_stage's result, in the run's work area
+BUILT = "built.json"  # build_stage's: the release built (version, manifest sha256, rows)
 
 
 class QualityGateError(EdgeQAError, RuntimeError):
@@ -114,10 +123,6 @@ class RunParams:
 
 def _work(params: RunParams, mined: Mined) -> WorkArea:
     return WorkArea(open_store(params.out_uri), mined["profile"], mined["run"])
-
-
-def _hot(work: WorkArea) -> list[HotQuestion]:
-    return list(work.hot())
 
 
 def _answered(
@@ -369,7 +374,7 @@ def build_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
         embedder_dir, embedder_info = None, None
         if config.finetune_steps:  # tuned on every published wording: all of them held
             embedder, embedder_dir, embedder_info = finetuned_embedder(
-                embedder, spec, _hot(work), config.finetune_steps, Path(tmp) / "embedder"
+                embedder, spec, list(work.hot()), config.finetune_steps, Path(tmp) / "embedder"
             )
         manifest, report = build_release(
             Path(tmp) / "release",
@@ -398,34 +403,55 @@ def build_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
             embedder_dir=embedder_dir,
             embedder_info=embedder_info,
         )
-        work.stage_release(Path(tmp) / "release")
+        built = {
+            "version": manifest.version,
+            "manifest_sha256": sha256_hex((Path(tmp) / "release" / "manifest.json").read_bytes()),
+            "rows": manifest.counts.rows,
+        }
+        upload = {}
+        if manifest.counts.rows:  # an empty release is never published: nothing to write
+            try:
+                upload = upload_release(work.store, Path(tmp) / "release").as_dict()
+            except PublishConflictError:  # built before by another run? then go on with it
+                built["manifest_sha256"] = same_release(work.store, manifest)
+        work.put_json(BUILT, built)
     return {
         "version": manifest.version,
         "parent": parent,
         "semantic": manifest.threshold.semantic,
         "semantic_off_reason": manifest.threshold.semantic_off_reason,
         **report.as_dict(),
+        "upload": upload,
     }
 
 
 def validate_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
-    """The quality gate: raise ``QualityGateError`` naming every failed check. A release with no
-    rows is not refused: there is nothing to publish, and the previous release stays."""
+    """The quality gate, and the release checked where it is served: raise ``QualityGateError``
+    naming every failed check (the release is then marked refused: never published, pruned).
+    A release with no rows is not refused: there is nothing to publish, and the previous
+    release stays."""
     gate, work = params.config.gate, _work(params, mined)
-    manifest = work.staged_manifest()
-    rows = manifest.counts.rows
-    threshold = manifest.threshold
-    result: dict[str, Any] = {
-        "version": manifest.version,
-        "rows": rows,
-        "precision": threshold.precision,
-    }
-    if rows == 0:
-        return {**result, "status": "nothing_to_publish"}
-    failures = []
+    built = work.get_json(BUILT)
+    result: dict[str, Any] = {"version": built["version"], "rows": built["rows"]}
+    if built["rows"] == 0:
+        return {**result, "precision": None, "status": "nothing_to_publish"}
+    store, version = work.store, built["version"]
+    manifest, sha = read_manifest(store, work.profile, version)
+    if sha != built["manifest_sha256"]:
+        raise EdgeQAError(f"release {work.profile}/{version} is not the one this run built")
+    rows, threshold, prefix = (
+        manifest.counts.rows,
+        manifest.threshold,
+        release_prefix(work.profile, version),
+    )
+    result["precision"], failures = threshold.precision, []
+    try:
+        check_release(store, work.profile, version, sha)
+    except ReleaseError as error:
+        failures.append(f"the release does not verify where it is served: {error}")
     if rows < gate.min_rows:
         failures.append(f"the release has {rows} rows (at least {gate.min_rows} required)")
-    empty = work.staged_empty_answers(manifest)
+    empty = empty_answers(store, prefix, manifest)
     if empty:
         failures.append(f"{empty} answers are empty")
     # leave-one-out precision of the semantic tier at the decision the release ships (measured
@@ -439,26 +465,30 @@ def validate_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
             f"the release shrinks from {before} to {rows} rows (more than {gate.max_shrink:.0%})"
         )
     if failures:
-        raise QualityGateError(f"release {manifest.version} refused: " + "; ".join(failures))
+        reason = f"release {manifest.version} refused: " + "; ".join(failures)
+        mark_refused(store, work.profile, version, reason)
+        raise QualityGateError(reason)
+    mark_refused(store, work.profile, version, None)  # passed: a refusal under other rules lifted
     return {**result, "status": "passed", "parent_rows": before, "empty_answers": empty}
 
 
 def publish_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
     work = _work(params, mined)
-    manifest = work.staged_manifest()
-    if manifest.counts.rows == 0:
+    built = work.get_json(BUILT)
+    if built["rows"] == 0:
         return {"version": None, "status": "nothing_to_publish"}
     pointer, _ = read_pointer(work.store, work.profile)
-    if pointer and pointer.version == manifest.version:
-        return {"version": manifest.version, "status": "already_current"}
-    with work.staged_release_folder() as folder:
-        report = publish(
-            work.store,
-            folder,
-            keep=params.config.keep,
-            signer=params.config.settings.signer(),
-            expires_s=params.config.settings.pointer_expires_s,
-        )
+    if pointer and pointer.version == built["version"]:
+        return {"version": built["version"], "status": "already_current"}
+    report = publish_uploaded(
+        work.store,
+        work.profile,
+        built["version"],
+        built["manifest_sha256"],
+        keep=params.config.keep,
+        signer=params.config.settings.signer(),
+        expires_s=params.config.settings.pointer_expires_s,
+    )
     return {"status": "published", **report.as_dict()}
 
 

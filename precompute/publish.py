@@ -1,22 +1,27 @@
-"""Publishing a built release: upload, verify, flip the pointer, prune.
+"""Publishing a built release: written once where it is served, checked there, then pointed to.
 
-Stages, in order (``STAGES``): ``objects`` (exact-tier answer objects), ``shards``, ``manifest``
-(last of the uploads: a version folder without one is an incomplete upload no reader will look
-at), ``verify`` (everything read back and checked against the manifest, and the manifest against
-the local copy), ``flip`` (``current.json``, signed under the next sequence with a fresh expiry
-(``base/pointers.py``), replaced by a conditional write on the ETag read at the start — S3
-``If-Match`` / ``If-None-Match``), ``prune`` (all but the ``keep`` newest releases,
-never the current one or its parent, and their generation work areas).
+Steps, in order (``STAGES``): ``objects`` (the answer objects the parent release does not hold
+already, to the profile's shared ``a/``: by content, so an unchanged answer is never written
+again), ``shards`` (the release's own files under ``releases/<version>/``: shards, key index,
+digests, embedder), ``manifest`` (last: a version folder without one is an incomplete upload no
+reader looks at) -- together ``upload_release``, the build stage's last step -- then ``verify``
+(``release_check.check_release``: the validate stage's), ``flip`` (``current.json``, signed under
+the next sequence with a fresh expiry (``base/pointers.py``), replaced by a conditional write on
+the ETag read at the start -- S3 ``If-Match`` / ``If-None-Match``; the release's own signature
+``manifest.sig`` written just before) and ``prune`` (``prune.py``) -- ``publish_uploaded``.
 
-A failure or kill before ``flip`` leaves readers on the previous release; the flip is one atomic
-object write. Two publishers racing from the same parent: the first flip wins, the other gets
-``PublishConflictError`` and removes its own upload.
+Every write is conditional (``Store.put_new``: an object that exists is never overwritten) and
+bulk (``Store.put_many``: ``EDGEQA_S3_CONCURRENCY`` requests in flight). A failure or kill
+before ``flip`` leaves readers on the previous release; the flip is one atomic object write.
+Two publishers racing from the same parent: the first flip wins, the other gets
+``PublishConflictError``.
 
 The flip's outcome can be unknown (the write committed but its response was lost): it is settled
 by reading the pointer back, never by writing again blindly, and no version the pointer names is
-ever removed. Publishing a release again is idempotent: already live, it is a no-op; uploaded
-whole by a publisher that stopped before the flip, it is verified and flipped (re-uploaded only
-when the verification fails).
+ever removed. Uploading a release again is idempotent: a version folder holding this manifest is
+left as it is; one holding another is never overwritten (``PublishConflictError``); one without a
+manifest (an upload that stopped) is cleared and written again. Publishing a release that is
+already current is a no-op.
 """
 
 from __future__ import annotations
@@ -25,14 +30,14 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from base.answer_objects import object_path
 from base.errors import EdgeQAError
 from base.manifest import Manifest
 from base.pointers import DEFAULT_EXPIRES_S, Pointer, new_pointer, verify_pointer
@@ -40,14 +45,14 @@ from base.release import (
     MAX_MANIFEST_BYTES,
     POINTER_CACHE_CONTROL,
     ReleaseError,
-    check_release,
-    list_versions,
     pointer_path,
     read_manifest,
     read_pointer,
     release_prefix,
     sha256_hex,
+    verified_manifest,
 )
+from base.release_check import check_release, load_digests
 from base.signing import (
     MAX_SIGNATURE_BYTES,
     SIGNATURE,
@@ -55,25 +60,49 @@ from base.signing import (
     Signer,
     sign_statement,
     statement,
+    verify_statement,
 )
 from base.store import (
     ObjectNotFoundError,
     ObjectTooLargeError,
     PreconditionFailedError,
+    Source,
     Store,
     TransientStoreError,
     backoff_s,
 )
-from precompute.workarea import work_prefix
+from precompute.prune import REFUSED, prune, remove_release
 
 log = logging.getLogger(__name__)
 
 STAGES = ("objects", "shards", "manifest", "verify", "flip", "prune")
-ORPHAN_AGE = timedelta(days=1)  # incomplete uploads older than this are removed by prune
 
 
 class PublishConflictError(EdgeQAError, RuntimeError):
-    """Another publisher changed ``current.json`` first; this release was not published."""
+    """Another publisher changed ``current.json`` first, or the version folder holds another
+    release; this release was not published."""
+
+
+@dataclass
+class UploadReport:
+    """What ``upload_release`` wrote: the release's answer objects (``objects``), those written
+    (``objects_written``), those the parent release holds and so were not sent
+    (``objects_kept``), those found already there (``objects_existed``), the release's own
+    files, and the bytes sent."""
+
+    version: str = ""
+    parent: str | None = None
+    objects: int = 0
+    objects_written: int = 0
+    objects_kept: int = 0
+    objects_existed: int = 0
+    files: int = 0
+    bytes: int = 0
+    already: bool = False  # the version folder held this release whole: nothing was written
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "seconds": round(self.seconds, 2)}
 
 
 @dataclass
@@ -82,6 +111,8 @@ class PublishReport:
     parent: str | None = None
     files: int = 0
     bytes: int = 0
+    objects_written: int = 0
+    objects_kept: int = 0
     pruned: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -89,165 +120,92 @@ class PublishReport:
         return {**self.__dict__, "seconds": round(self.seconds, 2)}
 
 
-UPLOADS_IN_FLIGHT = 64  # files handed to the upload threads at once, per thread
+def _walk(folder: Path) -> Iterator[Path]:
+    """The files under ``folder``, a subfolder's names at a time (never all held)."""
+    for root, subfolders, names in os.walk(folder):
+        subfolders.sort()
+        for name in sorted(names):
+            yield Path(root) / name
 
 
-def _upload(store: Store, prefix: str, files: Iterable[Path], staging: Path, workers: int) -> int:
-    """Upload ``files`` (each under ``prefix`` at its place in ``staging``), ``workers`` at a
-    time, a bounded number waiting: a million answer objects are never a million futures."""
-
-    def one(path: Path) -> int:
-        relative = path.relative_to(staging).as_posix()
-        kind = "application/json" if path.suffix == ".json" else "application/octet-stream"
-        store.put_file(f"{prefix}/{relative}", path, kind)
-        return path.stat().st_size
-
-    total = 0
-    waiting = iter(files)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        while batch := list(islice(waiting, UPLOADS_IN_FLIGHT * workers)):
-            total += sum(pool.map(one, batch))
-    return total
+def _kind(path: Path) -> str:
+    return "application/json" if path.suffix == ".json" else "application/octet-stream"
 
 
-def _answer_objects(staging: Path) -> Iterator[Path]:
-    """The answer objects under ``staging/a/``, as the folder lists them (never all held)."""
-    folder = staging / "a"
-    if not folder.is_dir():
-        return
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            if entry.name.endswith(".json") and entry.is_file():
-                yield Path(entry.path)
+def parent_digests(store: Store, profile: str, parent: str | None) -> np.ndarray:
+    """The parent release's answer objects' digests (sorted; ``S32``): what need not be written
+    again. Empty when there is no parent or its digests cannot be read (every object is then
+    written where none is: conditional writes keep that correct, only slower)."""
+    empty = np.empty(0, dtype="S32")
+    if parent is None:
+        return empty
+    try:
+        manifest, _ = read_manifest(store, profile, parent)
+        return load_digests(store, release_prefix(profile, parent), manifest).view("S32").ravel()
+    except ReleaseError as error:
+        log.warning("the parent release's digests are unreadable (%s): writing every object", error)
+        return empty
 
 
-def publish(
-    store: Store,
-    staging: Path,
-    keep: int = 5,
-    on_stage: Callable[[str], None] | None = None,
-    workers: int = 16,
-    signer: Signer | None = None,
-    expires_s: float = DEFAULT_EXPIRES_S,
-) -> PublishReport:
-    """Publish the release built in ``staging`` (its ``manifest.json`` says which), signed by
-    ``signer`` (``base/signing.py``; None = unsigned, which readers holding public keys
-    refuse). The release's signature goes beside the manifest; ``current.json`` is signed too,
-    fresh for ``expires_s`` (``base/pointers.py``)."""
-    if keep < 2:
-        raise ValueError("keep must be at least 2 (the current release and one to roll back to)")
+def upload_release(
+    store: Store, staging: Path, on_stage: Callable[[str], None] | None = None, fill: bool = False
+) -> UploadReport:
+    """Write the release built in ``staging`` where it is served: its answer objects the parent
+    release does not hold to ``<profile>/a/``, then its files under ``releases/<version>/``,
+    the manifest last, every write conditional and ``store.concurrency`` at a time. ``fill``:
+    the version folder holds this manifest but does not verify; write whatever is missing."""
     started = time.perf_counter()
+    stage = on_stage or (lambda name: None)
     manifest_bytes = (staging / "manifest.json").read_bytes()
     manifest = Manifest.from_json(manifest_bytes)
     profile, version = manifest.profile.name, manifest.version
-    manifest_sha = sha256_hex(manifest_bytes)
-    parent = manifest.parent
-    report = PublishReport(version=version, parent=parent)
-    pointer, etag = read_pointer(store, profile)
-    if _names(pointer, version, manifest_sha):
-        log.info("%s/%s is already the current release", profile, version)
+    prefix = release_prefix(profile, version)
+    report = UploadReport(version=version, parent=manifest.parent, objects=manifest.objects.count)
+    if fill:
+        pass
+    elif _holds(store, prefix, sha256_hex(manifest_bytes)):
+        report.already = True
         report.seconds = time.perf_counter() - started
         return report
-    current = pointer.version if pointer else None
-    if current != parent:
-        raise PublishConflictError(
-            f"{profile}: current release is {current}, but {version} was built on {parent}; "
-            "rebuild on the current release"
-        )
-    prefix = release_prefix(profile, version)
-    resume = _uploaded_before(store, prefix, manifest_sha)
-    stage = on_stage or (lambda name: None)
-    uploaded = flipping = False
-    try:
-        keys = (signer.public_key,) if signer else ()
-        verified = resume and _verifies(store, profile, version, manifest_sha, keys)
-        signature = None
-        if verified and signer:
-            signature = store.get(f"{prefix}/{SIGNATURE}", max_bytes=MAX_SIGNATURE_BYTES)
-        if not verified:
-            uploaded = True
-            if signer:
-                signature = sign_statement(
-                    statement(profile, version, manifest_sha, manifest.answers_root), signer
-                )
-            report.bytes, report.files = _upload_release(
-                store, prefix, staging, workers, stage, signature
-            )
-        stage("verify")
-        if not verified:  # a resumed upload was just read back whole: once is enough
-            check_release(store, profile, version, manifest_sha, public_keys=keys)
-        stage("flip")
-        flipping = True
-        flip_pointer(
-            store,
-            profile,
-            new_pointer(
-                signer,
-                profile,
-                version,
-                manifest_sha,
-                manifest.answers_root,
-                pointer_sequence(pointer, profile, keys),
-                expires_s=expires_s,
-                parent=parent,
-            ),
-            etag,
-        )
-    except BaseException as error:
-        # once the pointer write has been sent its outcome may land later (a timed-out write
-        # still in flight at S3): only a lost race is sure never to name this version
-        sure = not flipping or isinstance(error, PublishConflictError)
-        if uploaded and sure and not _is_live(store, profile, version):
-            _remove_quietly(store, prefix)
-        raise
-    stage("prune")
-    report.pruned = prune(store, profile, keep)
+    elif any(True for _ in store.scan(prefix)):  # an upload that stopped before its manifest
+        store.delete_prefix(prefix)
+    held = parent_digests(store, profile, manifest.parent)
+    rows = held.view(np.uint8).reshape(-1, 32)  # held[i] as bytes drops trailing zero bytes
+
+    def objects() -> Iterator[tuple[str, Source, str | None]]:
+        for path in _walk(staging / "a"):
+            raw = bytes.fromhex(path.stem)
+            at = int(np.searchsorted(held, raw))
+            if at < len(held) and rows[at].tobytes() == raw:
+                report.objects_kept += 1
+                continue
+            yield f"{profile}/{object_path(path.stem)}", path, "application/json"
+
+    stage("objects")
+    sent = store.put_many(objects())
+    report.objects_written, report.objects_existed = sent.written, sent.existed
+
+    def files() -> Iterator[tuple[str, Source, str | None]]:
+        for folder in ("shards", "objects", "k", "embedder"):
+            for path in _walk(staging / folder):
+                yield f"{prefix}/{path.relative_to(staging).as_posix()}", path, _kind(path)
+
+    stage("shards")
+    own = store.put_many(files())
+    if own.existed and not fill:
+        raise PublishConflictError(f"{prefix} is being written by another publisher")
+    stage("manifest")
+    if not store.put_new(f"{prefix}/manifest.json", manifest_bytes, "application/json"):
+        _holds(store, prefix, sha256_hex(manifest_bytes))  # another's: a conflict; ours: done
+    report.files = own.written + 1
+    report.bytes = sent.bytes + own.bytes + len(manifest_bytes)
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _upload_release(
-    store: Store,
-    prefix: str,
-    staging: Path,
-    workers: int,
-    stage: Callable[[str], None],
-    signature: bytes | None,
-) -> tuple[int, int]:
-    """Objects, shards (and the embedder), the signature, then the manifest: (bytes, files)."""
-    stage("objects")
-    objects = 0
-
-    def counted() -> Iterator[Path]:
-        nonlocal objects
-        for path in _answer_objects(staging):
-            objects += 1
-            yield path
-
-    total = _upload(store, prefix, counted(), staging, workers)
-    stage("shards")
-    shards = sorted((staging / "shards").glob("*"))
-    shards += sorted(p for p in (staging / "embedder").rglob("*") if p.is_file())
-    total += _upload(store, prefix, shards, staging, workers)
-    stage("manifest")
-    manifest_bytes = (staging / "manifest.json").read_bytes()
-    if signature:
-        store.put(f"{prefix}/{SIGNATURE}", signature, "application/json")
-        total += len(signature)
-    store.put(f"{prefix}/manifest.json", manifest_bytes, "application/json")
-    return total + len(manifest_bytes), objects + len(shards) + 1 + bool(signature)
-
-
-def _names(pointer: Pointer | None, version: str, manifest_sha: str) -> bool:
-    return pointer is not None and (pointer.version, pointer.manifest_sha256) == (
-        version,
-        manifest_sha,
-    )
-
-
-def _uploaded_before(store: Store, prefix: str, manifest_sha: str) -> bool:
-    """True when an earlier publish of this same release uploaded its manifest (and stopped
-    before the flip); ``PublishConflictError`` when the version holds a different release."""
+def _holds(store: Store, prefix: str, manifest_sha: str) -> bool:
+    """True when ``prefix`` holds this release's manifest; ``PublishConflictError`` when it holds
+    another (releases are immutable); False when it holds none."""
     try:
         existing = store.get(f"{prefix}/manifest.json", max_bytes=MAX_MANIFEST_BYTES)
     except ObjectNotFoundError:
@@ -259,18 +217,179 @@ def _uploaded_before(store: Store, prefix: str, manifest_sha: str) -> bool:
     return True
 
 
-def _verifies(
-    store: Store, profile: str, version: str, manifest_sha: str, public_keys: tuple[str, ...]
-) -> bool:
-    try:
-        check_release(store, profile, version, manifest_sha, public_keys=public_keys)
-    except ReleaseError as error:
-        log.warning(
-            "resuming %s/%s: the earlier upload does not verify (%s)", profile, version, error
+def same_release(store: Store, manifest: Manifest) -> str:
+    """The sha256 of the manifest already at ``manifest``'s version when it holds the same
+    answers (a night run again, by another runner or after it was published: the version is
+    the answers and their instant), so a run goes on with it; ``PublishConflictError`` when it
+    does not."""
+    profile, version = manifest.profile.name, manifest.version
+    found, sha = read_manifest(store, profile, version)
+    if found.content_sha256 != manifest.content_sha256:
+        raise PublishConflictError(f"{profile}/{version} holds another release (immutable)")
+    log.info("%s/%s was built by run %s: going on with it", profile, version, found.run_id)
+    return sha
+
+
+def publish_uploaded(
+    store: Store,
+    profile: str,
+    version: str,
+    manifest_sha: str,
+    keep: int = 5,
+    signer: Signer | None = None,
+    expires_s: float = DEFAULT_EXPIRES_S,
+    on_stage: Callable[[str], None] | None = None,
+) -> PublishReport:
+    """Point ``current.json`` at the uploaded (and checked) release ``version``: its signature
+    (``manifest.sig``, ``signer``'s; None = unsigned, which readers holding public keys refuse)
+    written beside its manifest, the pointer signed under the next sequence, fresh for
+    ``expires_s``, then older releases pruned (``keep``). A release the quality gate refused is
+    never pointed to."""
+    if keep < 2:
+        raise ValueError("keep must be at least 2 (the current release and one to roll back to)")
+    started = time.perf_counter()
+    stage = on_stage or (lambda name: None)
+    pointer, etag = read_pointer(store, profile)
+    manifest, _ = verified_manifest(store, profile, version, manifest_sha)
+    report = PublishReport(version=version, parent=manifest.parent)
+    if _names(pointer, version, manifest_sha):
+        log.info("%s/%s is already the current release", profile, version)
+        report.seconds = time.perf_counter() - started
+        return report
+    prefix = release_prefix(profile, version)
+    if store.exists(f"{prefix}/{REFUSED}"):
+        raise PublishConflictError(
+            f"{prefix} was refused by the quality gate; it is never published"
         )
-        return False
-    log.info("resuming %s/%s: the earlier upload verifies; flipping", profile, version)
-    return True
+    current = pointer.version if pointer else None
+    if current != manifest.parent:
+        raise PublishConflictError(
+            f"{profile}: current release is {current}, but {version} was built on "
+            f"{manifest.parent}; rebuild on the current release"
+        )
+    keys = (signer.public_key,) if signer else ()
+    if signer:
+        _sign(
+            store, prefix, signer, statement(profile, version, manifest_sha, manifest.answers_root)
+        )
+    stage("flip")
+    flip_pointer(
+        store,
+        profile,
+        new_pointer(
+            signer,
+            profile,
+            version,
+            manifest_sha,
+            manifest.answers_root,
+            pointer_sequence(pointer, profile, keys),
+            expires_s=expires_s,
+            parent=manifest.parent,
+        ),
+        etag,
+    )
+    stage("prune")
+    report.pruned = prune(store, profile, keep)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _sign(store: Store, prefix: str, signer: Signer, signed: bytes) -> None:
+    """``manifest.sig``: ``signer``'s signature of the release's statement, written once; one
+    already there must be a signature of this statement by this signer's key."""
+    path = f"{prefix}/{SIGNATURE}"
+    if store.put_new(path, sign_statement(signed, signer), "application/json"):
+        return
+    try:
+        found = verify_statement(
+            store.get(path, max_bytes=MAX_SIGNATURE_BYTES), (signer.public_key,)
+        )
+    except (SignatureError, ObjectTooLargeError) as error:
+        raise PublishConflictError(f"{path} is not this signer's signature: {error}") from None
+    if found != json.loads(signed):
+        raise PublishConflictError(f"{path} signs another statement")
+
+
+def publish(
+    store: Store,
+    staging: Path,
+    keep: int = 5,
+    on_stage: Callable[[str], None] | None = None,
+    signer: Signer | None = None,
+    expires_s: float = DEFAULT_EXPIRES_S,
+) -> PublishReport:
+    """Upload the release built in ``staging`` (``upload_release``), check it where it is
+    (``check_release``: every object present, a sample read back) and point to it
+    (``publish_uploaded``): what the nightly's build, validate and publish stages do, in one
+    call. A failure before the flip removes the new version's folder (never one the pointer
+    names); objects it wrote and no release holds go with the next prune."""
+    if keep < 2:
+        raise ValueError("keep must be at least 2 (the current release and one to roll back to)")
+    started = time.perf_counter()
+    manifest_bytes = (staging / "manifest.json").read_bytes()
+    manifest = Manifest.from_json(manifest_bytes)
+    profile, version = manifest.profile.name, manifest.version
+    manifest_sha = sha256_hex(manifest_bytes)
+    pointer, _ = read_pointer(store, profile)
+    if _names(pointer, version, manifest_sha):
+        log.info("%s/%s is already the current release", profile, version)
+        return PublishReport(version=version, parent=manifest.parent)
+    current = pointer.version if pointer else None
+    if current != manifest.parent:
+        raise PublishConflictError(
+            f"{profile}: current release is {current}, but {version} was built on "
+            f"{manifest.parent}; rebuild on the current release"
+        )
+    stage = on_stage or (lambda name: None)
+    uploaded = flipping = False
+    try:
+
+        def upload_stage(name: str) -> None:
+            nonlocal uploaded
+            uploaded = True  # called once writing has begun: never for a folder already whole
+            stage(name)
+
+        upload = upload_release(store, staging, upload_stage)
+        stage("verify")
+        try:
+            check_release(store, profile, version, manifest_sha)
+        except ReleaseError as error:
+            if not upload.already:
+                raise
+            log.warning(
+                "%s/%s does not verify (%s): writing what is missing", profile, version, error
+            )
+            upload = upload_release(store, staging, upload_stage, fill=True)
+            check_release(store, profile, version, manifest_sha)
+
+        def flip_stage(name: str) -> None:
+            nonlocal flipping
+            if name != "prune":
+                stage(name)
+            flipping = flipping or name == "flip"
+
+        report = publish_uploaded(
+            store, profile, version, manifest_sha, keep, signer, expires_s, flip_stage
+        )
+    except BaseException as error:
+        # once the pointer write has been sent its outcome may land later (a timed-out write
+        # still in flight at S3): only a lost race is sure never to name this version
+        sure = not flipping or isinstance(error, PublishConflictError)
+        if uploaded and sure and not _is_live(store, profile, version):
+            _remove_quietly(store, release_prefix(profile, version))
+        raise
+    stage("prune")
+    report.files, report.bytes = upload.files, upload.bytes
+    report.objects_written, report.objects_kept = upload.objects_written, upload.objects_kept
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _names(pointer: Pointer | None, version: str, manifest_sha: str) -> bool:
+    return pointer is not None and (pointer.version, pointer.manifest_sha256) == (
+        version,
+        manifest_sha,
+    )
 
 
 def pointer_sequence(pointer: Pointer | None, profile: str, keys: tuple[str, ...]) -> int:
@@ -324,47 +443,6 @@ def _is_live(store: Store, profile: str, version: str) -> bool:
 
 def _remove_quietly(store: Store, prefix: str) -> None:
     try:
-        store.delete_prefix(prefix)
+        remove_release(store, prefix)
     except Exception:  # best effort: prune removes what is left
         log.warning("could not remove the unpublished upload %s", prefix, exc_info=True)
-
-
-def _version_time(version: str) -> datetime | None:
-    try:
-        return datetime.strptime(version.split("-", 1)[0], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        return None
-
-
-def prune(store: Store, profile: str, keep: int, now: datetime | None = None) -> list[str]:
-    """Delete all but the ``keep`` newest complete releases (never the current one or its
-    parent), their work areas, and incomplete uploads older than ``ORPHAN_AGE``."""
-    now = now or datetime.now(UTC)
-    pointer, _ = read_pointer(store, profile)
-    protected = {pointer.version, pointer.parent} if pointer else set()
-    versions = list_versions(store, profile)
-    doomed = [v for v in versions[: max(len(versions) - keep, 0)] if v not in protected]
-
-    def run_of(version: str) -> str | None:
-        try:
-            return read_manifest(store, profile, version)[0].run_id
-        except ReleaseError:
-            return None
-
-    kept_runs = {run_of(v) for v in versions if v not in doomed} if doomed else set()
-    removed = []
-    for version in doomed:
-        run = run_of(version)
-        store.delete_prefix(release_prefix(profile, version))
-        if run and run not in kept_runs:
-            store.delete_prefix(work_prefix(profile, run))
-        removed.append(version)
-    complete = set(versions)
-    prefix = f"{profile}/releases/"
-    folders = {path[len(prefix) :].split("/", 1)[0] for path in store.list(prefix.rstrip("/"))}
-    for folder in sorted(folders - complete):
-        started = _version_time(folder)
-        if started is not None and now - started > ORPHAN_AGE:
-            store.delete_prefix(f"{prefix}{folder}")
-            removed.append(folder)
-    return removed

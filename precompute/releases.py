@@ -31,6 +31,7 @@ from base.release import (
 )
 from base.signing import MAX_SIGNATURE_BYTES, SIGNATURE, SignatureError, Signer, writer_keys
 from base.store import ObjectNotFoundError, Store
+from precompute.prune import REFUSED
 from precompute.publish import flip_pointer, pointer_sequence
 
 ROW_FIELDS = ("key", "question", "answer", "cluster", "canonical", "hits", "users", "expires_at")
@@ -278,6 +279,8 @@ def rollback(
             f"{profile}/{version} is not a kept release (pruned, or never published); "
             f"kept: {', '.join(list_versions(store, profile)) or 'none'}"
         )
+    if store.exists(f"{release_prefix(profile, version)}/{REFUSED}"):
+        raise RollbackError(f"{profile}/{version} was refused by the quality gate: never served")
     release = load_release(store, profile, version, public_keys=tuple(public_keys))
     if version == current:
         return {"version": version, "previous": current, "status": "already_current"}

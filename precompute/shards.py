@@ -1,6 +1,7 @@
-"""Writing a release's files: the answer objects with their proofs, and the FAISS and Parquet
-shards, from rows and vectors read a part at a time (``ReleaseRows``), holding one shard and the
-Merkle tree's nodes, never the release (``build.py`` builds what it writes)."""
+"""Writing a release's files: the answer objects (by content), the key index with its proofs,
+the FAISS and Parquet shards and the digests file, from rows and vectors read a part at a time
+(``ReleaseRows``), holding one shard and the (key, digest) pairs, never the release's text
+(``build.py`` builds what it writes)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from base.answer_objects import answer_fields, answer_object, canonical_json
-from base.manifest import MAX_SHARD_FILE_BYTES, ShardEntry
-from base.proofs import MerkleTree, leaf
-from base.release import object_path, row_schema, sha256_hex, shard_paths
+from base.answer_objects import (
+    KEY_DIGITS,
+    answer_object,
+    bucket_entries,
+    bucket_file,
+    bucket_leaf,
+    bucket_path,
+    canonical_json,
+    object_path,
+)
+from base.manifest import MAX_SHARD_FILE_BYTES, Objects, ShardEntry
+from base.proofs import MerkleTree
+from base.release import row_schema, sha256_hex, shard_paths
 from precompute.config import BuildConfig
 
 if TYPE_CHECKING:
@@ -206,31 +216,45 @@ def _file_entry(staging: Path, path: str) -> dict[str, Any]:
     return {"path": path, "bytes": (staging / path).stat().st_size, "sha256": digest}
 
 
+DIGESTS = "objects/digests.parquet"
+
+
 def write_release_files(
     staging: Path, source: ReleaseRows, version: str, profile: str, config: BuildConfig
-) -> tuple[list[ShardEntry], str]:
-    """The answer objects (with their proofs) and the FAISS and Parquet shards of ``source``'s
-    rows under ``staging``; (the manifest's shard entries, the answers root). Each row's
-    ``object_sha256`` is its object's digest. Two passes over the rows (the proofs' leaves, then
-    the files) and one over a shard's vectors to train its index: what is held is the Merkle
-    tree's nodes and one shard, whatever the release's size."""
+) -> tuple[list[ShardEntry], Objects, str]:
+    """The answer objects, the FAISS and Parquet shards, the key index and the digests file of
+    ``source``'s rows under ``staging`` (``a/``, ``shards/``, ``k/``, ``objects/``); (the
+    manifest's shard entries, its ``objects`` entry, the answers root). Each row's
+    ``object_sha256`` is its object's digest and name. One pass over the rows, and one over a
+    shard's vectors to train its index: what is held is one shard and the rows' (key, digest)
+    pairs (~130 bytes a row, as Arrow), whatever the release's size."""
+    import pyarrow as pa
+
     staging.mkdir(parents=True, exist_ok=True)
-    merkle = MerkleTree(leaf(answer_fields(row, version, profile)) for row in source.rows())
-    if len(merkle) != source.count:
-        raise ValueError(f"the release has {len(merkle)} rows, not the {source.count} stated")
     per_shard = shard_rows_for(config, source.dim)
     shards: list[ShardEntry] = []
     shard: _ShardWriter | None = None
     position = 0
+    pairs: list[pa.RecordBatch] = []
     for rows, vectors in source.parts():
         if len(rows) != len(vectors):
             raise ValueError(f"a part of {len(rows)} rows came with {len(vectors)} vectors")
-        for offset, row in enumerate(rows):
-            data = answer_object(row, version, profile, merkle.proof(position + offset))
-            row["object_sha256"] = sha256_hex(data)
-            target = staging / object_path(row["key"])
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
+        for row in rows:
+            data = answer_object(row, profile)
+            row["object_sha256"] = digest = sha256_hex(data)
+            target = staging / object_path(digest)
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+        pairs.append(
+            pa.record_batch(
+                [
+                    pa.array([r["key"] for r in rows], pa.string()),
+                    pa.array([r["object_sha256"] for r in rows], pa.string()),
+                ],
+                names=["key", "sha256"],
+            )
+        )
         taken = 0
         while taken < len(rows):
             if shard is None:
@@ -245,4 +269,79 @@ def write_release_files(
                 shards.append(shard.finish(staging))
                 shard = None
         position += len(rows)
-    return shards, merkle.root
+    if position != source.count:
+        raise ValueError(f"the release has {position} rows, not the {source.count} stated")
+    table = pa.Table.from_batches(
+        pairs, schema=pa.schema([("key", pa.string()), ("sha256", pa.string())])
+    )
+    buckets, root = _write_key_index(staging, table, version, profile)
+    _write_digests(staging, table.column("sha256"))
+    objects = Objects.of(
+        {
+            "prefix": "a/",
+            "count": source.count,
+            "integrity": "rows.object_sha256",
+            "index": "k/",
+            "buckets": buckets,
+            "key_digits": KEY_DIGITS,
+            "digests": _file_entry(staging, DIGESTS),
+        }
+    )
+    return shards, objects, root
+
+
+def _write_key_index(staging: Path, pairs: Any, version: str, profile: str) -> tuple[int, str]:
+    """``k/<bucket>.json`` for every bucket the keys fall in, each with its proof to the root
+    over them all; (the buckets written, the root). The pairs stay Arrow, sorted by key; a
+    bucket's lines are made when it is hashed and again when it is written."""
+    import pyarrow.compute as pc
+
+    ordered = pairs.sort_by("key")
+    keys, digests = ordered.column("key"), ordered.column("sha256")
+    if pc.count_distinct(keys).as_py() != len(keys):
+        raise ValueError("a key is in the release twice")
+    prefixes = pc.utf8_slice_codeunits(keys, 0, KEY_DIGITS).to_numpy(zero_copy_only=False)
+    starts = [0, *(np.flatnonzero(prefixes[1:] != prefixes[:-1]) + 1).tolist()]
+    spans = (
+        [
+            (str(prefixes[lo]), lo, hi)
+            for lo, hi in zip(starts, [*starts[1:], len(keys)], strict=True)
+        ]
+        if len(keys)
+        else []
+    )
+
+    def entries(first: int, after: int) -> str:
+        part = zip(
+            keys.slice(first, after - first).to_pylist(),
+            digests.slice(first, after - first).to_pylist(),
+            strict=True,
+        )
+        return bucket_entries(part)
+
+    tree = MerkleTree(bucket_leaf(profile, version, b, entries(lo, hi)) for b, lo, hi in spans)
+    for position, (bucket, first, after) in enumerate(spans):
+        target = staging / bucket_path(bucket)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(
+            bucket_file(profile, version, bucket, entries(first, after), tree.proof(position))
+        )
+    return len(spans), tree.root
+
+
+def _write_digests(staging: Path, digests: Any) -> None:
+    """``objects/digests.parquet``: every object's sha256 as 32 bytes, sorted, once each."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    unique = pc.unique(digests)
+    unique = unique.take(pc.sort_indices(unique))
+    raw = bytearray()
+    for start in range(0, len(unique), PART_ROWS):  # a part's strings at a time
+        raw += bytes.fromhex("".join(unique.slice(start, PART_ROWS).to_pylist()))
+    column = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(32), len(unique), [None, pa.py_buffer(bytes(raw))]
+    )
+    (staging / DIGESTS).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"sha256": column}), staging / DIGESTS, compression="none")

@@ -15,7 +15,7 @@
     <profile>/work/<run>/gen/<nnnnn>.parquet   one generated partition each (generate)
     <profile>/work/<run>/attempts/<nnnnn>-<worker>-<t>.json
                                                a worker started generating it (generate)
-    <profile>/work/<run>/release/...           the built release, staged (build)
+    <profile>/work/<run>/built.json            the release build wrote where it is served (build)
     <profile>/work/cache/...                   the text rules' verdicts and the wordings' vectors,
                                                kept across runs (mine: ``nightcache.py``)
 
@@ -33,7 +33,6 @@ import re
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,11 +60,6 @@ class WorkArea:
     @property
     def prefix(self) -> str:
         return work_prefix(self.profile, self.run)
-
-    @property
-    def release(self) -> str:
-        """Where the built release is staged before it is published."""
-        return f"{self.prefix}/release"
 
     def put_reused(self, parts: Iterable[pa.Table]) -> int:
         """Write the answers this run takes instead of generating (tables of
@@ -203,36 +197,23 @@ class WorkArea:
         ``path`` is not there."""
         return parquet_table(self.store.get(path), columns)
 
-    def stage_release(self, folder: Path) -> None:
-        """Upload a built release folder to ``release/`` (replacing what was there)."""
-        self.store.delete_prefix(self.release)
-        for path in sorted(folder.rglob("*")):
-            if path.is_file():
-                self.store.put_file(f"{self.release}/{path.relative_to(folder).as_posix()}", path)
 
-    def staged_manifest(self) -> Manifest:
-        return Manifest.from_json(self.store.get(f"{self.release}/manifest.json"))
+def empty_answers(store: Store, prefix: str, manifest: Manifest) -> int:
+    """Rows of the release at ``prefix`` (``manifest``) whose answer is empty: each shard's rows
+    read to a temporary file, their answers a batch at a time."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
 
-    def staged_empty_answers(self, manifest: Manifest) -> int:
-        """Rows of the staged release (``manifest``) whose answer is empty."""
-        empty = 0
+    empty = 0
+    with tempfile.TemporaryDirectory(prefix="edgeqa-answers-") as folder:
+        local = Path(folder) / "rows.parquet"
         for shard in manifest.shards:
-            table = self.get_table(f"{self.release}/{shard.rows.path}")
-            empty += sum(1 for a in table.column("answer").to_pylist() if not (a or "").strip())
-        return empty
-
-    @contextmanager
-    def staged_release_folder(self) -> Iterator[Path]:
-        """The staged release downloaded into a temporary folder (for ``publish``), each file
-        written as it is read (``Store.get_file``: a shard's index is up to 1 GiB, and the
-        500,000-row release's 733 MB index, read whole, was most of the publish stage's peak)."""
-        prefix = f"{self.release}/"
-        with tempfile.TemporaryDirectory(prefix="edgeqa-publish-") as tmp:
-            for path in self.store.list(prefix):
-                target = Path(tmp) / path[len(prefix) :]
-                target.parent.mkdir(parents=True, exist_ok=True)
-                self.store.get_file(path, target)
-            yield Path(tmp)
+            store.get_file(f"{prefix}/{shard.rows.path}", local, shard.rows.size_bytes)
+            with pq.ParquetFile(local) as rows:
+                for batch in rows.iter_batches(8192, columns=["answer"], use_threads=False):
+                    stripped = pc.utf8_trim_whitespace(batch.column(0).fill_null(""))
+                    empty += pc.sum(pc.equal(pc.utf8_length(stripped), 0)).as_py() or 0
+    return empty
 
 
 class PartitionReader:

@@ -56,6 +56,7 @@ def build(
     profile: str = PROFILE,
     language: str | None = None,
     embedder_name: str = "embedded",
+    dated: dict[str, datetime] | None = None,
     **build_kwargs: Any,
 ) -> Manifest:
     """Build a release of ``questions`` (each asked by 5 users) into ``staging``, on top of the
@@ -66,14 +67,15 @@ def build(
     the past is still served when the suite runs (tests of expiry set their own clock).
     ``profile``, ``language`` (recorded in the profile's inputs when given) and
     ``embedder_name`` (what ``EDGEQA_EMBEDDER`` calls ``embedder``) as a nightly run records
-    them."""
+    them. ``dated``: when a question's answer was generated, where not ``now`` (an answer a
+    night reuses keeps its date)."""
     now = now or datetime(2026, 11, 29, tzinfo=UTC)
     hot = hot_questions(embedder, questions, now)
     generated = {
         h.key: {
             "answer": (answers or {}).get(h.question, f"{tag}: answer to {h.question}"),
             "flag": "",
-            "generated_at": now,
+            "generated_at": (dated or {}).get(h.question, now),
         }
         for h in hot
     }
@@ -91,3 +93,17 @@ def build(
         **build_kwargs,
     )
     return manifest
+
+
+def load_checked(store: Store, profile: str = PROFILE, public_keys: tuple[str, ...] = ()) -> Any:
+    """The current release loaded (``load_release``) after it is checked whole where it is
+    served, every answer object read back (``check_release(readback=None)``)."""
+    from base.release import load_release
+    from base.release_check import check_release
+
+    pointer, _ = read_pointer(store, profile)
+    assert pointer is not None and pointer.manifest_sha256 is not None
+    check_release(
+        store, profile, pointer.version, pointer.manifest_sha256, public_keys, readback=None
+    )
+    return load_release(store, profile, public_keys=public_keys)

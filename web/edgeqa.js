@@ -7,10 +7,13 @@
 //   key(q)       = hex(SHA-256(UTF-8(normalize(q))))            (WebCrypto)
 //
 // Tiered lookup (EdgeQAClient.ask):
-//   1. exact  — <cdn>/<profile>/current.json (cached) -> <cdn>/<profile>/releases/<v>/a/<key>.json,
-//               shown only when the pointer's statement is signed by one of releasePublicKeys,
-//               fresh and not older than one seen before (remembered in localStorage), and the
-//               object's Merkle proof leads to the root it names (docs/security.md)
+//   1. exact  — <cdn>/<profile>/current.json (cached) -> the key index's bucket
+//               <cdn>/<profile>/releases/<v>/k/<key[:3]>.json (kept in memory) -> the answer
+//               object it names, by its content: <cdn>/<profile>/a/<sha[:2]>/<sha>.json. Shown
+//               only when the pointer's statement is signed by one of releasePublicKeys, fresh
+//               and not older than one seen before (remembered in localStorage), the bucket's
+//               Merkle proof leads to the root it names, and the object's bytes hash to the
+//               sha256 the bucket lists for the key (docs/release-format.md, docs/security.md)
 //   2. edge   — POST <edge>/v1/lookup {"q"}  (exact or semantic, FAISS + calibrated decision)
 //   3. origin — POST <origin>/v1/chat/completions, streamed (SSE); the origin may still answer
 //               from its own tiers (x-edgeqa-tier: exact | semantic | origin_cache | generated);
@@ -101,27 +104,11 @@ export async function key(query, maxQueryChars = MAX_QUERY_CHARS) {
 
 const now = () => globalThis.performance.now();
 
-// Why an answer object from the CDN must not be shown for `key` ("malformed", "key", "profile",
-// "version", "expired"), or null when it may: the rule of base/release.py's
-// answer_object_problem, checked on the same vectors (tests/vectors/answer_objects.json).
-export function answerObjectProblem(object, { key, profile, version, nowMs = Date.now() }) {
-  if (!object || typeof object !== "object" || typeof object.answer !== "string") {
-    return "malformed";
-  }
-  for (const [name, expected] of [["key", key], ["profile", profile], ["version", version]]) {
-    if (object[name] !== expected) return name;
-  }
-  const expires = typeof object.expires_at === "string" &&
-    /(Z|[+-]\d\d:\d\d)$/.test(object.expires_at) ? Date.parse(object.expires_at) : NaN;
-  if (Number.isNaN(expires)) return "malformed";
-  return expires <= nowMs ? "expired" : null;
-}
-
 const HEX_STEP = /^[lr][0-9a-f]{64}$/;
 const MAX_PROOF_STEPS = 64;
 const STATEMENT_FORMAT = "edgeqa-release-statement/1";
 
-const sha256 = async (bytes) => new Uint8Array(await globalThis.crypto.subtle.digest("SHA-256", bytes));
+const digest = async (bytes) => new Uint8Array(await globalThis.crypto.subtle.digest("SHA-256", bytes));
 const fromHex = (hex) => Uint8Array.from(hex.match(/../g), (b) => parseInt(b, 16));
 const toHex = (bytes) => [...bytes].map((b) => b.toString(16).padStart(2, "0")).join("");
 const concat = (...parts) => {
@@ -135,27 +122,93 @@ const fromBase64 = (text) => {
   return Uint8Array.from(atob(text), (c) => c.charCodeAt(0));
 };
 
-// Whether `object` carries a Merkle proof of its key, profile, version, expires_at and answer up
-// to `root` (base/proofs.py, on tests/vectors/proofs.json).
-export async function provesAnswer(object, root) {
-  const fields = ["key", "profile", "version", "expires_at", "answer"].map((n) => object?.[n]);
-  const proof = object?.proof;
-  if (!fields.every((f) => typeof f === "string") || !Array.isArray(proof) ||
-      proof.length > MAX_PROOF_STEPS || fields.some((f) => LONE_SURROGATE.test(f))) {
-    return false;
-  }
+// The key index and the answer objects (base/answer_objects.py, on
+// tests/vectors/proofs.json and answer_objects.json): a bucket per KEY_DIGITS hex digits of the
+// key, `<key> <sha256>` lines proved to the signed answers root; an object named by its bytes.
+export const KEY_DIGITS = 3;
+const BUCKET_FIELDS = ["profile", "version", "bucket", "entries"]; // its leaf's, in this order
+const HEX64 = /^[0-9a-f]{64}$/;
+const ENTRY = /^([0-9a-f]{64}) ([0-9a-f]{64})/;
+
+export const bucketOf = (key) => key.slice(0, KEY_DIGITS);
+// Where a bucket lives under <profile>/releases/<version>/, and an object under <profile>/.
+export const bucketPath = (bucket) => `k/${bucket}.json`;
+export const objectPath = (sha256) => `a/${sha256.slice(0, 2)}/${sha256}.json`;
+
+// The leaf of `fields` (strings): SHA-256(0x00 || SHA-256(field 1) || ...), each field UTF-8.
+async function leaf(fields) {
   const encoder = new TextEncoder();
-  const digests = await Promise.all(fields.map((f) => sha256(encoder.encode(f))));
-  let node = await sha256(concat(new Uint8Array([0]), ...digests));
-  for (const step of proof) {
-    if (typeof step !== "string" || !HEX_STEP.test(step)) return false;
-    const sibling = fromHex(step.slice(1));
-    node = await sha256(step[0] === "l" ? concat(new Uint8Array([1]), sibling, node)
-                                        : concat(new Uint8Array([1]), node, sibling));
-  }
-  return toHex(node) === root;
+  const digests = await Promise.all(fields.map((f) => digest(encoder.encode(f))));
+  return digest(concat(new Uint8Array([0]), ...digests));
 }
 
+// The root (hex) `proof` leads `leafHash` to, or null when the proof is malformed (steps
+// "l<hex>" / "r<hex>" from the leaf up, at most MAX_PROOF_STEPS).
+async function proofRoot(leafHash, proof) {
+  if (!Array.isArray(proof) || proof.length > MAX_PROOF_STEPS) return null;
+  let node = leafHash;
+  for (const step of proof) {
+    if (typeof step !== "string" || !HEX_STEP.test(step)) return null;
+    const sibling = fromHex(step.slice(1));
+    node = await digest(step[0] === "l" ? concat(new Uint8Array([1]), sibling, node)
+                                        : concat(new Uint8Array([1]), node, sibling));
+  }
+  return toHex(node);
+}
+
+// Why a bucket fetched from the CDN (parsed) must not be read as `bucket` of `profile`'s
+// `version` ("malformed", "bucket", "profile", "version", "proof"), or null when its proof leads
+// to the signed `root` (base/answer_objects.py bucket_problem).
+export async function bucketProblem(object, { bucket, profile, version, root }) {
+  if (!object || typeof object !== "object" ||
+      !BUCKET_FIELDS.every((n) => typeof object[n] === "string")) {
+    return "malformed";
+  }
+  for (const [name, expected] of [["bucket", bucket], ["profile", profile], ["version", version]]) {
+    if (object[name] !== expected) return name;
+  }
+  if (LONE_SURROGATE.test(object.entries)) return "malformed"; // not UTF-8: no leaf of it
+  if (typeof root !== "string") return "proof";
+  const found = await leaf(BUCKET_FIELDS.map((n) => object[n]));
+  return (await proofRoot(found, object.proof)) === root ? null : "proof";
+}
+
+// The sha256 of `key`'s object in a checked bucket, or null when the bucket lists none (its
+// own line only: "<key> <sha256>") (base/answer_objects.py bucket_entry).
+export function bucketEntry(object, key) {
+  const entries = object.entries;
+  let at = typeof key === "string" && HEX64.test(key) ? entries.indexOf(`${key} `) : -1;
+  while (at > 0 && entries[at - 1] !== "\n") at = entries.indexOf(`${key} `, at + 1);
+  if (at < 0) return null;
+  return ENTRY.exec(entries.slice(at, at + 129))?.[2] ?? null;
+}
+
+// Why an answer object fetched for `key` (`data`: its bytes, an ArrayBuffer or Uint8Array, as
+// the CDN sent them; `sha256`: the digest its checked bucket lists) must not be shown
+// ("digest", "malformed", "key", "profile", "expired"), or null when it may
+// (base/answer_objects.py answer_object_problem).
+export async function answerObjectProblem(data, { key, profile, sha256, nowMs = Date.now() }) {
+  const bytes = data instanceof Uint8Array ? data : new Uint8Array(data);
+  if (toHex(await digest(bytes)) !== sha256) return "digest";
+  let object;
+  try {
+    object = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(bytes));
+  } catch {
+    return "malformed";
+  }
+  if (!object || typeof object !== "object" || typeof object.answer !== "string") {
+    return "malformed";
+  }
+  for (const [name, expected] of [["key", key], ["profile", profile]]) {
+    if (object[name] !== expected) return name;
+  }
+  const expires = typeof object.expires_at === "string" &&
+    /(Z|[+-]\d\d:\d\d)$/.test(object.expires_at) ? Date.parse(object.expires_at) : NaN;
+  if (Number.isNaN(expires)) return "malformed";
+  return expires <= nowMs ? "expired" : null;
+}
+
+const MAX_BUCKETS = 64; // buckets kept by a client (~30 KB each at a million keys)
 const POINTER_FORMAT = "edgeqa-pointer/1";
 const MAX_SEQUENCE = Number.MAX_SAFE_INTEGER;
 
@@ -229,16 +282,6 @@ export async function pointerVerdict(pointer, { profile, publicKeys, newest = nu
   return { signed, problem: null };
 }
 
-// answerObjectProblem, with the object's proof checked against the signed `root` first: the
-// problem ("proof" among them) or null when the object may be shown.
-export async function checkAnswerObject(object, { key, profile, version, root, nowMs = Date.now() }) {
-  if (!object || typeof object !== "object" || typeof object.answer !== "string") {
-    return "malformed";
-  }
-  if (!(await provesAnswer(object, root))) return "proof";
-  return answerObjectProblem(object, { key, profile, version, nowMs });
-}
-
 export class EdgeQAClient {
   // cdn: base URL of the release store (CloudFront); profiles: the release profile of each
   // language (/config.json's), a question's chosen by languageOf; profile: one profile for
@@ -246,7 +289,8 @@ export class EdgeQAClient {
   // cdn/edge may be empty.
   // userToken: the signed user token your backend minted (docs/security.md#identity), if any.
   // releasePublicKeys: the keys releases are signed with (EDGEQA_RELEASE_PUBLIC_KEYS, base64);
-  // without them the CDN tier is skipped: an answer object is shown only when it proves itself.
+  // without them the CDN tier is skipped: an answer object is shown only when the bucket naming
+  // it proves itself against a signed root.
   // storage: where the newest pointer verified is remembered across page loads (localStorage by
   // default; null: this client's lifetime only), so an older one put back is refused.
   constructor({ cdn = "", profile = "", profiles = {}, edge = "", origin = "", model = "",
@@ -261,6 +305,8 @@ export class EdgeQAClient {
     this.newest = new Map(); // profile -> { sequence, manifestSha256 } (without storage)
     // profile -> why its CDN pointer was last refused: "unsigned", "rollback" or "stale"
     this.pointerProblems = new Map();
+    // [profile, version, bucket, root] -> a bucket of the key index that proved itself
+    this.buckets = new Map();
   }
 
   #newestKey(profile) { return `edgeqa.pointer:${this.cdn}/${profile}`; }
@@ -332,6 +378,44 @@ export class EdgeQAClient {
     return release;
   }
 
+  // Bucket `bucket` of `profile`'s `release` ({ version, root }) once it proves itself to the
+  // root, or null (missing, or refused: the next tiers answer). A release's buckets never change:
+  // the last MAX_BUCKETS read are kept, so a second question in one costs no fetch.
+  async bucket(profile, release, bucket, { signal } = {}) {
+    const { version, root } = release;
+    const id = JSON.stringify([profile, version, bucket, root]);
+    const kept = this.buckets.get(id);
+    if (kept) {
+      this.buckets.delete(id); // the most recently used last
+      this.buckets.set(id, kept);
+      return kept;
+    }
+    const url = `${this.cdn}/${profile}/releases/${version}/${bucketPath(bucket)}`;
+    const response = await this.fetch(url, { signal });
+    if (!response.ok) return null;
+    let found;
+    try { found = await response.json(); } catch { return null; }
+    if (await bucketProblem(found, { bucket, profile, version, root }) !== null) return null;
+    this.buckets.set(id, found);
+    while (this.buckets.size > MAX_BUCKETS) this.buckets.delete(this.buckets.keys().next().value);
+    return found;
+  }
+
+  // The CDN's answer for key `k` under `release`: its bucket proves itself, lists `k`, and the
+  // object's bytes hash to the sha256 listed (fresh, for `k` and `profile`):
+  // { answer, firstByte }, or null.
+  async exactAnswer(profile, release, k, { signal } = {}) {
+    const bucket = await this.bucket(profile, release, bucketOf(k), { signal });
+    const sha256 = bucket && bucketEntry(bucket, k);
+    if (!sha256) return null;
+    const response = await this.fetch(`${this.cdn}/${profile}/${objectPath(sha256)}`, { signal });
+    if (!response.ok) return null;
+    const firstByte = now();
+    const data = new Uint8Array(await response.arrayBuffer()); // hashed as sent, then parsed
+    if (await answerObjectProblem(data, { key: k, profile, sha256 }) !== null) return null;
+    return { answer: JSON.parse(new TextDecoder().decode(data)).answer, firstByte };
+  }
+
   // Answer `question`: { tier, source, answer, ttfbMs, totalMs, key }. onText(delta) receives
   // the answer as it arrives (once for a cached answer, per chunk for a generated one).
   async ask(question, { onText = () => {}, signal, maxTokens } = {}) {
@@ -348,17 +432,10 @@ export class EdgeQAClient {
     const release = await this.currentRelease(profile);
     if (release) {
       try {
-        const { version, root } = release;
-        const url = `${this.cdn}/${profile}/releases/${version}/a/${k}.json`;
-        const response = await this.fetch(url, { signal });
-        if (response.ok) {
-          const firstByte = now();
-          const object = await response.json();
-          const problem = await checkAnswerObject(object, { key: k, profile, version, root });
-          if (problem === null) {
-            onText(object.answer);
-            return done("exact", "cdn", object.answer, firstByte);
-          }
+        const found = await this.exactAnswer(profile, release, k, { signal });
+        if (found !== null) {
+          onText(found.answer);
+          return done("exact", "cdn", found.answer, found.firstByte);
         }
       } catch (error) {
         if (signal?.aborted) throw error;

@@ -21,13 +21,13 @@ PROFILE = "p-0123456789"
 VERSION = "20261201T020000Z-1a2b3c4d"
 
 
-def first_format_2_manifest() -> dict[str, Any]:
-    """A manifest as the first format-2 builds wrote it: none of the fields added since
+def first_format_3_manifest() -> dict[str, Any]:
+    """A manifest as the first format-3 builds wrote it: none of the fields added since
     (``excluded_clusters``, ``excluded_rows``, ``revoked``, ``derived``, the threshold's
     ``semantic``, ``held_back_samples``, ``out_of_scope_share``, ``curve``, mining's
     ``carry_half_lives``)."""
     return {
-        "format": 2,
+        "format": 3,
         "version": VERSION,
         "profile": {"name": PROFILE, "inputs": {"model": "test"}},
         "embedder": {"name": "embedded", "dim": 384},
@@ -58,7 +58,15 @@ def first_format_2_manifest() -> dict[str, Any]:
                 "rows": {"path": "shards/00000.parquet", "bytes": 6789, "sha256": "b" * 64},
             }
         ],
-        "objects": {"prefix": "a/", "count": 6, "integrity": "rows.object_sha256"},
+        "objects": {
+            "prefix": "a/",
+            "count": 6,
+            "integrity": "rows.object_sha256",
+            "index": "k/",
+            "buckets": 6,
+            "key_digits": 3,
+            "digests": {"path": "objects/digests.parquet", "bytes": 384, "sha256": "e" * 64},
+        },
         "counts": {"clusters": 5, "rows": 6},
         "expiry": {"ttl_days": 7, "jitter": 0.2},  # an int stays an int
         "content_sha256": "c" * 64,
@@ -73,7 +81,7 @@ def first_format_2_manifest() -> dict[str, Any]:
 
 
 def test_an_old_manifest_loads_with_the_defaults_readers_always_gave_it() -> None:
-    old = first_format_2_manifest()
+    old = first_format_3_manifest()
     manifest = Manifest.of(old)
     assert manifest.threshold.semantic is False  # exact hits only: never calibrated to serve
     assert manifest.threshold.semantic_off_reason is None
@@ -82,7 +90,11 @@ def test_an_old_manifest_loads_with_the_defaults_readers_always_gave_it() -> Non
     assert manifest.profile.language == "en"  # made before languages
     assert manifest.mining is not None and manifest.mining.carry_half_lives is None
     assert manifest.embedder.files == [] and manifest.embedder.finetuned is None
-    assert [e.path for e in manifest.files] == ["shards/00000.faiss", "shards/00000.parquet"]
+    assert [e.path for e in manifest.files] == [
+        "shards/00000.faiss",
+        "shards/00000.parquet",
+        "objects/digests.parquet",
+    ]
     # a scale benchmark's threshold names four fields: the decision's defaults fill the rest
     minimal = {"value": 0.9, "margin": 0.05, "semantic": False, "calibrated": False}
     decision = decision_from_manifest(Manifest.of({**old, "threshold": minimal}).threshold)
@@ -91,7 +103,7 @@ def test_an_old_manifest_loads_with_the_defaults_readers_always_gave_it() -> Non
 
 
 def test_a_manifest_is_written_back_byte_for_byte() -> None:
-    old = first_format_2_manifest()
+    old = first_format_3_manifest()
     written = json.dumps(old, indent=2, sort_keys=True).encode()
     assert Manifest.from_json(written).to_json() == written  # nothing added, nothing coerced
     # a field this reader does not know is kept (a derived release copies its parent's)
@@ -105,7 +117,7 @@ def test_a_manifest_is_written_back_byte_for_byte() -> None:
     [
         (lambda m: m["counts"].update(rows="6"), "counts.rows: Input should be a valid integer"),
         (lambda m: m.pop("answers_root"), "answers_root: Field required"),
-        (lambda m: m.update(format=1), "format: format 1 is not 2"),
+        (lambda m: m.update(format=1), "format: format 1 is not 3"),
         (lambda m: m["shards"][0]["rows"].update(sha256="x"), "shards.0.rows: manifest path"),
         (lambda m: m["shards"][0]["index"].update(bytes=True), "shards.0.index.bytes"),
         (lambda m: m["expiry"].update(ttl_days="7"), "expiry.ttl_days: '7' is not a number"),
@@ -121,7 +133,7 @@ def test_a_manifest_is_written_back_byte_for_byte() -> None:
 def test_a_malformed_manifest_is_refused_naming_the_field(
     change: Any, named: str, tmp_path: Path
 ) -> None:
-    manifest = copy.deepcopy(first_format_2_manifest())
+    manifest = copy.deepcopy(first_format_3_manifest())
     change(manifest)
     with pytest.raises(FormatError) as refused:
         Manifest.of(manifest)

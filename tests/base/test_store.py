@@ -170,3 +170,78 @@ def test_s3_transient_errors_are_retried(
     with pytest.raises(TransientStoreError, match="SlowDown"):
         store.get("x.json")
     assert s3_proxy.failures_left == 10 - 4  # the call and 3 retries: botocore adds none
+
+
+def test_bulk_writes_never_overwrite_and_deletes_go_in_batches(store: Store) -> None:
+    """``put_many`` writes only where nothing is (a second pass writes nothing and changes
+    nothing); the listing is lazy and dated; ``delete_prefix`` deletes in bulk: on S3 as
+    ``DeleteObjects`` batches of 1,000 keys."""
+    items = [(f"a/{i % 7:02x}/{i:05d}.json", f'{{"n": {i}}}'.encode(), None) for i in range(1050)]
+    first = store.put_many(items)
+    assert (first.written, first.existed) == (1050, 0) and first.bytes > 0
+    again = store.put_many((path, b"changed", None) for path, _, _ in items)
+    assert (again.written, again.existed, again.bytes) == (0, 1050, 0)
+    assert store.get("a/03/00003.json") == b'{"n": 3}'
+    assert store.put_new("a/03/00003.json", b"x") is False and store.put_new("b/new", b"x")
+    listed = list(store.scan("a"))
+    assert sorted(found.path for found in listed) == sorted(path for path, _, _ in items)
+    assert all(found.size > 0 and found.modified > 1.7e9 for found in listed)
+    batches: list[int] = []
+    if isinstance(store, S3Store):
+
+        def count(params: dict, **_: object) -> None:  # type: ignore[type-arg]
+            batches.append(len(params["Delete"]["Objects"]))
+
+        store.client.meta.events.register("provide-client-params.s3.DeleteObjects", count)
+    assert store.delete_prefix("a") == 1050
+    assert store.list("a") == [] and store.list("b") == ["b/new"]
+    if isinstance(store, S3Store):
+        assert sorted(batches) == [50, 1000]
+
+
+def test_a_bulk_transfer_keeps_its_workers_busy_and_its_results_in_order() -> None:
+    """``bounded_map``: ``workers`` calls at once (eight calls meet at a barrier only when eight
+    run together), results in the items' order, and no more than ``workers × ahead`` items taken
+    from the iterable before their results are handed back."""
+    from base.store import bounded_map
+
+    meet = threading.Barrier(8, timeout=60)
+    taken = []
+
+    def items():  # type: ignore[no-untyped-def]
+        for i in range(200):
+            taken.append(i)
+            yield i
+
+    def work(i: int) -> int:
+        if i < 8:
+            meet.wait()  # broken (an error) unless eight run at once
+        return i * i
+
+    results = []
+    for result in bounded_map(work, items(), workers=8, ahead=2):
+        results.append(result)
+        assert len(taken) - len(results) <= 8 * 2
+    assert results == [i * i for i in range(200)]
+
+
+def test_the_s3_pool_is_as_large_as_the_requests_in_flight(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch, s3_proxy: type[FaultyS3]
+) -> None:
+    from base.config import ConfigError
+
+    store = open_store(f"s3://{s3_bucket}/r")
+    assert isinstance(store, S3Store) and store.concurrency == 128
+    assert store.client.meta.config.max_pool_connections == 128
+    monkeypatch.setenv("EDGEQA_S3_CONCURRENCY", "256")
+    wide = open_store(f"s3://{s3_bucket}/r")
+    assert isinstance(wide, S3Store) and wide.client.meta.config.max_pool_connections == 256
+    assert wide.child("x").concurrency == 256
+    monkeypatch.setenv("EDGEQA_S3_CONCURRENCY", "0")
+    with pytest.raises(ConfigError, match="EDGEQA_S3_CONCURRENCY must be at least 1"):
+        open_store(f"s3://{s3_bucket}/r")
+    # a batch delete that meets a throttle is tried again
+    store.put_many((f"d/{i}", b"x", None) for i in range(3))
+    s3_proxy.failures_left = 1
+    assert store.delete_many(f"d/{i}" for i in range(3)) == 3
+    assert s3_proxy.failures_left == 0 and store.list("d") == []

@@ -304,7 +304,8 @@ def test_the_command_line_builds_the_dag_s_release_and_its_refusal_publishes_not
 ) -> None:
     """The command line runs the same pipeline: the same logs and window over the same store
     build the same release (its answers reused from the DAG's, the same content and instant: the
-    same version); its quality gate, refused, says why, exits non-zero and publishes nothing."""
+    same version, found written and gone on with); its quality gate, refused, says why, exits
+    non-zero and publishes nothing (nor marks the live release refused)."""
     uri, profile, pointer = dag_night["uri"], dag_night["profile"], dag_night["pointer"]
     store, from_dag = open_store(uri), dag_night["manifest"]
     window = from_dag["log_range"]  # the DAG's: the data interval's last days
@@ -327,15 +328,14 @@ def test_the_command_line_builds_the_dag_s_release_and_its_refusal_publishes_not
     # every answer is the DAG's: this process wrote the partitions, no actor started for them
     assert report["generation"]["ran_on"] == "this process (every answer reused)"
     assert read_pointer(store, profile)[0] == pointer  # untouched
-    # the release it staged is the DAG's: the same version (its rows and instant) and the same
-    # manifest, field for field, but for who ran it, the run and what it was built on
-    staged = f"{profile}/work/{report['run_id']}/release/manifest.json"
-    from_cli = json.loads(store.get(staged))
-    assert from_cli["version"] == pointer.version and from_cli["runner"] == "cli"
-    run_fields = {"runner", "run_id", "parent"}
-    assert {k: v for k, v in from_dag.items() if k not in run_fields} == {
-        k: v for k, v in from_cli.items() if k not in run_fields
-    }
+    # the release it built is the DAG's: the same version (its rows and instant), found written
+    # (releases are written once) and gone on with; the gate's refusal leaves it served
+    built = json.loads(store.get(f"{profile}/work/{report['run_id']}/built.json"))
+    assert (built["version"], built["manifest_sha256"]) == (
+        pointer.version,
+        pointer.manifest_sha256,
+    )
+    assert not store.exists(f"{profile}/releases/{pointer.version}/refused.json")
 
 
 # -- the stages the DAG calls ---------------------------------------------------------------------
@@ -392,7 +392,7 @@ def test_rerunning_the_interval_reuses_every_answer_then_the_quality_gate_refuse
     assert rebuilt["rows"] == dag_night["manifest"]["counts"]["rows"]
     validate_stage(params, mined)
     assert publish_stage(params, mined) == {"version": live.version, "status": "already_current"}
-    profile, run = mined["profile"], mined["run"]
+    profile = mined["profile"]
 
     def refused(p: RunParams, night: dict[str, Any], match: str) -> None:
         with pytest.raises(QualityGateError, match=match):
@@ -412,8 +412,11 @@ def test_rerunning_the_interval_reuses_every_answer_then_the_quality_gate_refuse
     shrunk, regenerated, _ = _run(later)
     assert regenerated["generated"] == 0 and regenerated["ran_on"] in reused_here
     refused(later, shrunk, "shrinks")
-    # an empty answer in the staged rows
-    staged = f"{profile}/work/{run}/release"
+    # the shrunk release is marked refused: never published, pruned
+    version = json.loads(store.get(f"{profile}/work/{shrunk['run']}/built.json"))["version"]
+    staged = f"{profile}/releases/{version}"
+    assert store.exists(f"{staged}/refused.json")
+    # an empty answer in its rows
     manifest = json.loads(store.get(f"{staged}/manifest.json"))
     rows_path = f"{staged}/{manifest['shards'][0]['rows']['path']}"
     table = pq.read_table(io.BytesIO(store.get(rows_path)))
@@ -423,7 +426,7 @@ def test_rerunning_the_interval_reuses_every_answer_then_the_quality_gate_refuse
     buffer = io.BytesIO()
     pq.write_table(table, buffer)
     store.put(rows_path, buffer.getvalue())
-    refused(params, mined, "empty")
+    refused(later, shrunk, "empty")
     assert read_pointer(store, profile)[0] == live  # nothing was published
 
 

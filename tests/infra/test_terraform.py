@@ -120,8 +120,9 @@ def test_the_modules_are_wired_and_the_bucket_is_private(parsed: dict[str, Any])
     edge = json.dumps(parsed["modules/edge/main.tf"])
     for name in ("EDGEQA_RELEASE_PUBLIC_KEYS", "EDGEQA_IDENTITY_SECRET"):
         assert name in edge and name + "=" in user_data, name
-    # browsers read pointers and answer objects; manifests, shards and embedders stay private
-    assert '/*/releases/*/a/*"' in cdn and '/*/releases/*"' not in cdn
+    # browsers read pointers, key indexes and answer objects; manifests, shards, digests and
+    # embedders stay private
+    assert '/*/a/*"' in cdn and '/*/releases/*/k/*"' in cdn and '/*/releases/*"' not in cdn
 
 
 def _blocks(parsed: dict[str, Any], path: str, kind: str, type_: str) -> dict[str, Any]:
@@ -229,6 +230,7 @@ def test_the_ray_fleet_is_private_scales_its_gpus_from_zero_and_its_head_runs_th
     assert writable == {
         "${var.bucket_arn}/*/work/*",
         "${var.bucket_arn}/*/releases/*",
+        "${var.bucket_arn}/*/a/*",
         "${var.bucket_arn}/*/current.json",
     }
     # the revocation list it reads, never writes (revoking is an operator's act)

@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from base.proofs import proves
-from base.release import object_path, serialize_index
+from base.answer_objects import bucket_entry, bucket_problem, object_path
+from base.release import serialize_index
 from policy.answers import CHECKS
 from precompute.build import answered, build_release
 from precompute.config import BuildConfig
@@ -281,20 +281,29 @@ def test_rows_read_in_uneven_parts_write_the_release_written_from_memory(
 
     streamed = ReleaseRows(300, 8, parts)
     assert streamed.content_sha256() == ReleaseRows.in_memory(rows, vectors).content_sha256()
-    shards_a, root_a = write_release_files(
+    shards_a, objects_a, root_a = write_release_files(
         tmp_path / "a", ReleaseRows.in_memory(rows, vectors), "v1", "p", config
     )
-    shards_b, root_b = write_release_files(tmp_path / "b", streamed, "v1", "p", config)
+    shards_b, objects_b, root_b = write_release_files(tmp_path / "b", streamed, "v1", "p", config)
     assert [s.count for s in shards_a] == [140, 140, 20]
-    assert (shards_a, root_a) == (shards_b, root_b)
+    assert (shards_a, objects_a, root_a) == (shards_b, objects_b, root_b)
     assert _tree(tmp_path / "a") == _tree(tmp_path / "b")
     whole = build_index(vectors[140:280], factory, config)  # one call, the whole shard in hand
     assert serialize_index(whole) == (tmp_path / "b" / shards_b[1].index.path).read_bytes()
     table = pq.read_table(tmp_path / "b" / shards_b[1].rows.path)
     assert table.column("id").to_pylist() == list(range(140))
     assert table.column("key").to_pylist() == [r["key"] for r in rows[140:280]]
-    objects = [json.loads((tmp_path / "b" / object_path(r["key"])).read_bytes()) for r in rows]  # type: ignore[arg-type]
-    assert all(proves(o, root_b) for o in objects)
+    # every key's bucket proves itself to the root and names the object its row names
+    digests = table.column("object_sha256").to_pylist()
+    for row, digest in zip(table.to_pylist(), digests, strict=True):
+        bucket = json.loads((tmp_path / "b" / "k" / f"{row['key'][:3]}.json").read_bytes())
+        assert bucket_problem(bucket, row["key"][:3], "p", "v1", root_b) is None
+        assert bucket_entry(bucket, row["key"]) == digest
+        obj = json.loads((tmp_path / "b" / object_path(digest)).read_bytes())
+        assert obj["key"] == row["key"] and obj["answer"] == row["answer"]
+    assert objects_b.count == 300 and objects_b.buckets == len(
+        list((tmp_path / "b" / "k").iterdir())
+    )
 
 
 def test_a_source_shorter_than_it_says_is_refused(tmp_path: Path) -> None:

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import httpx
 
+from base.answer_objects import bucket_entry, object_path
 from base.keys import key
-from base.release import load_release, object_path, pointer_path, release_prefix
+from base.release import load_release, pointer_path, release_prefix
 from base.store import FileStore, ObjectNotFoundError
 from edge_index.server.app import create_app as edge_app
 from edge_index.watcher import EDGE_METRICS, ORIGIN_METRICS, ReleaseWatcher
@@ -36,7 +37,8 @@ PARAPHRASE = "How can I freeze my card?"
 
 class CdnClient:
     """Reads like a browser through the CDN: the pointer (kept ``POINTER_TTL_S``), then the
-    question's answer object under the version it names; no object is a miss."""
+    question's bucket of the key index of the version it names, then the object it lists; a key
+    not listed is a miss."""
 
     def __init__(self, store: FileStore) -> None:
         self.store, self.pointer, self.read_at = store, "", -1e9
@@ -45,9 +47,13 @@ class CdnClient:
         if time.monotonic() - self.read_at > POINTER_TTL_S:
             self.pointer = json.loads(self.store.get(pointer_path(PROFILE)))["version"]
             self.read_at = time.monotonic()
-        path = f"{release_prefix(PROFILE, self.pointer)}/{object_path(key(question))}"
+        k = key(question)
+        path = f"{release_prefix(PROFILE, self.pointer)}/k/{k[:3]}.json"
         try:
-            return str(json.loads(self.store.get(path))["answer"])
+            digest = bucket_entry(json.loads(self.store.get(path)), k)
+            if digest is None:
+                return None
+            return str(json.loads(self.store.get(f"{PROFILE}/{object_path(digest)}"))["answer"])
         except ObjectNotFoundError:
             return None
 

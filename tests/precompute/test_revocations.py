@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from base.answer_objects import bucket_entry
 from base.keys import key
 from base.pointers import signed_root
-from base.release import load_release, object_path, read_pointer, release_prefix
+from base.release import load_release, read_pointer, release_prefix
 from base.signing import LocalSigner, generate_keypair
 from base.store import FileStore, Store
 from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
@@ -32,7 +33,7 @@ from precompute.revocations import (
     unrevoke,
 )
 from precompute.workarea import WorkArea
-from tests.releases import PROFILE, QUESTIONS, build
+from tests.releases import PROFILE, QUESTIONS, build, load_checked
 
 PARAPHRASE = "How can I freeze my card?"
 
@@ -69,12 +70,16 @@ def test_revoke_records_then_publishes_a_release_without_the_cluster(
     assert pointer is not None and pointer.version == done["version"] != first
     assert signed_root(pointer, PROFILE, (public,)) is not None  # signed like a nightly release
 
-    after = load_release(store, PROFILE, check_objects=True, public_keys=(public,))
+    after = load_checked(store, public_keys=(public,))
     kept = {r["key"]: r for s in after.shards for r in s.rows.to_pylist()}
     assert set(kept) == set(rows) - {key(QUESTIONS[0]), key(PARAPHRASE)}
     assert all(kept[k]["answer"] == rows[k]["answer"] for k in kept)  # nothing regenerated
     prefix = release_prefix(PROFILE, after.version)
-    assert not store.exists(f"{prefix}/{object_path(key(QUESTIONS[0]))}")
+    bucket = f"{prefix}/k/{key(QUESTIONS[0])[:3]}.json"  # the CDN's key index names it no more
+    assert (
+        not store.exists(bucket)
+        or bucket_entry(json.loads(store.get(bucket)), key(QUESTIONS[0])) is None
+    )
     revoked, derived = after.manifest.revoked, after.manifest.derived
     assert revoked is not None and revoked.keys == sorted([key(QUESTIONS[0]), key(PARAPHRASE)])
     assert derived is not None and derived.from_version == first

@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
+from base.answer_objects import bucket_entry, bucket_of, bucket_path, canonical_json, object_path
 from base.keys import MAX_QUERY_CHARS, key
-from base.release import object_path, release_prefix
+from base.release import release_prefix
 from base.signing import LocalSigner, generate_keypair
-from base.store import FileStore
+from base.store import FileStore, sha256_hex
 from edge_index.releases import Releases
 from edge_index.server.app import create_app as edge_app
 from edge_index.watcher import EDGE_METRICS, ORIGIN_METRICS, ReleaseWatcher
@@ -60,23 +61,31 @@ def test_key_spec_vectors_under_node() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "# pass 10" in done.stdout and "# fail 0" in done.stdout
+    assert "# pass 14" in done.stdout and "# fail 0" in done.stdout
 
 
 @pytest.fixture(scope="module")
 def stack(embedded_model, embedder, tmp_path_factory) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     """A signed release (QUESTIONS and what the box keeps of PASTED) behind the CDN, the edge
     service and the origin serving the page; on the CDN, someone has replaced the answer object
-    of QUESTIONS[1]."""
+    of QUESTIONS[1] (at its address: the bytes no longer hash to it) and rewritten the bucket of
+    QUESTIONS[2] to name a forged object (stored at its own address: only the bucket's proof
+    tells)."""
     tmp = tmp_path_factory.mktemp("web")
     store = FileStore(tmp / "store")
     questions = (*QUESTIONS, PASTED[:MAX_QUERY_CHARS])
     build(embedder, tmp / "v1", store, questions=questions, now=datetime(2026, 11, 20, tzinfo=UTC))
     private, public = generate_keypair()
     version = publish(store, tmp / "v1", signer=LocalSigner(private)).version
-    forged = f"{release_prefix(PROFILE, version)}/{object_path(key(QUESTIONS[1]))}"
-    obj = json.loads(store.get(forged))
-    store.put(forged, json.dumps({**obj, "answer": FORGED}).encode())
+    replaced, _, _ = _object_of(store, version, QUESTIONS[1])
+    obj = json.loads(store.get(replaced))
+    store.put(replaced, canonical_json({**obj, "answer": FORGED}))
+    named, digest, bucket_file = _object_of(store, version, QUESTIONS[2])
+    forged = canonical_json({**json.loads(store.get(named)), "answer": FORGED})
+    store.put(f"{PROFILE}/{object_path(sha256_hex(forged))}", forged)
+    bucket = json.loads(store.get(bucket_file))
+    bucket["entries"] = bucket["entries"].replace(digest, sha256_hex(forged))
+    store.put(bucket_file, canonical_json(bucket))
     model, tokenizer = embedded_model
     engine = Engine(model, tokenizer, EngineConfig(max_num_seqs=4, max_model_len=512))
     with Server(cdn_app(store.root)) as cdn:
@@ -99,6 +108,16 @@ def stack(embedded_model, embedder, tmp_path_factory) -> Iterator[dict[str, Any]
             with Server(create_app(server)) as origin:
                 wait_healthy(origin.url)
                 yield {"origin": origin.url, "cdn": cdn.url, "edge": edge.url, "key": public}
+
+
+def _object_of(store: FileStore, version: str, question: str) -> tuple[str, str, str]:
+    """The path of ``question``'s answer object in the store, its sha256, and the path of the
+    bucket of ``version``'s key index that names it."""
+    k = key(question)
+    bucket_file = f"{release_prefix(PROFILE, version)}/{bucket_path(bucket_of(k))}"
+    digest = bucket_entry(json.loads(store.get(bucket_file)), k)
+    assert digest is not None, question
+    return f"{PROFILE}/{object_path(digest)}", digest, bucket_file
 
 
 def test_the_page_and_its_config(stack: dict[str, Any]) -> None:
@@ -173,18 +192,21 @@ def test_browser_asks_a_published_and_a_novel_question(stack: dict[str, Any]) ->
     _skip_without_a_browser()
     published, novel = QUESTIONS[0], "Name one planet of the solar system."
     before = _semantic_work(stack["origin"])
-    report = _in_chromium("browser.mjs", stack["origin"], published, QUESTIONS[1], novel)
+    questions = (published, QUESTIONS[1], QUESTIONS[2], novel)
+    report = _in_chromium("browser.mjs", stack["origin"], *questions)
     assert report["errors"] == []
-    first, replaced, second = report["results"]
+    first, replaced, rebucketed, second = report["results"]
     assert first["tier"] == "exact" and "cdn" in first["label"], first
     assert first["answer"] == f"v1: answer to {published}"
     assert "first byte" in first["latency"] and not first["error"]
-    # the replaced object does not prove itself against the signed root: the edge answers
-    assert replaced["tier"] == "exact" and "edge" in replaced["label"], replaced
-    assert replaced["answer"] == f"v1: answer to {QUESTIONS[1]}"
+    # the replaced object's bytes do not hash to the digest its bucket names, and the rewritten
+    # bucket does not prove itself against the signed root: the edge answers both
+    for found, question in ((replaced, QUESTIONS[1]), (rebucketed, QUESTIONS[2])):
+        assert found["tier"] == "exact" and "edge" in found["label"], found
+        assert found["answer"] == f"v1: answer to {question}" and FORGED not in found["answer"]
     assert second["tier"] == "generated" and "origin" in second["label"], second
     assert second["answer"].strip() and not second["error"]
-    assert report["recent"] == ["generated", "exact", "exact"]
+    assert report["recent"] == ["generated", "exact", "exact", "exact"]
     # the page told the origin which release the edge had missed the novel question in: it was
     # not embedded and searched a second time
     assert _moved(before, _semantic_work(stack["origin"])) == {"skipped": 1, "honoured": 1}
@@ -211,8 +233,9 @@ def test_the_python_client_takes_the_browser_s_path(stack: dict[str, Any]) -> No
     published = client.ask(QUESTIONS[0])
     assert (published.tier, published.source) == ("exact", "cdn")
     assert published.answer == f"v1: answer to {QUESTIONS[0]}"
-    replaced = client.ask(QUESTIONS[1])
-    assert (replaced.source, replaced.answer) == ("edge", f"v1: answer to {QUESTIONS[1]}")
+    for forged in QUESTIONS[1:3]:  # its object replaced; its bucket rewritten
+        replaced = client.ask(forged)
+        assert (replaced.source, replaced.answer) == ("edge", f"v1: answer to {forged}")
     # without the release keys the client cannot tell a forged object: it skips the CDN
     unkeyed = EdgeQAClient(stack["origin"], stack["cdn"], stack["edge"], PROFILE)
     assert unkeyed.ask(QUESTIONS[0]).source == "edge"

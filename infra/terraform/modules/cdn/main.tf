@@ -1,6 +1,7 @@
 # CloudFront in front of the store and the services:
-#   /<profile>/releases/*   the release's answer objects (a/*; nothing else of a release is
-#                           readable): immutable, cached a year
+#   /<profile>/a/*          answer objects, named by their sha256 and shared by releases
+#   /<profile>/releases/*   a release's key index (k/*; nothing else of a release is readable);
+#                           both immutable, cached a year
 #   /*/current.json         the pointer: cached 30 s (a new release reaches browsers within it)
 #   /v1/lookup*             the edge index service (semantic tier): not cached
 #   /v1/*                   the origin (generation, streamed): not cached
@@ -244,8 +245,13 @@ data "aws_iam_policy_document" "store" {
   statement {
     sid     = "CloudFrontReadsReleases"
     actions = ["s3:GetObject"]
-    # answer objects and pointers only: manifests, shards and embedders stay private
-    resources = ["${var.bucket_arn}/*/releases/*/a/*", "${var.bucket_arn}/*/current.json"]
+    # answer objects, key indexes and pointers only: manifests, shards, digests and embedders
+    # stay private (docs/release-format.md)
+    resources = [
+      "${var.bucket_arn}/*/a/*",
+      "${var.bucket_arn}/*/releases/*/k/*",
+      "${var.bucket_arn}/*/current.json",
+    ]
     principals {
       type        = "Service"
       identifiers = ["cloudfront.amazonaws.com"]

@@ -704,11 +704,13 @@ resource "aws_iam_role_policy" "ray" {
 }
 
 # the head: every stage's driver runs here (a Ray Job each). mine reads the logs and writes the
-# work area; build stages the release in it (<profile>/work/<run>/release/) and reads the parent
-# release and the revocation list (<profile>/revocations.json); publish uploads
-# <profile>/releases/<version>/, reads it back, flips <profile>/current.json (a conditional
-# write) and signs the release and the pointer with the release key; prune deletes old releases
-# and work areas. Object names: base/release.py, precompute/workarea.py, precompute/revocations.py.
+# work area; build writes the release where it is served (<profile>/releases/<version>/ and the
+# answer objects the parent lacks, <profile>/a/: conditional writes, never overwriting) and reads
+# the parent release and the revocation list (<profile>/revocations.json); validate reads it
+# back; publish signs the release and the pointer with the release key and flips
+# <profile>/current.json (a conditional write); prune deletes old releases, work areas and the
+# answer objects no kept release holds (DeleteObjects). Object names: base/release.py,
+# base/answer_objects.py, precompute/workarea.py, precompute/revocations.py.
 data "aws_iam_policy_document" "ray_head" {
   statement {
     sid       = "ReadRequestLogs"
@@ -716,9 +718,13 @@ data "aws_iam_policy_document" "ray_head" {
     resources = ["${var.bucket_arn}/logs/*"]
   }
   statement {
-    sid       = "ReadWriteDeleteWorkAreasAndReleases"
-    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
-    resources = ["${var.bucket_arn}/*/work/*", "${var.bucket_arn}/*/releases/*"]
+    sid     = "ReadWriteDeleteWorkAreasAndReleases"
+    actions = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
+    resources = [
+      "${var.bucket_arn}/*/work/*",
+      "${var.bucket_arn}/*/releases/*",
+      "${var.bucket_arn}/*/a/*",
+    ]
   }
   statement {
     sid       = "ReadWritePointers"
