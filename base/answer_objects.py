@@ -119,6 +119,10 @@ def bucket_entry(obj: dict[str, Any], key: str) -> str | None:
     return found.group(2) if found else None
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def answer_object_problem(
     data: bytes, key: str, profile: str, sha256: str, now_s: float
 ) -> str | None:
@@ -130,8 +134,8 @@ def answer_object_problem(
 
     if hashlib.sha256(data).hexdigest() != sha256:
         return "digest"
-    try:
-        obj = json.loads(data)
+    try:  # strict UTF-8 (a leading BOM dropped) and plain JSON, as a browser reads it
+        obj = json.loads(data.decode("utf-8-sig"), parse_constant=_no_constant)
     except ValueError:
         return "malformed"
     if not isinstance(obj, dict) or not isinstance(obj.get("answer"), str):

@@ -39,6 +39,9 @@ from base.errors import EdgeQAError
 from base.languages import DEFAULT_LANGUAGE
 
 FORMAT = 3  # 3: answer objects addressed by content, shared by releases, under a key index
+# read too: format 2 (an object per key inside each release), so the release that is current
+# when a deployment moves to format 3 is still served, revoked from and built on; never written
+READ_FORMATS = (2, 3)
 
 # the most a release file may claim (and be) before it is fetched, parsed or deserialized
 MAX_SHARD_FILE_BYTES = 1 << 30
@@ -254,10 +257,10 @@ class Objects(Document):
     prefix: StrictStr
     count: StrictInt
     integrity: StrictStr
-    index: StrictStr
-    buckets: StrictInt
-    key_digits: StrictInt
-    digests: FileEntry
+    index: StrictStr | None = None  # None in format 2 only (as the three below)
+    buckets: StrictInt | None = None
+    key_digits: StrictInt | None = None
+    digests: FileEntry | None = None
 
 
 class Counts(Document):
@@ -337,9 +340,16 @@ class Manifest(Document):
     @field_validator("format")
     @classmethod
     def _this_format(cls, found: int) -> int:
-        if found != FORMAT:
+        if found not in READ_FORMATS:
             raise ValueError(f"format {found} is not {FORMAT}, the one this reader reads")
         return found
+
+    @model_validator(mode="after")
+    def _objects_of_its_format(self) -> Self:
+        fields = (self.objects.index, self.objects.buckets, self.objects.digests)
+        if self.format == FORMAT and any(field is None for field in fields):
+            raise ValueError("objects: a format-3 release names its key index and digests")
+        return self
 
     @field_validator("created_at")
     @classmethod
@@ -367,7 +377,8 @@ class Manifest(Document):
     def files(self) -> list[FileEntry]:
         """Every file the manifest lists: each shard's index and rows, then the embedder's."""
         shards = [e for s in self.shards for e in (s.index, s.rows)]
-        return [*shards, self.objects.digests, *self.embedder.files]
+        digests = [self.objects.digests] if self.objects.digests is not None else []
+        return [*shards, *digests, *self.embedder.files]
 
     @property
     def created(self) -> datetime:

@@ -123,14 +123,17 @@ def read_pointer(store: Store, profile: str) -> tuple[Pointer | None, str | None
 
 
 def list_versions(store: Store, profile: str) -> list[str]:
-    """Versions that have a manifest (complete uploads), oldest first."""
+    """Versions that have a manifest (complete uploads), oldest first: the release folders (one
+    delimited listing), each asked for its manifest (``concurrency`` at once), never a listing
+    of every object of every release."""
+    from base.store import bounded_map
+
     prefix = f"{profile}/releases"
-    versions = set()
-    for path in store.list(prefix):
-        parts = path[len(prefix) + 1 :].split("/")
-        if len(parts) == 2 and parts[1] == "manifest.json":
-            versions.add(parts[0])
-    return sorted(versions)
+    folders = store.folders(prefix)
+    complete = bounded_map(
+        lambda v: store.exists(f"{prefix}/{v}/manifest.json"), folders, store.concurrency
+    )
+    return [v for v, whole in zip(folders, complete, strict=True) if whole]
 
 
 @dataclass

@@ -41,7 +41,7 @@ from base.release import (
     release_prefix,
     verified_manifest,
 )
-from base.store import StoreError, bounded_map
+from base.store import ObjectNotFoundError, ObjectTooLargeError, StoreError, bounded_map
 from base.store_base import Store
 
 READBACK = 1024  # answer objects read back by default, chosen at random (None: every one)
@@ -64,12 +64,13 @@ def check_release(
     read back and checked."""
     manifest, _ = verified_manifest(store, profile, version, expected_manifest_sha256, public_keys)
     prefix = release_prefix(profile, manifest.version)
-    rows = _Fold()
+    rows, named = _Fold(), _Fold()  # the rows' (key, object) pairs; the objects they name
     sample: list[tuple[str, str]] = []
     chooser = random.Random(manifest.version)
     for entry in manifest.shards:
         for pair in _shard_pairs(store, prefix, entry):
             rows.add(pair)
+            named.add(("", pair[1]))
             if readback is None or len(sample) < readback:
                 sample.append(pair)
             elif (at := chooser.randrange(rows.count)) < readback:
@@ -84,7 +85,7 @@ def check_release(
     index = _check_index(store, profile, manifest)
     if (index.count, index.total) != (rows.count, rows.total):
         raise ReleaseError(f"{prefix}: the key index does not list the rows' keys and objects")
-    _check_present(store, profile, prefix, manifest)
+    _check_present(store, profile, prefix, manifest, named)
     _read_back(store, profile, sample)
     return manifest
 
@@ -153,8 +154,10 @@ def _check_index(store: Store, profile: str, manifest: Manifest) -> _Fold:
     leaves = []
     paths = (f"{prefix}/{bucket_path(b)}" for b in buckets)
     for bucket, (path, data) in zip(buckets, store.get_many(paths, MAX_BUCKET_BYTES), strict=True):
-        if isinstance(data, StoreError):
+        if isinstance(data, ObjectNotFoundError | ObjectTooLargeError):
             raise ReleaseError(f"{path}: {data}")
+        if isinstance(data, StoreError):
+            raise data  # the store failed, not the release: the stage is retried, not refused
         try:
             found = json.loads(data)
         except ValueError:
@@ -177,30 +180,33 @@ def _check_index(store: Store, profile: str, manifest: Manifest) -> _Fold:
     return fold
 
 
+def read_digests(local: Path) -> np.ndarray:
+    """A digests file's ``sha256`` column, one row of 32 bytes each (not checked)."""
+    import pyarrow.parquet as pq
+
+    column = pq.read_table(local, use_threads=False).column("sha256").combine_chunks()
+    if column.type.byte_width != 32 or column.null_count:
+        raise ValueError(f"sha256 is {column.type}")
+    return np.frombuffer(column.buffers()[1], np.uint8)[
+        column.offset * 32 : (column.offset + len(column)) * 32
+    ].reshape(-1, 32)
+
+
 def load_digests(store: Store, prefix: str, manifest: Manifest) -> np.ndarray:
     """The digests the release at ``prefix`` names (``objects/digests.parquet``, checked against
     the manifest, sorted and unique), one row of 32 bytes each (32 MB a million)."""
-    import pyarrow.parquet as pq
-
+    if manifest.objects.digests is None:
+        raise ReleaseError(f"{prefix}: a format-{manifest.format} release names no digests")
     with tempfile.TemporaryDirectory(prefix="edgeqa-digests-") as folder:
         local = Path(folder) / "digests.parquet"
         _checked_file(store, prefix, manifest.objects.digests, local)
         try:
-            column = pq.read_table(local, use_threads=False).column("sha256").combine_chunks()
-            if column.type.byte_width != 32 or column.null_count:
-                raise ValueError(f"sha256 is {column.type}")
-            found = np.frombuffer(column.buffers()[1], np.uint8)[
-                column.offset * 32 : (column.offset + len(column)) * 32
-            ].reshape(-1, 32)
+            found = read_digests(local)
         except (OSError, ValueError, KeyError, AttributeError) as error:
-            raise ReleaseError(
-                f"{prefix}: objects/digests.parquet does not parse: {error}"
-            ) from None
+            raise ReleaseError(f"{prefix}: objects/digests.parquet: {error}") from None
     keys = found.view("S32").ravel()
     if len(found) != manifest.objects.count or not bool(np.all(keys[1:] > keys[:-1])):
-        raise ReleaseError(
-            f"{prefix}: objects/digests.parquet is not the release's digests, sorted"
-        )
+        raise ReleaseError(f"{prefix}: objects/digests.parquet: not the digests, sorted")
     return found
 
 
@@ -215,8 +221,11 @@ def digest_folders(digests: np.ndarray) -> Iterator[tuple[str, list[str]]]:
             yield f"{first:02x}", [text[i : i + 64] for i in range(0, len(text), 64)]
 
 
-def _check_present(store: Store, profile: str, prefix: str, manifest: Manifest) -> None:
-    """Every object the release names is in the store: a listing of each of its folders
+def _check_present(
+    store: Store, profile: str, prefix: str, manifest: Manifest, named: _Fold
+) -> None:
+    """The digests file names exactly the objects the rows name (``named``: what prune keeps
+    rests on it), and every one of them is in the store: a listing of each of its folders
     (``a/<2 hex>/``), ``concurrency`` folders at once."""
 
     def missing(item: tuple[str, list[str]]) -> str | None:
@@ -225,7 +234,14 @@ def _check_present(store: Store, profile: str, prefix: str, manifest: Manifest) 
         lost = next((d for d in wanted if f"{d}.json" not in found), None)
         return None if lost is None else f"{profile}/a/{folder}/{lost}.json"
 
-    folders = digest_folders(load_digests(store, prefix, manifest))
+    digests = load_digests(store, prefix, manifest)
+    listed = _Fold()
+    for _, texts in digest_folders(digests):
+        for text in texts:
+            listed.add(("", text))
+    if (listed.count, listed.total) != (named.count, named.total):
+        raise ReleaseError(f"{prefix}: objects/digests.parquet does not name the rows' objects")
+    folders = digest_folders(digests)
     for lost in bounded_map(missing, folders, store.concurrency, ahead=1):
         if lost is not None:
             raise ReleaseError(f"{prefix}: answer object {lost} is missing")
@@ -239,8 +255,10 @@ def _read_back(store: Store, profile: str, pairs: list[tuple[str, str]]) -> None
     paths = (f"{profile}/{object_path(digest)}" for _, digest in pairs)
     fetched = store.get_many(paths, MAX_ANSWER_OBJECT_BYTES)
     for (key, digest), (path, data) in zip(pairs, fetched, strict=True):
-        if isinstance(data, StoreError):
+        if isinstance(data, ObjectNotFoundError | ObjectTooLargeError):
             raise ReleaseError(f"answer object {path}: {data}")
+        if isinstance(data, StoreError):
+            raise data
         problem = answer_object_problem(data, key, profile, digest, now_s=float("-inf"))
         if problem is not None:
             raise ReleaseError(f"answer object {path}: {problem}")

@@ -159,6 +159,25 @@ class S3Store(Store):
             return False
         return True
 
+    def folders(self, prefix: str = "") -> list[str]:
+        """A delimited listing: a page holds up to 1,000 folder names."""
+        full = self._key(prefix) if _clean(prefix) else self.prefix
+        full = f"{full}/" if full else ""
+        found: list[str] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full, "Delimiter": "/"}
+            if token:
+                kwargs["ContinuationToken"] = token
+            page: dict[str, Any] = self._call(
+                lambda kw=kwargs: self.client.list_objects_v2(**kw),  # type: ignore[misc]
+                prefix,
+            )
+            found += [p["Prefix"][len(full) :].rstrip("/") for p in page.get("CommonPrefixes", [])]
+            if not page.get("IsTruncated"):
+                return sorted(found)
+            token = page["NextContinuationToken"]
+
     def scan(self, prefix: str = "") -> Iterator[Listed]:
         """A page (1,000 keys) asked for at a time, as the caller reaches it."""
         full = self._key(prefix) if _clean(prefix) else self.prefix
@@ -238,8 +257,10 @@ class S3Store(Store):
                         **extra,
                     )
             except Exception as error:  # sorted by _call; a 412 is an answer here
-                if _precondition(error):
+                if _precondition(error) == "412":
                     return False
+                if _precondition(error) == "409":  # another conditional write of it in progress
+                    raise TransientStoreError(f"{self.uri}/{_clean(path)}: 409") from error
                 raise
             return True
 
@@ -280,15 +301,17 @@ class S3Store(Store):
         return S3Store(self.bucket, self._key(prefix), self.retries, self.client, self.concurrency)
 
 
-def _precondition(error: Exception) -> bool:
-    """Whether a botocore error is S3 refusing a conditional write (412, or 409: another
-    conditional write of the same key in progress)."""
+def _precondition(error: Exception) -> str | None:
+    """``"412"`` when a botocore error is S3 refusing a conditional write (the object is there),
+    ``"409"`` when another conditional write of the same key is in progress (AWS: retry), else
+    None."""
     response = getattr(error, "response", None)
     if not isinstance(response, dict):
-        return False
+        return None
     code = str(response.get("Error", {}).get("Code", ""))
     status = str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-    return code in ("PreconditionFailed", "412", "ConditionalRequestConflict") or status in (
-        "412",
-        "409",
-    )
+    if code in ("PreconditionFailed", "412") or status == "412":
+        return "412"
+    if code == "ConditionalRequestConflict" or status == "409":
+        return "409"
+    return None

@@ -113,10 +113,17 @@ class FileStore(Store):
         """``data``, or the file at that path (copied a block at a time), into ``target``
         through a temporary file: renamed over it (``replace``), or linked where no file is
         (atomic, and refused where one is: False, nothing written)."""
-        target.parent.mkdir(parents=True, exist_ok=True)
         temp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+        for attempt in range(3):  # a delete may take an empty folder between mkdir and open
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                handle = open(temp, "xb")
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
         try:
-            with open(temp, "wb") as f:
+            with handle as f:
                 if isinstance(data, Path):
                     with open(data, "rb") as source:
                         shutil.copyfileobj(source, f)
@@ -171,6 +178,13 @@ class FileStore(Store):
 
     def exists(self, path: str) -> bool:
         return self._path(path).is_file()
+
+    def folders(self, prefix: str = "") -> list[str]:
+        base = self._path(prefix) if _clean(prefix) else self.root
+        if not base.is_dir():
+            return []
+        with os.scandir(base) as entries:
+            return sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
 
     def scan(self, prefix: str = "") -> Iterator[Listed]:
         base = self._path(prefix) if _clean(prefix) else self.root

@@ -249,6 +249,14 @@ class Store:
         (S3: key order; a folder: one subfolder at a time, names sorted within it)."""
         raise NotImplementedError
 
+    def folders(self, prefix: str = "") -> list[str]:
+        """The names of the folders directly under the folder ``prefix``, sorted: one listing
+        of names, not of everything under them (a release's million objects)."""
+        start = len(_clean(prefix)) + 1 if _clean(prefix) else 0
+        return sorted(
+            {f.path[start:].split("/", 1)[0] for f in self.scan(prefix) if "/" in f.path[start:]}
+        )
+
     def list(self, prefix: str = "") -> list[str]:
         """Every object path under the folder ``prefix`` (recursively), sorted."""
         return sorted(found.path for found in self.scan(prefix))

@@ -28,13 +28,18 @@ sum of upload, check and publish, and the bound ``2 × (requests × latency ÷ c
 
 Then the **ceiling**: night 2's upload again (its changed answers worded anew, so as many objects
 are written) with the proxy's delay at 0: the requests/s moto and this machine sustain, and each
-night's requests at that rate (``at_ceiling_s``). A night whose wall time is near
-``at_ceiling_s`` is bound by moto and the CPUs, not by latency; near the latency term
-(``requests × latency ÷ concurrency``), by latency.
+night's requests at that rate (``at_ceiling_s``); and night 2's check again at 0 ms
+(``ceiling.check``: moto answers a LIST by reading every key of the bucket, S3 does not). A
+night whose wall time is near ``at_ceiling_s`` is bound by moto and the CPUs, not by latency;
+near the latency term (``requests × latency ÷ concurrency``), by latency.
+
+Last, **prune_abandoned**: ``prune`` run as if two days had passed, at 25 ms: it removes the
+ceiling's release (built, never published) and the answer objects only it wrote, in
+``DeleteObjects`` batches of 1,000 (the nights' objects are held by the kept releases).
 
 Prints one JSON object {"config", "nights": [{"night", "version", "parent", "steps": {"build",
-"upload", "check", "publish"}, "total", "bound"}, ...], "ceiling"}, also written to
-``benchmarks/out/publish.json``.
+"upload", "check", "publish"}, "total", "bound"}, ...], "ceiling", "prune_abandoned"}, also
+written to ``benchmarks/out/publish.json``.
 
 Run: .venv/bin/python benchmarks/publish.py [--quick] [--answers 100000] [--changed 0.10]
      [--latency-ms 25] [--concurrency 128] [--skip-ceiling] [--work DIR]
@@ -345,6 +350,7 @@ def publish_night(
     (version, sha), build_s = meter.step(lambda mark: build(staging, rows, vectors, now, parent))
     upload, upload_s = meter.step(lambda mark: upload_release(store, staging, mark), "prepare")
     upload_s["report"] = upload.as_dict()
+    upload_s["manifest_sha256"] = sha
     upload_s["written_per_s"] = round(upload.objects_written / upload_s["seconds"], 1)
     _, check_s = meter.step(lambda mark: check_release(store, PROFILE, version, sha))
     published, publish_s = meter.step(
@@ -436,14 +442,31 @@ def run(args: argparse.Namespace, answers: int, tmp: Path) -> dict[str, Any]:
                 upload, ceiling = meter.step(
                     lambda mark: upload_release(store, staging, mark), "prepare"
                 )
+                # and night 2's check again at 0 ms: its listings are moto's slowest requests
+                # (a LIST reads every key of the bucket there), a read-back S3 serves in ms
+                from base.release_check import check_release
+
+                last = nights[-1]
+                sha = last["steps"]["upload"]["manifest_sha256"]
+                _, checked = meter.step(
+                    lambda mark: check_release(store, PROFILE, last["version"], sha)
+                )
             finally:
                 proxy.set_latency(args.latency_ms)
-            ceiling = {"latency_ms": 0, **ceiling, "report": upload.as_dict()}
+            ceiling = {"latency_ms": 0, **ceiling, "report": upload.as_dict(), "check": checked}
             rate = ceiling["requests_per_s"] or 0.0
             for night in nights:
                 requests = night["total"]["requests_total"]
                 night["bound"]["at_ceiling_s"] = round(requests / rate, 2) if rate else None
             shutil.rmtree(staging, ignore_errors=True)
+
+        # two days on, prune (at 25 ms) removes the abandoned release and the objects only it
+        # wrote: no kept release names them (DeleteObjects batches of 1,000)
+        from precompute.prune import prune
+
+        later = datetime.now(UTC) + timedelta(days=2)
+        removed, pruned = meter.step(lambda mark: prune(store, PROFILE, args.keep, now=later))
+        pruned["removed"] = removed
 
     config = {
         "answers": answers,
@@ -457,7 +480,7 @@ def run(args: argparse.Namespace, answers: int, tmp: Path) -> dict[str, Any]:
         "dim": DIM,
         "quick": args.quick,
     }
-    return {"config": config, "nights": nights, "ceiling": ceiling}
+    return {"config": config, "nights": nights, "ceiling": ceiling, "prune_abandoned": pruned}
 
 
 if __name__ == "__main__":

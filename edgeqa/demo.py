@@ -150,10 +150,20 @@ def build_release(
         disconnect()  # the model stages are done: the local Ray they ran on goes
 
 
+# what CloudFront may read of the bucket (infra/terraform/modules/cdn: the bucket policy)
+PUBLIC = (
+    r"[A-Za-z0-9_][A-Za-z0-9_.-]*/(current\.json|a/[0-9a-f]{2}/[0-9a-f]{64}\.json"
+    r"|releases/[A-Za-z0-9_][A-Za-z0-9_.-]*/k/[0-9a-f]+\.json)"
+)
+
+
 def cdn_app(root: Path) -> Any:
-    """The store folder over HTTP, as CloudFront serves the bucket: CORS, and ``current.json``
-    with the ``Cache-Control`` the publisher writes it with on S3 (browsers ask again each time)."""
+    """The store folder over HTTP, as CloudFront serves the bucket: only what the bucket policy
+    lets it read (answer objects, key-index buckets, pointers: ``PUBLIC``; the rest 404s), CORS,
+    and ``current.json`` with the ``Cache-Control`` the publisher writes it with on S3 (browsers
+    ask again each time)."""
     import os
+    import re
 
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
@@ -165,7 +175,14 @@ def cdn_app(root: Path) -> Any:
 
     from base.release import POINTER, POINTER_CACHE_CONTROL
 
+    public = re.compile(PUBLIC)
+
     class Bucket(StaticFiles):
+        async def get_response(self, path: str, scope: Scope) -> Response:
+            if not public.fullmatch(path.replace(os.sep, "/")):
+                return Response(status_code=404)
+            return await super().get_response(path, scope)
+
         def file_response(
             self,
             full_path: str | os.PathLike[str],

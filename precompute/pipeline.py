@@ -62,7 +62,7 @@ from precompute.generate import (
 from precompute.mining import MiningReport, drop_clusters, mine_to
 from precompute.nightcache import NightCaches
 from precompute.parent import current_release, parent_flagged, parent_phrasings, parent_rows
-from precompute.prune import mark_refused, prune
+from precompute.prune import mark_checked, mark_refused, prune
 from precompute.publish import (
     PublishConflictError,
     publish_uploaded,
@@ -469,6 +469,7 @@ def validate_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
         mark_refused(store, work.profile, version, reason)
         raise QualityGateError(reason)
     mark_refused(store, work.profile, version, None)  # passed: a refusal under other rules lifted
+    mark_checked(store, work.profile, version, sha)
     return {**result, "status": "passed", "parent_rows": before, "empty_answers": empty}
 
 

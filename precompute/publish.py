@@ -68,10 +68,19 @@ from base.store import (
     PreconditionFailedError,
     Source,
     Store,
+    Transfer,
     TransientStoreError,
     backoff_s,
+    bounded_map,
 )
-from precompute.prune import REFUSED, prune, remove_release
+from precompute.prune import (
+    ORPHAN_AGE,
+    REFUSED,
+    is_checked,
+    mark_checked,
+    prune,
+    remove_release,
+)
 
 log = logging.getLogger(__name__)
 
@@ -150,10 +159,13 @@ def parent_digests(store: Store, profile: str, parent: str | None) -> np.ndarray
 def upload_release(
     store: Store, staging: Path, on_stage: Callable[[str], None] | None = None, fill: bool = False
 ) -> UploadReport:
-    """Write the release built in ``staging`` where it is served: its answer objects the parent
-    release does not hold to ``<profile>/a/``, then its files under ``releases/<version>/``,
-    the manifest last, every write conditional and ``store.concurrency`` at a time. ``fill``:
-    the version folder holds this manifest but does not verify; write whatever is missing."""
+    """Write the release built in ``staging`` where it is served: its digests file first (what
+    prune holds while the upload runs), the answer objects the parent release does not hold to
+    ``<profile>/a/``, its other files under ``releases/<version>/``, the manifest last; every
+    write conditional and ``store.concurrency`` at a time. A file already there (an upload that
+    stopped, run again) must be these bytes: another's is a ``PublishConflictError``, unless
+    nothing was written there for ``ORPHAN_AGE`` (then the stopped upload is cleared first).
+    ``fill``: the folder holds this manifest but does not verify: write what is missing."""
     started = time.perf_counter()
     stage = on_stage or (lambda name: None)
     manifest_bytes = (staging / "manifest.json").read_bytes()
@@ -161,14 +173,10 @@ def upload_release(
     profile, version = manifest.profile.name, manifest.version
     prefix = release_prefix(profile, version)
     report = UploadReport(version=version, parent=manifest.parent, objects=manifest.objects.count)
-    if fill:
-        pass
-    elif _holds(store, prefix, sha256_hex(manifest_bytes)):
+    if not fill and _holds(store, prefix, sha256_hex(manifest_bytes)):
         report.already = True
         report.seconds = time.perf_counter() - started
         return report
-    elif any(True for _ in store.scan(prefix)):  # an upload that stopped before its manifest
-        store.delete_prefix(prefix)
     held = parent_digests(store, profile, manifest.parent)
     rows = held.view(np.uint8).reshape(-1, 32)  # held[i] as bytes drops trailing zero bytes
 
@@ -181,26 +189,69 @@ def upload_release(
                 continue
             yield f"{profile}/{object_path(path.stem)}", path, "application/json"
 
-    stage("objects")
-    sent = store.put_many(objects())
-    report.objects_written, report.objects_existed = sent.written, sent.existed
-
-    def files() -> Iterator[tuple[str, Source, str | None]]:
-        for folder in ("shards", "objects", "k", "embedder"):
+    def files(folders: tuple[str, ...]) -> Iterator[tuple[str, Source, str | None]]:
+        for folder in folders:
             for path in _walk(staging / folder):
                 yield f"{prefix}/{path.relative_to(staging).as_posix()}", path, _kind(path)
 
+    stage("objects")
+    own = _put_own(store, prefix, files(("objects",)), fill)  # the digests: held from now on
+    sent = store.put_many(objects())
+    report.objects_written, report.objects_existed = sent.written, sent.existed
     stage("shards")
-    own = store.put_many(files())
-    if own.existed and not fill:
-        raise PublishConflictError(f"{prefix} is being written by another publisher")
+    own.add(_put_own(store, prefix, files(("shards", "k", "embedder")), fill))
     stage("manifest")
     if not store.put_new(f"{prefix}/manifest.json", manifest_bytes, "application/json"):
         _holds(store, prefix, sha256_hex(manifest_bytes))  # another's: a conflict; ours: done
-    report.files = own.written + 1
+    report.files = own.written + own.existed + 1
     report.bytes = sent.bytes + own.bytes + len(manifest_bytes)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _put_own(
+    store: Store, prefix: str, items: Iterator[tuple[str, Source, str | None]], fill: bool
+) -> Transfer:
+    """The release's own files written where none is; one already there must hold the same
+    bytes (this upload, run again), or be left from an upload that stopped ``ORPHAN_AGE`` ago
+    (cleared, then written), or it is another publisher's (``PublishConflictError``)."""
+    done = Transfer()
+
+    def one(item: tuple[str, Source, str | None]) -> tuple[str, Source, bool]:
+        path, local, kind = item
+        return path, local, store.put_new(path, local, kind)
+
+    for path, local, written in bounded_map(one, items, store.concurrency):
+        size = len(local) if isinstance(local, bytes) else Path(local).stat().st_size
+        done.add(Transfer(int(written), int(not written), size if written else 0))
+        if written or _same_bytes(store, path, local):
+            continue
+        if fill or _last_written(store, prefix) >= time.time() - ORPHAN_AGE.total_seconds():
+            raise PublishConflictError(f"{path} holds other bytes: {prefix} is another upload's")
+        log.warning("%s: an upload that stopped long ago left other bytes: cleared", prefix)
+        store.delete(path)
+        store.put_new(path, local)
+    return done
+
+
+def _same_bytes(store: Store, path: str, local: Source) -> bool:
+    """Whether the object at ``path`` holds ``local``'s bytes (read to a temporary file)."""
+    import hashlib
+    import tempfile
+
+    def digest(file: Path) -> str:
+        with file.open("rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+
+    with tempfile.TemporaryDirectory(prefix="edgeqa-compare-") as tmp:
+        there = Path(tmp) / "there"
+        store.get_file(path, there)
+        found = digest(there)
+    return found == (sha256_hex(local) if isinstance(local, bytes) else digest(Path(local)))
+
+
+def _last_written(store: Store, prefix: str) -> float:
+    return max((found.modified for found in store.scan(prefix)), default=0.0)
 
 
 def _holds(store: Store, prefix: str, manifest_sha: str) -> bool:
@@ -258,9 +309,9 @@ def publish_uploaded(
         return report
     prefix = release_prefix(profile, version)
     if store.exists(f"{prefix}/{REFUSED}"):
-        raise PublishConflictError(
-            f"{prefix} was refused by the quality gate; it is never published"
-        )
+        raise PublishConflictError(f"{prefix} was refused by the quality gate: never published")
+    if not is_checked(store, profile, version, manifest_sha):
+        raise PublishConflictError(f"{prefix} has not been checked where it is: validate it first")
     current = pointer.version if pointer else None
     if current != manifest.parent:
         raise PublishConflictError(
@@ -341,7 +392,7 @@ def publish(
             f"{manifest.parent}; rebuild on the current release"
         )
     stage = on_stage or (lambda name: None)
-    uploaded = flipping = False
+    uploaded = flipping = wrote = False
     try:
 
         def upload_stage(name: str) -> None:
@@ -350,6 +401,7 @@ def publish(
             stage(name)
 
         upload = upload_release(store, staging, upload_stage)
+        wrote = not upload.already  # the manifest there is this call's
         stage("verify")
         try:
             check_release(store, profile, version, manifest_sha)
@@ -361,6 +413,7 @@ def publish(
             )
             upload = upload_release(store, staging, upload_stage, fill=True)
             check_release(store, profile, version, manifest_sha)
+        mark_checked(store, profile, version, manifest_sha)
 
         def flip_stage(name: str) -> None:
             nonlocal flipping
@@ -375,8 +428,10 @@ def publish(
         # once the pointer write has been sent its outcome may land later (a timed-out write
         # still in flight at S3): only a lost race is sure never to name this version
         sure = not flipping or isinstance(error, PublishConflictError)
-        if uploaded and sure and not _is_live(store, profile, version):
-            _remove_quietly(store, release_prefix(profile, version))
+        prefix = release_prefix(profile, version)
+        ours = wrote or not store.exists(f"{prefix}/manifest.json")  # never another's release
+        if uploaded and sure and ours and not _is_live(store, profile, version):
+            _remove_quietly(store, prefix)
         raise
     stage("prune")
     report.files, report.bytes = upload.files, upload.bytes

@@ -31,7 +31,7 @@ from base.release import (
 )
 from base.signing import MAX_SIGNATURE_BYTES, SIGNATURE, SignatureError, Signer, writer_keys
 from base.store import ObjectNotFoundError, Store
-from precompute.prune import REFUSED
+from precompute.prune import REFUSED, is_checked
 from precompute.publish import flip_pointer, pointer_sequence
 
 ROW_FIELDS = ("key", "question", "answer", "cluster", "canonical", "hits", "users", "expires_at")
@@ -279,9 +279,13 @@ def rollback(
             f"{profile}/{version} is not a kept release (pruned, or never published); "
             f"kept: {', '.join(list_versions(store, profile)) or 'none'}"
         )
-    if store.exists(f"{release_prefix(profile, version)}/{REFUSED}"):
+    prefix = release_prefix(profile, version)
+    if store.exists(f"{prefix}/{REFUSED}"):
         raise RollbackError(f"{profile}/{version} was refused by the quality gate: never served")
     release = load_release(store, profile, version, public_keys=tuple(public_keys))
+    signed = store.exists(f"{prefix}/{SIGNATURE}")
+    if not signed and not is_checked(store, profile, version, release.manifest_sha256):
+        raise RollbackError(f"{profile}/{version} was never checked nor published: not kept")
     if version == current:
         return {"version": version, "previous": current, "status": "already_current"}
     rolled = new_pointer(

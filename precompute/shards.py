@@ -227,7 +227,7 @@ def write_release_files(
     manifest's shard entries, its ``objects`` entry, the answers root). Each row's
     ``object_sha256`` is its object's digest and name. One pass over the rows, and one over a
     shard's vectors to train its index: what is held is one shard and the rows' (key, digest)
-    pairs (~130 bytes a row, as Arrow), whatever the release's size."""
+    pairs (~130 bytes a row as Arrow, twice while they are sorted), whatever the release's size."""
     import pyarrow as pa
 
     staging.mkdir(parents=True, exist_ok=True)
@@ -300,16 +300,13 @@ def _write_key_index(staging: Path, pairs: Any, version: str, profile: str) -> t
     keys, digests = ordered.column("key"), ordered.column("sha256")
     if pc.count_distinct(keys).as_py() != len(keys):
         raise ValueError("a key is in the release twice")
-    prefixes = pc.utf8_slice_codeunits(keys, 0, KEY_DIGITS).to_numpy(zero_copy_only=False)
-    starts = [0, *(np.flatnonzero(prefixes[1:] != prefixes[:-1]) + 1).tolist()]
-    spans = (
-        [
-            (str(prefixes[lo]), lo, hi)
-            for lo, hi in zip(starts, [*starts[1:], len(keys)], strict=True)
-        ]
-        if len(keys)
-        else []
-    )
+    spans: list[tuple[str, int, int]] = []  # (bucket, first row, row after): a part's keys
+    for start in range(0, len(keys), PART_ROWS):  # as strings at a time, never the release's
+        for at, key in enumerate(keys.slice(start, PART_ROWS).to_pylist(), start):
+            if spans and spans[-1][0] == key[:KEY_DIGITS]:
+                spans[-1] = (spans[-1][0], spans[-1][1], at + 1)
+            else:
+                spans.append((key[:KEY_DIGITS], at, at + 1))
 
     def entries(first: int, after: int) -> str:
         part = zip(

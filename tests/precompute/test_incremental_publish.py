@@ -117,3 +117,69 @@ def test_a_release_missing_an_object_or_with_a_forged_bucket_is_refused(  # type
     store.delete(victim)
     with pytest.raises(ReleaseError, match="missing"):
         check_release(store, PROFILE, manifest.version, sha)
+
+
+def test_only_a_release_checked_where_it_is_is_published(  # type: ignore[no-untyped-def]
+    embedder, store: Store, tmp_path: Path
+) -> None:
+    """``publish_uploaded`` asks for the validate stage's ``checked.json`` naming this manifest:
+    an upload nobody checked is never pointed to; once checked, it is."""
+    from precompute.prune import mark_checked
+
+    manifest = build(embedder, tmp_path / "n1", store, tag="n1", now=NIGHT_1)
+    upload_release(store, tmp_path / "n1")
+    sha = sha256_hex((tmp_path / "n1" / "manifest.json").read_bytes())
+    with pytest.raises(PublishConflictError, match="validate it first"):
+        publish_uploaded(store, PROFILE, manifest.version, sha)
+    assert read_pointer(store, PROFILE)[0] is None
+    mark_checked(store, PROFILE, manifest.version, "0" * 64)  # another manifest's check
+    with pytest.raises(PublishConflictError, match="validate it first"):
+        publish_uploaded(store, PROFILE, manifest.version, sha)
+    check_release(store, PROFILE, manifest.version, sha)
+    mark_checked(store, PROFILE, manifest.version, sha)
+    assert publish_uploaded(store, PROFILE, manifest.version, sha).version == manifest.version
+
+
+def test_a_digests_file_that_names_other_objects_is_refused(  # type: ignore[no-untyped-def]
+    embedder, store: Store, tmp_path: Path
+) -> None:
+    """Prune keeps what the digests files name: one that does not name the rows' objects (the
+    right count, sorted, signed into the manifest all the same) is refused by the check."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from base.manifest import Manifest
+
+    staging = tmp_path / "n1"
+    manifest = build(embedder, staging, store, tag="n1", now=NIGHT_1)
+    digests = staging / "objects" / "digests.parquet"
+    column = pq.read_table(digests).column("sha256").to_pylist()
+    column[0] = bytes(32)  # sorts first still, and is no row's object
+    pq.write_table(pa.table({"sha256": pa.array(sorted(column), pa.binary(32))}), digests)
+    data = json.loads((staging / "manifest.json").read_bytes())
+    data["objects"]["digests"].update(
+        bytes=digests.stat().st_size, sha256=sha256_hex(digests.read_bytes())
+    )
+    forged = Manifest.of(data).to_json()
+    (staging / "manifest.json").write_bytes(forged)
+    upload_release(store, staging)
+    with pytest.raises(ReleaseError, match="does not name the rows' objects"):
+        check_release(store, PROFILE, manifest.version, sha256_hex(forged))
+
+
+def test_a_format_2_release_is_still_read_and_built_on(tmp_path: Path) -> None:
+    """The release current when a deployment moves to format 3 is format 2: its manifest still
+    reads (readers serve it, a night builds on it), while a format-3 one must name its index."""
+    from base.manifest import FormatError, Manifest
+    from tests.base.test_manifest import first_format_3_manifest
+
+    old = first_format_3_manifest()
+    old["format"] = 2
+    old["objects"] = {"prefix": "a/", "count": 6, "integrity": "rows.object_sha256"}
+    manifest = Manifest.of(old)
+    assert manifest.objects.digests is None and [e.path for e in manifest.files] == [
+        "shards/00000.faiss",
+        "shards/00000.parquet",
+    ]
+    with pytest.raises(FormatError, match="names its key index"):
+        Manifest.of({**old, "format": 3})
