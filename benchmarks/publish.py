@@ -345,6 +345,7 @@ def publish_night(
     """One night's release built, uploaded, checked and published; (its version, each step's
     measures)."""
     from base.release_check import check_release
+    from precompute.prune import mark_checked
     from precompute.publish import publish_uploaded, upload_release
 
     (version, sha), build_s = meter.step(lambda mark: build(staging, rows, vectors, now, parent))
@@ -352,7 +353,12 @@ def publish_night(
     upload_s["report"] = upload.as_dict()
     upload_s["manifest_sha256"] = sha
     upload_s["written_per_s"] = round(upload.objects_written / upload_s["seconds"], 1)
-    _, check_s = meter.step(lambda mark: check_release(store, PROFILE, version, sha))
+
+    def check(mark: Any) -> None:  # the validate stage's: checked, then marked so
+        check_release(store, PROFILE, version, sha)
+        mark_checked(store, PROFILE, version, sha)
+
+    _, check_s = meter.step(check)
     published, publish_s = meter.step(
         lambda mark: publish_uploaded(
             store, PROFILE, version, sha, keep=keep, signer=signer, on_stage=mark

@@ -12,7 +12,7 @@ import pytest
 from base.answer_objects import object_path
 from base.release import ReleaseError, list_versions, load_release, read_pointer, release_prefix
 from base.release_check import check_release
-from base.store import Store, sha256_hex
+from base.store import FileStore, Store, sha256_hex
 from precompute.prune import REFUSED, prune
 from precompute.publish import PublishConflictError, publish, publish_uploaded, upload_release
 from tests.releases import PROFILE, QUESTIONS, build, load_checked
@@ -183,3 +183,77 @@ def test_a_format_2_release_is_still_read_and_built_on(tmp_path: Path) -> None:
     ]
     with pytest.raises(FormatError, match="names its key index"):
         Manifest.of({**old, "format": 3})
+
+
+def test_a_browser_s_path_checks_the_objects_of_both_nights(  # type: ignore[no-untyped-def]
+    embedder, tmp_path: Path
+) -> None:
+    """Through the demo's CDN (what CloudFront may read), as the clients read it: the signed
+    pointer, the key's bucket (proved to the signed root), the object it names (its digest).
+    Night 2 shares night 1's unchanged objects (the same URL) and names a new one for the
+    changed answer; an expired answer and a revoked one are refused on both nights."""
+    from starlette.testclient import TestClient
+
+    from base.answer_objects import answer_object_problem, bucket_entry, bucket_path, bucket_problem
+    from base.keys import key
+    from base.pointers import signed_root
+    from base.signing import LocalSigner, generate_keypair
+    from edgeqa.demo import cdn_app
+    from precompute.revocations import revoke
+
+    store = FileStore(tmp_path / "store")
+    private, public = generate_keypair()
+    signer = LocalSigner(private)
+    stale = QUESTIONS[3]  # generated a year back with a 7-day TTL: long expired
+    long_ago = NIGHT_1 - timedelta(days=365)
+    build(
+        embedder, tmp_path / "n1", store, tag="n1", now=NIGHT_1, ttl_days=7.0,
+        dated={stale: long_ago},
+    )  # fmt: skip
+    publish(store, tmp_path / "n1", signer=signer)
+    changed = QUESTIONS[0]
+    build(
+        embedder, tmp_path / "n2", store, tag="n2", now=NIGHT_2, ttl_days=7.0,
+        answers={q: f"n1: answer to {q}" for q in QUESTIONS if q != changed},
+        dated={**{q: NIGHT_1 for q in QUESTIONS if q != changed}, stale: long_ago},
+    )  # fmt: skip
+    cdn = TestClient(cdn_app(store.root))
+    now_s = (NIGHT_2 + timedelta(hours=1)).timestamp()
+
+    def ask(question: str) -> tuple[str | None, str]:
+        """(the answer shown, the object's URL or why nothing was shown)."""
+        pointer = cdn.get(f"/{PROFILE}/current.json").json()
+        root = signed_root(pointer, PROFILE, (public,))
+        assert root is not None
+        version, k = pointer["version"], key(question)
+        found = cdn.get(f"/{PROFILE}/releases/{version}/{bucket_path(k[:3])}")
+        if found.status_code == 404:
+            return None, "no bucket"
+        bucket = found.json()
+        assert bucket_problem(bucket, k[:3], PROFILE, version, root) is None
+        digest = bucket_entry(bucket, k)
+        if digest is None:
+            return None, "not listed"
+        url = f"/{PROFILE}/{object_path(digest)}"
+        data = cdn.get(url).content
+        problem = answer_object_problem(data, k, PROFILE, digest, now_s)
+        return (json.loads(data)["answer"], url) if problem is None else (None, problem)
+
+    first = {q: ask(q) for q in QUESTIONS}
+    publish(store, tmp_path / "n2", signer=signer)
+    second = {q: ask(q) for q in QUESTIONS}
+    for night in (first, second):
+        assert night[stale] == (None, "expired")
+    assert first[changed][0] == f"n1: answer to {changed}"
+    assert (
+        second[changed][0] == f"n2: answer to {changed}" and second[changed][1] != first[changed][1]
+    )
+    for question in QUESTIONS[1:3]:  # unchanged: the same object, at the same URL
+        assert (
+            second[question] == first[question] == (f"n1: answer to {question}", first[question][1])
+        )
+    # a revocation (a release derived from night 2 without it) is refused at once, as it would
+    # be on night 1's: its key is in no bucket of the release the pointer names
+    revoke(store, PROFILE, "wrong", "alice", question=QUESTIONS[1], signer=signer,
+           public_keys=(public,))  # fmt: skip
+    assert ask(QUESTIONS[1])[0] is None and ask(QUESTIONS[2]) == second[QUESTIONS[2]]
