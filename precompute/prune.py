@@ -77,7 +77,7 @@ def remove_release(store: Store, prefix: str) -> int:
     return store.delete_prefix(prefix)
 
 
-def _written(store: Store, prefix: str) -> float:
+def last_written(store: Store, prefix: str) -> float:
     """When anything under ``prefix`` was last written (epoch s; 0 when nothing is there): how
     old an upload is, whatever instant its version names (a night run again is dated days ago)."""
     return max((found.modified for found in store.scan(prefix)), default=0.0)
@@ -109,7 +109,7 @@ def prune(store: Store, profile: str, keep: int, now: datetime | None = None) ->
         newer = pointer is not None and version > pointer.version
         if not newer or store.exists(f"{prefix}/{SIGNATURE}"):
             return False
-        return _written(store, prefix) < old  # built after the current one, never published
+        return last_written(store, prefix) < old  # built after the current one, never published
 
     def still(action: str) -> None:
         if read_pointer(store, profile)[1] != etag:
@@ -131,7 +131,7 @@ def prune(store: Store, profile: str, keep: int, now: datetime | None = None) ->
             removed.append(version)
         young: list[str] = []  # uploads in progress: the objects they rely on are held
         for folder in sorted(set(folders) - set(versions)):
-            if _written(store, release_prefix(profile, folder)) >= old:
+            if last_written(store, release_prefix(profile, folder)) >= old:
                 young.append(folder)
                 continue
             still(f"removing the stopped upload {folder}")

@@ -77,6 +77,7 @@ from precompute.prune import (
     ORPHAN_AGE,
     REFUSED,
     is_checked,
+    last_written,
     mark_checked,
     prune,
     remove_release,
@@ -226,7 +227,7 @@ def _put_own(
         done.add(Transfer(int(written), int(not written), size if written else 0))
         if written or _same_bytes(store, path, local):
             continue
-        if fill or _last_written(store, prefix) >= time.time() - ORPHAN_AGE.total_seconds():
+        if fill or last_written(store, prefix) >= time.time() - ORPHAN_AGE.total_seconds():
             raise PublishConflictError(f"{path} holds other bytes: {prefix} is another upload's")
         log.warning("%s: an upload that stopped long ago left other bytes: cleared", prefix)
         store.delete(path)
@@ -248,10 +249,6 @@ def _same_bytes(store: Store, path: str, local: Source) -> bool:
         store.get_file(path, there)
         found = digest(there)
     return found == (sha256_hex(local) if isinstance(local, bytes) else digest(Path(local)))
-
-
-def _last_written(store: Store, prefix: str) -> float:
-    return max((found.modified for found in store.scan(prefix)), default=0.0)
 
 
 def _holds(store: Store, prefix: str, manifest_sha: str) -> bool:
@@ -312,12 +309,7 @@ def publish_uploaded(
         raise PublishConflictError(f"{prefix} was refused by the quality gate: never published")
     if not is_checked(store, profile, version, manifest_sha):
         raise PublishConflictError(f"{prefix} has not been checked where it is: validate it first")
-    current = pointer.version if pointer else None
-    if current != manifest.parent:
-        raise PublishConflictError(
-            f"{profile}: current release is {current}, but {version} was built on "
-            f"{manifest.parent}; rebuild on the current release"
-        )
+    _built_on_current(pointer, manifest)
     keys = (signer.public_key,) if signer else ()
     if signer:
         _sign(
@@ -385,12 +377,7 @@ def publish(
     if _names(pointer, version, manifest_sha):
         log.info("%s/%s is already the current release", profile, version)
         return PublishReport(version=version, parent=manifest.parent)
-    current = pointer.version if pointer else None
-    if current != manifest.parent:
-        raise PublishConflictError(
-            f"{profile}: current release is {current}, but {version} was built on "
-            f"{manifest.parent}; rebuild on the current release"
-        )
+    _built_on_current(pointer, manifest)
     stage = on_stage or (lambda name: None)
     uploaded = flipping = wrote = False
     try:
@@ -438,6 +425,16 @@ def publish(
     report.objects_written, report.objects_kept = upload.objects_written, upload.objects_kept
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _built_on_current(pointer: Pointer | None, manifest: Manifest) -> None:
+    """``PublishConflictError`` unless ``manifest``'s release was built on the current one."""
+    current = pointer.version if pointer else None
+    if current != manifest.parent:
+        raise PublishConflictError(
+            f"{manifest.profile.name}: current release is {current}, but {manifest.version} was "
+            f"built on {manifest.parent}; rebuild on the current release"
+        )
 
 
 def _names(pointer: Pointer | None, version: str, manifest_sha: str) -> bool:
