@@ -1,10 +1,11 @@
-# The one image of edgeqa's services: the nightly job's Ray cluster (head and GPU workers,
-# infra/terraform/modules/ray), the origin and the edge service. The same install as `make venv`:
+# The one image of edgeqa's services: the nightly job's Ray cluster (head, GPU and CPU workers,
+# infra/terraform/modules/ray: the gpu target, with vLLM), the origin and the edge service. The same install as `make venv`:
 # the project with its dependencies (torch pinned in pyproject.toml), then the embedded LLM without
 # dependencies (EMBEDDED_LLM: the Makefile's pin; tests/infra/test_dockerfile.py holds them equal).
 #
-#   docker build -t edgeqa:0.1.0 .                              # the edge service
-#   docker build --build-arg EXTRAS=gpu -t edgeqa:0.1.0-gpu .   # the Ray cluster, the origin on CUDA
+#   docker build -t edgeqa:0.1.0 .                                         # the edge service
+#   docker build --build-arg EXTRAS=gpu -t edgeqa:0.1.0-cuda .             # the origin on CUDA
+#   docker build --target gpu --build-arg EXTRAS=gpu -t edgeqa:0.1.0-gpu . # the Ray cluster (vLLM)
 #
 # No secrets are baked in: the services read theirs (EDGEQA_USER_SALT, EDGEQA_API_KEYS, ...) from
 # Secrets Manager at start, the Ray pods get AWS credentials from their service account (IRSA).
@@ -56,6 +57,45 @@ RUN pip install --upgrade pip \
 RUN cd / && python -c "import sys; from origin.engine.kernels import unavailable_reason as why; sys.exit(f'the image would run without its kernels: {why()}' if why() else 0)"
 
 
+# The Ray cluster's image (infra/terraform's ray_image), not the default target: the runtime below
+# plus vLLM, which the nightly generation runs on the GPU workers through Ray Data's LLM API
+# (EDGEQA_GENERATION_ENGINE=vllm, docs/capacity.md):
+#
+#   docker build --target gpu --build-arg EXTRAS=gpu -t edgeqa:0.1.0-gpu .
+#
+# vLLM at the version the project's Ray pins for its llm extra (ray[llm]==2.60.0: vllm==0.29.0,
+# which itself pins the project's torch==2.13.0; tests/infra/test_dockerfile.py holds them equal).
+# What the DAG's workers on MWAA import beside Airflow at the versions they run
+# (infra/image/constraints.txt = infra/terraform/modules/airflow/requirements.txt). Python slim:
+# the CUDA runtime comes inside torch's and vLLM's wheels, the driver from the node (Bottlerocket's
+# NVIDIA variant). gcc: Triton, under vLLM, compiles its launcher the first time it runs.
+FROM python:${PYTHON_VERSION}-slim AS gpu
+ARG VLLM_VERSION=0.29.0
+
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libgomp1 gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 1000 --user-group edgeqa
+
+COPY --from=build /opt/edgeqa /opt/edgeqa
+COPY web/ /opt/edgeqa/web/
+COPY infra/image/constraints.txt /opt/edgeqa/constraints.txt
+
+ENV PATH=/opt/edgeqa/bin:$PATH \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN pip install -c /opt/edgeqa/constraints.txt "vllm==${VLLM_VERSION}" pydantic-settings python-dotenv
+
+ENV PYTHONUNBUFFERED=1 \
+    HF_HUB_OFFLINE=1 \
+    EDGEQA_WEB_DIR=/opt/edgeqa/web
+
+USER edgeqa
+WORKDIR /home/edgeqa
+CMD ["edgeqa", "--help"]
+
+
+# The default target: the edge service, the origin (on CPU, or on CUDA with EXTRAS=gpu)
 FROM python:${PYTHON_VERSION}-slim
 
 # libgomp: the OpenMP runtime the CPU kernels (built in the build stage, inside the venv) link against

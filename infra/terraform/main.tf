@@ -1,6 +1,6 @@
 # edgeqa on AWS: the store (S3), the CDN (CloudFront), the origin (GPU Auto Scaling group behind an
 # ALB), the edge index service (ECS Fargate, one module instance per region), the nightly DAG
-# (MWAA) and its GPU fleet (a Ray cluster on EKS that scales its GPUs from zero). Every module takes
+# (MWAA) and its fleet (a Ray cluster on EKS whose GPU and CPU workers scale from zero, spot first). Every module takes
 # only what it needs; IAM is least privilege per deployable.
 
 locals {
@@ -96,6 +96,8 @@ module "airflow" {
   kms_key_arn        = module.storage.kms_key_arn
   # the DAG's one setting: the Jobs API its tasks submit their stages to (EDGEQA_RAY_JOBS_ADDRESS)
   ray_jobs_address = module.ray.dashboard_address
+  # the DAG and the project's packages it imports (uploaded to the DAG bucket)
+  source_root = "${path.root}/../.."
 }
 
 module "ray" {
@@ -110,9 +112,15 @@ module "ray" {
   client_security_group_ids = [module.airflow.security_group_id]
   image                     = var.ray_image
   ray_version               = var.ray_version
-  gpu_instance_type         = var.ray_gpu_instance_type
+  gpu_instance_types        = var.ray_gpu_instance_types
   gpu_max_nodes             = var.ray_gpu_max_nodes
+  cpu_instance_types        = var.ray_cpu_instance_types
+  cpu_max_nodes             = var.ray_cpu_max_nodes
+  generation_engine         = var.generation_engine
+  vllm_model                = var.vllm_model
+  vllm_quantization         = var.vllm_quantization
   bucket_arn                = module.storage.bucket_arn
+  bucket_name               = module.storage.bucket_name
   kms_key_arn               = module.storage.kms_key_arn
   # the stages' drivers on the head sign releases and pointers (the workers cannot)
   signing_key_arn    = module.signing.key_arn

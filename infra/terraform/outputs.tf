@@ -24,7 +24,7 @@ output "mwaa_webserver_url" {
 }
 
 output "mwaa_dags_bucket" {
-  description = "Upload dags/ (and requirements.txt) here for MWAA."
+  description = "MWAA's bucket: the DAG, the packages it imports, requirements.txt and the startup script, all uploaded by this apply."
   value       = module.airflow.dags_bucket
 }
 
@@ -41,4 +41,9 @@ output "ray_dashboard_address" {
 output "ray_cluster_name" {
   description = "The Ray cluster's EKS cluster (private API: aws eks update-kubeconfig from inside the VPC)."
   value       = module.ray.cluster_name
+}
+
+output "vllm_model" {
+  description = "Where the Ray GPU workers load the model from (EDGEQA_VLLM_MODEL): copy the checkpoint there once (aws s3 sync)."
+  value       = module.ray.vllm_model
 }

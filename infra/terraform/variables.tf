@@ -118,7 +118,7 @@ variable "api_keys_secret_arn" {
 }
 
 variable "ray_image" {
-  description = "The project's image built with the gpu extra (the top-level Dockerfile, --build-arg EXTRAS=gpu) as <repository>:<tag>: the Ray head and GPU workers run it."
+  description = "The project's image with vLLM (the top-level Dockerfile's gpu target: --target gpu --build-arg EXTRAS=gpu) as <repository>:<tag>: the Ray head and workers run it."
   type        = string
 }
 
@@ -128,16 +128,46 @@ variable "ray_version" {
   default     = "2.60.0"
 }
 
-variable "ray_gpu_instance_type" {
-  description = "Instance type of the Ray GPU workers' nodes, a g5 (A10G): g5.xlarge has one GPU, one Ray worker, one actor."
-  type        = string
-  default     = "g5.xlarge"
+variable "ray_gpu_instance_types" {
+  description = "Instance types of the Ray GPU workers' node groups (spot, with on-demand as the fallback), one GPU each: g5 (A10G) sizes, or g6 (L4) where the region sells them; smallest first. docs/capacity.md's machine table names them."
+  type        = list(string)
+  default     = ["g5.xlarge", "g5.2xlarge", "g5.4xlarge"]
 }
 
 variable "ray_gpu_max_nodes" {
-  description = "Most GPU nodes a night may use; the group scales from zero to this and back to zero."
+  description = "Most GPU nodes a night may use, spot and on-demand together (the plan's ceiling, docs/capacity.md); the groups scale from zero to this and back to zero."
   type        = number
-  default     = 4
+  default     = 80
+}
+
+variable "ray_cpu_instance_types" {
+  description = "Instance types of the Ray CPU workers' node groups (spot, with on-demand as the fallback) for mining, build and publish: r6i/r7i of 64 vCPU and 512 GiB or more, smallest first."
+  type        = list(string)
+  default     = ["r6i.16xlarge", "r7i.16xlarge", "r6i.24xlarge", "r7i.24xlarge"]
+}
+
+variable "ray_cpu_max_nodes" {
+  description = "Most CPU worker nodes, spot and on-demand together: one per language DAG running at once."
+  type        = number
+  default     = 2
+}
+
+variable "generation_engine" {
+  description = "EDGEQA_GENERATION_ENGINE of the Ray pods: vllm (vLLM on the GPU workers, what docs/capacity.md prices) or edgeqa (the project's own engine)."
+  type        = string
+  default     = "vllm"
+}
+
+variable "vllm_model" {
+  description = "EDGEQA_VLLM_MODEL of the Ray pods: a checkpoint folder under s3://<store>/models/ (copy it there once; the Ray pods read it, nothing writes it), or a full s3:// URI or a folder in the image."
+  type        = string
+  default     = "Meta-Llama-3.1-8B-Instruct-quantized.w8a8"
+}
+
+variable "vllm_quantization" {
+  description = "EDGEQA_VLLM_QUANTIZATION of the Ray pods: w8a8 (an INT8 W8A8 compressed-tensors checkpoint, the default model) or fp16."
+  type        = string
+  default     = "w8a8"
 }
 
 variable "ray_api_cidr_blocks" {

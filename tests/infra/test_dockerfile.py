@@ -10,6 +10,7 @@ import re
 import shlex
 import tomllib
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -302,3 +303,43 @@ def test_no_secrets_no_hub_and_a_small_build_context(dockerfile: list[Instructio
                     continue
                 clash = [p for p in ignored if fnmatch.fnmatch(source.rstrip("/"), p)]
                 assert not clash, f"COPY {source} is excluded by .dockerignore {clash}"
+
+
+def test_the_gpu_target_adds_vllm_at_rays_pin_and_is_not_the_default(
+    dockerfile: list[Instruction],
+) -> None:
+    """The Ray cluster's image (``--target gpu``): the build stage's venv plus vLLM at the version
+    the project's Ray pins for its ``llm`` extra (``ray.data.llm`` drives that vLLM), and what
+    MWAA's workers also run at the image's constraints; ``docker build .`` still builds the
+    runtime (the last stage)."""
+    names = {
+        ins.args.split()[-1]: ins.stage
+        for ins in dockerfile
+        if ins.keyword == "FROM" and " AS " in ins.args.upper()
+    }
+    assert "gpu" in names, "the Dockerfile has a gpu target"
+    stage = names["gpu"]
+    assert stage != _final_stage(dockerfile), "the default target stays the runtime image"
+    copies = [i.args for i in dockerfile if i.keyword == "COPY" and i.stage == stage]
+    assert any("--from=build" in c and "/opt/edgeqa" in c for c in copies), copies
+    assert any("infra/image/constraints.txt" in c for c in copies), copies
+    installs = [p for p in pip_installs(dockerfile) if p.stage == stage]
+    (install,) = [p for p in installs if any(t.startswith("vllm==") for t in p.targets)]
+    args = arg_defaults(dockerfile, stage)
+    (target,) = [expand(t, args) for t in install.targets if t.startswith("vllm==")]
+    assert "-c" in install.options, "the gpu target installs under the image's constraints"
+    try:
+        ray_requires = metadata.requires("ray") or []
+    except metadata.PackageNotFoundError:
+        pytest.skip("ray is not installed here: its llm extra's vLLM pin is read from it")
+    pins = [Requirement(r) for r in ray_requires if r.startswith("vllm")]
+    llm = [r for r in pins if r.marker is not None and r.marker.evaluate({"extra": "llm"})]
+    assert llm, f"ray names no vllm for its llm extra: {ray_requires}"
+    wanted = {s.version for s in llm[0].specifier if s.operator == "=="}
+    assert target == f"vllm=={wanted.pop()}", f"{target}: ray's llm extra wants {llm[0]}"
+    assert env(dockerfile, stage).get("HF_HUB_OFFLINE") == "1"
+    users = [i.args for i in dockerfile if i.keyword == "USER" and i.stage == stage]
+    final_users = [
+        i.args for i in dockerfile if i.keyword == "USER" and i.stage == _final_stage(dockerfile)
+    ]
+    assert users and users[-1] == final_users[-1], "the gpu target runs as the pods' user"

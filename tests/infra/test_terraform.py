@@ -155,21 +155,37 @@ def test_the_ray_fleet_is_private_scales_its_gpus_from_zero_and_its_head_runs_th
         "controllerManager",
         "scheduler",
     }
-    # a g5 (A10G) GPU group from zero, tainted for Ray's GPU workers; a CPU group for the rest
+    # GPU and CPU worker pools from zero, each a spot group and its on-demand fallback with the
+    # same labels and taints (docs/capacity.md's machine table: tests/infra/test_capacity.py);
+    # a small system group for the rest
     groups = _blocks(parsed, ray, "resource", "aws_eks_node_group")
-    assert set(groups) == {"system", "gpu"}
-    gpu_scaling = _one(groups["gpu"]["scaling_config"])
-    assert _one(gpu_scaling["min_size"]) == 0 and _one(gpu_scaling["desired_size"]) == 0
-    assert "NVIDIA" in _one(groups["gpu"]["ami_type"])
-    assert _one(_one(groups["gpu"]["taint"])["key"]) == "nvidia.com/gpu"
+    assert set(groups) == {"system", "gpu_spot", "gpu_on_demand", "cpu_spot", "cpu_on_demand"}
+    for pool, taint in (("gpu", "nvidia.com/gpu"), ("cpu", "edgeqa.io/pool")):
+        pair = [groups[f"{pool}_spot"], groups[f"{pool}_on_demand"]]
+        assert [_one(g["capacity_type"]) for g in pair] == ["SPOT", "ON_DEMAND"]
+        for group in pair:
+            scaling = _one(group["scaling_config"])
+            assert _one(scaling["min_size"]) == 0 and _one(scaling["desired_size"]) == 0
+            assert _one(_one(group["taint"])["key"]) == taint
+            assert group["labels"] == pair[0]["labels"]
+            assert _one(group["instance_types"]) == f"${{var.{pool}_instance_types}}"
+        assert _one(group["node_group_name"]) == f"{pool}-on-demand"
+        assert _one(pair[0]["node_group_name"]) == f"{pool}-spot"
+    assert all("NVIDIA" in _one(groups[g]["ami_type"]) for g in ("gpu_spot", "gpu_on_demand"))
     ray_vars = {k: v for b in parsed["modules/ray/variables.tf"]["variable"] for k, v in b.items()}
     root_vars = {k: v for b in parsed["variables.tf"]["variable"] for k, v in b.items()}
     for default in (
-        ray_vars["gpu_instance_type"]["default"],
-        root_vars["ray_gpu_instance_type"]["default"],
+        ray_vars["gpu_instance_types"]["default"],
+        root_vars["ray_gpu_instance_types"]["default"],
     ):
-        assert str(_one(default)).startswith("g5."), default
-    assert "g5" in json.dumps(ray_vars["gpu_instance_type"]["validation"])
+        assert all(str(t).startswith(("g5.", "g6.")) for t in _flat(default)), default
+    assert "g[56]" in json.dumps(ray_vars["gpu_instance_types"]["validation"])
+    # the Cluster Autoscaler tries the spot groups first and falls back on demand
+    autoscaler = json.dumps(_blocks(parsed, ray, "resource", "helm_release")["cluster_autoscaler"])
+    assert "'expander': 'priority,least-waste'" in autoscaler
+    assert "'max-node-provision-time'" in autoscaler
+    priorities = _one(_one(parsed[ray]["locals"])["autoscaler_priorities"])
+    assert "^eks-(gpu|cpu)-spot-" in priorities
     # Ray's own autoscaler adds a worker per GPU asked for, from none
     text = json.dumps(parsed[ray])
     releases = _blocks(parsed, ray, "resource", "helm_release")
@@ -177,6 +193,30 @@ def test_the_ray_fleet_is_private_scales_its_gpus_from_zero_and_its_head_runs_th
     values = json.dumps(releases["ray_cluster"]["values"])
     for setting in ("'enableInTreeAutoscaling': True", "'minReplicas': 0", "'nvidia.com/gpu': 1"):
         assert setting in values, setting
+    # the CPU worker group: its own Ray resource, its num-cpus, the workers' narrow identity
+    for setting in (
+        "'groupName': 'gpu'",
+        "'additionalWorkerGroups': {'cpu': {",
+        "'num-cpus': '${tostring(var.cpu_worker_cpu)}'",
+        "'resources': '${jsonencode(jsonencode(local.cpu_worker_resource))}'",
+        "'maxReplicas': '${var.cpu_max_nodes}'",
+    ):
+        assert setting in values, setting
+    assert _one(_one(parsed[ray]["locals"])["cpu_worker_resource"]) == {"cpu_worker": 1}
+    # the model settings every Ray pod gets, from the module's variables
+    for name, value in (
+        ("EDGEQA_GENERATION_ENGINE", "${var.generation_engine}"),
+        ("EDGEQA_VLLM_MODEL", "${local.vllm_model}"),
+        ("EDGEQA_VLLM_QUANTIZATION", "${var.vllm_quantization}"),
+    ):
+        assert f"{{'name': '{name}', 'value': '{value}'}}" in values, name
+    assert "s3://${var.bucket_name}/models/${var.vllm_model}" in json.dumps(parsed[ray]["locals"])
+    for name, default in (
+        ("generation_engine", "vllm"),
+        ("vllm_quantization", "w8a8"),
+        ("vllm_model", "Meta-Llama-3.1-8B-Instruct-quantized.w8a8"),
+    ):
+        assert _one(ray_vars[name]["default"]) == _one(root_vars[name]["default"]) == default
     # the head: an internal NLB, its Jobs API (8265) reached from the Airflow workers' group only
     (nlb,) = _blocks(parsed, ray, "resource", "aws_lb").values()
     assert _one(nlb["internal"]) is True and _one(nlb["load_balancer_type"]) == "network"
@@ -210,9 +250,14 @@ def test_the_ray_fleet_is_private_scales_its_gpus_from_zero_and_its_head_runs_th
     assert {r for _, resources in workers.values() for r in resources} == {
         "${var.bucket_arn}/logs/*",
         "${var.bucket_arn}/*/work/*",
+        "${var.bucket_arn}/models/*",
         "${var.bucket_arn}",
         "${var.kms_key_arn}",
     }
+    # the model weights: read only, for the workers and the drivers on the head
+    for role in ("ray", "ray_head"):
+        assert statements[role]["ReadModels"] == ({"s3:GetObject"}, {"${var.bucket_arn}/models/*"})
+    assert not any("models" in r for a, rs in head_writes(statements) for r in rs)
     assert not any(a.startswith("kms:Sign") for actions, _ in workers.values() for a in actions)
     assert not any("s3:Delete" in a for actions, _ in workers.values() for a in actions)
     # the head (every stage's driver): writes releases and pointers and signs with the release key
@@ -315,6 +360,16 @@ def test_checkov_reports_no_failed_checks() -> None:
     skipped = {c["check_id"] for c in report["results"]["skipped_checks"]}
     assert skipped and skipped <= {check for check, _ in skips}  # none skipped outside the code
     assert all(len(reason.strip()) > 20 for _, reason in skips)
+
+
+def head_writes(statements: dict[str, dict[str, Any]]) -> list[tuple[set[str], set[str]]]:
+    """(actions, resources) of every statement of both Ray roles that writes or deletes."""
+    return [
+        (actions, resources)
+        for role in statements.values()
+        for actions, resources in role.values()
+        if {"s3:PutObject", "s3:DeleteObject"} & actions
+    ]
 
 
 def _flat(value: Any) -> list[Any]:

@@ -1,5 +1,6 @@
-# MWAA (managed Airflow) running dags/nightly_edge_release.py. Its own bucket holds the DAG and
-# requirements.txt (MWAA needs a versioned bucket of its own). No stage runs on a worker: each
+# MWAA (managed Airflow) running dags/nightly_edge_release.py. Its own bucket holds the DAG, the
+# project's packages the DAG imports, requirements.txt and the startup script, all uploaded here
+# (MWAA needs a versioned bucket of its own). No stage runs on a worker: each
 # task submits its stage as a Ray Job to the Ray cluster (modules/ray) over the head's Jobs API,
 # at the address the startup script exports as EDGEQA_RAY_JOBS_ADDRESS (the head's internal NLB,
 # 8265), and follows it. The stages' drivers run on the head with its own role, so the execution
@@ -104,20 +105,70 @@ resource "aws_s3_object" "startup" {
   SH
 }
 
+# What the DAG file and its tasks import beyond Airflow and the project's own code, pinned to the
+# Ray image's versions (requirements.txt beside this file says why these and no others)
+resource "aws_s3_object" "requirements" {
+  bucket      = aws_s3_bucket.dags.id
+  key         = "requirements.txt"
+  source      = "${path.module}/requirements.txt"
+  source_hash = filemd5("${path.module}/requirements.txt") # a KMS object's ETag is not its MD5
+  kms_key_id  = var.kms_key_arn
+}
+
+# The DAG, and the project's packages it imports: the DAG file parses with precompute.config
+# (base, origin.config, origin.precision, policy) and its tasks submit through
+# precompute.fleet.jobs; the project is not installed on MWAA (its heavy dependencies are the Ray
+# image's), so its sources sit beside the DAG, on the DAG folder's import path. None of the heavy
+# modules among them is imported there (tests/dags checks the task process's imports).
+locals {
+  dag_files = {
+    for path in fileset(var.source_root, "dags/*.py") : "dags/${basename(path)}" => path
+  }
+  package_files = {
+    for path in fileset(var.source_root, "{base,policy,origin,precompute}/**/*.py") : "dags/${path}" => path
+  }
+}
+
+resource "aws_s3_object" "code" {
+  for_each    = merge(local.dag_files, local.package_files)
+  bucket      = aws_s3_bucket.dags.id
+  key         = each.key
+  source      = "${var.source_root}/${each.value}"
+  source_hash = filemd5("${var.source_root}/${each.value}")
+  kms_key_id  = var.kms_key_arn
+}
+
+# the packages are imported, never parsed for DAGs (their docstrings name Airflow and DAGs)
+resource "aws_s3_object" "airflowignore" {
+  bucket     = aws_s3_bucket.dags.id
+  key        = "dags/.airflowignore"
+  kms_key_id = var.kms_key_arn
+  content    = <<-IGNORE
+    base/
+    policy/
+    origin/
+    precompute/
+  IGNORE
+}
+
 resource "aws_mwaa_environment" "this" {
-  name                 = var.name
-  airflow_version      = var.airflow_version
-  environment_class    = var.environment_class
-  max_workers          = var.max_workers
-  source_bucket_arn    = aws_s3_bucket.dags.arn
-  dag_s3_path          = "dags/"
-  requirements_s3_path = "requirements.txt"
+  name              = var.name
+  airflow_version   = var.airflow_version
+  environment_class = var.environment_class
+  max_workers       = var.max_workers
+  source_bucket_arn = aws_s3_bucket.dags.arn
+  dag_s3_path       = "dags/"
+  # pip installs it when the environment starts or the object's version changes
+  requirements_s3_path           = aws_s3_object.requirements.key
+  requirements_s3_object_version = aws_s3_object.requirements.version_id
   # exports EDGEQA_* for the tasks (MWAA sets no environment otherwise)
   startup_script_s3_path           = aws_s3_object.startup.key
   startup_script_s3_object_version = aws_s3_object.startup.version_id
   execution_role_arn               = aws_iam_role.mwaa.arn
   kms_key                          = var.kms_key_arn
   webserver_access_mode            = "PRIVATE_ONLY"
+
+  depends_on = [aws_s3_object.code, aws_s3_object.airflowignore]
 
   airflow_configuration_options = {
     "core.load_examples" = "false"

@@ -4,7 +4,7 @@ output "webserver_url" {
 }
 
 output "dags_bucket" {
-  description = "Upload dags/ and requirements.txt here."
+  description = "The DAG bucket: the DAG, the packages it imports, requirements.txt, the startup script (this apply uploads them)."
   value       = aws_s3_bucket.dags.bucket
 }
 

@@ -54,3 +54,8 @@ variable "ray_jobs_address" {
     error_message = "ray_jobs_address must be the Ray Jobs API's address, http://<host>:<port>."
   }
 }
+
+variable "source_root" {
+  description = "The repository's root (the DAG in dags/, the project's packages beside it): uploaded to the DAG bucket."
+  type        = string
+}

@@ -6,15 +6,19 @@
 # the releases, flips current.json and signs with the release key (its own service account and
 # role, ray_head). The head has no CPU slot (num-cpus 0): the model stages (embedding the
 # wordings, generating answers) are Ray Data jobs whose actors, one engine each, one per GPU, run
-# on the GPU workers, whose narrower role (ray) may read the logs and read and write the work
-# areas only: the actors' pods cannot sign or publish with their own role (code on the cluster
+# on the GPU workers, whose narrower role (ray, the CPU workers' too) may read the logs and the
+# model weights and read and write the work areas only: the actors' pods cannot sign or publish with their own role (code on the cluster
 # can still reach the head's: docs/security.md, known weaknesses).
 #
 # GPUs scale from zero and back: Ray's autoscaler (in-tree, a sidecar of the head) adds a worker
-# pod per GPU the actor pools ask for, up to max_replicas; the Cluster Autoscaler grows the g5 node
+# pod per GPU the actor pools ask for, up to max_replicas; the Cluster Autoscaler grows a GPU node
 # group (min 0) for the pods that are pending and removes the nodes once the idle workers are gone.
-# Between nights only the control plane, one small CPU node (the head, the operators) and the NLB
-# are running.
+# The same for the CPU worker group (large-memory r6i/r7i: mining, build, publish), whose Ray
+# workers carry the custom resource cpu_worker. Each pool is two node groups, spot and on-demand,
+# with the same labels and taints: the Cluster Autoscaler's priority expander tries the spot group
+# first and falls back to the on-demand one when spot gives no node within max-node-provision-time
+# (docs/capacity.md prices both). Between nights only the control plane, one small CPU node (the
+# head, the operators) and the NLB are running.
 #
 # Nothing is public: the EKS API has a private endpoint only, and the Ray head is reached through
 # an internal NLB whose security group admits the Airflow workers only (client_security_group_ids).
@@ -52,22 +56,56 @@ locals {
   }
   system_selector = { "edgeqa.io/pool" = "system" }
   gpu_selector    = { "edgeqa.io/pool" = "gpu" }
-  # GPUs per g5 instance (A10G, 24 GB each): one Ray worker pod, one actor, per GPU
-  g5_gpus = {
-    "g5.xlarge" = 1, "g5.2xlarge" = 1, "g5.4xlarge" = 1, "g5.8xlarge" = 1, "g5.16xlarge" = 1,
+  cpu_selector    = { "edgeqa.io/pool" = "cpu" }
+  # GPUs per instance (g5: A10G, g6: L4; 24 GB each): one Ray worker pod, one actor, per GPU
+  gpus = {
+    "g5.xlarge"   = 1, "g5.2xlarge" = 1, "g5.4xlarge" = 1, "g5.8xlarge" = 1, "g5.16xlarge" = 1,
     "g5.12xlarge" = 4, "g5.24xlarge" = 4, "g5.48xlarge" = 8,
+    "g6.xlarge"   = 1, "g6.2xlarge" = 1, "g6.4xlarge" = 1, "g6.8xlarge" = 1, "g6.16xlarge" = 1,
+    "g6.12xlarge" = 4, "g6.24xlarge" = 4, "g6.48xlarge" = 8,
   }
-  gpus_per_node = local.g5_gpus[var.gpu_instance_type]
+  # every type of the GPU groups has the same GPUs a node (one() fails the plan otherwise): a
+  # node's worker pods, and the ceiling below, do not depend on which type spot gave
+  gpus_per_node = one(distinct([for t in var.gpu_instance_types : local.gpus[t]]))
   # the most GPU workers (one actor each) the cluster scales to: the stages' EDGEQA_RAY_WORKERS
   max_gpu_workers = var.gpu_max_nodes * local.gpus_per_node
-  # what the Cluster Autoscaler assumes of a node of the GPU group while it has none (scale from
-  # zero); it reads the same from the node group itself, these tags make it explicit
+  # the custom Ray resource of the CPU workers: a job or task that asks for it runs there
+  cpu_worker_resource = { cpu_worker = 1 }
+  # the model the GPU workers generate with (EDGEQA_VLLM_MODEL): a folder under the store's
+  # models/ prefix (the Ray pods' roles read it, nothing writes it), or what the variable names
+  vllm_model = can(regex("^(s3://|/)", var.vllm_model)) ? var.vllm_model : "s3://${var.bucket_name}/models/${var.vllm_model}"
+  # what the Cluster Autoscaler assumes of a node of a worker group while it has none (scale
+  # from zero); it reads the same from the node group itself, these tags make it explicit
   gpu_node_template_tags = {
     "k8s.io/cluster-autoscaler/node-template/label/edgeqa.io/pool"                = "gpu"
-    "k8s.io/cluster-autoscaler/node-template/label/k8s.amazonaws.com/accelerator" = "nvidia-a10g"
+    "k8s.io/cluster-autoscaler/node-template/label/k8s.amazonaws.com/accelerator" = "nvidia"
     "k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu"                = "present:NoSchedule"
     "k8s.io/cluster-autoscaler/node-template/resources/nvidia.com/gpu"            = tostring(local.gpus_per_node)
   }
+  cpu_node_template_tags = {
+    "k8s.io/cluster-autoscaler/node-template/label/edgeqa.io/pool" = "cpu"
+    "k8s.io/cluster-autoscaler/node-template/taint/edgeqa.io/pool" = "cpu:NoSchedule"
+  }
+  # the worker node groups: two a pool, spot first (the Cluster Autoscaler's priority expander
+  # matches the ASG names EKS gives them, eks-<node group>-<id>), on demand when spot has none
+  worker_groups = {
+    gpu_spot      = aws_eks_node_group.gpu_spot
+    gpu_on_demand = aws_eks_node_group.gpu_on_demand
+    cpu_spot      = aws_eks_node_group.cpu_spot
+    cpu_on_demand = aws_eks_node_group.cpu_on_demand
+  }
+  node_template_tags = merge([
+    for group in keys(local.worker_groups) : {
+      for key, value in(startswith(group, "gpu") ? local.gpu_node_template_tags : local.cpu_node_template_tags) :
+      "${group} ${key}" => { group = group, key = key, value = value }
+    }
+  ]...)
+  autoscaler_priorities = <<-YAML
+    50:
+      - ^eks-(gpu|cpu)-spot-.*
+    10:
+      - .*
+  YAML
   service_accounts = {
     autoscaler = "kube-system:cluster-autoscaler"
     ray        = "${local.namespace}:${local.service_account}"
@@ -183,7 +221,7 @@ resource "aws_iam_openid_connect_provider" "cluster" {
   client_id_list = ["sts.amazonaws.com"]
 }
 
-# -- Nodes: a small CPU group (the Ray head, KubeRay, the autoscaler) and the g5 group (min 0) ------
+# -- Nodes: a small system group (the Ray head, KubeRay, the autoscaler); GPU and CPU workers (min 0)
 
 # IMDSv2 with one hop: pods cannot reach the node role's credentials; each uses its own (IRSA)
 resource "aws_launch_template" "system" {
@@ -248,6 +286,35 @@ resource "aws_launch_template" "gpu" {
   }
 }
 
+# the CPU workers' nodes: one large gp3 root volume with provisioned throughput, where the pods'
+# scratch lives (DuckDB's spill, the window's wordings database, the vectors clustering waits on)
+resource "aws_launch_template" "cpu" {
+  name_prefix = "${var.name}-cpu-"
+
+  metadata_options {
+    http_tokens                 = "required"
+    http_endpoint               = "enabled"
+    http_put_response_hop_limit = 1
+  }
+
+  block_device_mappings {
+    device_name = "/dev/xvda"
+    ebs {
+      volume_size           = var.cpu_volume_size
+      volume_type           = "gp3"
+      throughput            = var.cpu_volume_throughput
+      iops                  = 16000
+      encrypted             = true
+      delete_on_termination = true
+    }
+  }
+
+  tag_specifications {
+    resource_type = "instance"
+    tags          = { Name = "${var.name}-cpu" }
+  }
+}
+
 resource "aws_eks_node_group" "system" {
   cluster_name    = aws_eks_cluster.this.name
   node_group_name = "system"
@@ -280,17 +347,20 @@ resource "aws_eks_node_group" "system" {
   depends_on = [aws_iam_role_policy_attachment.node]
 }
 
-resource "aws_eks_node_group" "gpu" {
+# The GPU pool: spot first, on demand when spot has none (the Cluster Autoscaler's priority
+# expander, below). A reclaimed spot node costs the night only its partitions in flight: each
+# answered partition is checkpointed in the work area and a retry answers only the rest.
+resource "aws_eks_node_group" "gpu_spot" {
   cluster_name    = aws_eks_cluster.this.name
-  node_group_name = "gpu"
+  node_group_name = "gpu-spot"
   node_role_arn   = aws_iam_role.node.arn
   subnet_ids      = var.private_subnet_ids
   ami_type        = "BOTTLEROCKET_x86_64_NVIDIA"
-  instance_types  = [var.gpu_instance_type]
-  capacity_type   = "ON_DEMAND" # a reclaimed GPU would cost the night its partitions in flight
+  instance_types  = var.gpu_instance_types
+  capacity_type   = "SPOT" # preferred: the plan's price (docs/capacity.md)
   labels = merge(local.gpu_selector, {
     # the Cluster Autoscaler waits for the device plugin on such a node instead of adding another
-    "k8s.amazonaws.com/accelerator" = "nvidia-a10g"
+    "k8s.amazonaws.com/accelerator" = "nvidia"
   })
 
   # only Ray's GPU workers (which tolerate it) land on a GPU node
@@ -322,13 +392,134 @@ resource "aws_eks_node_group" "gpu" {
   depends_on = [aws_iam_role_policy_attachment.node]
 }
 
-resource "aws_autoscaling_group_tag" "gpu_node_template" {
-  for_each               = local.gpu_node_template_tags
-  autoscaling_group_name = aws_eks_node_group.gpu.resources[0].autoscaling_groups[0].name
+resource "aws_eks_node_group" "gpu_on_demand" {
+  cluster_name    = aws_eks_cluster.this.name
+  node_group_name = "gpu-on-demand"
+  node_role_arn   = aws_iam_role.node.arn
+  subnet_ids      = var.private_subnet_ids
+  ami_type        = "BOTTLEROCKET_x86_64_NVIDIA"
+  instance_types  = var.gpu_instance_types
+  capacity_type   = "ON_DEMAND" # the fallback while spot has no A10G to give
+  labels = merge(local.gpu_selector, {
+    # the Cluster Autoscaler waits for the device plugin on such a node instead of adding another
+    "k8s.amazonaws.com/accelerator" = "nvidia"
+  })
+
+  # only Ray's GPU workers (which tolerate it) land on a GPU node
+  taint {
+    key    = "nvidia.com/gpu"
+    value  = "present"
+    effect = "NO_SCHEDULE"
+  }
+
+  scaling_config {
+    min_size     = 0 # no GPU between nights
+    desired_size = 0
+    max_size     = var.gpu_max_nodes
+  }
+
+  update_config {
+    max_unavailable = 1
+  }
+
+  launch_template {
+    id      = aws_launch_template.gpu.id
+    version = aws_launch_template.gpu.latest_version
+  }
+
+  lifecycle {
+    ignore_changes = [scaling_config[0].desired_size] # the Cluster Autoscaler's
+  }
+
+  depends_on = [aws_iam_role_policy_attachment.node]
+}
+
+# The CPU worker pool (mining, build, publish): large-memory nodes, spot first as well
+resource "aws_eks_node_group" "cpu_spot" {
+  cluster_name    = aws_eks_cluster.this.name
+  node_group_name = "cpu-spot"
+  node_role_arn   = aws_iam_role.node.arn
+  subnet_ids      = var.private_subnet_ids
+  ami_type        = "AL2023_x86_64_STANDARD"
+  instance_types  = var.cpu_instance_types
+  capacity_type   = "SPOT" # preferred: the plan's price (docs/capacity.md)
+  labels          = local.cpu_selector
+
+  # only Ray's CPU workers (which tolerate it) land on a CPU worker node
+  taint {
+    key    = "edgeqa.io/pool"
+    value  = "cpu"
+    effect = "NO_SCHEDULE"
+  }
+
+  scaling_config {
+    min_size     = 0 # no CPU worker between nights
+    desired_size = 0
+    max_size     = var.cpu_max_nodes
+  }
+
+  update_config {
+    max_unavailable = 1
+  }
+
+  launch_template {
+    id      = aws_launch_template.cpu.id
+    version = aws_launch_template.cpu.latest_version
+  }
+
+  lifecycle {
+    ignore_changes = [scaling_config[0].desired_size] # the Cluster Autoscaler's
+  }
+
+  depends_on = [aws_iam_role_policy_attachment.node]
+}
+
+resource "aws_eks_node_group" "cpu_on_demand" {
+  cluster_name    = aws_eks_cluster.this.name
+  node_group_name = "cpu-on-demand"
+  node_role_arn   = aws_iam_role.node.arn
+  subnet_ids      = var.private_subnet_ids
+  ami_type        = "AL2023_x86_64_STANDARD"
+  instance_types  = var.cpu_instance_types
+  capacity_type   = "ON_DEMAND" # the fallback while spot has none
+  labels          = local.cpu_selector
+
+  # only Ray's CPU workers (which tolerate it) land on a CPU worker node
+  taint {
+    key    = "edgeqa.io/pool"
+    value  = "cpu"
+    effect = "NO_SCHEDULE"
+  }
+
+  scaling_config {
+    min_size     = 0 # no CPU worker between nights
+    desired_size = 0
+    max_size     = var.cpu_max_nodes
+  }
+
+  update_config {
+    max_unavailable = 1
+  }
+
+  launch_template {
+    id      = aws_launch_template.cpu.id
+    version = aws_launch_template.cpu.latest_version
+  }
+
+  lifecycle {
+    ignore_changes = [scaling_config[0].desired_size] # the Cluster Autoscaler's
+  }
+
+  depends_on = [aws_iam_role_policy_attachment.node]
+}
+
+resource "aws_autoscaling_group_tag" "node_template" {
+  for_each               = local.node_template_tags
+  autoscaling_group_name = local.worker_groups[each.value.group].resources[0].autoscaling_groups[0].name
 
   tag {
-    key                 = each.key
-    value               = each.value
+    key                 = each.value.key
+    value               = each.value.value
     propagate_at_launch = false
   }
 }
@@ -428,7 +619,7 @@ resource "kubernetes_namespace_v1" "ray" {
   depends_on = [aws_eks_node_group.system]
 }
 
-# the GPU workers' identity (IRSA): the store's logs and work areas, nothing else
+# the GPU and CPU workers' identity (IRSA): the store's logs, work areas and models, nothing else
 resource "kubernetes_service_account_v1" "ray" {
   metadata {
     name        = local.service_account
@@ -465,9 +656,13 @@ resource "helm_release" "cluster_autoscaler" {
         annotations = { "eks.amazonaws.com/role-arn" = aws_iam_role.irsa["autoscaler"].arn }
       }
     }
+    # spot first: the priority expander picks the highest-priority group that can take the
+    # pending pods (the spot groups, by their ASG names), least-waste among equals
+    expanderPriorities = local.autoscaler_priorities
     extraArgs = {
-      expander                        = "least-waste"
-      "scale-down-unneeded-time"      = "5m"  # a GPU node without Ray workers goes back soon
+      expander                        = "priority,least-waste"
+      "max-node-provision-time"       = "5m" # a spot group with no node by then backs off: on demand
+      "scale-down-unneeded-time"      = "5m" # a GPU node without Ray workers goes back soon
       "scale-down-delay-after-add"    = "5m"
       "skip-nodes-with-local-storage" = false # Ray's /tmp/ray emptyDir would pin a node forever
     }
@@ -503,8 +698,15 @@ resource "helm_release" "ray_cluster" {
       tag        = local.image.tag
       pullPolicy = "IfNotPresent"
     }
+    # every pod's: the generation engine and its model (precompute/config.py reads them in the
+    # drivers, the GPU workers' actors load the model), so Terraform sets what the plan prices
     common = {
-      containerEnv = [{ name = "AWS_DEFAULT_REGION", value = var.region }]
+      containerEnv = [
+        { name = "AWS_DEFAULT_REGION", value = var.region },
+        { name = "EDGEQA_GENERATION_ENGINE", value = var.generation_engine },
+        { name = "EDGEQA_VLLM_MODEL", value = local.vllm_model },
+        { name = "EDGEQA_VLLM_QUANTIZATION", value = var.vllm_quantization },
+      ]
     }
     head = {
       rayVersion              = var.ray_version # >= 2.53: KubeRay probes over HTTP (no wget in the image)
@@ -546,6 +748,31 @@ resource "helm_release" "ray_cluster" {
       tolerations        = [{ key = "nvidia.com/gpu", operator = "Exists", effect = "NoSchedule" }]
       podSecurityContext = local.pod_security_context
       securityContext    = local.container_security_context
+    }
+    # the CPU workers (mining, build, publish): one large pod a node, from zero; a job or task
+    # asking for the custom resource cpu_worker runs there. The GPU workers' service account and
+    # role: the logs, the work areas and the models, nothing the head alone may write
+    additionalWorkerGroups = {
+      cpu = {
+        disabled           = false
+        replicas           = 0
+        minReplicas        = 0
+        maxReplicas        = var.cpu_max_nodes
+        serviceAccountName = local.service_account
+        rayStartParams = {
+          "num-cpus" = tostring(var.cpu_worker_cpu)
+          # KubeRay hands this to `ray start --resources` as it is: a JSON object, quoted
+          resources = jsonencode(jsonencode(local.cpu_worker_resource))
+        }
+        resources = {
+          limits   = { cpu = tostring(var.cpu_worker_cpu), memory = var.cpu_worker_memory }
+          requests = { cpu = tostring(var.cpu_worker_cpu), memory = var.cpu_worker_memory }
+        }
+        nodeSelector       = local.cpu_selector
+        tolerations        = [{ key = "edgeqa.io/pool", operator = "Equal", value = "cpu", effect = "NoSchedule" }]
+        podSecurityContext = local.pod_security_context
+        securityContext    = local.container_security_context
+      }
     }
   })]
 
@@ -658,7 +885,8 @@ resource "aws_iam_role" "irsa" {
   assume_role_policy = data.aws_iam_policy_document.irsa[each.key].json
 }
 
-# the GPU workers (the model actors): read the request logs and the work areas
+# the GPU and CPU workers (the model actors, the stages' CPU tasks): read the request logs, the
+# model weights (models/, read only) and the work areas
 # (<profile>/work/<run>/: the mined questions, the parent's reused answers), write generation
 # checkpoints into them; releases, pointers and signing stay with the head's role (below), and so
 # do the caches across nights (<profile>/work/cache/: mine's driver writes them, on the head;
@@ -681,13 +909,19 @@ data "aws_iam_policy_document" "ray" {
     resources = ["${var.bucket_arn}/*/work/cache/*"]
   }
   statement {
-    sid       = "ListLogsAndWorkAreas"
+    # the model weights (EDGEQA_VLLM_MODEL under models/): read only, nothing on the fleet writes them
+    sid       = "ReadModels"
+    actions   = ["s3:GetObject"]
+    resources = ["${var.bucket_arn}/models/*"]
+  }
+  statement {
+    sid       = "ListLogsWorkAreasAndModels"
     actions   = ["s3:ListBucket"]
     resources = [var.bucket_arn]
     condition {
       test     = "StringLike"
       variable = "s3:prefix"
-      values   = ["logs/*", "*/work/*"]
+      values   = ["logs/*", "*/work/*", "models/*"]
     }
   }
   statement {
@@ -732,6 +966,12 @@ data "aws_iam_policy_document" "ray_head" {
     resources = ["${var.bucket_arn}/*/current.json"]
   }
   statement {
+    # the model's config and tokenizer (a release's profile names the checkpoint): read only
+    sid       = "ReadModels"
+    actions   = ["s3:GetObject"]
+    resources = ["${var.bucket_arn}/models/*"]
+  }
+  statement {
     # read only: revoking is an operator's act (edgeqa release revoke), not the nightly's
     sid       = "ReadRevocations"
     actions   = ["s3:GetObject"]
@@ -762,7 +1002,7 @@ resource "aws_iam_role_policy" "ray_head" {
   policy = data.aws_iam_policy_document.ray_head.json
 }
 
-# the Cluster Autoscaler: see every group, resize and shrink this cluster's two only
+# the Cluster Autoscaler: see every group, resize and shrink this cluster's own only
 data "aws_iam_policy_document" "autoscaler" {
   statement {
     sid = "DescribeGroups"
@@ -782,13 +1022,13 @@ data "aws_iam_policy_document" "autoscaler" {
   statement {
     sid       = "DescribeNodeGroups" # scale from zero: a group's labels, taints and instance type
     actions   = ["eks:DescribeNodegroup"]
-    resources = [aws_eks_node_group.system.arn, aws_eks_node_group.gpu.arn]
+    resources = concat([aws_eks_node_group.system.arn], [for group in values(local.worker_groups) : group.arn])
   }
   statement {
     sid     = "ResizeTheseGroups"
     actions = ["autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup"]
     resources = [
-      for group in [aws_eks_node_group.system, aws_eks_node_group.gpu] :
+      for group in concat([aws_eks_node_group.system], values(local.worker_groups)) :
       "arn:aws:autoscaling:${var.region}:${var.account_id}:autoScalingGroup:*:autoScalingGroupName/${group.resources[0].autoscaling_groups[0].name}"
     ]
   }

@@ -24,7 +24,7 @@ output "cluster_certificate_authority" {
 }
 
 output "worker_role_arn" {
-  description = "The GPU workers' IAM role (IRSA): the store's logs and work areas only."
+  description = "The GPU and CPU workers' IAM role (IRSA): the store's logs, work areas and models (read only) only."
   value       = aws_iam_role.irsa["ray"].arn
 }
 
@@ -36,4 +36,9 @@ output "head_role_arn" {
 output "security_group_id" {
   description = "The Ray head NLB's security group."
   value       = aws_security_group.head.id
+}
+
+output "vllm_model" {
+  description = "EDGEQA_VLLM_MODEL of the Ray pods: where the GPU workers load the model from (copy the checkpoint there once)."
+  value       = local.vllm_model
 }
