@@ -17,9 +17,9 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from base.config import MAX_OUT_OF_SCOPE_SHARE, OUT_OF_SCOPE_SHARE, ConfigError, usable_cpus
 from base.pointers import DEFAULT_EXPIRES_S
@@ -56,6 +56,9 @@ class PrecomputeSettings(EngineSettings):
     # Ray's token (a cluster started with RAY_AUTH_MODE=token), sent to the Jobs API as a bearer
     # token: a secret, from the environment only ("" = a Jobs API without token authentication)
     ray_jobs_token: str = ""
+    # the Ray resource of the cluster's CPU workers (Terraform's "cpu_worker"): the drivers of
+    # the CPU stages (mine, build, validate) ask for one (``fleet/jobs.py``); "" = the head's
+    ray_cpu_resource: str = Field("", pattern=r"^[A-Za-z0-9_]{0,64}$")
     # the most model actors (one engine or embedder each) a job runs at once; 0 = one per CPU
     # slot (or GPU) locally, and on a cluster as many GPU workers as it has, at least 8
     ray_workers: int = Field(0, ge=0)
@@ -68,6 +71,19 @@ class PrecomputeSettings(EngineSettings):
     # the sha256 the curated answers file (--answers) must have: the file an operator reviewed.
     # Required with --answers; a file whose digest differs is refused (precompute/curated.py)
     curated_answers_sha256: str = ""
+    # what generates the answers (precompute/fleet/llm.py): the project's engine on the Ray
+    # actors (the local default: CPU, or the fleet's GPUs), vLLM on the fleet's GPUs through Ray
+    # Data's LLM API, or an OpenAI-compatible server serving EDGEQA_MODEL at the run's precision
+    # (the project's origin) through the same API's HTTP processor
+    generation_engine: Literal["edgeqa", "vllm", "http"] = "edgeqa"
+    # vllm: the checkpoint (an s3:// models prefix the workers' role reads, or a folder with its
+    # config.json and tokenizer) and its weights: "w8a8", an INT8 W8A8 checkpoint
+    # (compressed-tensors), or "fp16", an unquantized one served in float16
+    vllm_model: str = ""
+    vllm_quantization: Literal["w8a8", "fp16"] = "w8a8"
+    # http: the server's base URL (http://host:port) and its API key (a secret: environment only)
+    generation_url: str = ""
+    generation_api_key: str = ""
 
     @field_validator("ray_address", mode="after")
     @classmethod
@@ -106,6 +122,33 @@ class PrecomputeSettings(EngineSettings):
         if value:
             LocalSigner(value)  # a malformed key fails here, naming the variable
         return value
+
+    @field_validator("vllm_quantization", "generation_engine", mode="before")
+    @classmethod
+    def _lower_choice(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("generation_url", mode="after")
+    @classmethod
+    def _generation_url(cls, value: str) -> str:
+        found = re.fullmatch(r"https?://[A-Za-z0-9.\-\[\]:]+(:(\d{1,5}))?/?", value)
+        if value and not found:
+            raise ValueError(f"{value!r} is not a server's base URL: http(s)://<host>:<port>")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _generation_needs(self) -> PrecomputeSettings:
+        if self.generation_engine == "vllm" and not self.vllm_model:
+            raise ValueError(
+                "EDGEQA_GENERATION_ENGINE=vllm needs EDGEQA_VLLM_MODEL: the checkpoint vLLM "
+                "loads (s3://<bucket>/models/<name>, or a folder)"
+            )
+        if self.generation_engine == "http" and not self.generation_url:
+            raise ValueError(
+                "EDGEQA_GENERATION_ENGINE=http needs EDGEQA_GENERATION_URL: the base URL of an "
+                "OpenAI-compatible server serving EDGEQA_MODEL (http://host:port)"
+            )
+        return self
 
     def signer(self) -> Signer | None:
         """What signs releases (``base/signing.py``); None = published unsigned."""

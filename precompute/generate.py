@@ -61,27 +61,35 @@ class Profile:
 def make_profile(
     settings: EngineSettings,
     quantization: EngineQuantization,
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: PreTrainedTokenizerBase | None,
     language: str = DEFAULT_LANGUAGE,
+    checkpoint: Mapping[str, str] | None = None,
 ) -> Profile:
     """The profile of ``language``'s releases: the model, its prompt and settings, the language
-    and the embedder its questions are matched with (``<model>-<language>-<digest>``)."""
-    template = str(getattr(tokenizer, "chat_template", "") or "")
-    inputs = {
+    and the embedder its questions are matched with (``<model>-<language>-<digest>``). The
+    model is the project engine's (``tokenizer``: its vocabulary and chat template), or another
+    engine's ``checkpoint`` (``fleet.llm.checkpoint``: vLLM's, which names its own)."""
+    inputs: dict[str, Any] = {
         "language": language,
         "embedder": settings.embedders[language],
-        "model": settings.model,
-        "vocab_size": len(tokenizer),
-        "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
         "system_prompt": settings.system_prompt,
         "max_tokens": settings.max_tokens,
         "temperature": 0.0,
-        "quantization": quantization,
     }
-    if settings.dtype not in ("auto", "float32"):  # the weights quantized from (float32 if auto)
-        inputs["dtype"] = settings.dtype
+    if checkpoint is not None:
+        inputs.update(checkpoint)
+        model = checkpoint["model"]
+    else:
+        assert tokenizer is not None, "the project engine's profile names its tokenizer"
+        template = str(getattr(tokenizer, "chat_template", "") or "")
+        inputs["model"] = model = settings.model
+        inputs["vocab_size"] = len(tokenizer)
+        inputs["chat_template_sha256"] = hashlib.sha256(template.encode()).hexdigest()
+        inputs["quantization"] = quantization
+        if settings.dtype not in ("auto", "float32"):  # quantized from (float32 if auto)
+            inputs["dtype"] = settings.dtype
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:10]
-    slug = "smollm2-135m" if settings.model == "embedded" else settings.model
+    slug = "smollm2-135m" if model == "embedded" else model
     slug = re.sub(r"[^a-z0-9]+", "-", slug.lower().rsplit("/", 1)[-1]).strip("-")[:40] or "model"
     return Profile(f"{slug}-{language}-{digest}", inputs)
 
@@ -126,11 +134,15 @@ def nightly_engine(
 ) -> Engine:
     """The engine the nightly job answers with: the origin's, sized for short questions, greedy,
     without speculation (it pays only at batch 1-2), in the run's precision — quantized from
-    float32 weights on every device unless ``EDGEQA_DTYPE`` says otherwise."""
+    float32 weights on a CPU, and on CUDA from the weights loaded straight onto the device in
+    the dtype the precision serves (``origin.runtime.load_dtype``: bf16, LLM.int8's fp16; a 7B
+    in fp32 fits neither an A10G nor the host), unless ``EDGEQA_DTYPE`` says otherwise."""
+    from origin.model import resolve_device
     from origin.runtime import build_engine
 
+    on_cuda = model is None and resolve_device(settings.device).startswith("cuda")
     nightly = settings.replace(
-        dtype="float32" if settings.dtype == "auto" else settings.dtype,
+        dtype="float32" if settings.dtype == "auto" and not on_cuda else settings.dtype,
         quantization=quantization,
         speculative="none",
         max_model_len=min(settings.max_model_len, PROMPT_TOKENS + settings.max_tokens),
@@ -293,6 +305,30 @@ class ParentAnswers:
         return rows
 
 
+def answered_row(
+    key: str,
+    question: str,
+    text: str,
+    tokens: int,
+    finish_reason: str | None,
+    error: str | None,
+    generated_at: datetime,
+) -> dict[str, Any]:
+    """A generated answer's row (``answer_schema``), flagged by the answer policy
+    (``flag_of``) whichever engine generated it: this process's or one Ray Data's LLM API
+    drives (``fleet/llm.py``)."""
+    return {
+        "key": key,
+        "question": question,
+        "answer": text.strip(),
+        "tokens": tokens,
+        "finish_reason": finish_reason,
+        "flag": flag_of(question, text, finish_reason, error),
+        "generated_at": generated_at.replace(microsecond=0),
+        "reused_from": None,
+    }
+
+
 def generate_partition(
     engine_factory: Callable[[], Engine],
     keys: Sequence[str],
@@ -317,20 +353,11 @@ def generate_partition(
         params = SamplingParams(max_tokens=max_tokens)
         results = engine_factory().generate_many(prompts, params, progress=False)
     generated = {
-        k: {
-            "key": k,
-            "question": q,
-            "answer": r.text.strip(),
-            "tokens": len(r.token_ids),
-            "finish_reason": r.finish_reason,
-            "flag": flag_of(q, r.text, r.finish_reason, r.error),
-            "generated_at": generated_at.replace(microsecond=0),
-            "reused_from": None,
-        }
+        k: answered_row(k, q, r.text, r.completion_tokens, r.finish_reason, r.error, generated_at)
         for (k, q), r in zip(todo, results, strict=True)
     }
     rows = [reused[k] if k in reused else generated[k] for k in keys]
-    tokens = sum(len(r.token_ids) for r in results)
+    tokens = sum(r.completion_tokens for r in results)
     return pa.Table.from_pylist(rows, schema=answer_schema()), tokens
 
 

@@ -56,7 +56,6 @@ from precompute.generate import (
     RunDigest,
     answer_schema,
     generate_all,
-    make_profile,
     nightly_engine,
 )
 from precompute.mining import MiningReport, drop_clusters, mine_to
@@ -173,16 +172,15 @@ def scaled(config: PipelineConfig, spec: str) -> PipelineConfig:
 def mine_stage(
     params: RunParams, model: LoadedModel | None = None, progress: bool = False
 ) -> dict[str, Any]:
-    from origin.model import load_tokenizer
     from precompute.fleet.embedding import wordings_encoder
+    from precompute.fleet.llm import run_profile
 
     config, settings = params.config, params.config.settings
     # the operator's answers before anything else: a file that is not the pinned one
     # (EDGEQA_CURATED_ANSWERS_SHA256) stops the run before hours of mining, nothing published
     answers, pinned = config.generation.curated_answers, settings.curated_answers_sha256
     curated, curated_sha = read_curated(answers, pinned) if answers else ({}, "")
-    tokenizer = model[1] if model else load_tokenizer(settings.model, settings.cache_dir)
-    profile = make_profile(settings, config.generation.quantization, tokenizer, params.language)
+    profile = run_profile(settings, config.generation.quantization, model, params.language)
     stats = LogReadStats()
     tables = read_log_tables(open_store(params.logs_uri), params.since, params.until, stats)
     out = open_store(params.out_uri)
@@ -322,7 +320,7 @@ def generate_stage(
     config, settings = params.config, params.config.settings
     work = _work(params, mined)
     size = config.generation.partition_size
-    if model is None:  # the actors read the run's questions and reused answers themselves
+    if model is None or settings.generation_engine != "edgeqa":  # on Ray: workers read it
         fleet = connect(settings)
         job = Job.of(
             fleet,

@@ -28,6 +28,9 @@ class Completion:
     ttft_s: float | None
     e2e_s: float | None
     error: str | None = None
+    # the tokens the engine generated, an end-of-sequence token included (``token_ids`` are the
+    # text's): what an OpenAI-compatible server reports as ``usage.completion_tokens``
+    completion_tokens: int = 0
 
 
 def generate_many(
@@ -67,6 +70,7 @@ def generate_many(
                 ttft_s=times.ttft_s,
                 e2e_s=None if times.finished is None else times.finished - times.arrival,
                 error=output.error,
+                completion_tokens=output.completion_tokens,
             )
             bar.update(1)
             if len(results) == len(prompts):

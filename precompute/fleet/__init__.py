@@ -18,7 +18,9 @@ Where Ray is (``EDGEQA_RAY_ADDRESS``):
   workers run the project's image (``Dockerfile``) and reach the store with their own role.
 
 This module connects (``connect``) and says where things ran; the jobs are ``embedding.py``
-(mining's wordings) and ``generation.py`` (the answers, checkpointed per partition);
+(mining's wordings) and ``generation.py`` (the answers, checkpointed per partition; with
+``llm.py``'s vLLM or HTTP server instead of the project's engine: ``EDGEQA_GENERATION_ENGINE``;
+``generation_job.py``: what such a job is, whichever engine answers);
 ``jobs.py`` submits a whole stage as a Ray Job (what each task of the Airflow DAG does).
 """
 

@@ -14,8 +14,6 @@ import json
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from precompute.fleet import (
@@ -26,57 +24,13 @@ from precompute.fleet import (
     map_batches,
     pool_size,
     reserve_gpus,
-    shipped,
     worker_name,
 )
+from precompute.fleet.generation_job import Generated, Job
 
 if TYPE_CHECKING:
-    from origin.config import EngineSettings
-    from origin.precision import EngineQuantization
-    from precompute.config import PrecomputeSettings
     from precompute.generate import GenerationReport
     from precompute.workarea import WorkArea
-
-
-@dataclass(frozen=True)
-class Job:
-    """One run's generation, as its actors need it: where its work area is and how to answer."""
-
-    out_uri: str  # the store's absolute URI: an actor's working folder is not the driver's
-    profile: str
-    run: str
-    settings: EngineSettings
-    quantization: EngineQuantization
-    generated_at: datetime
-    partition_size: int  # questions a partition
-    questions: int  # in the run's hot/
-    own_cache: bool = False  # the actors use their own EDGEQA_CACHE_DIR (a fleet's machines)
-
-    @classmethod
-    def of(
-        cls,
-        fleet: Fleet,
-        settings: PrecomputeSettings,
-        quantization: EngineQuantization,
-        work: WorkArea,
-        generated_at: datetime,
-        partition_size: int,
-        questions: int,
-    ) -> Job:
-        """The job of ``work``'s run (``questions`` in ``hot/``, ``partition_size`` a partition)
-        on ``fleet``, its settings without a secret (``shipped``)."""
-        engine = shipped(settings)
-        return cls(
-            work.store.uri,
-            work.profile,
-            work.run,
-            engine,
-            quantization,
-            generated_at,
-            partition_size,
-            questions,
-            not fleet.local,
-        )
 
 
 class _Answerer:
@@ -135,24 +89,6 @@ class _Answerer:
             for name, value in zip(fields, values, strict=True):
                 done[name].append(json.dumps(value) if name == "flags" else value)
         return done
-
-
-@dataclass
-class Generated:
-    """What the fleet's generation job did: per partition generated, its answers, tokens, the
-    seconds it took and the worker; ``where`` it ran."""
-
-    rows: list[dict[str, Any]]
-    where: str
-
-    @property
-    def seconds(self) -> float:
-        """From the first generating partition's start to the last one's end, across the
-        workers (the engines' builds before it are not counted, as in-process)."""
-        timed = [r for r in self.rows if r["generated"]]
-        if not timed:
-            return 0.0
-        return max(r["ended"] for r in timed) - min(r["started"] for r in timed)
 
 
 def generate_partitions(
@@ -228,7 +164,13 @@ def generate_on_fleet(
             whole.append(index)
     copied = copier({"partition": whole}) if whole else {}
     skipped = set(whole)
-    done = generate_partitions(fleet, job, [i for i in todo if i not in skipped], progress)
+    rest = [i for i in todo if i not in skipped]
+    if job.llm is not None:  # vLLM or a server, through Ray Data's LLM API
+        from precompute.fleet.llm import generate_waves
+
+        done = generate_waves(fleet, job, job.llm, rest, progress)
+    else:
+        done = generate_partitions(fleet, job, rest, progress)
     if copied:
         rows = zip(*copied.values(), strict=True)
         done.rows += [dict(zip(copied, values, strict=True)) for values in rows]
