@@ -83,7 +83,13 @@ def _stage(stage: str, mined: Any = None) -> dict[str, Any]:
     wait for it: its result, with what the task saw of the job (``ray_job``). A job still
     running from an earlier try of this task is followed, not submitted again. The job is
     stopped once it has run ``STAGE_HOURS`` since it was submitted."""
-    from precompute.fleet.jobs import StageJob, job_key, stage_command, task_process
+    from precompute.fleet.jobs import (
+        StageJob,
+        job_key,
+        stage_command,
+        stage_resources,
+        task_process,
+    )
 
     context = get_current_context()
     run = f"{mined['profile']}/{mined['run']}" if mined else None
@@ -94,6 +100,7 @@ def _stage(stage: str, mined: Any = None) -> dict[str, Any]:
         job_key(context["dag"].dag_id, context["run_id"], stage),
         stage_command(stage, _night(), run),
         token=settings.ray_jobs_token,
+        resources=stage_resources(stage, settings.ray_cpu_resource),
     )
     result, ran = job.run(timeout_s=STAGE_HOURS[stage] * 3600)
     return {**result, "ray_job": {**ran, "task_process": task_process()}}

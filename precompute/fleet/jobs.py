@@ -40,6 +40,11 @@ log = logging.getLogger(__name__)
 STAGE_RESULT = "edgeqa-stage-result: "
 # modules the task process must never import (the stage's work is the job's)
 HEAVY_MODULES = ("torch", "faiss", "duckdb", "transformers", "sentence_transformers", "ray")
+# the stages whose drivers do the work themselves (DuckDB, FAISS, the text rules and the k step
+# on processes, the release's files): on a cluster, a CPU worker's (``EDGEQA_RAY_CPU_RESOURCE``).
+# generate's driver only hands partitions to its actors; publish signs and flips the pointer
+# (the head's role alone may); prune lists and deletes
+CPU_STAGES = ("mine", "build", "validate")
 
 
 class StageJobError(EdgeQAError, RuntimeError):
@@ -90,6 +95,13 @@ def stage_command(stage: str, spec: RunSpec, run: str | None = None) -> list[str
         parse_run(run or "")  # a profile and a run id, nothing a shell or a path could misread
         argv += ["--run", run or ""]
     return argv
+
+
+def stage_resources(stage: str, cpu_resource: str) -> dict[str, float]:
+    """The Ray resources a stage's job asks for its driver (``entrypoint_resources``): one of
+    the CPU workers' ``cpu_resource`` (Terraform's ``cpu_worker``) for the CPU stages, none
+    (the head) for the others and wherever ``cpu_resource`` is unset (a laptop's Ray)."""
+    return {cpu_resource: 1.0} if cpu_resource and stage in CPU_STAGES else {}
 
 
 def result_line(stage: str, result: Mapping[str, Any]) -> str:
@@ -144,6 +156,8 @@ class StageJob:
     poll_s: float = 5.0
     retry_s: float = 2.0  # about the first wait before a request is tried again (then 2x, 4x)
     on_line: Callable[[str], None] = field(default=lambda line: log.info("%s", line))
+    # the Ray resources the job's driver needs (``stage_resources``): none = the head
+    resources: Mapping[str, float] = field(default_factory=dict)
     _http: Any = field(default=None, repr=False)  # one connection pool while ``run`` runs
 
     def run(self, timeout_s: float | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -265,6 +279,8 @@ class StageJob:
             "submission_id": submission,
             "metadata": {"edgeqa_stage": self.stage, "edgeqa_task": self.key},
         }
+        if self.resources:  # the driver waits for a CPU worker (the autoscaler brings one)
+            request["entrypoint_resources"] = dict(self.resources)
         try:
             self._call("POST", "", retries=0, json=request)
         except StageJobError as refused:

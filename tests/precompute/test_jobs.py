@@ -262,3 +262,29 @@ def test_a_long_job_a_lost_submit_answer_an_outage_and_a_page_that_is_not_json()
         api.html = True
         with pytest.raises(StageJobError, match="no JSON: is EDGEQA_RAY_JOBS_ADDRESS"):
             _stage_job(server.url, "edgeqa-html").run()
+
+
+def test_the_cpu_stages_drivers_ask_for_a_cpu_worker_and_the_rest_stay_on_the_head() -> None:
+    """On the cluster (``EDGEQA_RAY_CPU_RESOURCE``, Terraform's ``cpu_worker``) the jobs of mine,
+    build and validate ask Ray for a CPU worker for their drivers; generate, publish (it signs)
+    and prune stay on the head; a laptop's Ray (the setting unset) asks for nothing it lacks."""
+    from precompute.config import PrecomputeSettings
+    from precompute.fleet.jobs import CPU_STAGES, stage_resources
+    from tests.serving import Server
+
+    assert set(CPU_STAGES) == {"mine", "build", "validate"} and set(CPU_STAGES) < set(STAGES)
+    for stage in STAGES:
+        wanted = {"cpu_worker": 1.0} if stage in CPU_STAGES else {}
+        assert stage_resources(stage, "cpu_worker") == wanted
+        assert stage_resources(stage, "") == {}
+    with pytest.raises(EdgeQAError, match="EDGEQA_RAY_CPU_RESOURCE"):
+        PrecomputeSettings.from_env({"EDGEQA_RAY_CPU_RESOURCE": "cpu worker;x"})
+
+    api = _JobsApi(polls=1, result={"run": "abc"})
+    with Server(api.app) as server:
+        job = _stage_job(server.url, "edgeqa-cpu")
+        job.resources = stage_resources("mine", "cpu_worker")
+        job.run()
+        assert api.jobs["edgeqa-cpu-1"]["entrypoint_resources"] == {"cpu_worker": 1.0}
+        _stage_job(server.url, "edgeqa-head").run()
+        assert "entrypoint_resources" not in api.jobs["edgeqa-head-1"]
