@@ -56,9 +56,10 @@ What runs where: rules 1-4 and the carried evidence's merge run in DuckDB over t
 (``logwindow.py``: no list of rows in Python), the text rules once per distinct text
 (``textrules.py``, on several processes when many are new); rule 5 embeds and searches in batches
 (``clustering.py``); the verdicts and vectors of the nights before are taken from the caches
-across nights, not computed again (``nightcache.py``); rules 6-8 run here,
-on the clusters only, and a cluster whose wordings' askers add up to fewer than k is dropped
-before any of its wordings becomes a ``Phrasing``. ``MiningReport.seconds`` times each step.
+across nights, not computed again (``nightcache.py``); rules 6-8 run on the clusters only,
+a chunk of clusters at a time on several processes when there are many (``kstep.py``), and a
+cluster whose wordings' askers add up to fewer than k is dropped here before any of its wordings
+becomes a ``Phrasing``. ``MiningReport.seconds`` times each step.
 """
 
 from __future__ import annotations
@@ -77,7 +78,6 @@ import numpy as np
 
 from base.config import peak_rss_mb
 from edge_index.guard import numbers
-from precompute.asks import recency_weight
 from precompute.carry import carry
 from precompute.clustering import (
     Clusters,
@@ -90,11 +90,12 @@ from precompute.clustering import (
     local_encoder,
 )
 from precompute.config import MiningConfig
+from precompute.kstep import MANY_WORDINGS, cluster_chunks, judge_all
 from precompute.logwindow import LogWindow, WindowCounts
 from precompute.nightcache import NightCache, NightCaches, check_verdicts
-from precompute.questions import HotQuestion, Phrasing, askers_count, crowd, held_back_rows
+from precompute.questions import HotQuestion, Phrasing, askers_count, held_back_rows
 from precompute.reduction import Wordings
-from precompute.safetext import publishable
+from precompute.safetext import built_question
 from precompute.spill import ClusterSpill, HotSpill
 from precompute.vectorcache import vectors_with_cache
 
@@ -398,23 +399,24 @@ def _qualifying(
         candidates.append(members)
     taken = _KeySet(table.column("key"))
     crowds = signed_crowds = 0
-    for wordings in table.phrasings(candidates):
-        users, score = _askers_and_score(wordings, now, config.half_life_days)
-        if users < config.k:
-            below_k_wordings += len(wordings)
-            below_k_rows += sum(w.hits for w in wordings)
+    wordings = len(candidates.rows())
+    workers = config.workers() if wordings > MANY_WORDINGS else 1
+    chunks = cluster_chunks(table.picked(candidates.rows()), (len(m) for m in candidates))
+    for judged in judge_all(chunks, config, now, workers):
+        if judged.status == "below_k":
+            below_k_wordings += judged.count
+            below_k_rows += judged.hits
             continue
-        signers, asns = crowd(wordings)
-        if not config.verified_crowd(signers, asns):
-            crowds, signed_crowds = crowds + 1, signed_crowds + bool(signers)
-            _exclude_wordings(report, wordings, "unverified_crowd")
+        if judged.status == "unverified_crowd":
+            crowds, signed_crowds = crowds + 1, signed_crowds + bool(judged.signers)
+            _exclude_counted(report, judged.count, judged.hits, "unverified_crowd")
             report.cluster_rows.append(
                 {
                     "cluster": None,
                     "status": "unverified_crowd",
-                    "identities": users,
-                    "signed_users": signers,
-                    "asns": asns,
+                    "identities": judged.users,
+                    "signed_users": judged.signers,
+                    "asns": judged.asns,
                     "question": None,
                     "synthesized": False,
                     "published": [],
@@ -423,14 +425,17 @@ def _qualifying(
             )
             continue
         report.qualifying_clusters += 1
-        published, held_back, rare, synthesized = publishable(wordings, config, taken)
+        published, held_back, rare = judged.published, judged.held_back, judged.rare
+        built = None if published else built_question(judged.candidates, taken)
+        if built is not None:
+            published = [built]
         if not published:
-            _exclude_wordings(report, wordings, "no_k_safe_text")
+            _exclude_counted(report, judged.count, judged.hits, "no_k_safe_text")
             report.cluster_rows.append(
                 {
                     "cluster": None,
                     "status": "no_k_safe_text",
-                    "identities": users,
+                    "identities": judged.users,
                     "question": None,
                     "synthesized": False,
                     "published": [],
@@ -443,12 +448,12 @@ def _qualifying(
             HotQuestion(
                 canonical=published[0],
                 phrasings=published,
-                users=users,
-                hits=sum(w.hits for w in wordings),
-                score=score,
+                users=judged.users,
+                hits=judged.hits,
+                score=judged.score,
                 held_back=held_back,
                 rare_tokens=rare,
-                synthesized=synthesized,
+                synthesized=built is not None,
             )
         )
     for counts, n in (
@@ -467,30 +472,6 @@ def _qualifying(
             crowds,
             config.min_signed_users,
         )
-
-
-def _askers_and_score(
-    wordings: list[Phrasing], now: datetime, half_life_days: float
-) -> tuple[int, float]:
-    """A cluster's askers (each identity once, whichever wordings it typed) and its score: over
-    its distinct users, each one's latest ask's recency weight, scaled down when they come from
-    fewer networks than users. The askers beyond those kept count and weigh per wording."""
-    latest: dict[str, datetime] = {}
-    networks: set[str] = set()
-    more_users = more_networks = 0
-    more_weight = 0.0
-    for wording in wordings:
-        networks |= wording.networks
-        for user, ts in wording.latest_by_user.items():
-            if user not in latest or ts > latest[user]:
-                latest[user] = ts
-        more_users += wording.more_users
-        more_networks += wording.more_networks
-        more_weight += wording.more_weight
-    user_count = len(latest) + more_users
-    users = askers_count(user_count, len(networks) + more_networks)
-    weight = sum(recency_weight(ts, now, half_life_days) for ts in latest.values()) + more_weight
-    return users, weight * (users / max(user_count, 1))  # many users from few networks weigh as few
 
 
 KEY_SLICE = 1 << 18  # keys turned into 64-bit prefixes at a time
@@ -527,10 +508,12 @@ def _exclude_wordings(report: MiningReport, wordings: Iterable[Phrasing], reason
     """Count ``wordings`` as excluded by ``reason``, and their rows (a carried wording may have
     none in this window)."""
     wordings = list(wordings)
-    for counts, n in (
-        (report.excluded_phrasings, len(wordings)),
-        (report.excluded_rows, sum(w.hits for w in wordings)),
-    ):
+    _exclude_counted(report, len(wordings), sum(w.hits for w in wordings), reason)
+
+
+def _exclude_counted(report: MiningReport, wordings: int, rows: int, reason: str) -> None:
+    """Count ``wordings`` wordings and their ``rows`` log rows as excluded by ``reason``."""
+    for counts, n in ((report.excluded_phrasings, wordings), (report.excluded_rows, rows)):
         if n:
             _exclude(counts, reason, n)
 

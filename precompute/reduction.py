@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     import duckdb
     import pyarrow as pa
 
-    from precompute.clustering import Clusters
 
 _US_PER_DAY = 86_400_000_000
 READ_MEMORY_MB = 256  # DuckDB's memory once the wordings are reduced (reads spill past it)
@@ -103,23 +102,11 @@ class Wordings:
         finally:
             self._con.unregister("wanted_in")
 
-    def phrasings(self, clusters: Clusters) -> Iterator[list[Phrasing]]:
-        """Each cluster's wordings as ``Phrasing``s, in order: read back from the window's database
-        in that order (``Wordings.picked``), a batch of wordings at a time. What a cluster below k
-        holds goes with its batch (a million log rows: ~200,000 candidate wordings, a million kept
-        askers — built at once they held 800 MB)."""
-        rows = clusters.rows()
-        batches = (_phrasings(batch) for batch in self.picked(rows))
-        pending: list[Phrasing] = []
-        for members in clusters:
-            while len(pending) < len(members):
-                pending.extend(next(batches))
-            yield pending[: len(members)]
-            del pending[: len(members)]
 
-
-def _phrasings(batch: pa.Table) -> list[Phrasing]:
-    """``Phrasing``s of the wordings of ``batch`` (rows of ``Wordings.picked``), in order."""
+def phrasings_of(batch: pa.Table) -> list[Phrasing]:
+    """``Phrasing``s of the wordings of ``batch`` (rows of ``Wordings.picked``), in order: a
+    chunk of candidate clusters at a time (``kstep.py``; a million log rows: ~200,000 candidate
+    wordings, a million kept askers — built at once they held 800 MB)."""
     out = []
     for d in batch.to_pylist():
         users = {u["name"]: from_us(u["ts"]) for u in d["users"] or ()}

@@ -82,25 +82,48 @@ def safe_question(text: str, safe: set[str]) -> str | None:
     return question
 
 
-def publishable(
-    members: list[Phrasing], config: MiningConfig, taken: Container[str]
-) -> tuple[list[Phrasing], list[Phrasing], dict[str, int], bool]:
-    """What a cluster that reached k publishes: its k-safe wordings (every content token typed
-    by k of the cluster's askers who pass the crowd rule, ``config``), canonical first, or else a
-    question built from k-safe tokens, or else nothing (``no_k_safe_text``); the wordings held
-    back, with how many rare tokens each holds; and whether the canonical question was built.
-    ``taken``: keys in use, which a built question may not take."""
+def publishable_parts(
+    members: list[Phrasing], config: MiningConfig
+) -> tuple[list[Phrasing], list[Phrasing], dict[str, int], list[str]]:
+    """What a cluster that reached k may publish, but for the keys in use: its k-safe wordings
+    (every content token typed by k of the cluster's askers who pass the crowd rule,
+    ``config``), canonical first; the wordings held back, with how many rare tokens each holds;
+    and, when no wording is k-safe, the questions it may build from k-safe tokens, best first
+    (from the wording that loses the smallest share of its tokens; the most asked among
+    equals): the first whose key is free is its canonical question (``publishable``)."""
     evidence = Evidence.of(members)
     safe = evidence.safe(config)
     published = [m for m in members if evidence.tokens[m.key] <= safe]
     held_back = [m for m in members if not evidence.tokens[m.key] <= safe]
     rare = {m.key: len(evidence.tokens[m.key] - safe) for m in held_back}
     if published:
-        return published, held_back, rare, False
-    # the wording that loses the smallest share of its tokens; the most asked among equals
+        return published, held_back, rare, []
+    candidates = []
     for member in sorted(members, key=lambda m: rare[m.key] / len(evidence.tokens[m.key])):
         question = safe_question(member.question, safe)
-        if question is not None and key(question) not in taken:
-            built = Phrasing(key(question), normalize(question), question, set(), 0, {})
-            return [built], held_back, rare, True
-    return [], held_back, rare, False
+        if question is not None:
+            candidates.append(question)
+    return [], held_back, rare, candidates
+
+
+def built_question(candidates: Iterable[str], taken: Container[str]) -> Phrasing | None:
+    """The first of ``candidates`` (``publishable_parts``) whose key is not ``taken``, as the
+    cluster's built canonical question; None when every one's is."""
+    for question in candidates:
+        if key(question) not in taken:
+            return Phrasing(key(question), normalize(question), question, set(), 0, {})
+    return None
+
+
+def publishable(
+    members: list[Phrasing], config: MiningConfig, taken: Container[str]
+) -> tuple[list[Phrasing], list[Phrasing], dict[str, int], bool]:
+    """What a cluster that reached k publishes: its k-safe wordings, canonical first, or else a
+    question built from k-safe tokens whose key is not ``taken`` (keys in use), or else nothing
+    (``no_k_safe_text``); the wordings held back, with how many rare tokens each holds; and
+    whether the canonical question was built (``publishable_parts``, ``built_question``)."""
+    published, held_back, rare, candidates = publishable_parts(members, config)
+    if published:
+        return published, held_back, rare, False
+    built = built_question(candidates, taken)
+    return ([built] if built else []), held_back, rare, built is not None
