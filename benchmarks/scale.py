@@ -307,6 +307,38 @@ def child_rules(args: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def child_kstep(args: dict[str, Any]) -> dict[str, Any]:
+    """Mining's k step (rules 6-8, ``precompute/kstep.py``) on the candidate clusters of the
+    logs' window, on 1 and on 2 processes (forced, whatever their number): its seconds, the
+    clusters judged a second, the questions compared. No embedding (each wording its own
+    cluster): what is measured is the k step's cost per cluster and its speedup."""
+    import dataclasses
+
+    import precompute.mining
+    from base.logreader import read_log_tables
+    from base.store import open_store
+    from precompute.mining import mine
+
+    params = _params(Path(args["logs"]), Path(args["out"]))
+    config = params.config.mining
+    precompute.mining.MANY_WORDINGS = 0  # processes for any number of candidates
+    result: dict[str, Any] = {}
+    mined = {}
+    for workers in (1, 2):
+        tables = read_log_tables(open_store(params.logs_uri), params.since, params.until)
+        run = dataclasses.replace(config, rule_workers=workers)
+        hot, report = mine(tables, None, run, params.now)
+        seconds = report.seconds["k_and_text_rules"]
+        qualifying = report.qualifying_clusters
+        mined[workers] = [(h.key, h.users, round(h.score, 9)) for h in hot]
+        result[f"seconds_{workers}"] = round(seconds, 2)
+        result[f"qualifying_per_s_{workers}"] = round(qualifying / seconds, 1) if seconds else None
+        result.update(clusters=report.clusters, qualifying=qualifying, published=len(hot))
+    result["speedup"] = round(result["seconds_1"] / result["seconds_2"], 3)
+    result["same_questions"] = mined[1] == mined[2]
+    return result
+
+
 def _release_night(work: Path, n: int) -> Any:
     """The run parameters of a night whose logs hold ``n`` distinct questions, each asked by 5
     to 7 people, every one answered by an operator's answers file (no LLM time); logs and
@@ -631,6 +663,7 @@ CHILDREN = {
     "mine": child_mine,
     "aggregate": child_aggregate,
     "rules": child_rules,
+    "kstep": child_kstep,
     "release": child_release,
     "stage": child_stage,
     "night": lambda args: {"logs": _release_night(Path(args["work"]), int(args["n"])).logs_uri},
@@ -815,6 +848,12 @@ def main() -> None:
         "--rules", type=int, default=0, help="N: the text rules on N texts, 1 and 2 processes"
     )
     parser.add_argument(
+        "--kstep",
+        type=int,
+        default=0,
+        help="N: the k step on the candidate clusters of N log rows, 1 and 2 processes",
+    )
+    parser.add_argument(
         "--stages",
         default="",
         help="log rows (e.g. 300000,1000000,3000000): each stage of a night in its own process",
@@ -869,6 +908,10 @@ def main() -> None:
     if args.rules:
         logs = logs_for(work, max(sizes or [100_000]), args.seed)
         done("rules", run_child("rules", {"logs": str(logs), "texts": args.rules}))
+    if args.kstep:
+        logs = logs_for(work, args.kstep, args.seed)
+        kstep_out = work / f"kstep-{args.kstep}"
+        done("kstep", run_child("kstep", {"logs": str(logs), "out": str(kstep_out)}))
     if "mine" not in skip:
         mined = mine_sizes(sizes, work, args.seed, sizes[0] if sizes else None)
         done("mine", mined)
