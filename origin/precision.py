@@ -1,6 +1,6 @@
 """The precisions of the engine's weights: one registry entry each, the only place that names them.
 
-``none`` serves the weights as loaded (fp32 on a CPU, fp16 on CUDA); ``bf16``, ``int8``
+``none`` serves the weights as loaded (fp32 on a CPU, bf16 on CUDA); ``bf16``, ``int8``
 (weight-only) and ``w8a8`` (INT8 weights and activations, batch-invariant by construction: see
 ``docs/engine.md``) convert them when the engine is built; ``gguf`` (CPU) serves a model
 converted from a GGUF file from that file's own 4- and 8-bit blocks, bitwise the fp32 model's
@@ -14,7 +14,8 @@ engine itself always runs one of ``ENGINE_QUANTIZATIONS``.
 Each entry (``Precision``) declares what an engine builds for it: the weight format, the linear
 layer that multiplies on each kind of kernels (``Backend``) and so the devices it runs on, the
 runner's forward path on the fixed-order kernels, how it is batch-invariant, the LM head's
-precision, where its INT8 scales are calibrated, and whether ``auto`` may choose it. The runner
+precision, where its INT8 scales are calibrated, the dtype its weights load in on CUDA when not
+told, and whether ``auto`` may choose it. The runner
 (``origin/engine/runner.py``) and ``origin/engine/linear.py`` build from the entry, looked up
 once when an engine is built (``lookup``); nothing else compares these names.
 """
@@ -29,6 +30,7 @@ from typing import Final, Literal, get_args
 Quantization = Literal["auto", "none", "bf16", "int8", "w8a8", "gguf", "gguf-a8"]
 EngineQuantization = Literal["none", "bf16", "int8", "w8a8", "gguf", "gguf-a8"]
 Device = Literal["cpu", "cuda"]
+CudaDtype = Literal["bfloat16", "float16"]
 AUTO: Final = (
     "auto"  # a setting's word (resolved by origin/runtime.py), never an engine's precision
 )
@@ -37,7 +39,7 @@ AUTO: Final = (
 class WeightFormat(enum.Enum):
     """How a precision's weights are held."""
 
-    AS_LOADED = "the model's own dtype (fp32 on a CPU, fp16 on CUDA)"
+    AS_LOADED = "the model's own dtype (fp32 on a CPU, bf16 on CUDA)"
     BF16 = "bf16"
     INT8 = "INT8 per output channel, with activation-aware input scales where calibrated"
     GGUF_BLOCKS = "the GGUF file's own Q4_1/Q8_0 blocks (origin/engine/gguf_blocks.py)"
@@ -121,6 +123,9 @@ class Precision:
     invariance: Invariance
     head: EngineQuantization  # the LM head's precision (the GGUF entries: the file's own head)
     calibrated_on: tuple[Device, ...] = ()  # where INT8 scales are calibrated on prompts at load
+    # the dtype its weights are loaded in on CUDA when EDGEQA_DTYPE is auto: what its linears
+    # take there, so the weights land on the device as served (``origin.runtime.load_dtype``)
+    cuda_dtype: CudaDtype = "bfloat16"
     auto: Auto | None = None  # None: ``auto`` never chooses it
 
     def backend(self, device: str, batch_invariant: bool) -> Backend:
@@ -191,6 +196,7 @@ REGISTRY: tuple[Precision, ...] = (
         # an INT8 head cost greedy agreement at the logits (0.965 against 0.980), bf16 does not
         head="bf16",
         calibrated_on=("cpu",),  # bitsandbytes quantizes on its own
+        cuda_dtype="float16",  # LLM.int8 multiplies fp16 (its outlier columns too)
     ),
     Precision(
         "w8a8",

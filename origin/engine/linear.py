@@ -1,10 +1,11 @@
 """The engine's linear layers: dense (weights stored [in, out] for fast x @ W) and INT8.
 
 INT8 is "quantize offline, swap Linear at load" (gpt-fast). On CUDA it is bitsandbytes LLM.int8
-(outlier columns kept in fp16). On CPU it is weight-only INT8 with per-output-channel scales: the
-activations stay in floating point (bf16 into the kernel, fp32 around it), because this model's
-activation outliers make per-tensor activation quantization (``torch.ao`` dynamic quantization)
-agree with fp32 on under half of the greedy tokens. Norms and embeddings are never quantized.
+(outlier columns kept in fp16), quantized where the weights lie. On CPU it is weight-only INT8
+with per-output-channel scales: the activations stay in floating point (bf16 into the kernel,
+fp32 around it), because this model's activation outliers make per-tensor activation
+quantization (``torch.ao`` dynamic quantization) agree with fp32 on under half of the greedy
+tokens. Norms and embeddings are never quantized.
 
 Which class multiplies for a precision, on which kernels, is its registry entry's
 (``origin/precision.py``, ``Precision.linears``); ``make_linear`` builds it.
@@ -63,6 +64,7 @@ class DenseLinear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.bias = bias
         self.out_features = weight.shape[0]
+        self.dtype = weight.dtype
         self.packed: torch.nn.Module | None = None
         self.weight_split: torch.Tensor | None = None
         # [in, out]; on CPU replaced by the prepacked and split forms, which cover every row count
@@ -84,6 +86,8 @@ class DenseLinear:
                 self.weight_t = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != self.dtype:  # a bf16 LM head after fp16 layers (LLM.int8's, on CUDA)
+            return self(x.to(self.dtype)).to(x.dtype)
         if x.shape[0] == 1 and self.weight_split is not None:
             y = gemv_split(x, self.weight_split)
             return y if self.bias is None else y + self.bias
@@ -231,15 +235,14 @@ class Int8WeightOnlyLinear:
 
 
 class BnbInt8Linear:
-    """CUDA LLM.int8 (bitsandbytes): int8 weights, outlier features in fp16."""
+    """CUDA LLM.int8 (bitsandbytes): int8 weights, outlier features in fp16.
 
-    def __init__(
-        self,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        device: torch.device,
-        threshold: float = 6.0,
-    ) -> None:
+    The weight is quantized where it lies (on the device), as ``Int8Params`` quantizes on a move
+    from the host: row-wise absmax INT8 of its fp16 values. The layer is built on the meta device,
+    so ``Linear8bitLt`` allocates and initializes no fp32 weight of its own, and nothing of the
+    model goes through host memory."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, threshold: float = 6.0):
         import bitsandbytes as bnb
 
         out_features, in_features = weight.shape
@@ -249,13 +252,17 @@ class BnbInt8Linear:
             bias=bias is not None,
             has_fp16_weights=False,
             threshold=threshold,
+            device="meta",
         )
+        # int8 [out, in], scales [out] (fp32), on the weight's device
+        fp16 = weight.to(torch.float16).contiguous()
+        int8, scales, _ = bnb.functional.int8_vectorwise_quant(fp16)
         layer.weight = bnb.nn.Int8Params(
-            weight.to(torch.float16).cpu(), requires_grad=False, has_fp16_weights=False
+            int8, requires_grad=False, has_fp16_weights=False, CB=int8, SCB=scales
         )
         if bias is not None:
-            layer.bias = torch.nn.Parameter(bias.to(torch.float16).cpu(), requires_grad=False)
-        self.layer = layer.to(device)  # quantizes on the move to CUDA
+            layer.bias = torch.nn.Parameter(bias.to(torch.float16), requires_grad=False)
+        self.layer = layer
         self.out_features = out_features
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -405,7 +412,7 @@ _BUILDS: dict[LinearKind, _Build] = {
     LinearKind.DENSE: lambda w, b, f, c, _: _dense(w, b, f),
     LinearKind.BF16: lambda w, b, f, c, _: Bf16Linear(w, _float(b)),
     LinearKind.INT8_WEIGHT_ONLY: lambda w, b, f, c, _: Int8WeightOnlyLinear(w, _float(b), c),
-    LinearKind.LLM_INT8: lambda w, b, f, c, _: BnbInt8Linear(w, b, w.device),
+    LinearKind.LLM_INT8: lambda w, b, f, c, _: BnbInt8Linear(w, b),
     LinearKind.W8A8: lambda w, b, f, c, bits: W8A8Linear(w, _float(b), c, bits),
 }
 

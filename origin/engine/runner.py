@@ -5,6 +5,10 @@ PyTorch: fused QKV and gate/up weights stored [in, out], one GEMM per weight for
 step (prefill chunks and decode tokens together), batched decode attention over the slot cache, and
 weights in any precision of the registry (``origin/precision.py``: its entry says how they are
 built and which forward path a step takes). It matches transformers' logits (tests compare them).
+On CUDA it takes the model's weights over: each layer's projections are released from the model
+as soon as the runner's own linears are built from them, so the device never holds a layer's
+weights twice (a 7B in bf16 is 13.5 GB of a 24 GB A10G); the model it was given keeps its
+embedding and norms (the runner reads those in place) and no longer runs its own forward.
 ``HFRunner`` runs any other causal LM through its own forward with one transformers cache per
 slot: correct, not fast.
 """
@@ -13,8 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 import torch
 
@@ -85,24 +90,82 @@ def unsupported_reason(model: PreTrainedModel, max_len: int) -> str | None:
     return None
 
 
-def fused_projections(layer: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
-    """A decoder layer's weights [out, in] (and biases) as the runner multiplies them: q, k and v
-    stacked into one, gate and up into one."""
+# a decoder layer's weights [out, in] and biases as the runner multiplies them, by linear
+Fused = dict[str, tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def projections(layer: Any) -> dict[str, tuple[Any, ...]]:
+    """A decoder layer's projection modules by the runner's linear they make: q, k and v one,
+    gate and up one."""
     attn, mlp = layer.self_attn, layer.mlp
-    groups = {
+    return {
         "qkv": (attn.q_proj, attn.k_proj, attn.v_proj),
         "o": (attn.o_proj,),
         "gate_up": (mlp.gate_proj, mlp.up_proj),
         "down": (mlp.down_proj,),
     }
+
+
+def fused_projections(layer: Any) -> Fused:
+    """A decoder layer's weights [out, in] (and biases) as the runner multiplies them: q, k and v
+    stacked into one, gate and up into one."""
     fused = {}
-    for name, projections in groups.items():
-        weight = torch.cat([p.weight.detach() for p in projections])
+    for name, modules in projections(layer).items():
+        weight = torch.cat([p.weight.detach() for p in modules])
         bias = None
-        if projections[0].bias is not None:
-            bias = torch.cat([p.bias.detach() for p in projections])
+        if modules[0].bias is not None:
+            bias = torch.cat([p.bias.detach() for p in modules])
         fused[name] = (weight, bias)
     return fused
+
+
+def release_projections(layer: Any) -> None:
+    """Drop a decoder layer's projection weights and biases from its model (set to None, as
+    torch lets a registered parameter be): what a runner does on CUDA once its own are built."""
+    for modules in projections(layer).values():
+        for module in modules:
+            module.weight = None
+            if module.bias is not None:
+                module.bias = None
+
+
+class _FusedOnRead(Sequence[Fused]):
+    """The layers' fused weights (``fused_projections``), made each time a layer's are read and
+    never held: on CUDA, where all of them at once would be a second copy of the model."""
+
+    def __init__(self, layers: Any) -> None:
+        self.layers = layers
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    @overload
+    def __getitem__(self, index: int) -> Fused: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Fused]: ...
+
+    def __getitem__(self, index: int | slice) -> Fused | Sequence[Fused]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        return fused_projections(self.layers[index])
+
+
+class _FusedWeights(Mapping[tuple[int, str], torch.Tensor]):
+    """Every fused weight [out, in] by (layer, linear), read from ``fused`` when asked for."""
+
+    def __init__(self, fused: Sequence[Fused]) -> None:
+        self.fused = fused
+        self.names = [(i, name) for i in range(len(fused)) for name in _Layer.LINEARS]
+
+    def __getitem__(self, key: tuple[int, str]) -> torch.Tensor:
+        return self.fused[key[0]][key[1]][0]
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 def choose_backend(precision: Precision, device: str, batch_invariant: bool) -> Backend:
@@ -182,8 +245,15 @@ class LlamaRunner:
         self.eps = config.rms_norm_eps
         self.scale = self.head_dim**-0.5
         base: Any = model.model
+        # on CUDA the model's projections are fused a layer at a time and released once built
+        # (the module's docstring); a CPU model keeps them: one serves several engines there
+        self.takes_weights = self.device.type == "cuda"
         with torch.no_grad():
-            fused = [fused_projections(layer) for layer in base.layers]
+            fused: Sequence[Fused] = (
+                _FusedOnRead(base.layers)
+                if self.takes_weights
+                else [fused_projections(layer) for layer in base.layers]
+            )
         calibration = self._calibration(model, tokenizer, fused)
         with torch.no_grad():
             linears, lm_head = self._linears(model, fused, calibration)
@@ -219,7 +289,7 @@ class LlamaRunner:
         self,
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase | None,
-        fused: list[dict[str, tuple[torch.Tensor, torch.Tensor | None]]],
+        fused: Sequence[Fused],
     ) -> dict[tuple[int, str], torch.Tensor | None]:
         """Activation-aware INT8 scales per (layer, linear) where the precision calibrates on
         this device and a tokenizer is given; else none."""
@@ -227,30 +297,37 @@ class LlamaRunner:
             return {}
         from origin.engine.calibration import awq_scales
 
-        weights = {(i, n): w for i, group in enumerate(fused) for n, (w, _) in group.items()}
-        return awq_scales(model, tokenizer, weights, quantize_per_channel_int8)
+        return awq_scales(model, tokenizer, _FusedWeights(fused), quantize_per_channel_int8)
 
     def _linears(
         self,
         model: PreTrainedModel,
-        fused: list[dict[str, tuple[torch.Tensor, torch.Tensor | None]]],
+        fused: Sequence[Fused],
         calibration: dict[tuple[int, str], torch.Tensor | None],
     ) -> tuple[list[dict[str, Linear]], Linear]:
-        """Every layer's linears and the LM head, as the precision's entry builds them."""
+        """Every layer's linears and the LM head, as the precision's entry builds them; taking
+        the weights over (``takes_weights``), each layer's are released once its are built."""
         precision, backend = self.precision, self.backend
         head_weight = model.lm_head.weight.detach()
         if precision.weights.from_gguf_file:
             return _gguf_linears(model, fused, head_weight, precision)
-        layers: list[dict[str, Linear]] = [
-            {
-                name: make_linear(weight, bias, precision, backend, calibration.get((i, name)))
-                for name, (weight, bias) in group.items()
-            }
-            for i, group in enumerate(fused)
-        ]
+        base: Any = model.model
+        layers: list[dict[str, Linear]] = []
+        for i, group in enumerate(fused):
+            layers.append(
+                {
+                    name: make_linear(weight, bias, precision, backend, calibration.get((i, name)))
+                    for name, (weight, bias) in group.items()
+                }
+            )
+            del group  # the fused copies: only the linears built from them stay
+            if self.takes_weights:
+                release_projections(base.layers[i])
         head = make_linear(
             head_weight, None, lookup(precision.head), backend, act_bits=_HEAD_ACT_BITS
         )
+        if self.takes_weights and model.lm_head.weight is not base.embed_tokens.weight:
+            model.lm_head.weight = None  # a tied head is the embedding, which the runner reads
         return layers, head
 
     def _fused_forward(self) -> kernels.Forward:
@@ -349,7 +426,7 @@ def _packed(linear: Linear) -> kernels.PackedLinear:
 
 def _gguf_linears(
     model: PreTrainedModel,
-    fused: list[dict[str, tuple[torch.Tensor, torch.Tensor | None]]],
+    fused: Sequence[Fused],
     head_weight: torch.Tensor,
     precision: Precision,
 ) -> tuple[list[dict[str, Linear]], Linear]:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -247,3 +248,119 @@ def test_a_qwen2_folder_plugs_in_as_the_model_of_a_chinese_profile(
     assert profile.name.startswith("tiny-qwen2-zh-zh-")
     assert profile.inputs["model"] == str(folder) and profile.inputs["language"] == "zh"
     assert profile.inputs["embedder"] == "multilingual"
+
+
+def _llama_2_7b_folder(folder: Path) -> Path:
+    """Llama-2-7B's config (hidden 4096, 32 layers, intermediate 11008, vocab 32000) and a small
+    tokenizer with a chat template: a model folder without its weights."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig
+
+    LlamaConfig(
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+    ).save_pretrained(folder)
+    words = ["<unk>", "<s>", "</s>", "user", "assistant", "hello"]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    template = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}assistant"
+    named = {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": template}
+    named.update(bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    (folder / "tokenizer_config.json").write_text(json.dumps(named))
+    return folder
+
+
+def test_a_7b_loads_for_the_nightly_engine_on_cuda_without_a_host_copy(tmp_path: Path) -> None:
+    """Issue 47: a 7B on an A10G (24 GB) from a pod of 12 GiB. The nightly engine on CUDA (stood
+    in for by the meta device, ``tests/origin/cuda_load_probe.py``) asks transformers for the
+    serving dtype (bf16, not the fp32 it quantized from before: 27 GB) straight on the device;
+    nothing is copied from host memory to the device and no host tensor is made; the process
+    grows by megabytes, under an address-space cap that a host copy would run into; and once the
+    runner is built, no projection of the model (nor its LM head) is held anywhere, in dense
+    bf16 as in INT8 quantized on the device (w8a8)."""
+    folder = _llama_2_7b_folder(tmp_path / "llama-2-7b")
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.origin.cuda_load_probe", str(folder)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["asked"] == [{"dtype": "torch.bfloat16", "device_map": "cuda"}]
+    assert report["model_dtype"] == "torch.bfloat16" and report["linear"] == "DenseLinear"
+    assert report["to_device_bytes"] == 0 and report["largest_host_tensor_bytes"] == 0
+    # 6.6e9 parameters: the runner serves 13.2 GB of bf16 weights (the embedding aside)
+    assert 13.0e9 < report["served_weight_bytes"] < 13.5e9
+    assert report["peak_rss_growth_bytes"] < 1 << 30  # a host copy: 13.5 GB (bf16), 27 (fp32)
+    assert report["projections"] == 32 * 7 + 1 and report["projections_held"] == 0
+    assert report["w8a8"] == {
+        "linear": "W8A8Linear",
+        "projections": 2 * 7 + 1,
+        "projections_held": 0,
+    }
+
+
+def test_on_cuda_auto_loads_the_dtype_the_precision_serves() -> None:
+    """``EDGEQA_DTYPE=auto``: bf16 on CUDA (fp16 for LLM.int8, which multiplies fp16), fp32 on a
+    CPU as before; a dtype asked for is kept."""
+    from origin.config import EngineSettings
+    from origin.model import resolve_dtype
+    from origin.runtime import load_dtype
+
+    def settings(**values: str) -> EngineSettings:
+        return EngineSettings.from_env({f"EDGEQA_{k.upper()}": v for k, v in values.items()})
+
+    assert load_dtype(settings(), "cuda") == "bfloat16"
+    assert load_dtype(settings(quantization="none"), "cuda:1") == "bfloat16"
+    assert load_dtype(settings(quantization="w8a8"), "cuda") == "bfloat16"
+    assert load_dtype(settings(quantization="int8"), "cuda") == "float16"
+    assert load_dtype(settings(quantization="int8", dtype="float32"), "cuda") == "float32"
+    assert load_dtype(settings(quantization="int8"), "cpu") == "auto"
+    assert resolve_dtype("auto", "cpu") == torch.float32
+    assert resolve_dtype("auto", "cuda") == torch.bfloat16
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quantization", ["none", "int8"])
+def test_a_cuda_engine_holds_the_model_s_weights_once(
+    model_cache_dir: Path, quantization: str
+) -> None:
+    """On a real GPU: the engine built from settings loads the dtype its precision serves, takes
+    the model's projections over (none left in the model), and the device holds about what the
+    runner serves, the embedding and the KV cache, not the model's weights beside them."""
+    from origin.config import EngineSettings
+    from origin.engine.runner import projections
+    from origin.runtime import build_engine
+
+    settings = EngineSettings.from_env(
+        {
+            "EDGEQA_CACHE_DIR": str(model_cache_dir),
+            "EDGEQA_DEVICE": "cuda",
+            "EDGEQA_QUANTIZATION": quantization,
+            "EDGEQA_MAX_NUM_SEQS": "4",
+            "EDGEQA_MAX_MODEL_LEN": "256",
+        }
+    )
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    engine = build_engine(settings)
+    model: Any = engine.model
+    assert model.dtype == (torch.float16 if quantization == "int8" else torch.bfloat16)
+    modules = [m for layer in model.model.layers for ms in projections(layer).values() for m in ms]
+    assert all(m.weight is None for m in modules)
+    embed = model.model.embed_tokens.weight
+    served = engine.runner.weight_bytes + embed.numel() * embed.element_size()
+    held = torch.cuda.memory_allocated() - before - engine.runner.cache.bytes
+    assert held < 1.2 * served, (held, served)
+    question = ["What is the capital of France?"]
+    result = engine.generate_many(question, SamplingParams(max_tokens=24), progress=False)
+    assert "Paris" in result[0].text

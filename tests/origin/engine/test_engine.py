@@ -227,7 +227,7 @@ def test_engine_from_environment(model_cache_dir) -> None:  # type: ignore[no-un
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("quantization", ["none", "int8"])
-def test_cuda_engine_fp16_and_llm_int8(model_cache_dir, quantization: str) -> None:  # type: ignore[no-untyped-def]
+def test_cuda_engine_bf16_and_llm_int8(model_cache_dir, quantization: str) -> None:  # type: ignore[no-untyped-def]
     from origin.model import load_model
 
     model, tokenizer = load_model("embedded", device="cuda", cache_dir=model_cache_dir)
