@@ -309,33 +309,60 @@ def child_rules(args: dict[str, Any]) -> dict[str, Any]:
 
 def child_kstep(args: dict[str, Any]) -> dict[str, Any]:
     """Mining's k step (rules 6-8, ``precompute/kstep.py``) on the candidate clusters of the
-    logs' window, on 1 and on 2 processes (forced, whatever their number): its seconds, the
-    clusters judged a second, the questions compared. No embedding (each wording its own
-    cluster): what is measured is the k step's cost per cluster and its speedup."""
+    logs' window: the window mined once (no embedding: each wording its own cluster), the chunks
+    of candidate clusters it judged kept, then judged again ``repeat`` times over on 1 and on 2
+    processes: candidate clusters a second each, the speedup, the judgements compared."""
     import dataclasses
 
+    import precompute.kstep
     import precompute.mining
     from base.logreader import read_log_tables
     from base.store import open_store
     from precompute.mining import mine
 
     params = _params(Path(args["logs"]), Path(args["out"]))
-    config = params.config.mining
-    precompute.mining.MANY_WORDINGS = 0  # processes for any number of candidates
-    result: dict[str, Any] = {}
-    mined = {}
+    config = dataclasses.replace(params.config.mining, rule_workers=1)
+    chunks: list[Any] = []
+
+    def kept(found: Any, config: Any, now: Any, workers: int = 1) -> Any:
+        chunks.extend(found)
+        return precompute.kstep.judge_all(chunks, config, now, workers)
+
+    precompute.mining.judge_all = kept  # type: ignore[assignment]
+    tables = read_log_tables(open_store(params.logs_uri), params.since, params.until)
+    hot, report = mine(tables, None, config, params.now)
+    work = chunks * int(args.get("repeat", 20))
+    clusters = sum(len(sizes) for _, sizes in work)
+    result: dict[str, Any] = {
+        "mined_k_step_s": round(report.seconds["k_and_text_rules"], 2),
+        "candidate_clusters": sum(len(sizes) for _, sizes in chunks),
+        "qualifying": report.qualifying_clusters,
+        "published": len(hot),
+        "judged": clusters,
+    }
+    judged = {}
     for workers in (1, 2):
-        tables = read_log_tables(open_store(params.logs_uri), params.since, params.until)
-        run = dataclasses.replace(config, rule_workers=workers)
-        hot, report = mine(tables, None, run, params.now)
-        seconds = report.seconds["k_and_text_rules"]
-        qualifying = report.qualifying_clusters
-        mined[workers] = [(h.key, h.users, round(h.score, 9)) for h in hot]
+        began = time.perf_counter()
+        judged[workers] = [
+            (j.status, j.users, j.score, [p.key for p in j.published], j.candidates)
+            for j in precompute.kstep.judge_all(work, config, params.now, workers)
+        ]
+        seconds = time.perf_counter() - began
         result[f"seconds_{workers}"] = round(seconds, 2)
-        result[f"qualifying_per_s_{workers}"] = round(qualifying / seconds, 1) if seconds else None
-        result.update(clusters=report.clusters, qualifying=qualifying, published=len(hot))
+        result[f"clusters_per_s_{workers}"] = round(clusters / seconds, 1)
     result["speedup"] = round(result["seconds_1"] / result["seconds_2"], 3)
-    result["same_questions"] = mined[1] == mined[2]
+    result["same_judgements"] = judged[1] == judged[2]
+    # what the mining process itself pays a cluster on processes (the judgements' transfer back:
+    # on any number of them, the k step judges no faster than this process takes them in)
+    import pickle
+
+    sent = [pickle.dumps(precompute.kstep.judge_chunk(b, s, config, params.now)) for b, s in chunks]
+    began = time.perf_counter()
+    for blob in sent:
+        pickle.loads(blob)
+    taken = time.perf_counter() - began
+    result["taken_back_clusters_per_s"] = round(result["candidate_clusters"] / taken, 1)
+    result["taken_back_bytes_per_cluster"] = sum(map(len, sent)) // result["candidate_clusters"]
     return result
 
 

@@ -14,11 +14,16 @@ def recency_weight(ts: datetime, now: datetime, half_life_days: float) -> float:
     return math.pow(0.5, max((now - ts).total_seconds(), 0.0) / 86400 / half_life_days)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def to_us(ts: datetime) -> int:
     """Microseconds since the epoch (UTC), exactly."""
-    delta = as_utc(ts) - datetime(1970, 1, 1, tzinfo=UTC)
+    delta = as_utc(ts) - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 def from_us(value: int) -> datetime:
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=value)
+    """The instant ``value`` microseconds after the epoch (UTC), exactly (the k step converts
+    every kept asker's: the epoch is made once)."""
+    return _EPOCH + timedelta(microseconds=value)

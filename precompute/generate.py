@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from base.errors import EdgeQAError
 from base.languages import DEFAULT_LANGUAGE
 from base.store import ObjectNotFoundError
 from origin.config import EngineSettings
@@ -134,15 +135,23 @@ def nightly_engine(
 ) -> Engine:
     """The engine the nightly job answers with: the origin's, sized for short questions, greedy,
     without speculation (it pays only at batch 1-2), in the run's precision — quantized from
-    float32 weights on a CPU, and on CUDA from the weights loaded straight onto the device in
-    the dtype the precision serves (``origin.runtime.load_dtype``: bf16, LLM.int8's fp16; a 7B
-    in fp32 fits neither an A10G nor the host), unless ``EDGEQA_DTYPE`` says otherwise."""
+    float32 weights unless ``EDGEQA_DTYPE`` names another dtype, which the release's profile
+    then names too. On CUDA the dtype must be named (``bfloat16``; ``float16`` for int8, as
+    ``origin.runtime.load_dtype`` says): the weights are loaded in it straight onto the device
+    (a 7B in fp32 fits neither an A10G nor the host), and ``auto`` would leave the profile
+    saying float32 for answers made from bf16 weights."""
     from origin.model import resolve_device
-    from origin.runtime import build_engine
+    from origin.runtime import build_engine, load_dtype
 
     on_cuda = model is None and resolve_device(settings.device).startswith("cuda")
+    if on_cuda and settings.dtype == "auto":
+        serving = load_dtype(settings.replace(quantization=quantization), "cuda")
+        raise EdgeQAError(
+            f"the nightly engine on CUDA needs EDGEQA_DTYPE named ({serving} for {quantization}):"
+            " its weights are loaded in it on the device, and the release's profile names it"
+        )
     nightly = settings.replace(
-        dtype="float32" if settings.dtype == "auto" and not on_cuda else settings.dtype,
+        dtype="float32" if settings.dtype == "auto" else settings.dtype,
         quantization=quantization,
         speculative="none",
         max_model_len=min(settings.max_model_len, PROMPT_TOKENS + settings.max_tokens),

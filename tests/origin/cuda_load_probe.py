@@ -116,7 +116,9 @@ def main(folder: Path) -> dict[str, Any]:
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
     before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     environ = {"EDGEQA_CACHE_DIR": str(folder.parent / "cache")}
-    settings = EngineSettings.from_env(environ, model=str(folder), device="cuda", max_num_seqs=64)
+    settings = EngineSettings.from_env(
+        environ, model=str(folder), device="cuda", dtype="bfloat16", max_num_seqs=64
+    )
     with CudaOnMeta() as cuda:
         engine = nightly_engine(settings, "none")
         runner: Any = engine.runner

@@ -309,6 +309,23 @@ def test_a_7b_loads_for_the_nightly_engine_on_cuda_without_a_host_copy(tmp_path:
     }
 
 
+def test_the_nightly_engine_on_cuda_needs_the_dtype_its_profile_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``auto`` on CUDA loads bf16 (fp16 for int8) where the profile would say float32: the
+    nightly engine asks for the dtype to be named, saying which, before anything loads."""
+    import origin.model
+    from base.errors import EdgeQAError
+    from origin.config import EngineSettings
+    from precompute.generate import nightly_engine
+
+    monkeypatch.setattr(origin.model, "resolve_device", lambda device: "cuda")
+    with pytest.raises(EdgeQAError, match=r"EDGEQA_DTYPE named \(float16 for int8\)"):
+        nightly_engine(EngineSettings.from_env({}), "int8")
+    with pytest.raises(EdgeQAError, match=r"EDGEQA_DTYPE named \(bfloat16 for none\)"):
+        nightly_engine(EngineSettings.from_env({}), "none")
+
+
 def test_on_cuda_auto_loads_the_dtype_the_precision_serves() -> None:
     """``EDGEQA_DTYPE=auto``: bf16 on CUDA (fp16 for LLM.int8, which multiplies fp16), fp32 on a
     CPU as before; a dtype asked for is kept."""
