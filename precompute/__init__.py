@@ -5,10 +5,10 @@ config.py      the nightly job's settings and run options
 mining.py      the hot questions (with logwindow.py: the window in DuckDB; reduction.py: one
                row per wording, kept there; textrules.py: the text rules once per distinct
                text; carry.py: the parent run's evidence; clustering.py; kstep.py: rules
-               6-8 per cluster, on processes; safetext.py: token-level k; asks.py: an ask's time; questions.py: a mined question and its
-               wordings; spill.py: the questions found and the cluster report kept on local
-               disk, read back ranked; nightcache.py and vectorcache.py: the verdicts and
-               vectors kept across nights)
+               6-8 per cluster, on processes; safetext.py: token-level k; asks.py: an ask's
+               time; questions.py: a mined question and its wordings; spill.py: the
+               questions found and the cluster report kept on local disk, read back ranked;
+               nightcache.py and vectorcache.py: the verdicts and vectors kept across nights)
 curated.py     the operator's answers
 generate.py    answering the hot questions, partition by partition
 fleet/         where the model stages run (Ray, local or a GPU fleet), and jobs.py: each

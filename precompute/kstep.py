@@ -13,8 +13,9 @@ The wordings go to the processes as they come out of the window's database (``Wo
 Arrow tables of whole clusters (``cluster_chunks``, ``CHUNK_WORDINGS`` wordings or so), each
 turned into ``Phrasing``s and judged there (``judge_chunk``), at most two chunks a process in
 flight; the judgements come back in order. Processes are started (spawned: the mining process
-holds DuckDB's and torch's threads) only for more than ``MANY_WORDINGS`` candidate wordings;
-fewer are judged in this process, with the same functions.
+holds DuckDB's and torch's threads) only for more than ``MANY_WORDINGS`` candidate wordings and
+``MIN_PROCESSES`` CPUs or more; else the clusters are judged in this process, with the same
+functions.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ if TYPE_CHECKING:
 CHUNK_WORDINGS = 4096
 # candidate wordings from which the k step starts processes (fewer: this process judges them)
 MANY_WORDINGS = 50_000
+# the fewest processes worth starting: the mining process takes every judgement back (4.5 KB a
+# cluster of the synthetic logs: 22,707 clusters/s, against 4,593 judged/s by one process), so on
+# 2 CPUs two processes judged no faster than one (0.92x, ``scale.py --kstep 300000``)
+MIN_PROCESSES = 4
 
 
 @dataclass

@@ -90,7 +90,7 @@ from precompute.clustering import (
     local_encoder,
 )
 from precompute.config import MiningConfig
-from precompute.kstep import MANY_WORDINGS, cluster_chunks, judge_all
+from precompute.kstep import MANY_WORDINGS, MIN_PROCESSES, cluster_chunks, judge_all
 from precompute.logwindow import LogWindow, WindowCounts
 from precompute.nightcache import NightCache, NightCaches, check_verdicts
 from precompute.questions import HotQuestion, Phrasing, askers_count, held_back_rows
@@ -401,6 +401,7 @@ def _qualifying(
     crowds = signed_crowds = 0
     wordings = len(candidates.rows())
     workers = config.workers() if wordings > MANY_WORDINGS else 1
+    workers = workers if workers >= MIN_PROCESSES else 1
     chunks = cluster_chunks(table.picked(candidates.rows()), (len(m) for m in candidates))
     for judged in judge_all(chunks, config, now, workers):
         if judged.status == "below_k":

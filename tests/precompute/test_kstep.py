@@ -58,6 +58,7 @@ def test_the_k_step_on_processes_mines_what_one_process_mines(
 
     monkeypatch.setattr(precompute.mining, "judge_all", spied)
     monkeypatch.setattr(precompute.mining, "MANY_WORDINGS", 0)  # processes for any night
+    monkeypatch.setattr(precompute.mining, "MIN_PROCESSES", 2)  # on CI's 2 CPUs too
     monkeypatch.setattr(precompute.kstep, "CHUNK_WORDINGS", 5)  # many chunks, in flight at once
     many = _mined(*mine(rows, embedder, dataclasses.replace(config, rule_workers=2), NOW))
     assert used == [2]
