@@ -94,8 +94,11 @@ module "airflow" {
   vpc_id             = var.vpc_id
   private_subnet_ids = slice(var.private_subnet_ids, 0, 2)
   kms_key_arn        = module.storage.kms_key_arn
-  # the DAG's one setting: the Jobs API its tasks submit their stages to (EDGEQA_RAY_JOBS_ADDRESS)
+  # the DAG's settings: the Jobs API its tasks submit their stages to (EDGEQA_RAY_JOBS_ADDRESS)
+  # and the Ray resource mine's, build's and validate's jobs ask for, so that their drivers run
+  # on a CPU worker (EDGEQA_RAY_CPU_RESOURCE)
   ray_jobs_address = module.ray.dashboard_address
+  ray_cpu_resource = module.ray.cpu_worker_resource
   # the DAG and the project's packages it imports (uploaded to the DAG bucket)
   source_root = "${path.root}/../.."
 }
@@ -122,7 +125,9 @@ module "ray" {
   bucket_arn                = module.storage.bucket_arn
   bucket_name               = module.storage.bucket_name
   kms_key_arn               = module.storage.kms_key_arn
-  # the stages' drivers on the head sign releases and pointers (the workers cannot)
-  signing_key_arn    = module.signing.key_arn
-  log_retention_days = var.log_retention_days
+  # publish's driver on the head signs releases and pointers (the workers cannot); the CPU
+  # workers' drivers verify what they read with the public half
+  signing_key_arn     = module.signing.key_arn
+  release_public_keys = module.signing.public_key
+  log_retention_days  = var.log_retention_days
 }

@@ -141,9 +141,9 @@ variable "ray_gpu_max_nodes" {
 }
 
 variable "ray_cpu_instance_types" {
-  description = "Instance types of the Ray CPU workers' node groups (spot, with on-demand as the fallback) for mining, build and publish: r6i/r7i of 64 vCPU and 512 GiB or more, smallest first."
+  description = "Instance types of the Ray CPU workers' node groups (spot, with on-demand as the fallback), where mine's, build's and validate's drivers run: 192 vCPU and 1,536 GiB (the worker pod and DuckDB's budget are sized for it, docs/capacity.md); the first is the Cluster Autoscaler's template."
   type        = list(string)
-  default     = ["r6i.16xlarge", "r7i.16xlarge", "r6i.24xlarge", "r7i.24xlarge"]
+  default     = ["r7i.48xlarge", "r6a.48xlarge"]
 }
 
 variable "ray_cpu_max_nodes" {

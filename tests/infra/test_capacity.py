@@ -98,3 +98,56 @@ def test_the_table_reader_sees_one_side_changed() -> None:
     except AssertionError:
         return
     raise AssertionError("a second machine table went unnoticed")
+
+
+def cpu_worker(text: str) -> dict[str, Any]:
+    """What the plan says of the CPU worker: its pod (the ``cpu_spot`` row), DuckDB's budget, the
+    volume, and each listed type's published shape."""
+    rows = {row["node group"].strip("`"): row for row in machine_table(text)}
+    pod = re.search(r"one ([\d,]+)-CPU / ([\d,]+) GiB worker a node", rows["cpu_spot"]["role"])
+    budget = re.search(r"`EDGEQA_MINING_MEMORY_MB=([\d,]+)`", text)
+    volume = re.search(r"Its root volume is\s+([\d,]+) GiB gp3", text)
+    assert pod and budget and volume, "the plan names the CPU worker's pod, budget and volume"
+    types = [t.strip(" `") for t in rows["cpu_spot"]["instance types"].split(",")]
+    shapes = {}
+    for t in types:
+        found = re.search(rf"^\| {re.escape(t)} \((\d+) vCPU, ([\d,]+) GiB\)", text, re.MULTILINE)
+        assert found, f"the plan publishes no price row for {t}"
+        shapes[t] = {"vcpu": int(found.group(1)), "gib": int(found.group(2).replace(",", ""))}
+    number = lambda s: int(s.replace(",", ""))  # noqa: E731
+    return {
+        "cpu": number(pod.group(1)),
+        "memory": f"{number(pod.group(2))}Gi",
+        "budget_mb": number(budget.group(1)),
+        "volume_gib": number(volume.group(1)),
+        "shapes": shapes,
+    }
+
+
+def test_the_plans_cpu_worker_is_the_pod_budget_and_volume_terraform_sets(
+    parsed: dict[str, Any],  # noqa: F811
+) -> None:
+    plan = cpu_worker(PLAN.read_text())
+    variables = {k: v for b in parsed["modules/ray/variables.tf"]["variable"] for k, v in b.items()}
+
+    def default(name: str) -> Any:
+        return _one(variables[name]["default"])
+
+    assert plan["cpu"] == default("cpu_worker_cpu")
+    assert plan["memory"] == default("cpu_worker_memory")
+    assert plan["budget_mb"] == default("cpu_mining_memory_mb")
+    assert plan["volume_gib"] == default("cpu_volume_size")
+    # the shapes the plan prices are the ones the module checks the pod against
+    module_shapes = _one(_one(parsed[RAY]["locals"])["cpu_shapes"])
+    for t, shape in plan["shapes"].items():
+        assert module_shapes[t] == shape, t
+
+
+def test_the_cpu_worker_reader_sees_one_side_changed() -> None:
+    text = PLAN.read_text()
+    plan = cpu_worker(text)
+    changed = text.replace(f"one {plan['cpu']}-CPU", f"one {plan['cpu'] + 4}-CPU", 1).replace(
+        "`EDGEQA_MINING_MEMORY_MB=", "`EDGEQA_MINING_MEMORY_MB=9", 1
+    )
+    after = cpu_worker(changed)
+    assert after["cpu"] != plan["cpu"] and after["budget_mb"] != plan["budget_mb"]

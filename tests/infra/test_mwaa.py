@@ -139,3 +139,31 @@ def test_the_airflow_module_uploads_the_requirements_with_their_version(
     assert _one(code["kms_key_id"]) == "${var.kms_key_arn}"
     root = {k: v for b in parsed["main.tf"]["module"] for k, v in b.items()}
     assert _one(root["airflow"]["source_root"]) == "${path.root}/../.."
+
+
+def test_the_dags_tasks_send_mine_build_and_validate_to_the_cpu_workers(
+    parsed: dict[str, Any],  # noqa: F811
+) -> None:
+    """MWAA's startup script gives the tasks EDGEQA_RAY_CPU_RESOURCE, the ray module's CPU worker
+    resource; with it the DAG's jobs of mine, build and validate ask for one of it (their drivers
+    on a CPU worker), generate, publish and prune for none (the head)."""
+    from precompute.config import PrecomputeSettings
+    from precompute.fleet.jobs import stage_resources
+
+    startup = _blocks(parsed, "modules/airflow/main.tf", "resource", "aws_s3_object")["startup"]
+    script = _one(startup["content"])
+    assert "export EDGEQA_RAY_CPU_RESOURCE='${var.ray_cpu_resource}'" in script
+    assert "EDGEQA_RAY_CPU_RESOURCE" in set(PrecomputeSettings.variables())
+    root = {k: v for b in parsed["main.tf"]["module"] for k, v in b.items()}
+    assert _one(root["airflow"]["ray_cpu_resource"]) == "${module.ray.cpu_worker_resource}"
+    outputs = {k: v for b in parsed["modules/ray/outputs.tf"]["output"] for k, v in b.items()}
+    value = _one(outputs["cpu_worker_resource"]["value"])
+    assert value == "${one(keys(local.cpu_worker_resource))}"
+    ray_locals = _one(parsed["modules/ray/main.tf"]["locals"])
+    (resource,) = _one(ray_locals["cpu_worker_resource"])  # the one key the output names
+    assert _one(ray_locals["cpu_worker_resource"]) == {resource: 1}
+    assert re.fullmatch(r"[A-Za-z0-9_]{1,64}", resource)
+    for stage in ("mine", "build", "validate"):
+        assert stage_resources(stage, resource) == {resource: 1.0}, stage
+    for stage in ("generate", "publish", "prune"):
+        assert stage_resources(stage, resource) == {}, stage

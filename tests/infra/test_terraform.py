@@ -283,14 +283,15 @@ def test_the_ray_fleet_is_private_scales_its_gpus_from_zero_and_its_head_runs_th
         {"s3:GetObject"},
         {"${var.bucket_arn}/*/revocations.json"},
     )
-    # its own service account and role; the workers keep theirs
+    # its own service account and role; the GPU and CPU workers keep theirs
     accounts = _blocks(parsed, ray, "resource", "kubernetes_service_account_v1")
-    assert set(accounts) == {"ray", "head"}
-    for account, role in (("head", "ray_head"), ("ray", "ray")):
+    assert set(accounts) == {"ray", "head", "cpu"}
+    for account, role in (("head", "ray_head"), ("ray", "ray"), ("cpu", "ray_cpu")):
         annotations = _one(_one(accounts[account]["metadata"])["annotations"])
         assert annotations["eks.amazonaws.com/role-arn"] == f'${{aws_iam_role.irsa["{role}"].arn}}'
     assert "'serviceAccountName': '${local.head_service_account}'" in values
     assert "'serviceAccountName': '${local.service_account}'" in values
+    assert "'serviceAccountName': '${local.cpu_service_account}'" in values
     # the drivers' settings are the head's; no secret value (the key stays in KMS)
     for setting in (
         "{'name': 'EDGEQA_SIGNING_KMS_KEY', 'value': '${var.signing_key_arn}'}",

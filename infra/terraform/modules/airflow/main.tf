@@ -3,8 +3,10 @@
 # (MWAA needs a versioned bucket of its own). No stage runs on a worker: each
 # task submits its stage as a Ray Job to the Ray cluster (modules/ray) over the head's Jobs API,
 # at the address the startup script exports as EDGEQA_RAY_JOBS_ADDRESS (the head's internal NLB,
-# 8265), and follows it. The stages' drivers run on the head with its own role, so the execution
-# role has MWAA's own needs only: no access to the store, no kms:Sign.
+# 8265), and follows it; mine's, build's and validate's jobs ask for the Ray resource the script
+# exports as EDGEQA_RAY_CPU_RESOURCE (cpu_worker), so their drivers run on a CPU worker. The
+# stages' drivers run on the Ray pods with their own roles, so the execution role has MWAA's own
+# needs only: no access to the store, no kms:Sign.
 
 resource "aws_s3_bucket" "dags" {
   bucket = "${var.name}-dags-${var.account_id}"
@@ -97,11 +99,13 @@ resource "aws_s3_object" "startup" {
   bucket     = aws_s3_bucket.dags.id
   key        = "startup.sh"
   kms_key_id = var.kms_key_arn
-  # the DAG's one setting: where its tasks submit their stages (the signing key, the GPU ceiling
-  # and the store access are the Ray head's, where the stages run)
+  # the DAG's settings: where its tasks submit their stages, and the Ray resource the CPU stages'
+  # jobs (mine, build, validate) ask for so that their drivers run on a CPU worker (the signing
+  # key, the GPU ceiling and the store access are the Ray pods', where the stages run)
   content = <<-SH
     #!/bin/sh
     export EDGEQA_RAY_JOBS_ADDRESS='${var.ray_jobs_address}'
+    export EDGEQA_RAY_CPU_RESOURCE='${var.ray_cpu_resource}'
   SH
 }
 

@@ -55,6 +55,15 @@ variable "ray_jobs_address" {
   }
 }
 
+variable "ray_cpu_resource" {
+  description = "The Ray resource the cluster's CPU workers carry (the ray module's cpu_worker_resource): the workers' EDGEQA_RAY_CPU_RESOURCE, which mine's, build's and validate's jobs ask for so that their drivers run on a CPU worker."
+  type        = string
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_]{1,64}$", var.ray_cpu_resource))
+    error_message = "ray_cpu_resource must be a Ray resource name (letters, digits, underscores)."
+  }
+}
+
 variable "source_root" {
   description = "The repository's root (the DAG in dags/, the project's packages beside it): uploaded to the DAG bucket."
   type        = string

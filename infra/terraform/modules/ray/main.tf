@@ -1,23 +1,27 @@
-# The nightly job's GPU fleet: a Ray cluster on EKS (KubeRay) that runs every stage of the night.
+# The nightly job's fleet: a Ray cluster on EKS (KubeRay) that runs every stage of the night.
 # Each task of the DAG submits its stage as a Ray Job to the head's Jobs API
 # (EDGEQA_RAY_JOBS_ADDRESS = http://<internal NLB>:8265) and follows it; the Airflow worker runs
-# no stage and holds no store access. The job's driver (`edgeqa precompute stage ...`) runs on
-# the head pod, which therefore holds the nightly job's identity: it writes the work areas and
-# the releases, flips current.json and signs with the release key (its own service account and
-# role, ray_head). The head has no CPU slot (num-cpus 0): the model stages (embedding the
+# no stage and holds no store access. Where a job's driver (`edgeqa precompute stage ...`) runs:
+# mine, build and validate ask for the CPU workers' custom resource (EDGEQA_RAY_CPU_RESOURCE =
+# cpu_worker, which the DAG's tasks get from the airflow module's startup script), so their
+# drivers run on a CPU worker pod, with that group's role (ray_cpu: the logs, the work areas and
+# the caches across nights, the releases and the answer objects; never current.json, the
+# revocation list or the signing key); generate, publish and prune run on the head pod, which
+# holds the nightly job's publishing identity (ray_head: it flips current.json and signs with
+# the release key). The head has no CPU slot (num-cpus 0): the model stages (embedding the
 # wordings, generating answers) are Ray Data jobs whose actors, one engine each, one per GPU, run
-# on the GPU workers, whose narrower role (ray, the CPU workers' too) may read the logs and the
-# model weights and read and write the work areas only: the actors' pods cannot sign or publish with their own role (code on the cluster
-# can still reach the head's: docs/security.md, known weaknesses).
+# on the GPU workers, whose narrower role (ray) may read the logs and the model weights and read
+# and write the work areas only: the actors' pods cannot sign or publish with their own role
+# (code on the cluster can still reach the head's: docs/security.md, known weaknesses).
 #
 # GPUs scale from zero and back: Ray's autoscaler (in-tree, a sidecar of the head) adds a worker
 # pod per GPU the actor pools ask for, up to max_replicas; the Cluster Autoscaler grows a GPU node
 # group (min 0) for the pods that are pending and removes the nodes once the idle workers are gone.
-# The same for the CPU worker group (large-memory r6i/r7i: mining, build, publish), whose Ray
-# workers carry the custom resource cpu_worker. Each pool is two node groups, spot and on-demand,
-# with the same labels and taints: the Cluster Autoscaler's priority expander tries the spot group
-# first and falls back to the on-demand one when spot gives no node within max-node-provision-time
-# (docs/capacity.md prices both). Between nights only the control plane, one small CPU node (the
+# The same for the CPU worker group (large-memory r7i/r6a, one pod a node: the drivers of mine,
+# build and validate), whose Ray workers carry the custom resource cpu_worker. Each pool is two
+# node groups, spot and on-demand, with the same labels and taints: the Cluster Autoscaler's
+# priority expander tries the spot group first and falls back to the on-demand one when spot
+# gives no node within max-node-provision-time (docs/capacity.md prices both). Between nights only the control plane, one small CPU node (the
 # head, the operators) and the NLB are running.
 #
 # Nothing is public: the EKS API has a private endpoint only, and the Ray head is reached through
@@ -45,7 +49,8 @@ locals {
   ray_cluster          = "edgeqa-ray" # the RayCluster (fullnameOverride): its pods carry ray.io/cluster=<this>
   namespace            = "ray"
   service_account      = "edgeqa-ray"      # the GPU workers'
-  head_service_account = "edgeqa-ray-head" # the head's: the stages' drivers run there
+  head_service_account = "edgeqa-ray-head" # the head's: generate's, publish's and prune's drivers
+  cpu_service_account  = "edgeqa-ray-cpu"  # the CPU workers': mine's, build's and validate's drivers
   image_uid            = 1000              # the Dockerfile's edgeqa user: runAsNonRoot needs it numeric
   image                = regex("^(?P<repository>[^@]+):(?P<tag>[^:/@]+)$", var.image)
   oidc_issuer          = replace(aws_eks_cluster.this.identity[0].oidc[0].issuer, "https://", "")
@@ -69,8 +74,32 @@ locals {
   gpus_per_node = one(distinct([for t in var.gpu_instance_types : local.gpus[t]]))
   # the most GPU workers (one actor each) the cluster scales to: the stages' EDGEQA_RAY_WORKERS
   max_gpu_workers = var.gpu_max_nodes * local.gpus_per_node
-  # the custom Ray resource of the CPU workers: a job or task that asks for it runs there
+  # the custom Ray resource of the CPU workers: a job or task that asks for it runs there (the
+  # DAG's tasks ask for it for mine, build and validate: EDGEQA_RAY_CPU_RESOURCE, the
+  # cpu_worker_resource output); one a node, so one such driver a CPU worker at a time
   cpu_worker_resource = { cpu_worker = 1 }
+  # vCPU and GiB of the CPU worker types the module accepts: every listed type must hold the
+  # worker pod (a precondition of the node groups), whichever spot or on demand gives
+  cpu_shapes = {
+    "r6i.16xlarge" = { vcpu = 64, gib = 512 }, "r6i.24xlarge" = { vcpu = 96, gib = 768 },
+    "r6i.32xlarge" = { vcpu = 128, gib = 1024 },
+    "r7i.16xlarge" = { vcpu = 64, gib = 512 }, "r7i.24xlarge" = { vcpu = 96, gib = 768 },
+    "r7i.48xlarge" = { vcpu = 192, gib = 1536 },
+    "r6a.16xlarge" = { vcpu = 64, gib = 512 }, "r6a.24xlarge" = { vcpu = 96, gib = 768 },
+    "r6a.32xlarge" = { vcpu = 128, gib = 1024 }, "r6a.48xlarge" = { vcpu = 192, gib = 1536 },
+    "r7a.16xlarge" = { vcpu = 64, gib = 512 }, "r7a.24xlarge" = { vcpu = 96, gib = 768 },
+    "r7a.32xlarge" = { vcpu = 128, gib = 1024 }, "r7a.48xlarge" = { vcpu = 192, gib = 1536 },
+  }
+  cpu_worker_memory_gib = tonumber(trimsuffix(var.cpu_worker_memory, "Gi"))
+  cpu_pod_fits = alltrue([
+    for t in var.cpu_instance_types : (
+      lookup(local.cpu_shapes, t, { vcpu = 0, gib = 0 }).vcpu >= var.cpu_worker_cpu + 4 &&
+      lookup(local.cpu_shapes, t, { vcpu = 0, gib = 0 }).gib * 15 / 16 >= local.cpu_worker_memory_gib
+    )
+  ])
+  # DuckDB's budget (MB of 10^6 bytes) within 3/4 of the pod: the rest holds the text rules'
+  # processes, Arrow's read-ahead, the Ray worker and the page cache of the vectors' file
+  cpu_budget_fits = var.cpu_mining_memory_mb * 1000000 <= local.cpu_worker_memory_gib * 1073741824 * 3 / 4
   # the model the GPU workers generate with (EDGEQA_VLLM_MODEL): a folder under the store's
   # models/ prefix (the Ray pods' roles read it, nothing writes it), or what the variable names
   vllm_model = can(regex("^(s3://|/)", var.vllm_model)) ? var.vllm_model : "s3://${var.bucket_name}/models/${var.vllm_model}"
@@ -110,6 +139,7 @@ locals {
     autoscaler = "kube-system:cluster-autoscaler"
     ray        = "${local.namespace}:${local.service_account}"
     ray_head   = "${local.namespace}:${local.head_service_account}"
+    ray_cpu    = "${local.namespace}:${local.cpu_service_account}"
   }
   kuberay_version            = "1.7.0"  # the operator and the ray-cluster chart
   cluster_autoscaler_version = "9.54.0" # chart; its image follows kubernetes_version
@@ -287,7 +317,8 @@ resource "aws_launch_template" "gpu" {
 }
 
 # the CPU workers' nodes: one large gp3 root volume with provisioned throughput, where the pods'
-# scratch lives (DuckDB's spill, the window's wordings database, the vectors clustering waits on)
+# scratch lives (the window's DuckDB database and any spill, the vectors clustering waits on, its
+# inverted file's lists while they are built)
 resource "aws_launch_template" "cpu" {
   name_prefix = "${var.name}-cpu-"
 
@@ -434,7 +465,8 @@ resource "aws_eks_node_group" "gpu_on_demand" {
   depends_on = [aws_iam_role_policy_attachment.node]
 }
 
-# The CPU worker pool (mining, build, publish): large-memory nodes, spot first as well
+# The CPU worker pool (the drivers of mine, build and validate): large-memory nodes, spot first
+# as well
 resource "aws_eks_node_group" "cpu_spot" {
   cluster_name    = aws_eks_cluster.this.name
   node_group_name = "cpu-spot"
@@ -469,6 +501,14 @@ resource "aws_eks_node_group" "cpu_spot" {
 
   lifecycle {
     ignore_changes = [scaling_config[0].desired_size] # the Cluster Autoscaler's
+    precondition {
+      condition     = local.cpu_pod_fits
+      error_message = "Every cpu_instance_types entry must be a known r6i/r7i/r6a/r7a size with cpu_worker_cpu + 4 vCPU and cpu_worker_memory within 15/16 of its memory."
+    }
+    precondition {
+      condition     = local.cpu_budget_fits
+      error_message = "cpu_mining_memory_mb (DuckDB's budget, MB) must stay within 3/4 of cpu_worker_memory."
+    }
   }
 
   depends_on = [aws_iam_role_policy_attachment.node]
@@ -508,6 +548,14 @@ resource "aws_eks_node_group" "cpu_on_demand" {
 
   lifecycle {
     ignore_changes = [scaling_config[0].desired_size] # the Cluster Autoscaler's
+    precondition {
+      condition     = local.cpu_pod_fits
+      error_message = "Every cpu_instance_types entry must be a known r6i/r7i/r6a/r7a size with cpu_worker_cpu + 4 vCPU and cpu_worker_memory within 15/16 of its memory."
+    }
+    precondition {
+      condition     = local.cpu_budget_fits
+      error_message = "cpu_mining_memory_mb (DuckDB's budget, MB) must stay within 3/4 of cpu_worker_memory."
+    }
   }
 
   depends_on = [aws_iam_role_policy_attachment.node]
@@ -619,7 +667,7 @@ resource "kubernetes_namespace_v1" "ray" {
   depends_on = [aws_eks_node_group.system]
 }
 
-# the GPU and CPU workers' identity (IRSA): the store's logs, work areas and models, nothing else
+# the GPU workers' identity (IRSA): the store's logs, work areas and models, nothing else
 resource "kubernetes_service_account_v1" "ray" {
   metadata {
     name        = local.service_account
@@ -628,12 +676,24 @@ resource "kubernetes_service_account_v1" "ray" {
   }
 }
 
-# the head's identity (IRSA): the stages' drivers run there (publish, prune, signing)
+# the head's identity (IRSA): generate's, publish's and prune's drivers run there (signing, the
+# pointer's flip)
 resource "kubernetes_service_account_v1" "head" {
   metadata {
     name        = local.head_service_account
     namespace   = kubernetes_namespace_v1.ray.metadata[0].name
     annotations = { "eks.amazonaws.com/role-arn" = aws_iam_role.irsa["ray_head"].arn }
+  }
+}
+
+# the CPU workers' identity (IRSA): mine's, build's and validate's drivers run there (the caches
+# across nights, the releases and answer objects; never the pointer, the revocation list or a
+# signature)
+resource "kubernetes_service_account_v1" "cpu" {
+  metadata {
+    name        = local.cpu_service_account
+    namespace   = kubernetes_namespace_v1.ray.metadata[0].name
+    annotations = { "eks.amazonaws.com/role-arn" = aws_iam_role.irsa["ray_cpu"].arn }
   }
 }
 
@@ -717,12 +777,13 @@ resource "helm_release" "ray_cluster" {
         securityContext    = local.container_security_context
       }
       serviceAccountName = local.head_service_account
-      # what the stages' drivers (Ray Jobs, run here) need; no secret: the key never leaves KMS
+      # what the drivers run here need (generate, publish, prune: Ray Jobs that ask for no
+      # resource); no secret: the key never leaves KMS
       containerEnv = [
         { name = "EDGEQA_SIGNING_KMS_KEY", value = var.signing_key_arn },
         { name = "EDGEQA_RAY_WORKERS", value = tostring(local.max_gpu_workers) },
       ]
-      # the head runs the jobs' drivers and schedules; no task or actor lands on it (no CPU
+      # the head runs those jobs' drivers and schedules; no task or actor lands on it (no CPU
       # slot): the night's model work runs on the GPU workers
       rayStartParams = { "num-cpus" = "0", "dashboard-host" = "0.0.0.0" }
       resources = {
@@ -749,21 +810,33 @@ resource "helm_release" "ray_cluster" {
       podSecurityContext = local.pod_security_context
       securityContext    = local.container_security_context
     }
-    # the CPU workers (mining, build, publish): one large pod a node, from zero; a job or task
-    # asking for the custom resource cpu_worker runs there. The GPU workers' service account and
-    # role: the logs, the work areas and the models, nothing the head alone may write
+    # the CPU workers: one large pod a node, from zero; a job asking for the custom resource
+    # cpu_worker runs its driver there (the DAG's mine, build and validate). Their own service
+    # account and role (ray_cpu): what those drivers write, nothing the head alone may
     additionalWorkerGroups = {
       cpu = {
         disabled           = false
         replicas           = 0
         minReplicas        = 0
         maxReplicas        = var.cpu_max_nodes
-        serviceAccountName = local.service_account
+        serviceAccountName = local.cpu_service_account
         rayStartParams = {
           "num-cpus" = tostring(var.cpu_worker_cpu)
           # KubeRay hands this to `ray start --resources` as it is: a JSON object, quoted
           resources = jsonencode(jsonencode(local.cpu_worker_resource))
         }
+        # what the drivers run here need, beside every pod's settings (common):
+        containerEnv = [
+          # mine embeds the night's new wordings on the GPU workers: its pool's ceiling
+          { name = "EDGEQA_RAY_WORKERS", value = tostring(local.max_gpu_workers) },
+          # DuckDB's budget: the window's rows reduced without spilling (docs/capacity.md)
+          { name = "EDGEQA_MINING_MEMORY_MB", value = tostring(var.cpu_mining_memory_mb) },
+          # the pointer, the parent release and the revocation list verified without KMS
+          { name = "EDGEQA_RELEASE_PUBLIC_KEYS", value = var.release_public_keys },
+          # a Ray Job's driver inherits OMP_NUM_THREADS=1 from Ray's job supervisor (an actor
+          # with no CPU) unless it is set: FAISS and torch would run one thread
+          { name = "OMP_NUM_THREADS", value = tostring(var.cpu_worker_cpu) },
+        ]
         resources = {
           limits   = { cpu = tostring(var.cpu_worker_cpu), memory = var.cpu_worker_memory }
           requests = { cpu = tostring(var.cpu_worker_cpu), memory = var.cpu_worker_memory }
@@ -780,6 +853,7 @@ resource "helm_release" "ray_cluster" {
     helm_release.kuberay_operator,
     kubernetes_service_account_v1.ray,
     kubernetes_service_account_v1.head,
+    kubernetes_service_account_v1.cpu,
   ]
 }
 
@@ -885,12 +959,12 @@ resource "aws_iam_role" "irsa" {
   assume_role_policy = data.aws_iam_policy_document.irsa[each.key].json
 }
 
-# the GPU and CPU workers (the model actors, the stages' CPU tasks): read the request logs, the
-# model weights (models/, read only) and the work areas
-# (<profile>/work/<run>/: the mined questions, the parent's reused answers), write generation
-# checkpoints into them; releases, pointers and signing stay with the head's role (below), and so
-# do the caches across nights (<profile>/work/cache/: mine's driver writes them, on the head;
-# precompute/nightcache.py), which a worker may read but never write
+# the GPU workers (the model actors): read the request logs, the model weights (models/, read
+# only) and the work areas (<profile>/work/<run>/: the mined questions, the parent's reused
+# answers), write generation checkpoints into them; releases, answer objects, pointers and
+# signing stay with the drivers' roles (ray_cpu, ray_head: below), and so do the caches across
+# nights (<profile>/work/cache/: mine's driver writes them, on a CPU worker;
+# precompute/nightcache.py), which an actor may read but never write
 data "aws_iam_policy_document" "ray" {
   statement {
     sid       = "ReadRequestLogs"
@@ -937,8 +1011,9 @@ resource "aws_iam_role_policy" "ray" {
   policy = data.aws_iam_policy_document.ray.json
 }
 
-# the head: every stage's driver runs here (a Ray Job each). mine reads the logs and writes the
-# work area; build writes the release where it is served (<profile>/releases/<version>/ and the
+# the head: generate's, publish's and prune's drivers run here (and every stage's where the DAG
+# is not given EDGEQA_RAY_CPU_RESOURCE: a cluster without CPU workers). mine reads the logs and
+# writes the work area; build writes the release where it is served (<profile>/releases/<version>/ and the
 # answer objects the parent lacks, <profile>/a/: conditional writes, never overwriting) and reads
 # the parent release and the revocation list (<profile>/revocations.json); validate reads it
 # back; publish signs the release and the pointer with the release key and flips
@@ -1000,6 +1075,110 @@ resource "aws_iam_role_policy" "ray_head" {
   name   = "${var.name}-ray-head"
   role   = aws_iam_role.irsa["ray_head"].id
   policy = data.aws_iam_policy_document.ray_head.json
+}
+
+# the CPU workers: mine's, build's and validate's drivers (Ray Jobs that ask for cpu_worker) and
+# their CPU tasks. What the GPU workers may do, and what those three stages write beyond it:
+# mine the caches across nights (<profile>/work/cache/<kind>/<fingerprint>/<night>/..., and it
+# deletes the parts of nights before its window: precompute/nightcache.py); build the release
+# where it is served (<profile>/releases/<version>/...: conditional writes, a stopped upload's
+# leftovers cleared: precompute/publish.py) and the answer objects the parent lacks
+# (<profile>/a/<hh>/...: created, never overwritten nor deleted: S3's If-None-Match, required
+# here); validate the release's checked.json or refused.json (precompute/prune.py). They read the
+# pointer and the revocation list (the parent release, what is revoked: verified with
+# EDGEQA_RELEASE_PUBLIC_KEYS) and may write neither (denied), sign nothing (denied), delete no
+# answer object and no run's work area: publish and prune stay on the head.
+data "aws_iam_policy_document" "ray_cpu" {
+  statement {
+    sid       = "ReadRequestLogs"
+    actions   = ["s3:GetObject"]
+    resources = ["${var.bucket_arn}/logs/*"]
+  }
+  statement {
+    # the runs' work areas and the caches across nights (mine, build's built.json)
+    sid       = "ReadWriteWorkAreas"
+    actions   = ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"]
+    resources = ["${var.bucket_arn}/*/work/*"]
+  }
+  statement {
+    # mine expires the caches' parts of nights before its window; nothing else in a work area
+    sid       = "ExpireNightCaches"
+    actions   = ["s3:DeleteObject"]
+    resources = ["${var.bucket_arn}/*/work/cache/*"]
+  }
+  statement {
+    sid       = "ReadModels"
+    actions   = ["s3:GetObject"]
+    resources = ["${var.bucket_arn}/models/*"]
+  }
+  statement {
+    # build uploads the release (and clears a stopped upload's leftovers), validate marks it
+    # checked.json or refused.json; mine and validate read the parent release
+    sid       = "ReadWriteReleases"
+    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
+    resources = ["${var.bucket_arn}/*/releases/*"]
+  }
+  statement {
+    # build checks what is there, validate reads sampled answers back, mine the parent's
+    sid       = "ReadAnswerObjects"
+    actions   = ["s3:GetObject"]
+    resources = ["${var.bucket_arn}/*/a/*"]
+  }
+  statement {
+    # the answer objects the parent lacks, created only (Store.put_new: If-None-Match: *): a
+    # served answer is never replaced from here
+    sid       = "CreateAnswerObjects"
+    actions   = ["s3:PutObject"]
+    resources = ["${var.bucket_arn}/*/a/*"]
+    condition {
+      test     = "Null"
+      variable = "s3:if-none-match"
+      values   = ["false"]
+    }
+  }
+  statement {
+    # the release the night builds on and what is revoked: read, never written
+    sid     = "ReadPointersAndRevocations"
+    actions = ["s3:GetObject"]
+    resources = [
+      "${var.bucket_arn}/*/current.json",
+      "${var.bucket_arn}/*/revocations.json",
+    ]
+  }
+  statement {
+    # keys only; without it a pointer or revocation list not written yet (a profile's first
+    # night) reads as 403, not 404 (S3 answers 404 to a caller that may list the bucket)
+    sid       = "ListStore"
+    actions   = ["s3:ListBucket"]
+    resources = [var.bucket_arn]
+  }
+  statement {
+    sid       = "UseStoreKey"
+    actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
+    resources = [var.kms_key_arn]
+  }
+  statement {
+    # publishing is the head's: whatever is granted above or later, never from here
+    sid     = "NeverPointersOrRevocations"
+    effect  = "Deny"
+    actions = ["s3:PutObject", "s3:DeleteObject"]
+    resources = [
+      "${var.bucket_arn}/*/current.json",
+      "${var.bucket_arn}/*/revocations.json",
+    ]
+  }
+  statement {
+    sid       = "NeverSigns"
+    effect    = "Deny"
+    actions   = ["kms:Sign"]
+    resources = [var.signing_key_arn]
+  }
+}
+
+resource "aws_iam_role_policy" "ray_cpu" {
+  name   = "${var.name}-ray-cpu"
+  role   = aws_iam_role.irsa["ray_cpu"].id
+  policy = data.aws_iam_policy_document.ray_cpu.json
 }
 
 # the Cluster Autoscaler: see every group, resize and shrink this cluster's own only

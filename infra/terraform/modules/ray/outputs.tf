@@ -24,12 +24,22 @@ output "cluster_certificate_authority" {
 }
 
 output "worker_role_arn" {
-  description = "The GPU and CPU workers' IAM role (IRSA): the store's logs, work areas and models (read only) only."
+  description = "The GPU workers' IAM role (IRSA): the store's logs, work areas and models (read only) only."
   value       = aws_iam_role.irsa["ray"].arn
 }
 
+output "cpu_role_arn" {
+  description = "The CPU workers' IAM role (IRSA), mine's, build's and validate's drivers': logs, work areas and the caches across nights, releases, answer objects (created only), models; current.json and the revocation list read only; no signing."
+  value       = aws_iam_role.irsa["ray_cpu"].arn
+}
+
+output "cpu_worker_resource" {
+  description = "The Ray resource the CPU workers carry (one a pod): EDGEQA_RAY_CPU_RESOURCE of the DAG's tasks, whose mine, build and validate jobs ask for one so that their drivers run there."
+  value       = one(keys(local.cpu_worker_resource))
+}
+
 output "head_role_arn" {
-  description = "The Ray head's IAM role (IRSA), the stages' drivers': work areas, releases, current.json, the revocation list, kms:Sign with the release key."
+  description = "The Ray head's IAM role (IRSA), generate's, publish's and prune's drivers': work areas, releases, current.json, the revocation list, kms:Sign with the release key."
   value       = aws_iam_role.irsa["ray_head"].arn
 }
 

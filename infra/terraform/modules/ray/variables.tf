@@ -69,14 +69,14 @@ variable "gpu_max_nodes" {
 }
 
 variable "cpu_instance_types" {
-  description = "Instance types of the CPU worker node groups (a spot group and its on-demand fallback) that run the nightly job's CPU work (mining, build, publish): large-memory r6i/r7i of 64 vCPU and 512 GiB or more. The first is the Cluster Autoscaler's template while a group has no node: list the smallest first, the worker pod is sized to fit it."
+  description = "Instance types of the CPU worker node groups (a spot group and its on-demand fallback) whose pods run the drivers of mine, build and validate (DuckDB, FAISS, the text rules and the k step on their cores): r6i/r7i/r6a/r7a sizes, every one at least the worker pod (cpu_worker_cpu + 4 vCPU, cpu_worker_memory within 15/16 of its memory; a precondition checks it). The first is the Cluster Autoscaler's template while a group has no node. docs/capacity.md's machine table names them."
   type        = list(string)
-  default     = ["r6i.16xlarge", "r7i.16xlarge", "r6i.24xlarge", "r7i.24xlarge"]
+  default     = ["r7i.48xlarge", "r6a.48xlarge"]
   validation {
     condition = length(var.cpu_instance_types) > 0 && alltrue([
-      for t in var.cpu_instance_types : can(regex("^r[67]i\\.(16xlarge|24xlarge|32xlarge)$", t))
+      for t in var.cpu_instance_types : can(regex("^r(6i|7i|6a|7a)\\.(16xlarge|24xlarge|32xlarge|48xlarge)$", t))
     ])
-    error_message = "cpu_instance_types must be r6i or r7i sizes of 64 vCPU and 512 GiB or more (16xlarge, 24xlarge, 32xlarge): the CPU worker pod is sized for a 16xlarge."
+    error_message = "cpu_instance_types must be r6i, r7i, r6a or r7a sizes of 16xlarge or more (the worker pod is sized for the smallest listed)."
   }
 }
 
@@ -91,21 +91,39 @@ variable "cpu_max_nodes" {
 }
 
 variable "cpu_worker_cpu" {
-  description = "CPUs of the Ray CPU worker pod (request, limit and its Ray num-cpus), one per node: fits an r6i/r7i.16xlarge (64 vCPU) beside the node's daemons."
+  description = "CPUs of the Ray CPU worker pod (request, limit, its Ray num-cpus and the OMP_NUM_THREADS of its processes), one per node: a 192-vCPU node less 4 for the node's daemons. The stages' processes (the text rules, the k step) and DuckDB's threads follow it (the cgroup quota)."
   type        = number
-  default     = 60
+  default     = 188
+  validation {
+    condition     = var.cpu_worker_cpu >= 1 && floor(var.cpu_worker_cpu) == var.cpu_worker_cpu
+    error_message = "cpu_worker_cpu must be a whole number of CPUs."
+  }
 }
 
 variable "cpu_worker_memory" {
-  description = "Memory of the Ray CPU worker pod (request and limit, a Kubernetes quantity): fits a 512 GiB node beside its daemons. DuckDB's budget (EDGEQA_MINING_MEMORY_MB) must stay below it."
+  description = "Memory of the Ray CPU worker pod (request and limit, in Gi): 15/16 of a 1,536 GiB node. EDGEQA_MINING_MEMORY_MB (cpu_mining_memory_mb) stays within 3/4 of it."
   type        = string
-  default     = "480Gi"
+  default     = "1440Gi"
+  validation {
+    condition     = can(regex("^[1-9][0-9]*Gi$", var.cpu_worker_memory))
+    error_message = "cpu_worker_memory must be a whole number of Gi (e.g. 1440Gi)."
+  }
+}
+
+variable "cpu_mining_memory_mb" {
+  description = "EDGEQA_MINING_MEMORY_MB of the CPU worker pods: DuckDB's budget while mine reduces the window (MB of 10^6 bytes), sized by docs/capacity.md so that 1B log rows do not spill (the 30M-row working set, budget and spill, ~0.82 KB a row, with 22 % to spare); at most 3/4 of the pod's memory."
+  type        = number
+  default     = 1000000
+  validation {
+    condition     = var.cpu_mining_memory_mb >= 64
+    error_message = "cpu_mining_memory_mb must be at least 64 (precompute's minimum)."
+  }
 }
 
 variable "cpu_volume_size" {
-  description = "GiB of each CPU worker node's root volume (gp3): DuckDB's spill, the window's wordings database, the vectors clustering waits on (docs/capacity.md sizes it)."
+  description = "GiB of each CPU worker node's root volume (gp3): the window's DuckDB database and, past its budget, its spill; the vectors clustering waits on and its inverted file's lists while built (docs/capacity.md sizes it)."
   type        = number
-  default     = 2000
+  default     = 3000
 }
 
 variable "cpu_volume_throughput" {
@@ -154,12 +172,17 @@ variable "ray_version" {
 }
 
 variable "bucket_arn" {
-  description = "The store bucket: the GPU workers read logs/ and the work areas (<profile>/work/) and write the work areas; the head (the stages' drivers) also writes releases, current.json and the revocation list."
+  description = "The store bucket: the GPU workers read logs/ and the work areas (<profile>/work/) and write the work areas; the CPU workers (mine's, build's and validate's drivers) also write the caches across nights, the releases and the answer objects; the head (generate's, publish's and prune's drivers) also flips current.json."
   type        = string
 }
 
 variable "kms_key_arn" {
   description = "The store's KMS key (the bucket's objects and the control plane's log group)."
+  type        = string
+}
+
+variable "release_public_keys" {
+  description = "The release signing key's public half (the signing module's public_key): EDGEQA_RELEASE_PUBLIC_KEYS of the CPU worker pods, whose drivers verify the pointer, the parent release and the revocation list they read without any KMS access."
   type        = string
 }
 
