@@ -307,11 +307,18 @@ class LogWindow:
             "kinds VARCHAR[], key VARCHAR, normalized VARCHAR, form VARCHAR)"
         )
 
+        # every text with its cached verdict, if any, joined once and kept in the texts' order:
+        # a chunk is then a range of rows its row groups' zone maps find (joined per chunk, the
+        # cache's verdicts were hashed again for every chunk: a window's texts times its chunks)
+        con.execute(
+            "CREATE TEMP TABLE todo AS SELECT q.rid, q.query, k.language, k.reason, k.kinds "
+            "FROM queries q LEFT JOIN known k USING (qhash) ORDER BY q.rid"
+        )
+
         def chunks() -> Iterable[tuple[list[str], list[Known | None]]]:
             for start in range(1, total + 1, CHUNK):
                 rows = self.con.execute(
-                    "SELECT q.query, k.language, k.reason, k.kinds "
-                    "FROM queries q LEFT JOIN known k USING (qhash) "
+                    "SELECT query, language, reason, kinds FROM todo "
                     "WHERE rid BETWEEN ? AND ? ORDER BY rid",
                     [start, start + CHUNK - 1],
                 ).fetchall()
@@ -349,6 +356,7 @@ class LogWindow:
                     ) TO '{target}' (FORMAT parquet)
                     """
                 )
+        con.execute("DROP TABLE todo")
         con.execute("DROP TABLE queries")
         con.execute("DROP TABLE known")
         where = "" if language is None else f"WHERE language = '{_sql_literal(language)}'"
@@ -356,7 +364,10 @@ class LogWindow:
 
     def _known(self, verdicts: NightCache | None) -> None:
         """Table ``known``: the cached verdict of each of tonight's texts that has one (the
-        latest night's), read a part at a time and only tonight's texts kept."""
+        latest night's): the cache's parts read (a few at a time, ``NightCache.tables``) into
+        the window's database, then joined with tonight's texts once (a semi-join per part
+        hashed every one of tonight's texts again for each part: the night's texts times the
+        cache's parts)."""
         con = self.con
         con.execute(
             "CREATE TEMP TABLE cached (qhash VARCHAR, language VARCHAR, reason VARCHAR, "
@@ -368,15 +379,14 @@ class LogWindow:
             try:
                 con.execute(
                     "INSERT INTO cached SELECT qhash, language, reason, kinds, ?::DATE "
-                    "FROM part_in WHERE qhash IN (SELECT qhash FROM queries) "
-                    f"AND (reason IS NULL OR reason IN ({_REASONS}))",
+                    f"FROM part_in WHERE reason IS NULL OR reason IN ({_REASONS})",
                     [night],
                 )
             finally:
                 con.unregister("part_in")
         con.execute(
-            "CREATE TEMP TABLE known AS SELECT DISTINCT ON (qhash) * FROM cached "
-            "ORDER BY qhash, night DESC"
+            "CREATE TEMP TABLE known AS SELECT DISTINCT ON (qhash) c.* FROM cached c "
+            "SEMI JOIN queries q USING (qhash) ORDER BY qhash, night DESC"
         )
         con.execute("DROP TABLE cached")
         if verdicts is not None:
