@@ -50,10 +50,19 @@ Prints one JSON object: {"config", "nights", "rules", "mine": {"<rows>": {...}},
    the 3M-row night reaches and the 300k one does not, so it is held the same at every size);
    ``--stage-names mine`` runs only those stages (the others read what an earlier run left).
 
+9. **The vector cache's look-up** (``--lookup 100000,400000,1600000``): the night's wordings
+   looked up in a cache holding nine in ten of them, at each size, against the per-part
+   ``index_in`` it replaced: seconds and µs a wording each (flat with the night: linear).
+
+8. **The k step** (``--kstep 300000``): mining's rules 6-8 on the candidate clusters of N log
+   rows, judged 20 times over on 1 and on 2 processes (forced): clusters/s each, the speedup,
+   whether the judgements are the same, and what the mining process pays to take them back.
+
 Run: .venv/bin/python benchmarks/scale.py [--sizes 100000,1000000] [--full] [--release 100000]
      [--edge-rows 1000000] [--skip mine,release,edge_load] [--nights 2 --rows-per-day 150000]
      [--rules 100000] [--aggregate 10000000,30000000] [--stages 300000,3000000]
      [--stage-memory-mb 512] [--stage-names mine,generate,build,validate,publish]
+     [--kstep 300000] [--lookup 100000,400000,1600000]
 """
 
 from __future__ import annotations
@@ -364,6 +373,69 @@ def child_kstep(args: dict[str, Any]) -> dict[str, Any]:
     result["taken_back_clusters_per_s"] = round(result["candidate_clusters"] / taken, 1)
     result["taken_back_bytes_per_cluster"] = sum(map(len, sent)) // result["candidate_clusters"]
     return result
+
+
+def child_lookup(args: dict[str, Any]) -> dict[str, Any]:
+    """The vector cache's look-up (``vectorcache._lookup``) of ``n`` wordings in a cache holding
+    nine in ten of them (a steady night), in parts of ``PART_ROWS``, against the per-part
+    ``index_in`` of every night's key it replaced: seconds and µs a wording each, what each
+    found. Vectors of ``dim`` dimensions: what grows with the night is the keys' matching."""
+    import hashlib
+    import io
+    import random
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from base.store import FileStore
+    from precompute.nightcache import PART_ROWS, NightCache
+    from precompute.vectorcache import _lookup, _valid, _vector_part
+
+    n, dim = int(args["n"]), int(args["dim"])
+    folder = Path(args["out"])
+    shutil.rmtree(folder, ignore_errors=True)
+    store = FileStore(folder / "store")
+    keys = [hashlib.sha256(f"wording {i}".encode()).hexdigest() for i in range(n)]
+    cached = random.Random(n).sample(keys, n * 9 // 10)
+    unit = np.full(dim, 1 / np.sqrt(dim), dtype=np.float32)
+    night = UNTIL
+    for start in range(0, len(cached), PART_ROWS):
+        part = cached[start : start + PART_ROWS]
+        values = pa.array(np.tile(unit, len(part)), pa.float32())
+        table = pa.table({"key": part, "vector": pa.FixedSizeListArray.from_arrays(values, dim)})
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer)
+        store.put(
+            f"p/work/cache/vectors/f/{night}/{start // PART_ROWS:05d}-b.parquet", buffer.getvalue()
+        )
+    since = night - timedelta(days=DAYS - 1)
+    night_keys = pa.array(keys, pa.string())
+    began = time.perf_counter()
+    found, _ = _lookup(
+        NightCache(store, "p", "vectors", "f", since, night), night_keys, folder / "v"
+    )
+    new_s = time.perf_counter() - began
+    began = time.perf_counter()
+    before = 0  # the look-up it replaced: every night's key probed in each part
+    old = NightCache(store, "p", "vectors", "f", since, night)
+    for _, table in old.tables(["key", "vector"], _vector_part):
+        valid = _valid(table, dim, old)
+        assert valid is not None
+        before += int(pc.index_in(night_keys, value_set=valid[0]).is_valid().sum().as_py())
+    old_s = time.perf_counter() - began
+    return {
+        "wordings": n,
+        "parts": -(-len(cached) // PART_ROWS),
+        "lookup_s": round(new_s, 2),
+        "lookup_us_per_wording": round(new_s / n * 1e6, 2),
+        "index_in_s": round(old_s, 2),
+        "index_in_us_per_wording": round(old_s / n * 1e6, 2),
+        "found": int((found > 0).sum()),
+        "found_by_index_in": before,
+        "peak_rss_mb": _peak_rss_mb(),
+    }
 
 
 def _release_night(work: Path, n: int) -> Any:
@@ -691,6 +763,7 @@ CHILDREN = {
     "aggregate": child_aggregate,
     "rules": child_rules,
     "kstep": child_kstep,
+    "lookup": child_lookup,
     "release": child_release,
     "stage": child_stage,
     "night": lambda args: {"logs": _release_night(Path(args["work"]), int(args["n"])).logs_uri},
@@ -875,6 +948,11 @@ def main() -> None:
         "--rules", type=int, default=0, help="N: the text rules on N texts, 1 and 2 processes"
     )
     parser.add_argument(
+        "--lookup",
+        default="",
+        help="wordings (e.g. 100000,400000,1600000): the vector cache's look-up at each size",
+    )
+    parser.add_argument(
         "--kstep",
         type=int,
         default=0,
@@ -935,6 +1013,11 @@ def main() -> None:
     if args.rules:
         logs = logs_for(work, max(sizes or [100_000]), args.seed)
         done("rules", run_child("rules", {"logs": str(logs), "texts": args.rules}))
+    if args.lookup:
+        looked = {}
+        for n in (int(x) for x in args.lookup.split(",")):
+            looked[str(n)] = run_child("lookup", {"n": n, "dim": 16, "out": str(work / "lookup")})
+            done("lookup", looked)
     if args.kstep:
         logs = logs_for(work, args.kstep, args.seed)
         kstep_out = work / f"kstep-{args.kstep}"
