@@ -4,7 +4,8 @@ pipeline.py    the stages, in order: mine, generate, build, validate, publish, p
 config.py      the nightly job's settings and run options
 mining.py      the hot questions (with logwindow.py: the window in DuckDB; reduction.py: one
                row per wording, kept there; textrules.py: the text rules once per distinct
-               text; carry.py: the parent run's evidence; clustering.py; kstep.py: rules
+               text; carry.py: the parent run's evidence; clustering.py (clusters.py:
+               clusters as two flat arrays); kstep.py: rules
                6-8 per cluster, on processes; safetext.py: token-level k; asks.py: an ask's
                time; questions.py: a mined question and its wordings; spill.py: the
                questions found and the cluster report kept on local disk, read back ranked;

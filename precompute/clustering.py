@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
+from precompute.clusters import Clusters
+
 if TYPE_CHECKING:
     import faiss
     import pyarrow as pa
@@ -160,60 +162,6 @@ class Texts(Sequence[str]):
         import pyarrow as pa
 
         return Texts(self.array.take(pa.array(rows, pa.int64())))
-
-
-class Clusters(Sequence[list[int]]):
-    """Clusters of row numbers, each head first, held as two flat arrays (every cluster's rows
-    one after another, and where each one ends): 8 bytes a row, where a Python list of ints a
-    cluster took ~130 (500,000 clusters: ~65 MB). Read back a cluster at a time as a list."""
-
-    def __init__(self) -> None:
-        from array import array
-
-        self._rows, self._ends = array("q"), array("q")
-
-    @classmethod
-    def singletons(cls, n: int) -> Clusters:
-        """Each of ``n`` rows a cluster of its own."""
-        from array import array
-
-        clusters = cls()
-        clusters._rows, clusters._ends = array("q", range(n)), array("q", range(1, n + 1))
-        return clusters
-
-    def append(self, members: Sequence[int]) -> None:
-        self._rows.extend(members)
-        self._ends.append(len(self._rows))
-
-    def __len__(self) -> int:
-        return len(self._ends)
-
-    @overload
-    def __getitem__(self, at: int) -> list[int]: ...
-
-    @overload
-    def __getitem__(self, at: slice) -> list[list[int]]: ...
-
-    def __getitem__(self, at: int | slice) -> list[int] | list[list[int]]:
-        if isinstance(at, slice):
-            return [self[i] for i in range(*at.indices(len(self)))]
-        end = self._ends[at]  # IndexError past the last, as a list
-        at = at % len(self)
-        return self._rows[self._ends[at - 1] if at else 0 : end].tolist()
-
-    def __iter__(self) -> Iterator[list[int]]:
-        start = 0
-        for end in self._ends:
-            yield self._rows[start:end].tolist()
-            start = end
-
-    def rows(self) -> np.ndarray:
-        """Every cluster's rows, one cluster after another."""
-        return (
-            np.frombuffer(self._rows, dtype=np.int64).copy()
-            if self._rows
-            else np.zeros(0, np.int64)
-        )
 
 
 def embed(

@@ -51,7 +51,7 @@ from precompute.textrules import (
     REASONS,
     VERDICT_COLUMNS,
     Known,
-    judge_all,
+    judge_tables,
     verdict_part,
     verdict_schema,
 )
@@ -291,7 +291,6 @@ class LogWindow:
         """The text rules on every distinct raw text, into table ``texts``: a verdict found in
         ``verdicts`` (the cache across nights, by the text's sha256) is taken, not judged again,
         and the texts judged tonight go into it; the texts judged on ``workers`` processes."""
-        import pyarrow as pa
 
         con = self.con
         con.execute(
@@ -336,11 +335,10 @@ class LogWindow:
         if total - known < PARALLEL_TEXTS:  # a process's start costs more than these take
             workers = 1
         counts.rule_workers = workers
-        for verdicts_of_chunk in judge_all(chunks(), language, workers):
-            judged = pa.Table.from_pylist([v._asdict() for v in verdicts_of_chunk], schema=schema)
+        for judged in judge_tables(chunks(), language, workers):  # made where judged
             self._insert_arrow("texts", judged, list(schema.names))
             if bar is not None:
-                bar.update(len(verdicts_of_chunk))
+                bar.update(judged.num_rows)
         if bar is not None:
             bar.close()
         if verdicts is not None:

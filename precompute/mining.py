@@ -93,7 +93,7 @@ from precompute.config import MiningConfig
 from precompute.kstep import MANY_WORDINGS, MIN_PROCESSES, cluster_chunks, judge_all
 from precompute.logwindow import LogWindow, WindowCounts
 from precompute.nightcache import NightCache, NightCaches, check_verdicts
-from precompute.questions import HotQuestion, Phrasing, askers_count, held_back_rows
+from precompute.questions import HotQuestion, Phrasing, askers_counts, held_back_rows
 from precompute.reduction import Wordings
 from precompute.safetext import built_question
 from precompute.spill import ClusterSpill, HotSpill
@@ -383,26 +383,27 @@ def _qualifying(
     into ``hot``.
     A cluster whose wordings' users or networks add up to fewer than k is below k without a
     look at who they are (their union is no larger): only the others become ``Phrasing``s."""
-    hits = table.column("hits").to_numpy()
-    user_counts = table.column("user_count").to_numpy()
-    network_counts = table.column("network_count").to_numpy()
-    candidates = Clusters()
-    below_k_wordings = below_k_rows = 0
-    for members in clusters:
-        report.clusters += 1
-        report.merged_phrasings += len(members) - 1
-        rows = np.asarray(members)
-        if askers_count(int(user_counts[rows].sum()), int(network_counts[rows].sum())) < config.k:
-            below_k_wordings += len(members)
-            below_k_rows += int(hits[rows].sum())
-            continue
-        candidates.append(members)
+    # every cluster's sums at once (numpy over the flat rows: a Python pass over the clusters
+    # cost 6.8 us each, half an hour at a billion log rows a week)
+    rows, sizes = clusters.rows(), clusters.sizes()
+    starts = np.cumsum(sizes) - sizes
+    users, networks, hits = (
+        np.add.reduceat(table.column(name).to_numpy()[rows], starts) if len(rows) else sizes
+        for name in ("user_count", "network_count", "hits")
+    )
+    askers = askers_counts(users, networks)
+    candidate = askers >= config.k
+    report.clusters += len(sizes)
+    report.merged_phrasings += int((sizes - 1).sum())
+    below_k_wordings = int(sizes[~candidate].sum())
+    below_k_rows = int(hits[~candidate].sum())
+    candidates = clusters.select(candidate)
     taken = _KeySet(table.column("key"))
     crowds = signed_crowds = 0
-    wordings = len(candidates.rows())
+    wordings = int(sizes[candidate].sum())
     workers = config.workers() if wordings > MANY_WORDINGS else 1
     workers = workers if workers >= MIN_PROCESSES else 1
-    chunks = cluster_chunks(table.picked(candidates.rows()), (len(m) for m in candidates))
+    chunks = cluster_chunks(table.picked(candidates.rows()), candidates.sizes().tolist())
     for judged in judge_all(chunks, config, now, workers):
         if judged.status == "below_k":
             below_k_wordings += judged.count

@@ -232,10 +232,11 @@ class NightCache:
         self, columns: list[str], accepts: Callable[[pa.Schema], bool]
     ) -> Iterator[tuple[date, pa.Table]]:
         """Every part of this fingerprint (the night that wrote it, its table of ``columns``),
-        in order, ``READS_AHEAD`` fetched at a time (one after another, a window's parts took
-        an hour of round trips at a billion rows a week). A part gone before it was read is
-        skipped; one that is not Parquet, or whose columns' types ``accepts`` refuses, is
-        skipped and counted (``invalid_parts``): a cache never stops a night."""
+        in order, ``READS_AHEAD`` fetched and decoded at a time, on threads (one after another,
+        a window's parts took an hour of round trips at a billion rows a week, and their
+        decoding most of the vector look-up's hour). A part gone before it was read is skipped;
+        one that is not Parquet, or whose columns' types ``accepts`` refuses, is skipped and
+        counted (``invalid_parts``): a cache never stops a night."""
         import pyarrow as pa
 
         from base.store_base import bounded_map
@@ -243,23 +244,23 @@ class NightCache:
         paths = sorted(self.store.list(f"{self.prefix}/"))
         nights = {path: _night_of(path, self.prefix) for path in paths}
 
-        def fetch(path: str) -> bytes | None:
+        def fetch(path: str) -> pa.Table | Exception | None:
             try:
-                return self.store.get(path)
-            except ObjectNotFoundError:
+                return parquet_table(self.store.get(path), columns)
+            except ObjectNotFoundError:  # gone before it was read (a night expired it)
                 return None
+            except (pa.ArrowException, KeyError, ValueError) as error:
+                return error
 
         wanted = [path for path in paths if nights[path] is not None]
         workers = min(READS_AHEAD, self.store.concurrency)
-        for path, data in zip(wanted, bounded_map(fetch, wanted, workers, 1), strict=True):
+        for path, table in zip(wanted, bounded_map(fetch, wanted, workers, 1), strict=True):
             written = nights[path]
             assert written is not None
-            if data is None:  # gone before it was read (a concurrent night expired it)
+            if table is None:
                 continue
-            try:
-                table = parquet_table(data, columns)
-            except (pa.ArrowException, KeyError, ValueError) as error:
-                log.warning("cache part %s is not readable, skipped: %s", path, error)
+            if isinstance(table, Exception):
+                log.warning("cache part %s is not readable, skipped: %s", path, table)
                 self.counts.invalid_parts += 1
                 continue
             if not accepts(table.schema):

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import numpy as np
     import pyarrow as pa
 
 
@@ -22,6 +23,13 @@ def askers(users: Collection[str], networks: Collection[str]) -> int:
 def askers_count(users: int, networks: int) -> int:
     """``askers`` from the counts of distinct users and networks."""
     return min(users, networks) if networks else users
+
+
+def askers_counts(users: np.ndarray, networks: np.ndarray) -> np.ndarray:
+    """``askers_count`` of each pair of counts, over arrays (every cluster of a night at once)."""
+    import numpy as np
+
+    return np.where(networks > 0, np.minimum(users, networks), users)
 
 
 def crowd(wordings: Iterable[Phrasing]) -> tuple[int, int]:

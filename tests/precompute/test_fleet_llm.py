@@ -21,7 +21,7 @@ from precompute.samplelogs import generate_rows, write_logs
 
 UNTIL = date(2026, 11, 28)
 SINCE = UNTIL - timedelta(days=6)
-MAX_TOKENS = 48
+MAX_TOKENS = 32
 NIGHTLY = {"EDGEQA_MAX_TOKENS": str(MAX_TOKENS)}
 
 
