@@ -193,11 +193,12 @@ def test_the_ray_fleet_is_private_scales_its_gpus_from_zero_and_its_head_runs_th
     values = json.dumps(releases["ray_cluster"]["values"])
     for setting in ("'enableInTreeAutoscaling': True", "'minReplicas': 0", "'nvidia.com/gpu': 1"):
         assert setting in values, setting
-    # the CPU worker group: its own Ray resource, its num-cpus, the workers' narrow identity
+    # the CPU worker group: its own Ray resource, no CPU slot for any other Ray work (its cores
+    # are the stage driver's), the workers' narrow identity
+    assert "'rayStartParams': {'num-cpus': '0', 'resources': " in values
     for setting in (
         "'groupName': 'gpu'",
         "'additionalWorkerGroups': {'cpu': {",
-        "'num-cpus': '${tostring(var.cpu_worker_cpu)}'",
         "'resources': '${jsonencode(jsonencode(local.cpu_worker_resource))}'",
         "'maxReplicas': '${var.cpu_max_nodes}'",
     ):

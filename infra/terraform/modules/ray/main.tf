@@ -821,7 +821,9 @@ resource "helm_release" "ray_cluster" {
         maxReplicas        = var.cpu_max_nodes
         serviceAccountName = local.cpu_service_account
         rayStartParams = {
-          "num-cpus" = tostring(var.cpu_worker_cpu)
+          # no Ray CPU slot: no Ray task or actor of another job lands on the cores the
+          # driver's DuckDB, FAISS and processes use (the pod's cores are the driver's)
+          "num-cpus" = "0"
           # KubeRay hands this to `ray start --resources` as it is: a JSON object, quoted
           resources = jsonencode(jsonencode(local.cpu_worker_resource))
         }
