@@ -131,8 +131,8 @@ class PrecomputeSettings(EngineSettings):
     @field_validator("generation_url", mode="after")
     @classmethod
     def _generation_url(cls, value: str) -> str:
-        found = re.fullmatch(r"https?://[A-Za-z0-9.\-\[\]:]+(:(\d{1,5}))?/?", value)
-        if value and not found:
+        found = re.fullmatch(r"https?://([A-Za-z0-9.\-]+|\[[0-9A-Fa-f:]+\])(:(\d{1,5}))?/?", value)
+        if value and (not found or (found.group(3) and not 0 < int(found.group(3)) < 65536)):
             raise ValueError(f"{value!r} is not a server's base URL: http(s)://<host>:<port>")
         return value.rstrip("/")
 

@@ -25,6 +25,7 @@ target), never installed by ``make``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -56,6 +57,8 @@ VLLM_BATCH = 64
 # what vLLM's engine stage may hold per GPU: sequences decoding at once, and the memory it takes
 VLLM_MAX_NUM_SEQS = 256
 VLLM_GPU_MEMORY = 0.90
+# a sharded checkpoint's index of its weight files, digested into the profile when there is one
+WEIGHTS_INDEX = "model.safetensors.index.json"
 # a question's answer as the processor hands it to the partition's writer
 ANSWER_FIELDS = ("partition", "position", "text", "tokens", "finish_reason", "error")
 
@@ -81,16 +84,21 @@ def run_profile(
 
 def checkpoint(source: str, quantization: str) -> dict[str, str]:
     """What a release's profile says of vLLM's checkpoint ``source`` (``s3://…`` or a folder):
-    its name, weights and the digest of its ``config.json`` and ``tokenizer_config.json`` (the
-    chat template); ``EdgeQAError`` when they are missing or the weights are not
-    ``quantization``'s (``w8a8``: an int8 compressed-tensors checkpoint; ``fp16``: none)."""
-    from base.store import StoreError, open_store
+    its name, weights and the digest of its ``config.json``, ``tokenizer_config.json`` (the
+    chat template) and, sharded, its weights' index; ``EdgeQAError`` when they are missing or
+    the weights are not ``quantization``'s (``w8a8``: an int8 compressed-tensors checkpoint;
+    ``fp16``: none)."""
+    from base.store import ObjectNotFoundError, StoreError, open_store
 
     try:
         store = open_store(source)
         names = ("config.json", "tokenizer_config.json")
         files = {name: store.get(name, 1 << 22) for name in names}
         config = json.loads(files["config.json"])
+        try:  # which weight files, of what sizes: a checkpoint quantized again differs there
+            files[WEIGHTS_INDEX] = store.get(WEIGHTS_INDEX, 1 << 26)
+        except ObjectNotFoundError:  # one weights file: its config and tokenizer say it
+            pass
     except (StoreError, OSError, ValueError) as error:
         raise EdgeQAError(
             f"EDGEQA_VLLM_MODEL {source}: no readable config.json and tokenizer_config.json "
@@ -244,6 +252,13 @@ def check_server(llm: LLMEngine, timeout_s: float = 10.0) -> None:
         )
 
 
+def without_key(job: Job, llm: LLMEngine) -> tuple[Job, LLMEngine]:
+    """``job`` and ``llm`` as the workers reading and writing partitions get them: without the
+    server's API key (the HTTP stage's headers hold it; a pickle would carry it anywhere)."""
+    bare = dataclasses.replace(llm, api_key="")
+    return dataclasses.replace(job, llm=bare), bare
+
+
 def _questions(row: Mapping[str, Any], job: Job) -> Iterator[dict[str, Any]]:
     """Partition ``row["partition"]``'s questions not answered by reuse, read from the work
     area by the worker (the attempt recorded first)."""
@@ -288,6 +303,12 @@ def _write(answers: pa.Table, job: Job, started: float) -> pa.Table:
         text, count = got["text"], int(got["tokens"])
         rows.append(answered_row(key, question, text, count, reason, error, job.generated_at))
         tokens += int(got["tokens"])
+    errors = [a["error"] for a in by_position.values() if a["error"]]
+    if errors and len(errors) == len(by_position):  # a server refusing every request (a key)
+        raise FleetError(
+            f"partition {index}: every answer asked for was an engine error, not written "
+            f"(the first: {errors[0][:200]})"
+        )
     flags.update(r["flag"] for r in rows if r["flag"])
     work.put_table(work.partition(index), pa.Table.from_pylist(rows, schema=answer_schema()))
     done = {
@@ -315,7 +336,8 @@ def generate_waves(
         return Generated([], "")
     if llm.engine == "http":
         check_server(llm)
-    config = processor_config(llm, job.settings, fleet)
+    config = processor_config(llm, job.settings, fleet)  # the key: in the HTTP stage's headers
+    job, llm = without_key(job, llm)  # and nowhere else handed to Ray
     settings, max_tokens = job.settings, job.settings.max_tokens
     processor = build_processor(
         config,
@@ -344,8 +366,6 @@ def generate_waves(
             for row in written.iter_rows():
                 rows.append(dict(row))
                 bar.update(answers[row["partition"]])
-    except EdgeQAError:
-        raise
     except Exception as error:  # a wave failed past Ray's retries: the waves before are kept
         raise FleetError(f"generation with {llm.describe()} failed: {last_line(error)}") from error
     finally:

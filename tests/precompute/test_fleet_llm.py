@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import date, timedelta
+from contextlib import contextmanager
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ UNTIL = date(2026, 11, 28)
 SINCE = UNTIL - timedelta(days=6)
 MAX_TOKENS = 32
 NIGHTLY = {"EDGEQA_MAX_TOKENS": str(MAX_TOKENS)}
+NOW = datetime(2026, 11, 28, 23, 59, 59, tzinfo=UTC)
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +104,43 @@ def test_the_http_processor_on_ray_builds_the_release_the_in_process_engine_buil
     lost = work.partition(1)
     before = work.get_table(lost)
     out.delete(lost)
-    redo = run_stage("generate", params, f"{served['profile']}/{served['run_id']}")
+    run = f"{served['profile']}/{served['run_id']}"
+    redo = run_stage("generate", params, run)
     assert redo["partitions_reused"] == mine["partitions"] - 1
     assert redo["generated"] == before.column("reused_from").null_count > 0
     assert redo["redone"] == [1]
     assert work.get_table(lost).equals(before)
+
+    # a server that lists the model but refuses every completion: the partition is not written
+    # (a checkpoint of engine errors would stand for the night), the run fails in one line
+    out.delete(lost)
+    with _refusing_server() as refusing:
+        env["EDGEQA_GENERATION_URL"] = refusing
+        config = PipelineConfig.from_env(env, partition_size=3)
+        with pytest.raises(EdgeQAError, match="every answer asked for was an engine error") as e:
+            run_stage("generate", RunParams(logs.uri, out.uri, SINCE, UNTIL, config), run)
+    assert "\n" not in str(e.value) and "unauthorized" in str(e.value)
+    assert not out.exists(lost)
+
+
+@contextmanager
+def _refusing_server() -> Iterator[str]:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from edgeqa.local import LocalServer
+
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": "SmolLM2-135M-Instruct"}]})
+
+    async def chat(request: Request) -> JSONResponse:
+        return JSONResponse({"error": {"message": "unauthorized", "type": "auth"}}, 401)
+
+    routes = [Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"])]
+    with LocalServer(Starlette(routes=routes)) as running:
+        yield running.url
 
 
 def test_a_server_that_serves_another_model_is_refused_before_any_question(
@@ -224,6 +258,8 @@ def test_a_checkpoint_that_is_not_the_weights_the_settings_say_is_refused_naming
         ({"EDGEQA_GENERATION_ENGINE": "tgi"}, "EDGEQA_GENERATION_ENGINE"),
         ({"EDGEQA_VLLM_QUANTIZATION": "int4"}, "EDGEQA_VLLM_QUANTIZATION"),
         ({"EDGEQA_GENERATION_URL": "ftp://x:1"}, "EDGEQA_GENERATION_URL"),
+        ({"EDGEQA_GENERATION_URL": "http://h:99999"}, "EDGEQA_GENERATION_URL"),
+        ({"EDGEQA_GENERATION_URL": "http://:"}, "EDGEQA_GENERATION_URL"),
     ],
 )
 def test_a_generation_engine_without_what_it_needs_is_refused_naming_the_variable(
@@ -236,8 +272,9 @@ def test_a_generation_engine_without_what_it_needs_is_refused_naming_the_variabl
 def test_the_generation_servers_key_is_never_handed_to_an_engine_actor_or_said() -> None:
     import pickle
 
-    from precompute.fleet import shipped
-    from precompute.fleet.llm import LLMEngine
+    from precompute.fleet import Fleet, shipped
+    from precompute.fleet.generation_job import Job
+    from precompute.fleet.llm import LLMEngine, processor_config, without_key
 
     key = "gen-key-" + "g" * 24
     env = {"EDGEQA_GENERATION_ENGINE": "http", "EDGEQA_GENERATION_URL": "http://o:8000"}
@@ -246,3 +283,8 @@ def test_the_generation_servers_key_is_never_handed_to_an_engine_actor_or_said()
     llm = LLMEngine.of(settings, "int8")
     assert llm is not None and llm.api_key == key
     assert key not in repr(llm) and key not in llm.describe()
+    # the HTTP stage's headers hold it; what the partitions' readers and writers get does not
+    fleet = Fleet("", True, 2, 0.0)
+    assert processor_config(llm, settings, fleet).headers == {"Authorization": f"Bearer {key}"}
+    job = Job("file:///tmp/x", "p", "r", shipped(settings), "int8", NOW, 3, 9, llm=llm)
+    assert key.encode() not in pickle.dumps(without_key(job, llm))
