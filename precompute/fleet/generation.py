@@ -166,9 +166,9 @@ def generate_on_fleet(
     skipped = set(whole)
     rest = [i for i in todo if i not in skipped]
     if job.llm is not None:  # vLLM or a server, through Ray Data's LLM API
-        from precompute.fleet.llm import generate_waves
+        from precompute.fleet.llm import generate_streamed
 
-        done = generate_waves(fleet, job, job.llm, rest, progress)
+        done = generate_streamed(fleet, job, job.llm, rest, progress)
     else:
         done = generate_partitions(fleet, job, rest, progress)
     if copied:

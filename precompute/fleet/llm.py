@@ -3,14 +3,19 @@
 the project's origin on a laptop or in CI), chosen by ``EDGEQA_GENERATION_ENGINE`` (``edgeqa``,
 the default, is ``generation.py``: the project's engine in each actor).
 
-The partitions are the in-process engine's: a wave of the partitions not written yet is one Ray
-Data job (``partition numbers -> their questions, read by the workers from the work area ->
-the processor -> grouped by partition -> each written to the work area`` by a worker: the
-checkpoint); the driver holds partition numbers and a row per partition, never a question or an
-answer. A wave is a few partitions per worker, so a lost job costs one wave at most; a rerun
-answers only the partitions not written. Every row takes the same answer policy as the
-in-process engine's (``generate.answered_row``: empty, truncated, repetitive, refusal, language,
-an engine error); reused answers are taken as they are.
+The partitions are the in-process engine's, answered in one Ray Data run (the engines start
+once): ``partition numbers -> their questions, read by the workers from the work area -> the
+processor -> each batch of answers kept in the work area by a worker as it comes`` (a piece per
+partition: the checkpoint, ``<run>/pieces/<partition>/``), then each partition written from its
+pieces (``gen/<partition>.parquet``) by a worker. The driver holds partition numbers and a row
+of counts per batch, never a question or an answer, and nothing waits on a shuffle. A run that
+fails keeps its pieces: the retry asks only the questions no piece answers, and writes the
+partitions not written. Every row takes the same answer policy as the in-process engine's
+(``generate.answered_row``: empty, truncated, repetitive, refusal, language, an engine error);
+reused answers are taken as they are. An engine error is not kept in a piece (it is asked again
+on a retry); a question no piece answers is written as an ``error`` answer, flagged, unless the
+partition's every answer was one (a server refusing every request): then it is not written and
+the run fails in one line.
 
 vLLM needs no tokenizer here: Ray's processor applies the checkpoint's chat template and
 tokenizes on CPU workers, the engine stage runs one vLLM engine per GPU (``concurrency``: up to
@@ -45,9 +50,8 @@ if TYPE_CHECKING:
     from origin.runtime import LoadedModel
     from precompute.config import PrecomputeSettings
     from precompute.generate import Profile
+    from precompute.workarea import WorkArea
 
-# partitions a wave holds per worker: enough to keep each engine fed past a partition's tail
-WAVE_PER_WORKER = 4
 # a request the server refused for now (429, 503) or never answered is sent again this often,
 # waiting 1, 2, 4 ... s between (the HTTP processor's backoff)
 HTTP_RETRIES = 6
@@ -259,9 +263,14 @@ def without_key(job: Job, llm: LLMEngine) -> tuple[Job, LLMEngine]:
     return dataclasses.replace(job, llm=bare), bare
 
 
+def _pieces(work: WorkArea, index: int) -> str:
+    """Where the answers of partition ``index`` wait as they come, before it is written."""
+    return f"{work.prefix}/pieces/{index:05d}/"
+
+
 def _questions(row: Mapping[str, Any], job: Job) -> Iterator[dict[str, Any]]:
-    """Partition ``row["partition"]``'s questions not answered by reuse, read from the work
-    area by the worker (the attempt recorded first)."""
+    """Partition ``row["partition"]``'s questions answered neither by reuse nor by a piece of an
+    earlier attempt, read from the work area by the worker (the attempt recorded first)."""
     from base.store import open_store
     from precompute.workarea import PartitionReader, WorkArea
 
@@ -271,63 +280,101 @@ def _questions(row: Mapping[str, Any], job: Job) -> Iterator[dict[str, Any]]:
     keys, texts = reader.questions(index)
     work.attempt(index, worker_name())
     reused = reader.reused(index, keys)
+    done = {a["position"] for a in _answered(work, index)}
     for position, (key, question) in enumerate(zip(keys, texts, strict=True)):
-        if key not in reused:
+        if key not in reused and position not in done:
             yield {"partition": index, "position": position, "key": key, "question": question}
 
 
-def _write(answers: pa.Table, job: Job, started: float) -> pa.Table:
-    """One partition's answers (a group): its table, generated rows and reused ones in the
-    questions' order, written to the work area (the checkpoint); a row saying what it did."""
+def _answered(work: WorkArea, index: int) -> list[dict[str, Any]]:
+    """The answers of partition ``index`` its pieces hold (``_keep``)."""
+    rows: list[dict[str, Any]] = []
+    for path in work.store.list(_pieces(work, index)):
+        rows += work.get_table(path).to_pylist()
+    return rows
+
+
+def _keep(batch: pa.Table, job: Job) -> pa.Table:
+    """A batch of answers as they come out of the processor, a piece per partition in the work
+    area (the checkpoint: a rerun asks only what no piece holds), but for the engine's errors,
+    which are asked again; a row per partition saying how many came and the first error."""
+    import uuid
+
+    import pyarrow as pa
+
+    from base.store import open_store
+    from precompute.workarea import WorkArea
+
+    work = WorkArea(open_store(job.out_uri), job.profile, job.run)
+    by_partition: dict[int, list[dict[str, Any]]] = {}
+    for answer in batch.to_pylist():
+        by_partition.setdefault(int(answer["partition"]), []).append(answer)
+    said = []
+    for index, answers in by_partition.items():
+        good = [a for a in answers if not a["error"]]
+        errors = [a["error"] for a in answers if a["error"]]
+        if good:
+            first = min(a["position"] for a in good)
+            name = f"{_pieces(work, index)}{first:05d}-{uuid.uuid4().hex[:12]}.parquet"
+            work.put_table(name, pa.Table.from_pylist(good))
+        said.append(
+            {"partition": index, "answers": len(answers), "errors": len(errors),
+             "error": errors[0][:300] if errors else ""}
+        )  # fmt: skip
+    return pa.Table.from_pylist(said)
+
+
+def _write(row: dict[str, Any], job: Job, started: float) -> dict[str, Any]:
+    """Partition ``row["partition"]`` from its pieces: generated rows and reused ones in the
+    questions' order, written to the work area (its pieces then removed); a question no piece
+    answers is an engine ``error`` (flagged); a row saying what it did."""
     import pyarrow as pa
 
     from base.store import open_store
     from precompute.generate import answer_schema, answered_row
     from precompute.workarea import PartitionReader, WorkArea
 
-    index = int(answers.column("partition")[0].as_py())
+    index = int(row["partition"])
     work = WorkArea(open_store(job.out_uri), job.profile, job.run)
     reader = PartitionReader(work, job.partition_size, job.questions)
     keys, texts = reader.questions(index)
     reused = reader.reused(index, keys)
-    by_position = {r["position"]: r for r in answers.to_pylist()}
+    by_position = {a["position"]: a for a in _answered(work, index)}
+    asked = len(keys) - len(reused)
+    if asked and not by_position:
+        raise FleetError(f"partition {index}: no answer came back, not written")
     rows, flags, tokens = [], Counter[str](), 0
     for position, (key, question) in enumerate(zip(keys, texts, strict=True)):
         if key in reused:
             rows.append(reused[key])
             continue
-        got = by_position.get(position)
-        if got is None:
-            raise FleetError(f"partition {index}: question {position} came back unanswered")
-        reason, error = got["finish_reason"] or None, got["error"] or None
-        text, count = got["text"], int(got["tokens"])
+        got = by_position.get(position) or {"text": "", "tokens": 0, "finish_reason": ""}
+        error = None if position in by_position else "the engine answered with an error"
+        reason, text, count = got["finish_reason"] or None, got["text"], int(got["tokens"])
         rows.append(answered_row(key, question, text, count, reason, error, job.generated_at))
-        tokens += int(got["tokens"])
-    errors = [a["error"] for a in by_position.values() if a["error"]]
-    if errors and len(errors) == len(by_position):  # a server refusing every request (a key)
-        raise FleetError(
-            f"partition {index}: every answer asked for was an engine error, not written "
-            f"(the first: {errors[0][:200]})"
-        )
+        tokens += count
     flags.update(r["flag"] for r in rows if r["flag"])
     work.put_table(work.partition(index), pa.Table.from_pylist(rows, schema=answer_schema()))
-    done = {
+    work.store.delete_many(work.store.list(_pieces(work, index)))
+    return {
         "partition": index,
-        "generated": len(by_position),
+        "generated": asked,
         "tokens": tokens,
         "started": started,
         "ended": time.time(),
         "worker": worker_name(),
         "flags": json.dumps(dict(flags)),
     }
-    return pa.Table.from_pylist([done])
 
 
-def generate_waves(
+def generate_streamed(
     fleet: Fleet, job: Job, llm: LLMEngine, todo: Sequence[int], progress: bool = False
 ) -> Generated:
-    """Answer partitions ``todo`` of ``job``'s run with ``llm`` on ``fleet``, a wave of them at
-    a time (see the module's docstring); returns what each partition's writer did."""
+    """Answer partitions ``todo`` of ``job``'s run with ``llm`` on ``fleet``: one Ray Data run
+    over them all (the engines start once), each batch of answers kept in the work area as it
+    comes (``_keep``), then each partition written from its pieces (``_write``); a partition
+    whose every answer is an error is not written and fails the run in one line (a server
+    refusing every request: the retry asks again). Returns what each partition's writer did."""
     import ray.data
     from ray.data.llm import build_processor
     from tqdm import tqdm
@@ -344,33 +391,44 @@ def generate_waves(
         preprocess=lambda row: request_row(llm, settings, row),
         postprocess=lambda row: answer_row(llm, max_tokens, row),
     )
-    wave = max(1, fleet.workers * WAVE_PER_WORKER)
     size = job.partition_size
     answers = {i: min(size, job.questions - i * size) for i in todo}
     bar = tqdm(total=sum(answers.values()), desc="generating", unit="answer", disable=not progress)
-    rows: list[dict[str, Any]] = []
+    asked: Counter[int] = Counter()
+    failed: Counter[int] = Counter()
+    first_error: dict[int, str] = {}
     if llm.engine == "vllm":
         reserve_gpus(fleet, fleet.workers)
+    started = time.time()
     try:
-        for first in range(0, len(todo), wave):
-            indexes = list(todo[first : first + wave])
-            started = time.time()
-            parts = ray.data.from_items(
-                [{"partition": i} for i in indexes], override_num_blocks=len(indexes)
-            )
-            asked = parts.flat_map(_questions, fn_kwargs={"job": job})
-            answered = processor(asked).map(lambda row: answer_row(llm, max_tokens, row))
-            written = answered.groupby("partition").map_groups(
-                _write, fn_kwargs={"job": job, "started": started}, batch_format="pyarrow"
-            )
-            for row in written.iter_rows():
-                rows.append(dict(row))
-                bar.update(answers[row["partition"]])
-    except Exception as error:  # a wave failed past Ray's retries: the waves before are kept
+        parts = ray.data.from_items([{"partition": i} for i in todo], override_num_blocks=len(todo))
+        kept = (
+            processor(parts.flat_map(_questions, fn_kwargs={"job": job}))
+            .map(lambda row: answer_row(llm, max_tokens, row))
+            .map_batches(_keep, fn_kwargs={"job": job}, batch_format="pyarrow")
+        )
+        for said in kept.iter_rows():  # a row a batch and partition: counts, never answers
+            asked[said["partition"]] += said["answers"]
+            failed[said["partition"]] += said["errors"]
+            if said["error"]:
+                first_error.setdefault(said["partition"], said["error"])
+            bar.update(said["answers"])
+        refused = sorted(i for i in asked if failed[i] == asked[i])
+        whole = [i for i in todo if i not in refused]
+        written = ray.data.from_items([{"partition": i} for i in whole]).map(
+            _write, fn_kwargs={"job": job, "started": started}
+        )
+        rows = [dict(row) for row in written.iter_rows()] if whole else []
+    except Exception as error:  # past Ray's retries: the pieces and partitions written are kept
         raise FleetError(f"generation with {llm.describe()} failed: {last_line(error)}") from error
     finally:
         bar.close()
         if llm.engine == "vllm":
             reserve_gpus(fleet, 0)
+    if refused:
+        raise FleetError(
+            f"partition {refused[0]}: every answer asked for was an engine error, not written "
+            f"({len(refused)} partition(s); the first error: {first_error[refused[0]][:200]})"
+        )
     workers = len({r["worker"] for r in rows})
     return Generated(rows, f"{fleet.where(workers)}; {llm.describe()}")

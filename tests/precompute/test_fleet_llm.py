@@ -122,6 +122,25 @@ def test_the_http_processor_on_ray_builds_the_release_the_in_process_engine_buil
     assert "\n" not in str(e.value) and "unauthorized" in str(e.value)
     assert not out.exists(lost)
 
+    # the answers kept as they came are the checkpoint: a partition whose every question a
+    # piece answers is written from its pieces, nothing asked (the refusing server is not)
+    import pyarrow as pa
+
+    kept = [
+        {"partition": 1, "position": i, "text": r["answer"], "tokens": r["tokens"],
+         "finish_reason": r["finish_reason"], "error": ""}
+        for i, r in enumerate(before.to_pylist())
+    ]  # fmt: skip
+    work.put_table(f"{work.prefix}/pieces/00001/00000-kept.parquet", pa.Table.from_pylist(kept))
+    with _refusing_server() as refusing:
+        env["EDGEQA_GENERATION_URL"] = refusing
+        config = PipelineConfig.from_env(env, partition_size=3)
+        again = run_stage("generate", RunParams(logs.uri, out.uri, SINCE, UNTIL, config), run)
+    assert again["partitions_reused"] == mine["partitions"] - 1
+    assert again["flagged"] == mine["flagged"]  # the run's answers, flagged as they were
+    assert work.get_table(lost).equals(before)  # the release's partition, from the pieces
+    assert not out.list(f"{work.prefix}/pieces/")  # gone once the partition is written
+
 
 @contextmanager
 def _refusing_server() -> Iterator[str]:
