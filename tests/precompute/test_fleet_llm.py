@@ -86,7 +86,7 @@ def test_the_http_processor_on_ray_builds_the_release_the_in_process_engine_buil
     config = PipelineConfig.from_env(env, partition_size=3)
     out = FileStore(tmp_path / "served")
     params = RunParams(logs.uri, out.uri, SINCE, UNTIL, config)
-    served = run_pipeline(params)
+    served = run_pipeline(params, model=embedded_model)  # mine's embedding here, as the other's
     assert served["status"] == "published", served
     assert served["profile"] == reference["profile"]  # the same model, the same precision
     assert served["version"] == reference["version"]  # the same rows, answers and dates
