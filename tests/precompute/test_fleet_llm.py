@@ -61,7 +61,7 @@ def origin_url(embedded_model: Any, tmp_path_factory: pytest.TempPathFactory) ->
 
 def _logs(tmp_path: Path) -> FileStore:
     logs = FileStore(tmp_path / "logs")
-    write_logs(logs, generate_rows(UNTIL, intents=4, users=60, asks=260, tail_questions=6))
+    write_logs(logs, generate_rows(UNTIL, intents=3, users=45, asks=180, tail_questions=2))
     return logs
 
 
