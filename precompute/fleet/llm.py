@@ -6,9 +6,10 @@ the default, is ``generation.py``: the project's engine in each actor).
 The partitions are the in-process engine's, answered in one Ray Data run (the engines start
 once): ``partition numbers -> their questions, read by the workers from the work area -> the
 processor -> each batch of answers kept in the work area by a worker as it comes`` (a piece per
-partition: the checkpoint, ``<run>/pieces/<partition>/``), then each partition written from its
-pieces (``gen/<partition>.parquet``) by a worker. The driver holds partition numbers and a row
-of counts per batch, never a question or an answer, and nothing waits on a shuffle. A run that
+partition: the checkpoint, ``<run>/pieces/<partition>/``, kept with the run's work area), then
+each partition written from its pieces (``gen/<partition>.parquet``) by a worker. The driver
+holds partition numbers and a row of counts per batch, never a question or an answer, and
+nothing waits on a shuffle. A run that
 fails keeps its pieces: the retry asks only the questions no piece answers, and writes the
 partitions not written. Every row takes the same answer policy as the in-process engine's
 (``generate.answered_row``: empty, truncated, repetitive, refusal, language, an engine error);
@@ -326,8 +327,8 @@ def _keep(batch: pa.Table, job: Job) -> pa.Table:
 
 def _write(row: dict[str, Any], job: Job, started: float) -> dict[str, Any]:
     """Partition ``row["partition"]`` from its pieces: generated rows and reused ones in the
-    questions' order, written to the work area (its pieces then removed); a question no piece
-    answers is an engine ``error`` (flagged); a row saying what it did."""
+    questions' order, written to the work area; a question no piece answers is an engine
+    ``error`` (flagged); a row saying what it did."""
     import pyarrow as pa
 
     from base.store import open_store
@@ -354,8 +355,9 @@ def _write(row: dict[str, Any], job: Job, started: float) -> dict[str, Any]:
         rows.append(answered_row(key, question, text, count, reason, error, job.generated_at))
         tokens += count
     flags.update(r["flag"] for r in rows if r["flag"])
+    # its pieces stay with the run's work area (prune removes it): the GPU workers' role, where
+    # this runs, may write a work area but not delete in it
     work.put_table(work.partition(index), pa.Table.from_pylist(rows, schema=answer_schema()))
-    work.store.delete_many(work.store.list(_pieces(work, index)))
     return {
         "partition": index,
         "generated": asked,
