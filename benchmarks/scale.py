@@ -58,11 +58,16 @@ Prints one JSON object: {"config", "nights", "rules", "mine": {"<rows>": {...}},
    rows, judged 20 times over on 1 and on 2 processes (forced): clusters/s each, the speedup,
    whether the judgements are the same, and what the mining process pays to take them back.
 
+10. **Carried clusters** (``--carried 100000,400000``): rule 5 on N wordings, then a night later
+   (13 % of them gone, as many new: half new wordings of old questions, half new questions)
+   carrying the first night's clusters (``precompute/incremental.py``) and from scratch: the
+   seconds of each, µs a wording, the state's read, map look-up and write, and the clusters.
+
 Run: .venv/bin/python benchmarks/scale.py [--sizes 100000,1000000] [--full] [--release 100000]
      [--edge-rows 1000000] [--skip mine,release,edge_load] [--nights 2 --rows-per-day 150000]
      [--rules 100000] [--aggregate 10000000,30000000] [--stages 300000,3000000]
      [--stage-memory-mb 512] [--stage-names mine,generate,build,validate,publish]
-     [--kstep 300000] [--lookup 100000,400000,1600000]
+     [--kstep 300000] [--lookup 100000,400000,1600000] [--carried 100000,400000]
 """
 
 from __future__ import annotations
@@ -438,6 +443,90 @@ def child_lookup(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def child_carried(args: dict[str, Any]) -> dict[str, Any]:
+    """Rule 5 on ``n`` wordings (384-d, ~4 wordings a question: each a question's vector moved
+    to cosine 0.97 of it), then a night later on a window that lost the first 13 % and gained as
+    many new ones (half of them new wordings of old questions, half of new questions), carrying
+    night 1's clusters (``precompute/incremental.py``) and, in a store of its own, from scratch:
+    the seconds of each and their steps, what the carried night did, and the clusters each
+    found."""
+    import numpy as np
+    import pyarrow as pa
+
+    from base.store import FileStore
+    from edge_index.guard import numbers
+    from precompute.clustering import ClusterStats, Texts, embed, embedding_order, greedy_clusters
+    from precompute.clusterstate import ClusterState
+    from precompute.config import MiningConfig
+    from precompute.incremental import night_clusters
+
+    n, dim, share = int(args["n"]), 384, 0.13
+    folder = Path(args["out"])
+    shutil.rmtree(folder, ignore_errors=True)
+    moved, questions, new = 0.25, n // 4, int(n * share)
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((questions + new, dim), dtype=np.float32)
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    of = np.arange(n + new) % questions
+    of[n + 1 :: 2] = questions + np.arange(n + 1, n + new, 2) - n  # new questions
+    noise = rng.standard_normal((n + new, dim), dtype=np.float32)
+    noise *= moved / np.linalg.norm(noise, axis=1, keepdims=True)
+    vectors = centres[of] + noise
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    del noise, centres
+    config = MiningConfig(cluster_threshold=0.9)
+    # a wording's text: its number in letters (digits would be numbers that must match)
+    names = ["".join(chr(97 + int(d)) for d in str(i)) for i in range(n + new)]
+    row_of = {name: i for i, name in enumerate(names)}
+
+    def encode(texts: Any, progress: bool = False) -> Any:
+        for start in range(0, len(texts), 16_384):
+            yield vectors[[row_of[t] for t in texts[start : start + 16_384]]]
+
+    def night(store: Any, first: int, last: int, day: date) -> dict[str, Any]:
+        texts = names[first:last]
+        keys = pa.array([hashlib.sha256(t.encode()).hexdigest() for t in texts])
+        state = ClusterState(store, "p", "f", day - timedelta(days=DAYS - 1), day)
+        stats = ClusterStats(wordings=len(texts))
+
+        def from_scratch(heads: Any) -> Any:
+            order = embedding_order(len(texts), config.exact_cluster_rows)
+            return greedy_clusters(
+                embed(Texts(texts), encode, order),
+                config.cluster_threshold,
+                lambda row: numbers(texts[row]),
+                stats=stats,
+                order=order,
+                heads=heads,
+            )
+
+        began = time.perf_counter()
+        clusters = night_clusters(
+            state, keys, Texts(texts), lambda: encode, config, stats, False, from_scratch
+        )
+        took = time.perf_counter() - began
+        return {
+            "wordings": len(texts),
+            "clusters": len(clusters),
+            "s": round(took, 2),
+            "us_per_wording": round(took / len(texts) * 1e6, 2),
+            "cluster_s": round(stats.cluster_s, 2),
+            "state": state.counts.as_dict(),
+            "peak_rss_mb": _peak_rss_mb(),
+        }
+
+    carried_store = FileStore(folder / "carried")
+    first = night(carried_store, 0, n, UNTIL - timedelta(days=1))
+    second = night(carried_store, new, n + new, UNTIL)
+    scratch = night(FileStore(folder / "scratch"), new, n + new, UNTIL)
+    return {
+        "night_1": first,
+        "carried": second,
+        "from_scratch": scratch,
+        "carried_over_scratch": round(second["s"] / scratch["s"], 3),
+    }
+
+
 def _release_night(work: Path, n: int) -> Any:
     """The run parameters of a night whose logs hold ``n`` distinct questions, each asked by 5
     to 7 people, every one answered by an operator's answers file (no LLM time); logs and
@@ -764,6 +853,7 @@ CHILDREN = {
     "rules": child_rules,
     "kstep": child_kstep,
     "lookup": child_lookup,
+    "carried": child_carried,
     "release": child_release,
     "stage": child_stage,
     "night": lambda args: {"logs": _release_night(Path(args["work"]), int(args["n"])).logs_uri},
@@ -953,6 +1043,12 @@ def main() -> None:
         help="wordings (e.g. 100000,400000,1600000): the vector cache's look-up at each size",
     )
     parser.add_argument(
+        "--carried",
+        default="",
+        help="wordings (e.g. 100000,400000): a night carrying the last one's clusters, and "
+        "the same night from scratch",
+    )
+    parser.add_argument(
         "--kstep",
         type=int,
         default=0,
@@ -1018,6 +1114,11 @@ def main() -> None:
         for n in (int(x) for x in args.lookup.split(",")):
             looked[str(n)] = run_child("lookup", {"n": n, "dim": 16, "out": str(work / "lookup")})
             done("lookup", looked)
+    if args.carried:
+        carried = {}
+        for n in (int(x) for x in args.carried.split(",")):
+            carried[str(n)] = run_child("carried", {"n": n, "out": str(work / "carried")})
+            done("carried", carried)
     if args.kstep:
         logs = logs_for(work, args.kstep, args.seed)
         kstep_out = work / f"kstep-{args.kstep}"

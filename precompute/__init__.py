@@ -9,7 +9,9 @@ mining.py      the hot questions (with logwindow.py: the window in DuckDB; reduc
                6-8 per cluster, on processes; safetext.py: token-level k; asks.py: an ask's
                time; questions.py: a mined question and its wordings; spill.py: the
                questions found and the cluster report kept on local disk, read back ranked;
-               nightcache.py and vectorcache.py: the verdicts and vectors kept across nights)
+               nightcache.py and vectorcache.py: the verdicts and vectors kept across nights;
+               clusterstate.py: the clusters carried from night to night, as stored;
+               incremental.py: rule 5 with them, and NightCaches: what a night carries)
 curated.py     the operator's answers
 generate.py    answering the hot questions, partition by partition
 fleet/         where the model stages run (Ray, local or a GPU fleet), and jobs.py: each

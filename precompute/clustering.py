@@ -233,6 +233,7 @@ def neighbour_index(
     threshold: float | None = None,
     stats: ClusterStats | None = None,
     recall: float = 0.99,
+    heads: Heads | None = None,
 ) -> tuple[faiss.Index, str, int | None, float]:
     """The index the greedy pass searches (ids = row numbers; vectors read back by id), its
     factory string, its probes and the threshold (None: estimated from the vectors). Each chunk
@@ -248,7 +249,8 @@ def neighbour_index(
     the threshold, which no list holds: the fewer probes are kept and their recall reported).
     The lists a near-duplicate falls into spread as the night grows (437,551 wordings, 256 a
     list: 16 probes find 0.955 of the neighbours, 32 find 0.996), so a fixed number would lose
-    recall with size."""
+    recall with size. ``heads``: handed an empty index of the same kind, trained (where the
+    clusters' heads are kept, when it holds none yet)."""
     import faiss
 
     stats = stats if stats is not None else ClusterStats()
@@ -259,6 +261,8 @@ def neighbour_index(
         for rows, vectors in embedded:
             if flat is None:  # ids survive removals
                 flat = faiss.IndexIDMap2(faiss.IndexFlatIP(vectors.shape[1]))
+                if heads is not None:
+                    heads.start(flat)
             flat.add_with_ids(vectors, rows)
         embedded.check_all_came()
         if flat is None:
@@ -278,6 +282,8 @@ def neighbour_index(
     index = faiss.index_factory(came.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
     ivf = faiss.extract_index_ivf(index)
     train_lists(ivf, came[:wanted])
+    if heads is not None:
+        heads.start(index)
     # the graph over the lists' centroids, searched to put each wording in its list: at 16
     # candidates (FAISS's default) a night of 11,718 lists put near-duplicates in lists no
     # number of probes reached together (recall 0.97 at 3,000,000 wordings)
@@ -453,6 +459,34 @@ def _first_rows(
     return joined[:got], held
 
 
+class Heads:
+    """The clusters' heads, each under its cluster's number plus ``base``, in an index of their
+    own: a carried one, or (``index`` None) an empty one of the neighbour index's kind, made
+    when that one is trained. A head's vector is the one the neighbour index gives back (its
+    fp16 codes past the exact index)."""
+
+    def __init__(self, index: faiss.Index | None = None, base: int = 0) -> None:
+        self.index, self.base, self.added = index, base, 0
+
+    def start(self, empty: faiss.Index) -> None:
+        """A copy of ``empty`` (trained, holding no vector), when no index is kept yet."""
+        import faiss
+
+        if self.index is None:
+            self.index = faiss.deserialize_index(faiss.serialize_index(empty))
+            ivf = faiss.try_extract_index_ivf(self.index)
+            if ivf is not None:  # heads removed by id when their clusters are gone
+                ivf.set_direct_map_type(faiss.DirectMap.Hashtable)  # type: ignore[attr-defined]
+
+    def add(self, numbers: np.ndarray, vectors: np.ndarray) -> None:
+        if not len(numbers):
+            return
+        assert self.index is not None, "no index to keep the heads in"
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        self.index.add_with_ids(vectors, numbers + self.base)
+        self.added += len(numbers)
+
+
 def greedy_clusters(
     chunks: Iterable[np.ndarray],
     threshold: float | None,
@@ -464,6 +498,7 @@ def greedy_clusters(
     progress: bool = False,
     recall: float = 0.99,
     order: np.ndarray | None = None,
+    heads: Heads | None = None,
 ) -> Clusters:
     """Rows of the night's vectors (unit length; row numbers in the greedy order: most asked
     first) grouped: each cluster's rows, its head first, the others ascending. ``chunks``: the
@@ -472,7 +507,9 @@ def greedy_clusters(
     then trains on its first rows, so shuffle them first: ``embedding_order``). ``threshold``
     None: estimated from the vectors. ``numbers_of(row)``: what must match for two rows to
     join (``edge_index.guard.numbers`` of the wording). The seconds spent waiting for chunks are
-    ``stats.embed_s``; the rest ``stats.cluster_s``."""
+    ``stats.embed_s``; the rest ``stats.cluster_s``. ``heads``: where each cluster's head is
+    kept with its vector, under the cluster's number (what the next night carries:
+    ``clusterstate.py``)."""
     import faiss
 
     stats = stats if stats is not None else ClusterStats()
@@ -486,7 +523,7 @@ def greedy_clusters(
         stats.threshold = threshold
         return Clusters()
     index, stats.index, stats.nprobe, threshold = neighbour_index(
-        chunks, order, exact_rows, list_rows, nprobe, threshold, stats, recall
+        chunks, order, exact_rows, list_rows, nprobe, threshold, stats, recall, heads
     )
     stats.threshold = threshold
     numbers: dict[int, Any] = {}
@@ -516,10 +553,12 @@ def greedy_clusters(
         lims, _scores, ids = index.range_search(asked, threshold)
         stats.neighbours += len(ids)
         taken: list[int] = []
+        opened: list[int] = []  # the queries that opened a cluster
         for r, head in enumerate(queries):
             if assigned[head]:
                 continue  # an earlier query of this batch took it
             assigned[head] = True
+            opened.append(r)
             members = [head]
             found = ids[lims[r] : lims[r + 1]]
             found = np.sort(found[(found != head) & ~assigned[found]])
@@ -531,6 +570,9 @@ def greedy_clusters(
                         members.append(row)
             clusters.append(members)
             taken += members
+        if heads is not None:
+            first = len(clusters) - len(opened)
+            heads.add(np.arange(first, len(clusters), dtype=np.int64), asked[opened])
         gone = np.asarray(taken, dtype=np.int64)
         index.remove_ids(faiss.IDSelectorArray(len(gone), faiss.swig_ptr(gone)))
         for row in taken:  # a clustered row is never compared again

@@ -28,6 +28,25 @@ class Clusters(Sequence[list[int]]):
         clusters._rows, clusters._ends = array("q", range(n)), array("q", range(1, n + 1))
         return clusters
 
+    @classmethod
+    def of_labels(cls, labels: np.ndarray) -> Clusters:
+        """Rows grouped by their label (``labels[row]``): each cluster's rows ascending, the
+        clusters in the order of their first rows (as the greedy pass opens them: a cluster's
+        first row is its most asked)."""
+        from array import array
+
+        clusters = cls()
+        if not len(labels):
+            return clusters
+        _, label = np.unique(labels, return_inverse=True)
+        first = np.full(int(label.max()) + 1, len(labels), dtype=np.int64)
+        np.minimum.at(first, label, np.arange(len(labels), dtype=np.int64))
+        order = np.argsort(first[label], kind="stable")  # rows ascending within a cluster
+        sizes = np.bincount(label)[np.argsort(first, kind="stable")]
+        clusters._rows = array("q", order.astype(np.int64).tobytes())
+        clusters._ends = array("q", np.cumsum(sizes).astype(np.int64).tobytes())
+        return clusters
+
     def append(self, members: Sequence[int]) -> None:
         self._rows.extend(members)
         self._ends.append(len(self._rows))

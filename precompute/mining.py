@@ -83,16 +83,19 @@ from precompute.clustering import (
     Clusters,
     ClusterStats,
     Encoder,
+    Heads,
     Texts,
     embed,
     embedding_order,
     greedy_clusters,
     local_encoder,
 )
+from precompute.clusterstate import ClusterState
 from precompute.config import MiningConfig
+from precompute.incremental import NightCaches, night_clusters
 from precompute.kstep import MANY_WORDINGS, MIN_PROCESSES, cluster_chunks, judge_all
 from precompute.logwindow import LogWindow, WindowCounts
-from precompute.nightcache import NightCache, NightCaches, check_verdicts
+from precompute.nightcache import NightCache, check_verdicts
 from precompute.questions import HotQuestion, Phrasing, askers_counts, held_back_rows
 from precompute.reduction import Wordings
 from precompute.safetext import built_question
@@ -259,6 +262,8 @@ def _mine(
     report = MiningReport(cluster_rows=ClusterSpill(folder and folder / "clusters"))
     hot = HotSpill(folder and folder / "hot")
     evidence = carry(carried, config, now)
+    if caches.clusters is not None:
+        caches.clusters.prefetch()  # read while the window is aggregated
     with LogWindow(config.memory_mb) as window:
         window.add(rows)
         table, counts = window.wordings(
@@ -281,7 +286,9 @@ def _mine(
             encode: Callable[[], Encoder] | None = functools.partial(local_encoder, embedder)
         else:
             encode = encoder
-        clusters = _clusters(table, encode, config, report, progress, caches.vectors)
+        clusters = _clusters(
+            table, encode, config, report, progress, caches.vectors, caches.clusters
+        )
         report.peak_rss_mb["cluster"] = peak_rss_mb()
         started = time.perf_counter()
         _qualifying(table, clusters, config, now, report, hot)
@@ -321,10 +328,13 @@ def _clusters(
     report: MiningReport,
     progress: bool,
     vectors: NightCache | None = None,
+    carried: ClusterState | None = None,
 ) -> Clusters:
     """Rule 5 on the window's wordings (rows of ``table``, most asked first): clusters of row
     numbers, head first. ``encoder()`` makes what embeds them (None: nothing does, no wording
-    joins another); ``vectors``: the cache that holds some of their vectors (None: none)."""
+    joins another); ``vectors``: the cache that holds some of their vectors (None: none);
+    ``carried``: the clusters the nights before kept (``clusterstate.py``: only the new
+    wordings are embedded and clustered; None: every wording is)."""
     n = len(table)
     stats = ClusterStats(wordings=n)
     normalized = Texts(table.column("normalized"))
@@ -335,9 +345,7 @@ def _clusters(
             made.append(encoder())  # type: ignore[misc]
         return made[0]
 
-    if encoder is None or n <= 1:
-        clusters = Clusters.singletons(n)
-    else:
+    def from_scratch(heads: Heads | None = None) -> Clusters:
         order = embedding_order(n, config.exact_cluster_rows)
         if vectors is None:
             chunks = embed(normalized, encode(), order, progress)
@@ -349,7 +357,7 @@ def _clusters(
                 encode,
                 progress,
             )
-        clusters = greedy_clusters(
+        return greedy_clusters(
             chunks,
             config.cluster_threshold,
             lambda row: numbers(normalized[row]),
@@ -360,14 +368,25 @@ def _clusters(
             progress=progress,
             recall=config.cluster_recall,
             order=order,
+            heads=heads,
+        )
+
+    if encoder is None or n <= 1:
+        clusters = Clusters.singletons(n)
+    elif carried is None:
+        clusters = from_scratch()
+    else:
+        keys = table.column("key").combine_chunks()
+        clusters = night_clusters(
+            carried, keys, normalized, encode, config, stats, progress, from_scratch
         )
     report.seconds["embed"] = stats.embed_s
     report.seconds["cluster"] = stats.cluster_s
     report.clustering = stats.as_dict()
     if made:  # where the wordings were embedded (``precompute/fleet/``)
         report.clustering["embedded_on"] = getattr(made[0], "where", "") or "this process"
-    elif encoder is not None and n > 1:
-        report.clustering["embedded_on"] = "cache"  # every vector came from the cache
+    elif encoder is not None and n > 1:  # every vector came from the cache, or none was needed
+        report.clustering["embedded_on"] = "carried" if stats.index == "carried" else "cache"
     return clusters
 
 

@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from base.errors import EdgeQAError
 from base.store import ObjectNotFoundError, Store, parquet_bytes, parquet_table
@@ -151,53 +151,6 @@ class CacheCounts:
         return dict(self.__dict__)
 
 
-@dataclass(frozen=True)
-class NightCaches:
-    """The caches a night's mining reads and writes (None: that one is not kept)."""
-
-    verdicts: NightCache | None = None
-    vectors: NightCache | None = None
-
-    @classmethod
-    def of_night(
-        cls,
-        store: Store,
-        profile: str,
-        language: str | None,
-        embedder: str,
-        since: date,
-        until: date,
-    ) -> NightCaches:
-        """Both caches of ``profile``, for the night whose window is ``since`` to ``until``,
-        under the fingerprints of tonight's text rules and embedder (``embedder``'s spec: its
-        fingerprint taken when a wording is to be embedded, not before)."""
-        return cls(
-            NightCache(store, profile, "verdicts", rules_fingerprint(language), since, until),
-            NightCache(
-                store,
-                profile,
-                "vectors",
-                functools.partial(embedder_fingerprint, embedder),
-                since,
-                until,
-            ),
-        )
-
-    def close(self) -> None:
-        """Write what is left and expire old parts (again: closing twice is harmless), even
-        for a night that had nothing to embed or failed."""
-        for cache in (self.verdicts, self.vectors):
-            if cache is not None:
-                cache.close()
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            name: cache.counts.as_dict()
-            for name, cache in (("verdicts", self.verdicts), ("vectors", self.vectors))
-            if cache is not None
-        }
-
-
 @dataclass
 class NightCache:
     """One kind of entry (``verdicts``, ``vectors``) under one fingerprint, for the night whose
@@ -222,6 +175,16 @@ class NightCache:
         return f"{self.profile}/work/cache/{self.kind}"
 
     @property
+    def token(self) -> str:
+        """What names the parts this night writes (``<nnnnn>-<token>.parquet``)."""
+        return self._token
+
+    @property
+    def part_token(self) -> str:
+        """``<night>/<token>``: the parts this night writes."""
+        return f"{self.night.isoformat()}/{self._token}"
+
+    @property
     def prefix(self) -> str:
         """Where this fingerprint's parts are (the fingerprint taken now if not yet)."""
         if callable(self.fingerprint):
@@ -229,14 +192,18 @@ class NightCache:
         return f"{self.root}/{self.fingerprint}"
 
     def tables(
-        self, columns: list[str], accepts: Callable[[pa.Schema], bool]
+        self,
+        columns: list[str],
+        accepts: Callable[[pa.Schema], bool],
+        only: Callable[[str], bool] | None = None,
     ) -> Iterator[tuple[date, pa.Table]]:
         """Every part of this fingerprint (the night that wrote it, its table of ``columns``),
         in order, ``READS_AHEAD`` fetched and decoded at a time, on threads (one after another,
         a window's parts took an hour of round trips at a billion rows a week, and their
         decoding most of the vector look-up's hour). A part gone before it was read is skipped;
         one that is not Parquet, or whose columns' types ``accepts`` refuses, is skipped and
-        counted (``invalid_parts``): a cache never stops a night."""
+        counted (``invalid_parts``): a cache never stops a night. ``only``: the parts read, by
+        their path (None: all)."""
         import pyarrow as pa
 
         from base.store_base import bounded_map
@@ -252,7 +219,7 @@ class NightCache:
             except (pa.ArrowException, KeyError, ValueError) as error:
                 return error
 
-        wanted = [path for path in paths if nights[path] is not None]
+        wanted = [p for p in paths if nights[p] is not None and (only is None or only(p))]
         workers = min(READS_AHEAD, self.store.concurrency)
         for path, table in zip(wanted, bounded_map(fetch, wanted, workers, 1), strict=True):
             written = nights[path]

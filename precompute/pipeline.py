@@ -58,8 +58,8 @@ from precompute.generate import (
     generate_all,
     nightly_engine,
 )
+from precompute.incremental import NightCaches
 from precompute.mining import MiningReport, drop_clusters, mine_to
-from precompute.nightcache import NightCaches
 from precompute.parent import current_release, parent_flagged, parent_phrasings, parent_rows
 from precompute.prune import mark_checked, mark_refused, prune
 from precompute.publish import (
@@ -199,19 +199,20 @@ def mine_stage(
     # language without two wordings tonight needs no embedder (loaded only when one is needed);
     # the questions and the cluster report are kept on local disk, not in this process
     spill = Path(tempfile.mkdtemp(prefix="edgeqa-mine-"))
+    settings_mining = scaled(config, spec).mining
     try:
         hot, mining = mine_to(
             spill,
             tables,
             None,
-            scaled(config, spec).mining,
+            settings_mining,
             params.now,
             carried(),
             language=params.language,
             progress=progress,
             # on Ray; here when the run was handed a model loaded here (a test, a benchmark)
             encoder=lambda: wordings_encoder(settings, spec, here=model is not None),
-            # what the nights before judged and embedded is not done again (``nightcache.py``)
+            # what the nights before judged, embedded and clustered is not done again
             caches=NightCaches.of_night(
                 out,
                 profile.name,
@@ -219,6 +220,7 @@ def mine_stage(
                 spec,
                 params.since,
                 params.until,
+                settings_mining,
             ),
         )
         mining.carried_from = parent.version if read and parent else None

@@ -80,7 +80,7 @@ def _lookup(cache: NightCache, keys: pa.Array, path: Path) -> tuple[np.ndarray, 
     dimension; a wording with none is a hole); per position the night its vector was written
     (days since 0001-01-01; 0: none), and the dimension (None: none found).
 
-    The night's keys are indexed once (``_KeyIndex``: sorted 64-bit numbers) and each part's
+    The night's keys are indexed once (``KeyIndex``: sorted 64-bit numbers) and each part's
     keys looked up in it, so a part costs its own size: probing every night's key against each
     part (Arrow's ``index_in``, what this was) cost the night's keys times the cache's parts, 8 h
     at a billion log rows a week. The vectors found are written into the file as an array
@@ -92,7 +92,7 @@ def _lookup(cache: NightCache, keys: pa.Array, path: Path) -> tuple[np.ndarray, 
     nights = np.zeros(n, dtype=np.int64)
     dim = None
     pool = pa.default_memory_pool()
-    index = _KeyIndex(keys)
+    index = KeyIndex(keys)
     path.touch()
     mapped: np.memmap | None = None
     for written, table in cache.tables(["key", "vector"], _vector_part):
@@ -157,7 +157,7 @@ def _prefixes(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return value, present
 
 
-class _KeyIndex:
+class KeyIndex:
     """The night's keys, sorted once by their 64-bit number (``_prefixes``): a part's keys are
     found in it by binary search, each match checked whole (keys that share a number are all
     looked at)."""

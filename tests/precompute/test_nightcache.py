@@ -18,13 +18,9 @@ import pytest
 from base.errors import EdgeQAError
 from base.store import FileStore, Store
 from precompute.config import MiningConfig
+from precompute.incremental import NightCaches
 from precompute.mining import mine
-from precompute.nightcache import (
-    NightCache,
-    NightCaches,
-    embedder_fingerprint,
-    rules_fingerprint,
-)
+from precompute.nightcache import NightCache, embedder_fingerprint, rules_fingerprint
 from precompute.samplelogs import generate_rows
 from precompute.textrules import judge_all
 from precompute.vectorcache import vectors_with_cache
@@ -298,7 +294,7 @@ def test_a_rule_s_or_a_language_s_or_an_embedder_s_change_is_another_cache(
 
 
 def test_a_parts_keys_are_found_among_the_nights_by_their_index_whole_keys_checked() -> None:
-    """The vector cache's lookup (``vectorcache._KeyIndex``): the night's keys indexed once, a
+    """The vector cache's lookup (``vectorcache.KeyIndex``): the night's keys indexed once, a
     part's found by binary search on 64-bit numbers, each match checked whole: keys that share a
     prefix are each found and never confused; an odd key (not hex, short) is found as well, a
     null one never."""
@@ -307,13 +303,13 @@ def test_a_parts_keys_are_found_among_the_nights_by_their_index_whole_keys_check
 
     import pyarrow as pa
 
-    from precompute.vectorcache import _KeyIndex
+    from precompute.vectorcache import KeyIndex
 
     rng = random.Random(3)
     night = [hashlib.sha256(f"w{i}".encode()).hexdigest() for i in range(5000)]
     twin = night[17][:16] + "f" * 48  # night[17]'s prefix, another key
     night.append(night[42][:16] + "0" * 48)  # two night keys sharing a prefix, both found
-    index = _KeyIndex(pa.array(night))
+    index = KeyIndex(pa.array(night))
     part = [*rng.sample(night, 700), night[42], night[-1], twin, "not-hex-" * 8, "abc", None]
     part += [hashlib.sha256(f"other{i}".encode()).hexdigest() for i in range(300)]
     rng.shuffle(part)
@@ -322,5 +318,5 @@ def test_a_parts_keys_are_found_among_the_nights_by_their_index_whole_keys_check
     assert all(part[r] == night[p] for r, p in pairs)  # every match is the same key
     assert sorted(r for r, _ in pairs) == [i for i, k in enumerate(part) if k in set(night)]
     odd = ["a", "text of b", "ü" * 20]  # keys of no hex: found all the same
-    rows, positions = _KeyIndex(pa.array([*odd, None, *night[:3]])).find(pa.array(odd[::-1]))
+    rows, positions = KeyIndex(pa.array([*odd, None, *night[:3]])).find(pa.array(odd[::-1]))
     assert sorted(zip(rows.tolist(), positions.tolist(), strict=True)) == [(0, 2), (1, 1), (2, 0)]
