@@ -50,8 +50,7 @@ from precompute.textrules import (
     CHUNK,
     REASONS,
     VERDICT_COLUMNS,
-    Known,
-    judge_tables,
+    judge_files,
     verdict_part,
     verdict_schema,
 )
@@ -306,41 +305,35 @@ class LogWindow:
             "kinds VARCHAR[], key VARCHAR, normalized VARCHAR, form VARCHAR)"
         )
 
-        # every text with its cached verdict, if any, joined once and kept in the texts' order:
-        # a chunk is then a range of rows its row groups' zone maps find (joined per chunk, the
-        # cache's verdicts were hashed again for every chunk: a window's texts times its chunks)
+        # every text with its cached verdict, if any, joined once and written in the texts' order
+        # to a Parquet file of ``CHUNK`` rows a row group (DuckDB, on its threads): the processes
+        # that judge read their chunks from it and write their verdicts to files, which go into
+        # ``texts`` in one statement; this process only hands out row groups (feeding each chunk
+        # through it and inserting each chunk's verdicts cost its one thread 25 ms a chunk)
+        folder = self._folder / "texts"
+        shutil.rmtree(folder, ignore_errors=True)
+        (folder / "judged").mkdir(parents=True)
+        todo = folder / "todo.parquet"
         con.execute(
-            "CREATE TEMP TABLE todo AS SELECT q.rid, q.query, k.language, k.reason, k.kinds "
-            "FROM queries q LEFT JOIN known k USING (qhash) ORDER BY q.rid"
+            "COPY (SELECT q.query, k.language, k.reason, k.kinds "
+            "FROM queries q LEFT JOIN known k USING (qhash) ORDER BY q.rid) "
+            f"TO '{_sql_literal(str(todo))}' (FORMAT parquet, ROW_GROUP_SIZE {CHUNK})"
         )
-
-        def chunks() -> Iterable[tuple[list[str], list[Known | None]]]:
-            for start in range(1, total + 1, CHUNK):
-                rows = self.con.execute(
-                    "SELECT query, language, reason, kinds FROM todo "
-                    "WHERE rid BETWEEN ? AND ? ORDER BY rid",
-                    [start, start + CHUNK - 1],
-                ).fetchall()
-                yield (
-                    [query for query, *_ in rows],
-                    [
-                        None if lang is None else (lang, reason, kinds)
-                        for _, lang, reason, kinds in rows
-                    ],
-                )
-
         bar = _progress(total, "text rules", progress)
-        schema = verdict_schema()
         known = verdicts.counts.found if verdicts is not None else 0
         if total - known < PARALLEL_TEXTS:  # a process's start costs more than these take
             workers = 1
         counts.rule_workers = workers
-        for judged in judge_tables(chunks(), language, workers):  # made where judged
-            self._insert_arrow("texts", judged, list(schema.names))
+        for judged in judge_files(todo, folder / "judged", language, workers):
             if bar is not None:
-                bar.update(judged.num_rows)
+                bar.update(judged)
         if bar is not None:
             bar.close()
+        if total:
+            names = ", ".join(verdict_schema().names)
+            parts = _sql_literal(str(folder / "judged" / "*.parquet"))
+            con.execute(f"INSERT INTO texts SELECT {names} FROM read_parquet('{parts}')")
+        shutil.rmtree(folder)
         if verdicts is not None:
             self._keep_verdicts(verdicts)
             if cached_out is not None and verdicts.counts.found:
@@ -354,7 +347,6 @@ class LogWindow:
                     ) TO '{target}' (FORMAT parquet)
                     """
                 )
-        con.execute("DROP TABLE todo")
         con.execute("DROP TABLE queries")
         con.execute("DROP TABLE known")
         where = "" if language is None else f"WHERE language = '{_sql_literal(language)}'"

@@ -4,7 +4,9 @@ A night's logs hold each popular wording many times over; the rules read only th
 run once per distinct raw text (``judge_texts``: ~60-200 µs a text) and the verdict is joined back
 to every row in DuckDB (``logwindow.py``), where the exclusions are still counted per row. Texts
 are judged a chunk at a time (``CHUNK``), so memory holds one chunk of them (two per process when
-they are judged on several: ``judge_all``). A text a night before judged is not judged again: its
+they are judged on several: ``judge_all``); the night's texts are handed to those processes as
+row groups of a Parquet file, and their verdicts come back as files (``judge_files``). A text a
+night before judged is not judged again: its
 verdict comes from the cache across nights (``nightcache.py``) and only the cheap part is redone
 (``rejudged``).
 """
@@ -13,7 +15,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, NamedTuple, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from base.keys import InvalidQueryError, key_of_normalized, normalize
 from base.languages import language_of
@@ -152,8 +155,8 @@ def judge_table(
     texts: Sequence[str], known: Sequence[Known | None], language: str | None
 ) -> pa.Table:
     """``judge_chunk``'s verdicts as an Arrow table (``verdict_schema``), made where they are
-    judged: the mining process takes a table back, not a verdict at a time (turning them into
-    a table there cost it 19.8 ms a chunk, most of what it spent feeding the processes)."""
+    judged (``judge_file`` writes it there): never a verdict at a time through the mining
+    process (turning them into a table there cost it 19.8 ms a chunk)."""
     import pyarrow as pa
 
     verdicts = judge_chunk(texts, known, language)
@@ -171,13 +174,35 @@ def judge_all(
     return _in_order(judge_chunk, chunks, language, workers)
 
 
-def judge_tables(
-    chunks: Iterable[tuple[Sequence[str], Sequence[Known | None]]],
-    language: str | None,
-    workers: int = 1,
-) -> Iterator[pa.Table]:
-    """``judge_all`` with each chunk's verdicts as a table (``judge_table``)."""
-    return _in_order(judge_table, chunks, language, workers)
+def judge_file(todo: str, group: int, out: str, language: str | None) -> int:
+    """Row group ``group`` of ``todo`` (Parquet: query, language, reason, kinds — a text and
+    its cached verdict, if any) judged (``judge_table``) and written to ``out`` (Parquet of
+    ``verdict_schema``): the rows written. The process that judges reads and writes the texts
+    and verdicts itself: the mining process hands it a path and a number and takes a count
+    back (reading each chunk, taking its verdicts back and inserting them cost its one thread
+    25 ms a chunk, 25 min at a billion log rows a week)."""
+    import pyarrow.parquet as pq
+
+    table = pq.ParquetFile(todo).read_row_group(group)
+    texts = table.column("query").to_pylist()
+    columns = [table.column(name).to_pylist() for name in ("language", "reason", "kinds")]
+    known: list[Known | None] = [
+        None if lang is None else (lang, why, kinds)
+        for lang, why, kinds in zip(*columns, strict=True)
+    ]
+    judged = judge_table(texts, known, language)
+    pq.write_table(judged, out)
+    return int(judged.num_rows)
+
+
+def judge_files(todo: Path, out: Path, language: str | None, workers: int = 1) -> Iterator[int]:
+    """``judge_file`` of every row group of ``todo``, in order, each into
+    ``out/<group>.parquet``; on ``workers`` processes when more than one: the rows of each."""
+    import pyarrow.parquet as pq
+
+    groups = pq.ParquetFile(todo).metadata.num_row_groups
+    calls = ((str(todo), g, str(out / f"{g:07d}.parquet"), language) for g in range(groups))
+    return _ordered(judge_file, calls, workers)
 
 
 def _in_order(
@@ -187,9 +212,16 @@ def _in_order(
     workers: int,
 ) -> Iterator[T]:
     """``judge`` of each chunk, in order, on ``workers`` processes when more than one."""
+    return _ordered(judge, ((texts, known, language) for texts, known in chunks), workers)
+
+
+def _ordered(fn: Callable[..., T], calls: Iterable[tuple[Any, ...]], workers: int) -> Iterator[T]:
+    """``fn(*args)`` of each of ``calls``, in order, on ``workers`` processes when more than
+    one (started afresh: the text rules import no more than ``policy/`` and ``base/``), at most
+    two calls each in flight."""
     if workers <= 1:
-        for texts, known in chunks:
-            yield judge(texts, known, language)
+        for args in calls:
+            yield fn(*args)
         return
     import multiprocessing
     from concurrent.futures import Future, ProcessPoolExecutor
@@ -197,8 +229,8 @@ def _in_order(
     context = multiprocessing.get_context("spawn")  # never a fork of a threaded process
     with ProcessPoolExecutor(workers, mp_context=context) as pool:
         pending: deque[Future[T]] = deque()
-        for texts, known in chunks:
-            pending.append(pool.submit(judge, texts, known, language))
+        for args in calls:
+            pending.append(pool.submit(fn, *args))
             if len(pending) >= 2 * workers:
                 yield pending.popleft().result()
         while pending:

@@ -22,7 +22,7 @@ from precompute.incremental import NightCaches
 from precompute.mining import mine
 from precompute.nightcache import NightCache, embedder_fingerprint, rules_fingerprint
 from precompute.samplelogs import generate_rows
-from precompute.textrules import judge_all
+from precompute.textrules import judge_all, judge_files, judge_table
 from precompute.vectorcache import vectors_with_cache
 
 UNTIL = date(2026, 11, 28)
@@ -268,6 +268,37 @@ def test_the_text_rules_give_the_same_verdicts_on_two_processes() -> None:
     together = [v for chunk in judge_all(iter(chunks), "en", 2) for v in chunk]
     assert together == alone and len(alone) == len(texts)
     assert [v.reason for v in alone[-2:]] == ["time_sensitive", "pii"]
+
+
+def test_the_text_rules_read_and_write_their_chunks_themselves_on_one_or_two_processes(
+    tmp_path: Path,
+) -> None:
+    """``judge_files``: each row group of the texts' file (a text and its cached verdict, if
+    any) judged where it is read, its verdicts written to a file of their own, the same on two
+    processes as on one and as the chunks judged in this process."""
+    texts = [f"How do I reset my password number {i}?" for i in range(30)]
+    texts += ["What is the weather today?", "My email is ann@example.com, help"]
+    # the first text's verdict cached: taken, not judged again
+    known = [("en", None, None)] + [None] * (len(texts) - 1)
+    todo = tmp_path / "todo.parquet"
+    table = pa.table(
+        {
+            "query": texts,
+            "language": [k and k[0] for k in known],
+            "reason": pa.array([None] * len(texts), pa.string()),
+            "kinds": pa.array([None] * len(texts), pa.list_(pa.string())),
+        }
+    )
+    pq.write_table(table, todo, row_group_size=7)
+    expected = judge_table(texts, known, "en")
+    for workers in (1, 2):
+        out = tmp_path / f"judged-{workers}"
+        out.mkdir()
+        assert sum(judge_files(todo, out, "en", workers)) == len(texts)
+        parts = sorted(out.glob("*.parquet"))
+        assert len(parts) == 5  # a file a row group, in order
+        assert pa.concat_tables(pq.read_table(p) for p in parts).equals(expected)
+    assert expected.column("reason").to_pylist()[-2:] == ["time_sensitive", "pii"]
 
 
 def test_a_rule_s_or_a_language_s_or_an_embedder_s_change_is_another_cache(
