@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from base.errors import EdgeQAError
 from base.store import ObjectNotFoundError, Store, parquet_bytes, parquet_table
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PART_ROWS = 32_768  # entries a part holds (vectors: 48 MiB at 384 dimensions)
 READS_AHEAD = 8  # parts fetched at once while the parts are read (vectors: 384 MiB)
@@ -206,35 +207,73 @@ class NightCache:
         their path (None: all)."""
         import pyarrow as pa
 
-        from base.store_base import bounded_map
-
-        paths = sorted(self.store.list(f"{self.prefix}/"))
-        nights = {path: _night_of(path, self.prefix) for path in paths}
-
-        def fetch(path: str) -> pa.Table | Exception | None:
+        def fetch(path: str, _: date, __: int) -> pa.Table | Exception | None:
             try:
-                return parquet_table(self.store.get(path), columns)
+                table = parquet_table(self.store.get(path), columns)
             except ObjectNotFoundError:  # gone before it was read (a night expired it)
                 return None
             except (pa.ArrowException, KeyError, ValueError) as error:
                 return error
+            return table if accepts(table.schema) else ValueError("not of the cache's schema")
 
-        wanted = [p for p in paths if nights[p] is not None and (only is None or only(p))]
-        workers = min(READS_AHEAD, self.store.concurrency)
-        for path, table in zip(wanted, bounded_map(fetch, wanted, workers, 1), strict=True):
-            written = nights[path]
-            assert written is not None
-            if table is None:
+        return self._fetched(fetch, min(READS_AHEAD, self.store.concurrency), only)
+
+    def files(
+        self, folder: Path, accepts: Callable[[pa.Schema], bool]
+    ) -> Iterator[tuple[date, Path]]:
+        """Every part of this fingerprint copied into ``folder`` as ``night=<night>/<n>.parquet``
+        (the night that wrote it: a Hive partition DuckDB reads as a column), as many at a time
+        as the store takes (``concurrency``: nothing is held but on disk), each one's schema
+        checked on its thread (its footer only): the night and the file of each, in order, for
+        a reader that takes them all at once; skipped and counted as ``tables`` does."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        def fetch(path: str, night: date, number: int) -> Path | Exception | None:
+            local = folder / f"night={night}" / f"{number:07d}.parquet"
+            local.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.store.get_file(path, local)
+                schema = pq.read_schema(local)
+            except ObjectNotFoundError:  # gone before it was read (a night expired it)
+                return None
+            except (pa.ArrowException, OSError, ValueError) as error:
+                local.unlink(missing_ok=True)
+                return error
+            if not accepts(schema):
+                local.unlink(missing_ok=True)
+                return ValueError("not of the cache's schema")
+            return local
+
+        return self._fetched(fetch, self.store.concurrency)
+
+    def _fetched(
+        self,
+        fetch: Callable[[str, date, int], T | Exception | None],
+        workers: int,
+        only: Callable[[str], bool] | None = None,
+    ) -> Iterator[tuple[date, T]]:
+        """``fetch(path, night, number)`` of every part of this fingerprint (``only``: those
+        whose path it takes), ``workers`` at a time on threads, in order: the night and what it
+        gave, but for a part gone (None) or not usable (an exception: logged and counted)."""
+        from base.store_base import bounded_map
+
+        paths = sorted(self.store.list(f"{self.prefix}/"))
+        nights = {path: _night_of(path, self.prefix) for path in paths}
+        calls: list[tuple[str, date, int]] = []
+        for path in paths:
+            night = nights[path]
+            if night is not None and (only is None or only(path)):
+                calls.append((path, night, len(calls)))
+        got = bounded_map(lambda call: fetch(*call), calls, workers, 1)
+        for (path, night, _), result in zip(calls, got, strict=True):
+            if result is None:
                 continue
-            if isinstance(table, Exception):
-                log.warning("cache part %s is not readable, skipped: %s", path, table)
+            if isinstance(result, Exception):
+                log.warning("cache part %s is not usable, skipped: %s", path, result)
                 self.counts.invalid_parts += 1
                 continue
-            if not accepts(table.schema):
-                log.warning("cache part %s is not of the cache's schema, skipped", path)
-                self.counts.invalid_parts += 1
-                continue
-            yield written, table
+            yield night, result
 
     def stale(self, written: date) -> bool:
         """Whether an entry of the night ``written`` falls out before the next night: it is

@@ -4,6 +4,7 @@ what it mines."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 from collections.abc import Iterator, Sequence
 from datetime import UTC, date, datetime, timedelta
@@ -133,6 +134,38 @@ def test_a_cache_part_that_is_not_one_is_skipped_and_counted(
     for kind in ("verdicts", "vectors"):
         assert report.caches[kind]["invalid_parts"] == 2
         assert report.caches[kind]["found"] > 0  # the good parts were read
+
+
+def test_a_verdicts_part_damaged_past_its_footer_is_skipped_the_others_read_at_once(
+    rows: list[dict[str, Any]], embedder: Any, tmp_path: Path
+) -> None:
+    """The verdicts' parts are read into the window's database in one statement; one whose
+    footer reads but whose data does not (checked on its fetching thread: the footer only)
+    fails it, and the parts are then read one at a time: that one skipped and counted."""
+    store = FileStore(tmp_path)
+    _night(rows, embedder, store, UNTIL - timedelta(days=1))
+    night = str(UNTIL - timedelta(days=1))
+    (fingerprint,) = {p.split("/")[4] for p in store.list("p/work/cache/verdicts/")}
+    texts = [f"text {i}" for i in range(2000)]
+    part = pa.table(
+        {
+            "qhash": [hashlib.sha256(t.encode()).hexdigest() for t in texts],
+            "language": ["en"] * len(texts),
+            "reason": pa.array([None] * len(texts), pa.string()),
+            "kinds": pa.array([None] * len(texts), pa.list_(pa.string())),
+        }
+    )
+    buffer = io.BytesIO()
+    pq.write_table(part, buffer, compression="snappy")
+    data = bytearray(buffer.getvalue())
+    data[100:4000] = bytes(3900)  # the first column's pages zeroed; the footer intact
+    pq.read_schema(io.BytesIO(bytes(data)))  # the footer reads
+    store.put(f"p/work/cache/verdicts/{fingerprint}/{night}/99997-torn.parquet", bytes(data))
+    hot, report = _night(rows, embedder, store, UNTIL)
+    scratch_hot, _ = _night(rows, embedder, FileStore(tmp_path / "new"), UNTIL)
+    assert _rows_of(hot) == _rows_of(scratch_hot)
+    assert report.caches["verdicts"]["invalid_parts"] == 1
+    assert report.caches["verdicts"]["found"] > 0  # the good parts were read
 
 
 def test_a_verdict_cache_that_lets_a_refused_text_through_stops_the_night(
