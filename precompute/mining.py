@@ -296,14 +296,15 @@ def _mine(
         report.peak_rss_mb["k_and_text_rules"] = peak_rss_mb()
     started = time.perf_counter()
     hot.limit = config.top_n  # read back best first: those past it were not selected
-    for dropped in hot.past_limit():
-        _exclude_wordings(report, dropped.wordings, "below_top_n")
-        report.cluster_rows.append(dropped.report_row("below_top_n"))
     check = caches.verdicts is not None and cached_texts.exists()
     kept: set[str] = set()  # the wordings of the questions kept, when their verdicts are checked
 
-    def selected() -> Iterator[HotQuestion]:  # one pass over them
-        for h in hot:
+    def selected() -> Iterator[HotQuestion]:  # one pass over all of them, those past the limit too
+        for within, h in hot.ranked():
+            if not within:
+                _exclude_wordings(report, h.wordings, "below_top_n")
+                report.cluster_rows.append(h.report_row("below_top_n"))
+                continue
             if check:
                 kept.update(w.key for w in h.wordings)
             _exclude_wordings(report, h.held_back, "rare_tokens")

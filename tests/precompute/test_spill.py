@@ -42,7 +42,8 @@ def test_questions_come_back_in_rank_order_from_parts_merged(
     assert list(hot) == ranked  # read as often as asked
     hot.limit = 10
     assert len(hot) == 10 and list(hot) == ranked[:10]
-    assert list(hot.past_limit()) == ranked[10:]
+    # all of them in one read, each with whether it is within the limit
+    assert list(hot.ranked()) == [(at < 10, h) for at, h in enumerate(ranked)]
 
 
 def test_the_cluster_report_keeps_its_order_and_reads_dropped_clusters_relabelled(
