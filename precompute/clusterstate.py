@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATE_FORMAT = 1
+# the map's parts fetched, decoded and looked up at a time (2.4 MB each: what they hold is small)
+MAP_AHEAD = 32
 MAX_STATE_BYTES = 1 << 20  # a state's JSON (its committed parts: two a night)
 # the code that decides which wordings join (a change starts the clusters from scratch)
 STATE_MODULES = (
@@ -242,20 +244,25 @@ class ClusterState:
     def members(self, carried: Carried, keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         """Each of tonight's wordings' carried cluster (-1: none, or a retired one) and the night
         its map entry was written (days since 0001-01-01), from the map's parts ``carried``
-        holds: the latest night's entry of a key, as the caches take theirs."""
+        holds: the latest night's entry of a key, as the caches take theirs. Each part's keys
+        are found among tonight's on the thread that fetched it; this one only keeps what they
+        found."""
         n, started = len(keys), time.perf_counter()
         labels, nights = np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int64)
         index = KeyIndex(keys)
         held = set(carried.committed)
-        for written, table in self.map.tables(
-            ["key", "cluster"], _map_part, lambda p: _part_token(p) in held
-        ):
+
+        def found(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
             rows, at = index.find(table.column("key").combine_chunks())
+            return at, table.column("cluster").to_numpy()[rows]
+
+        for written, (at, clusters) in self.map.mapped(
+            ["key", "cluster"], _map_part, found, lambda p: _part_token(p) in held, MAP_AHEAD
+        ):
             day = written.toordinal()
             later = nights[at] < day
-            rows, at = rows[later], at[later]
-            labels[at] = table.column("cluster").to_numpy()[rows]
-            nights[at] = day
+            labels[at[later]] = clusters[later]
+            nights[at[later]] = day
         live = np.isin(labels, carried.ids)
         labels[~live], nights[~live] = -1, 0
         self.counts.map_s += time.perf_counter() - started

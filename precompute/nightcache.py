@@ -205,18 +205,33 @@ class NightCache:
         one that is not Parquet, or whose columns' types ``accepts`` refuses, is skipped and
         counted (``invalid_parts``): a cache never stops a night. ``only``: the parts read, by
         their path (None: all)."""
+        return self.mapped(columns, accepts, lambda table: table, only)
+
+    def mapped(
+        self,
+        columns: list[str],
+        accepts: Callable[[pa.Schema], bool],
+        then: Callable[[pa.Table], T],
+        only: Callable[[str], bool] | None = None,
+        ahead: int = READS_AHEAD,
+    ) -> Iterator[tuple[date, T]]:
+        """``tables``, each part's table handed to ``then`` on the thread that fetched it (what
+        a reader does with each part, done ``ahead`` at a time, off its own thread): the night
+        and what ``then`` gave."""
         import pyarrow as pa
 
-        def fetch(path: str, _: date, __: int) -> pa.Table | Exception | None:
+        def fetch(path: str, _: date, __: int) -> T | Exception | None:
             try:
                 table = parquet_table(self.store.get(path), columns)
             except ObjectNotFoundError:  # gone before it was read (a night expired it)
                 return None
             except (pa.ArrowException, KeyError, ValueError) as error:
                 return error
-            return table if accepts(table.schema) else ValueError("not of the cache's schema")
+            if not accepts(table.schema):
+                return ValueError("not of the cache's schema")
+            return then(table)
 
-        return self._fetched(fetch, min(READS_AHEAD, self.store.concurrency), only)
+        return self._fetched(fetch, min(ahead, self.store.concurrency), only)
 
     def files(
         self, folder: Path, accepts: Callable[[pa.Schema], bool]
