@@ -477,6 +477,9 @@ class Heads:
             ivf = faiss.try_extract_index_ivf(self.index)
             if ivf is not None:  # heads removed by id when their clusters are gone
                 ivf.set_direct_map_type(faiss.DirectMap.Hashtable)  # type: ignore[attr-defined]
+                quantizer = faiss.downcast_index(ivf.quantizer)
+                if hasattr(quantizer, "hnsw"):  # a new wording's lists found as the night's are
+                    quantizer.hnsw.efSearch = QUANTIZER_EF
 
     def add(self, numbers: np.ndarray, vectors: np.ndarray) -> None:
         if not len(numbers):

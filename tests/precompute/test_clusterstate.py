@@ -188,6 +188,15 @@ def test_heads_carried_in_an_inverted_file_absorb_and_cluster_past_the_exact_ind
     store, calls = FileStore(tmp_path), list[list[str]]()
     first, counts = _night(store, [f"w{i}" for i in range(600)], NIGHT, calls, vectors, config)
     assert counts["heads"] == len(first) == 600  # random vectors: each its own question
+    # the heads kept in an inverted file whose lists a wording is assigned to as the night's
+    import faiss
+
+    (path,) = (p for p in store.list("p/work/cache/clusters/") if p.endswith(".faiss"))
+    (tmp_path / "heads.faiss").write_bytes(store.get(path))
+    heads = faiss.read_index(str(tmp_path / "heads.faiss"))  # held: the IVF is a view into it
+    ivf = faiss.extract_index_ivf(heads)
+    quantizer = faiss.downcast_index(ivf.quantizer)
+    assert ivf.ntotal == 600 and quantizer.hnsw.efSearch == 64  # type: ignore[attr-defined]
     vectors["again 0"] = vectors["w0"]  # a new wording at a carried head
     tonight = [f"w{i}" for i in range(100, 700)] + ["again 0"]
     second, counts = _night(store, tonight, NIGHT + timedelta(days=1), [], vectors, config)
