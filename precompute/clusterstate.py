@@ -40,7 +40,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from base.errors import EdgeQAError
-from base.store import ObjectNotFoundError, Store, parquet_bytes, parquet_table
+from base.store import (
+    ObjectNotFoundError,
+    Store,
+    TransientStoreError,
+    parquet_bytes,
+    parquet_table,
+)
 from edge_index.guard import numbers
 from precompute.nightcache import (
     PART_ROWS,
@@ -98,7 +104,8 @@ class ClusterCounts:
     and writing it."""
 
     carried_from: str | None = None
-    started: str | None = None  # why from scratch: "none", "expired", "damaged", "fingerprint"
+    # why from scratch: "none", "expired", "damaged", "fingerprint", "outgrown"
+    started: str | None = None
     carried: int = 0
     absorbed: int = 0
     clustered: int = 0
@@ -212,7 +219,7 @@ class ClusterState:
         stem = path.removesuffix(".json")
         try:
             state = json.loads(self.store.get(path, MAX_STATE_BYTES))
-            if state.get("format") != STATE_FORMAT:
+            if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
                 raise ValueError(f"format {state.get('format')!r}, not {STATE_FORMAT}")
             heads_data = self.store.get(f"{stem}.heads.parquet")
             _check(heads_data, state["heads_sha256"], "heads")
@@ -234,7 +241,17 @@ class ClusterState:
             if ivf is not None and nprobe:
                 ivf.nprobe = int(nprobe)
             committed = [str(c) for c in state["committed"]]
-        except (ObjectNotFoundError, KeyError, TypeError, ValueError, RuntimeError) as error:
+        except TransientStoreError:  # the store, not the state: the night fails and is retried
+            raise
+        except (
+            ObjectNotFoundError,
+            KeyError,
+            TypeError,
+            ValueError,
+            AttributeError,
+            OverflowError,
+            RuntimeError,
+        ) as error:
             log.warning("the carried clusters %s are not usable, clustering anew: %s", path, error)
             self.counts.started = "damaged"
             return None
@@ -335,8 +352,8 @@ class ClusterState:
 
     def close(self) -> None:
         """Wait for the state's thread (a failed write is raised here). A night that saved
-        nothing (it clustered nothing, or failed) leaves the map as it was: its parts written
-        so far expire with their night."""
+        nothing (it clustered nothing, or failed) writes no state: the map's parts it wrote are
+        committed by none, never read, and expire with their night, as old ones do."""
         try:
             if self._saving is not None:
                 self._saving.result()

@@ -142,11 +142,13 @@ def night_clusters(
     clusters every wording (the heads kept in ``heads``) and the state is written anew."""
     carried = state.load()
     n = len(keys)
+    if carried is not None and _outgrown(carried.index, config):
+        state.counts.started, carried = "outgrown", None
     if carried is None:
         heads = Heads()
         clusters = from_scratch(heads)
-        if heads.index is None or stats.threshold is None:
-            return clusters
+        if heads.index is None or stats.threshold is None or state.counts.started == "fingerprint":
+            return clusters  # nothing to keep, or nowhere to keep it
         sizes, rows = clusters.sizes(), clusters.rows()
         labels = np.empty(n, dtype=np.int64)
         labels[rows] = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
@@ -224,31 +226,38 @@ def _absorbed(
     came: list[np.ndarray] = []
     start, dim = 0, carried.index.d
     chunks = iter(embed(texts.take(new), encode(), order, progress))
-    with path.open("wb") as out:
-        while True:
-            waited = time.perf_counter()
-            try:
-                vectors = next(chunks)
-            except StopIteration:
-                break
-            finally:
-                stats.embed_s += time.perf_counter() - waited
-            started = time.perf_counter()
-            at = order[start : start + len(vectors)]
-            start += len(vectors)
-            if vectors.shape[1] != dim:
-                raise EdgeQAError(
-                    f"the embedder's vectors have {vectors.shape[1]} dimensions, the carried "
-                    f"clusters' heads {dim}"
-                )
-            joined = _absorb(carried, vectors, new[at], texts)
-            labels[new[at]] = np.where(joined >= 0, joined, labels[new[at]])
-            left = joined < 0
-            out.write(np.ascontiguousarray(vectors[left], dtype=np.float32).tobytes())
-            came.append(at[left])
-            stats.cluster_s += time.perf_counter() - started
-    if start != len(new):
-        raise ValueError(f"vectors for {start} of the {len(new)} new wordings came")
+    try:
+        with path.open("wb") as out:
+            while True:
+                waited = time.perf_counter()
+                try:
+                    vectors = next(chunks)
+                except StopIteration:
+                    break
+                finally:
+                    stats.embed_s += time.perf_counter() - waited
+                started = time.perf_counter()
+                at = order[start : start + len(vectors)]
+                start += len(vectors)
+                if vectors.shape[1] != dim:
+                    raise EdgeQAError(
+                        f"the embedder's vectors have {vectors.shape[1]} dimensions, the "
+                        f"carried clusters' heads {dim}"
+                    )
+                joined = _absorb(carried, vectors, new[at], texts)
+                labels[new[at]] = np.where(joined >= 0, joined, labels[new[at]])
+                left = joined < 0
+                out.write(np.ascontiguousarray(vectors[left], dtype=np.float32).tobytes())
+                came.append(at[left])
+                stats.cluster_s += time.perf_counter() - started
+        if start != len(new):
+            raise ValueError(f"vectors for {start} of the {len(new)} new wordings came")
+    except BaseException:  # the folder, and what embeds, let go at once
+        folder.cleanup()
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+        raise
     arrival = np.concatenate(came) if came else np.zeros(0, dtype=np.int64)
     positions = np.sort(arrival)
 
@@ -264,6 +273,22 @@ def _absorbed(
     if not len(arrival):
         folder.cleanup()
     return new[positions], np.searchsorted(positions, arrival), rest_chunks()
+
+
+OUTGROWN = 4  # heads a list may hold, in lists of ``cluster_list_rows``, before they are redrawn
+
+
+def _outgrown(index: faiss.Index, config: MiningConfig) -> bool:
+    """Whether the heads' index no longer fits the night's size: an exact one holding more
+    heads than ``exact_cluster_rows`` (searching it grows with all pairs), or an inverted file
+    whose lists hold ``OUTGROWN`` times what they were sized for. The night then clusters from
+    scratch, and its state is drawn anew at its size."""
+    import faiss
+
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is None:
+        return bool(index.ntotal > config.exact_cluster_rows)
+    return bool(index.ntotal > OUTGROWN * ivf.nlist * config.cluster_list_rows)
 
 
 def _absorb(carried: Carried, vectors: np.ndarray, rows: np.ndarray, texts: Texts) -> np.ndarray:

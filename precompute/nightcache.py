@@ -249,13 +249,13 @@ class NightCache:
             local.parent.mkdir(parents=True, exist_ok=True)
             try:
                 self.store.get_file(path, local)
-                schema = pq.read_schema(local)
+                usable = accepts(pq.read_schema(local))  # a column missing: KeyError
             except ObjectNotFoundError:  # gone before it was read (a night expired it)
                 return None
-            except (pa.ArrowException, OSError, ValueError) as error:
+            except (pa.ArrowException, OSError, ValueError, KeyError) as error:
                 local.unlink(missing_ok=True)
                 return error
-            if not accepts(schema):
+            if not usable:
                 local.unlink(missing_ok=True)
                 return ValueError("not of the cache's schema")
             return local

@@ -198,8 +198,8 @@ def mine_stage(
     # this run's language only: every other language's questions are another profile's; a
     # language without two wordings tonight needs no embedder (loaded only when one is needed);
     # the questions and the cluster report are kept on local disk, not in this process
-    spill = Path(tempfile.mkdtemp(prefix="edgeqa-mine-"))
     settings_mining = scaled(config, spec).mining
+    spill = Path(tempfile.mkdtemp(prefix="edgeqa-mine-"))
     try:
         hot, mining = mine_to(
             spill,

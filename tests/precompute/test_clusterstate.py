@@ -243,7 +243,7 @@ def test_clusters_of_labels_group_rows_in_the_greedy_order() -> None:
     assert len(Clusters.of_labels(np.zeros(0, dtype=np.int64))) == 0
 
 
-@pytest.mark.parametrize("damage", ["json", "heads"])
+@pytest.mark.parametrize("damage", ["json", "a list", "heads"])
 def test_a_state_whose_files_do_not_match_is_not_used(tmp_path: Path, damage: str) -> None:
     store, calls = FileStore(tmp_path), list[list[str]]()
     texts = ["how do i pay", "what is 2 plus 2"]
@@ -251,8 +251,51 @@ def test_a_state_whose_files_do_not_match_is_not_used(tmp_path: Path, damage: st
     (path,) = (
         p
         for p in store.list("p/work/cache/clusters/")
-        if p.endswith(".json" if damage == "json" else ".heads.parquet")
+        if p.endswith(".heads.parquet" if damage == "heads" else ".json")
     )
-    store.put(path, b"{not json" if damage == "json" else store.get(path) + b"\0")
+    written = {"json": b"{not json", "a list": b"[]"}.get(damage, store.get(path) + b"\0")
+    store.put(path, written)
     _, counts = _night(store, texts, NIGHT + timedelta(days=1), calls)
     assert counts["started"] == "damaged" and counts["clustered"] == 2
+
+
+def test_heads_outgrowing_their_index_are_drawn_again(tmp_path: Path) -> None:
+    """An exact heads' index holding more heads than the exact index takes (a profile that
+    grew) is not searched by every new wording: the night clusters from scratch, at its size."""
+    store, calls = FileStore(tmp_path), list[list[str]]()
+    texts = ["how do i pay", "what is 2 plus 2", "weather"]
+    _night(store, texts, NIGHT, calls)
+    small = MiningConfig(cluster_threshold=0.9, k=5, rule_workers=1, exact_cluster_rows=2)
+    clusters, counts = _night(store, texts, NIGHT + timedelta(days=1), calls, config=small)
+    assert counts["started"] == "outgrown" and counts["clustered"] == 3
+    assert sorted(map(tuple, clusters)) == sorted((t,) for t in texts)
+
+
+def test_an_embedder_whose_fingerprint_cannot_be_taken_here_keeps_no_state(
+    tmp_path: Path,
+) -> None:
+    """A folder embedder only the GPU workers hold: its fingerprint raises here, so the night
+    clusters from scratch and writes no state (as the vector cache keeps none), and ends."""
+    from base.errors import EdgeQAError
+
+    def nowhere() -> str:
+        raise EdgeQAError("no such embedder folder here")
+
+    store = FileStore(tmp_path)
+    state = ClusterState(store, "p", nowhere, NIGHT - timedelta(days=6), NIGHT)
+    texts = ["how do i pay", "what is 2 plus 2"]
+    encode = _encoder([], VECTORS)
+    stats = ClusterStats(wordings=len(texts))
+
+    def from_scratch(heads: Heads) -> Clusters:
+        return greedy_clusters(
+            embed(Texts(texts), encode), 0.9, lambda r: 0, stats=stats, heads=heads
+        )
+
+    keys = pa.array([_key(t) for t in texts])
+    clusters = night_clusters(
+        state, keys, Texts(texts), lambda: encode, CONFIG, stats, False, from_scratch
+    )
+    state.close()
+    assert len(clusters) == 2 and state.counts.started == "fingerprint"
+    assert store.list("p/work/cache/clusters/") == []

@@ -128,11 +128,16 @@ def test_a_cache_part_that_is_not_one_is_skipped_and_counted(
         store.put(
             f"p/work/cache/{kind}/{fingerprint}/{night}/99998-ints.parquet", buffer.getvalue()
         )
+        buffer = io.BytesIO()
+        pq.write_table(pa.table({"qhash": ["a"]}), buffer)  # the other columns missing
+        store.put(
+            f"p/work/cache/{kind}/{fingerprint}/{night}/99996-short.parquet", buffer.getvalue()
+        )
     hot, report = _night(rows, embedder, store, UNTIL)
     scratch_hot, _ = _night(rows, embedder, FileStore(tmp_path / "new"), UNTIL)
     assert _rows_of(hot) == _rows_of(scratch_hot)
     for kind in ("verdicts", "vectors"):
-        assert report.caches[kind]["invalid_parts"] == 2
+        assert report.caches[kind]["invalid_parts"] == 3
         assert report.caches[kind]["found"] > 0  # the good parts were read
 
 
