@@ -149,17 +149,15 @@ def night_clusters(
         clusters = from_scratch(heads)
         if heads.index is None or stats.threshold is None or state.counts.started == "fingerprint":
             return clusters  # nothing to keep, or nowhere to keep it
-        sizes, rows = clusters.sizes(), clusters.rows()
+        everyone = np.arange(n, dtype=np.int64)
         labels = np.empty(n, dtype=np.int64)
-        labels[rows] = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
-        firsts = rows[np.cumsum(sizes) - sizes]
-        hashes = np.array([numbers_hash(texts[int(r)]) for r in firsts], dtype=np.int64)
-        state.counts.clustered, state.counts.new_clusters = n, len(sizes)
-        state.keep(keys, labels, np.arange(n, dtype=np.int64))
-        ids = np.arange(len(sizes), dtype=np.int64)
+        hashes = _numbered(clusters, everyone, texts, labels, 0)
+        state.counts.clustered, state.counts.new_clusters = n, len(clusters)
+        state.keep(keys, labels, everyone)
+        ids = np.arange(len(clusters), dtype=np.int64)
         night = state.map.night
         state.save(
-            Carried(heads.index, ids, hashes, len(sizes), stats.threshold, stats.nprobe, night, [])
+            Carried(heads.index, ids, hashes, len(ids), stats.threshold, stats.nprobe, night, [])
         )
         return clusters
     labels, nights = state.members(carried, keys)
@@ -186,10 +184,7 @@ def night_clusters(
                 order=rest_order,
                 heads=Heads(carried.index, carried.next_id),
             )
-            sizes, rows = fresh.sizes(), fresh.rows()
-            labels[rest[rows]] = carried.next_id + np.repeat(np.arange(len(sizes)), sizes)
-            firsts = rest[rows[np.cumsum(sizes) - sizes]]
-            fresh_hashes = np.array([numbers_hash(texts[int(r)]) for r in firsts], np.int64)
+            fresh_hashes = _numbered(fresh, rest, texts, labels, carried.next_id)
         state.counts.clustered, state.counts.new_clusters = len(rest), len(fresh)
     alive = np.isin(carried.ids, labels)
     _retire(carried.index, carried.ids[~alive])
@@ -273,6 +268,18 @@ def _absorbed(
     if not len(arrival):
         folder.cleanup()
     return new[positions], np.searchsorted(positions, arrival), rest_chunks()
+
+
+def _numbered(
+    clusters: Clusters, rows: np.ndarray, texts: Texts, labels: np.ndarray, first: int
+) -> np.ndarray:
+    """Each row of ``clusters`` (numbers into ``rows``, the night's rows they stand for) labelled
+    with its cluster's number, ``first`` the first cluster's; each cluster's head's numbers
+    hash, in order."""
+    sizes, members = clusters.sizes(), clusters.rows()
+    labels[rows[members]] = first + np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+    heads = rows[members[np.cumsum(sizes) - sizes]]
+    return np.array([numbers_hash(texts[int(r)]) for r in heads], dtype=np.int64)
 
 
 OUTGROWN = 4  # heads a list may hold, in lists of ``cluster_list_rows``, before they are redrawn
