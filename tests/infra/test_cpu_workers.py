@@ -86,12 +86,14 @@ def _keys() -> dict[str, str]:
     """Object names as the code makes them."""
     from base.answer_objects import object_path
     from base.release import pointer_path, release_prefix
+    from precompute.clusterstate import ClusterState
     from precompute.nightcache import NightCache
     from precompute.prune import CHECKED, REFUSED
     from precompute.revocations import revocations_path
     from precompute.workarea import WorkArea
 
     cache = NightCache(None, PROFILE, "vectors", "f" * 16, date(2026, 12, 1), date(2026, 12, 7))  # type: ignore[arg-type]
+    clusters = ClusterState(None, PROFILE, "f" * 16, date(2026, 12, 1), date(2026, 12, 7))  # type: ignore[arg-type]
     release = release_prefix(PROFILE, VERSION)
     work = WorkArea(None, PROFILE, RUN)  # type: ignore[arg-type]
     return {
@@ -100,6 +102,8 @@ def _keys() -> dict[str, str]:
         "partition": work.partition(0),
         "built": f"{work.prefix}/built.json",
         "cache_part": f"{cache.prefix}/2026-12-01/00000-0a1b2c3d.parquet",
+        # the carried clusters' state: its heads' index, written and, a night later, deleted
+        "cluster_state": f"{clusters._stem()}.faiss",
         "release_file": f"{release}/manifest.json",
         "checked": f"{release}/{CHECKED}",
         "refused": f"{release}/{REFUSED}",
@@ -127,9 +131,9 @@ def test_the_cpu_workers_role_writes_what_mine_build_and_validate_write_and_neve
     for name in keys:
         assert can("GetObject", keys[name]), name
     # mine: the work area and the caches across nights, whose old parts it deletes
-    for name in ("partition", "built", "cache_part"):
+    for name in ("partition", "built", "cache_part", "cluster_state"):
         assert can("PutObject", keys[name]), name
-    assert can("DeleteObject", keys["cache_part"])
+    assert can("DeleteObject", keys["cache_part"]) and can("DeleteObject", keys["cluster_state"])
     # build: the release's files where they are served (conditional writes; a stopped upload's
     # leftovers cleared); validate: checked.json (replaced) and refused.json (lifted)
     for name in ("release_file", "checked", "refused"):
