@@ -25,8 +25,10 @@ import errno
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from base.s3store import S3Store
@@ -261,3 +263,55 @@ def open_store(uri: str, retries: int = DEFAULT_RETRIES, concurrency: int | None
     if parsed.scheme == "":
         return FileStore(uri, retries)
     raise ValueError(f"store URI {uri!r}: scheme must be file:// or s3://")
+
+
+# local files handed to a process at a time by ``put_files``
+PROCESS_BATCH = 1_024
+
+
+def put_files(
+    store: Store, items: Iterable[tuple[str, Path, str | None]], processes: int
+) -> Transfer:
+    """``store.put_many`` of local files spread over ``processes`` processes, each opening the
+    store again by its URI (its own client, ``concurrency`` requests in flight),
+    ``PROCESS_BATCH`` files handed to each at a time as ``items`` are read (never all held);
+    1: ``put_many`` here. A PUT costs its client ~2 ms of CPU, botocore building, signing and
+    parsing it with the GIL held (measured: ``benchmarks/publish.py``), so one process writes
+    at most ~500 objects a second whatever its threads."""
+    if processes <= 1:
+        return store.put_many(items)
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    source = iter(items)
+    total = Transfer()
+    opened = (store.uri, store.retries, store.concurrency)
+    spawn = multiprocessing.get_context("spawn")  # no fork of a process holding threads
+    with ProcessPoolExecutor(processes, mp_context=spawn) as pool:
+        pending: set[Any] = set()  # futures of Transfers
+        try:
+            while True:
+                while len(pending) < 2 * processes and (
+                    batch := [(p, str(f), k) for p, f, k in islice(source, PROCESS_BATCH)]
+                ):
+                    pending.add(pool.submit(_put_batch, opened, batch))
+                if not pending:
+                    return total
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    total.add(future.result())
+        except BaseException:
+            for future in pending:  # what has not started is not started
+                future.cancel()
+            raise
+
+
+_OPENED: dict[tuple[str, int, int], Store] = {}  # a ``put_files`` process's store, opened once
+
+
+def _put_batch(opened: tuple[str, int, int], batch: list[tuple[str, str, str | None]]) -> Transfer:
+    """In a ``put_files`` process: ``batch``'s files written to the store ``opened`` names."""
+    if opened not in _OPENED:
+        uri, retries, concurrency = opened
+        _OPENED[opened] = open_store(uri, retries, concurrency)
+    return _OPENED[opened].put_many((path, Path(file), kind) for path, file, kind in batch)

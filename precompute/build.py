@@ -7,7 +7,10 @@ batches; rows are cut into shards of ``shard_rows`` (fewer when a shard's index 
 (``factory``: ``auto`` picks HNSW32 with efConstruction >= 200 below ``ivf_rows`` rows, and above
 an IVF index trained on a sample of 64 points per list; any FAISS factory string works). IVF
 training runs on a GPU through faiss-gpu when one is present. The semantic tier's decision is
-calibrated on the release's own phrasings (``edge_index.matcher``). Expiry: ``generated_at +
+calibrated on the release's own phrasings (``edge_index.matcher``). The phrasings are embedded in
+one pass once every row is written, by the build's own embedder or, on a cluster whose Ray actors
+have GPUs, on them (``fleet.embedding.release_encoder``: the generation pool, still up when the
+build starts). Expiry: ``generated_at +
 ttl_days``, stretched by a jitter of up to ``ttl_jitter`` derived from the key, so entries do not
 all expire at once and a rebuild from the same answers is identical.
 """
@@ -15,7 +18,9 @@ all expire at once and a rebuild from the same answers is identical.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -37,9 +42,9 @@ from base.release import (
     sha256_hex,
 )
 from edge_index.guard import Guard
-from edge_index.query_encoder import encode_many
 from policy.answers import answer_problem, checks_passed
 from precompute.calibration import HeldBack, calibrate_release, semantic_decision
+from precompute.clustering import Texts, local_encoder
 from precompute.config import BuildConfig
 from precompute.curated import CURATED
 from precompute.shards import (
@@ -54,6 +59,7 @@ from precompute.shards import (
 if TYPE_CHECKING:
     from base.release import LoadedRelease
     from edge_index.embedder import Embedder
+    from precompute.clustering import Encoder
     from precompute.questions import HotQuestion
 
 
@@ -64,9 +70,21 @@ class BuildReport:
     shards: int = 0
     excluded_clusters: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    embedded_on: str = "here"  # what embedded the rows: this process, or the fleet's workers
+    # each step's wall and process CPU seconds (CPU over wall: the cores it kept busy)
+    steps: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "seconds": round(self.seconds, 2)}
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        yield
+        self.steps[name] = {
+            "s": round(time.perf_counter() - wall, 2),
+            "cpu_s": round(time.process_time() - cpu, 2),
+        }
 
 
 def _jitter(key: str) -> float:
@@ -117,15 +135,15 @@ def release_version(now: datetime, content_sha256: str) -> str:
 
 
 class _Spill:
-    """A release's rows and their vectors written to a local folder as they are made, read back
-    a part at a time (``source``): the build holds one part, never the release. Parts are cut
-    every ``PART_ROWS`` rows of the release, a multiple of the embedder's chunk, so each row's
-    vector is the one embedding every row at once gives."""
+    """A release's rows written to a local folder as they are made, then their vectors, read
+    back a part at a time (``source``): the build holds one part, never the release. Parts are
+    cut every ``PART_ROWS`` rows of the release; the vectors come from one pass of ``encode``
+    over every row's text (``embed``), a job the fleet spreads over its GPUs, in the embedder's
+    chunks, so each row's vector is the one embedding every row at once gives."""
 
-    def __init__(self, folder: Path, embedder: Embedder) -> None:
+    def __init__(self, folder: Path, dim: int) -> None:
         folder.mkdir(parents=True, exist_ok=True)
-        self.folder, self.embedder = folder, embedder
-        self.dim = int(embedder.get_embedding_dimension() or 0)
+        self.folder, self.dim = folder, dim
         self.count = 0
         self._parts: list[int] = []  # rows of each part written
         self._waiting: list[dict[str, Any]] = []
@@ -143,23 +161,61 @@ class _Spill:
         import pyarrow.parquet as pq
 
         rows, self._waiting = self._waiting, []
-        vectors = encode_many(self.embedder, [r["normalized"] for r in rows])
         part = len(self._parts)
         table = pa.Table.from_pylist(rows, schema=row_schema())
         pq.write_table(table, self.folder / f"{part:05d}.parquet")
-        np.save(self.folder / f"{part:05d}.npy", vectors.reshape(len(rows), self.dim))
         self._parts.append(len(rows))
         self.count += len(rows)
+
+    def embed(self, encode: Encoder) -> None:
+        """Every row's vector (its ``normalized`` text by ``encode``, in row order), written
+        beside its part: the texts read back as Arrow (no Python string a row held), the
+        vectors a part at a time as they come."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self._waiting:
+            self._flush()
+        parts = [self.folder / f"{part:05d}" for part in range(len(self._parts))]
+        # no row: the encoder is still called (one that asked for GPUs ahead hands them back)
+        texts = Texts(
+            pa.concat_arrays(
+                [
+                    pq.read_table(f"{part}.parquet", columns=["normalized"])
+                    .column(0)
+                    .combine_chunks()
+                    .cast(pa.large_string())  # past 2 GB of text, as at ten times the plan
+                    for part in parts
+                ]
+                or [pa.array([], pa.large_string())]
+            )
+        )
+        waiting: list[np.ndarray] = []  # vectors come in the encoder's chunks, not by part
+        held = at = 0  # vectors waiting; the part they go to
+        for vectors in encode(texts):
+            if vectors.ndim != 2 or vectors.shape[1] != self.dim:
+                raise ValueError(
+                    f"the embedder gave vectors of shape {vectors.shape}, the release's have "
+                    f"{self.dim} dimensions"
+                )
+            waiting.append(np.asarray(vectors, dtype=np.float32))
+            held += len(vectors)
+            while at < len(parts) and held >= self._parts[at]:
+                block, size = np.concatenate(waiting), self._parts[at]
+                np.save(f"{parts[at]}.npy", block[:size])
+                waiting, held, at = [block[size:]], held - size, at + 1
+        if at < len(parts) or held:
+            came = sum(self._parts[:at]) + held
+            raise ValueError(f"the embedder gave {came} vectors for {self.count} rows")
 
     def content_sha256(self) -> str:
         return self._content.hexdigest()
 
     def source(self) -> ReleaseRows:
-        """The rows added, in order (what waits for a whole part written first)."""
+        """The rows added, in order, with their vectors (``embed`` first)."""
         import pyarrow.parquet as pq
 
-        if self._waiting:
-            self._flush()
+        assert not self._waiting, "the rows are embedded before they are read"
         folder, count = self.folder, len(self._parts)
 
         def parts() -> Iterator[tuple[list[dict[str, Any]], np.ndarray]]:
@@ -191,6 +247,7 @@ def build_release(
     now: datetime | None = None,
     embedder_dir: Path | None = None,
     embedder_info: Finetuned | None = None,
+    encode: Encoder | None = None,
 ) -> tuple[Manifest, BuildReport]:
     """Write a complete release under ``staging``; returns its manifest.
 
@@ -204,57 +261,33 @@ def build_release(
     release is written from it (``write_release``).
     ``embedder_dir``: a (fine-tuned) sentence-transformers folder to ship inside the release under
     ``embedder/`` -- the edge then embeds queries with it; ``embedder_info``: how it was tuned.
+    ``encode``: what embeds the rows, the same model as ``embedder`` elsewhere (the fleet's GPUs:
+    ``fleet.embedding.release_encoder``); None: ``embedder`` in this process.
     """
     import tempfile
-    import time
 
     started = time.perf_counter()
     now = (now or datetime.now(UTC)).replace(microsecond=0)
     report = BuildReport()
     built = bytearray()  # 1: the cluster at that place in ``clusters()`` is in the release
-    held_back = 0  # the built clusters' held-back wordings
     with tempfile.TemporaryDirectory(prefix="edgeqa-rows-") as tmp:
-        spill = _Spill(Path(tmp), embedder)
-        for cluster, generated in clusters():
-            reason = _excluded(cluster, generated, config)
-            built.append(not reason)
-            if reason:
-                report.excluded_clusters[reason] = report.excluded_clusters.get(reason, 0) + 1
-                continue
-            assert generated is not None
-            report.clusters += 1
-            held_back += len(cluster.held_back)
-            allow_links = config.allow_links or generated.get("reused_from") == CURATED
-            generated_at = generated["generated_at"]
-            for phrasing in cluster.phrasings:
-                jitter = 1 + config.ttl_jitter * _jitter(phrasing.key)
-                ttl = timedelta(days=config.ttl_days * jitter)
-                spill.add(
-                    {
-                        "key": phrasing.key,
-                        "question": phrasing.question,
-                        "normalized": phrasing.normalized,
-                        "answer": generated["answer"],
-                        "users": phrasing.user_count,
-                        "hits": phrasing.hits,
-                        "generated_at": generated_at,
-                        "expires_at": (generated_at + ttl).replace(microsecond=0),
-                        "cluster": cluster.key,
-                        "canonical": phrasing is cluster.canonical,
-                        "object_sha256": "",
-                        "checks": checks_passed(allow_links),
-                    }
-                )
+        spill = _Spill(Path(tmp), int(embedder.get_embedding_dimension() or 0))
+        with report.step("rows"):
+            held_back = _rows(spill, clusters, config, report, built)
+        with report.step("embed"):
+            spill.embed(encode or local_encoder(embedder))
+        report.embedded_on = getattr(encode, "where", "") or "here"
         source = spill.source()
         content = spill.content_sha256()
         version = release_version(now, content)
-        wordings = HeldBack.sampled(
-            (c for (c, _), b in zip(clusters(), built, strict=True) if b),
-            held_back,
-            embedder,
-            config.calibration_rows,
-        )
-        calibration = calibrate_release(source, config, wordings)
+        with report.step("calibrate"):
+            wordings = HeldBack.sampled(
+                (c for (c, _), b in zip(clusters(), built, strict=True) if b),
+                held_back,
+                embedder,
+                config.calibration_rows,
+            )
+            calibration = calibrate_release(source, config, wordings)
         embedder_entry = EmbedderEntry.of(
             {
                 "name": embedder_name,
@@ -263,26 +296,67 @@ def build_release(
                 **({"files": _copy_embedder(embedder_dir, staging)} if embedder_dir else {}),
             }
         )
-        manifest = write_release(
-            staging,
-            source,
-            version,
-            ProfileEntry(name=profile, inputs=profile_inputs),
-            embedder_entry,
-            semantic_decision(calibration, config),
-            config,
-            {
-                "counts": {"clusters": report.clusters, "rows": source.count},
-                "excluded_clusters": dict(sorted(report.excluded_clusters.items())),
-                "content_sha256": content,
-                "created_at": now.isoformat(),
-                **(extra or {}),
-            },
-        )
+        with report.step("write"):
+            manifest = write_release(
+                staging,
+                source,
+                version,
+                ProfileEntry(name=profile, inputs=profile_inputs),
+                embedder_entry,
+                semantic_decision(calibration, config),
+                config,
+                {
+                    "counts": {"clusters": report.clusters, "rows": source.count},
+                    "excluded_clusters": dict(sorted(report.excluded_clusters.items())),
+                    "content_sha256": content,
+                    "created_at": now.isoformat(),
+                    **(extra or {}),
+                },
+            )
     report.rows = source.count
     report.shards = len(manifest.shards)
     report.seconds = time.perf_counter() - started
     return manifest, report
+
+
+def _rows(
+    spill: _Spill, clusters: Answered, config: BuildConfig, report: BuildReport, built: bytearray
+) -> int:
+    """Every phrasing of ``clusters()`` that the release publishes a row of ``spill`` (a byte
+    of ``built`` a cluster, 1 where it is in the release); the built clusters' held-back
+    wordings, counted."""
+    held_back = 0
+    for cluster, generated in clusters():
+        reason = _excluded(cluster, generated, config)
+        built.append(not reason)
+        if reason:
+            report.excluded_clusters[reason] = report.excluded_clusters.get(reason, 0) + 1
+            continue
+        assert generated is not None
+        report.clusters += 1
+        held_back += len(cluster.held_back)
+        allow_links = config.allow_links or generated.get("reused_from") == CURATED
+        generated_at = generated["generated_at"]
+        for phrasing in cluster.phrasings:
+            jitter = 1 + config.ttl_jitter * _jitter(phrasing.key)
+            ttl = timedelta(days=config.ttl_days * jitter)
+            spill.add(
+                {
+                    "key": phrasing.key,
+                    "question": phrasing.question,
+                    "normalized": phrasing.normalized,
+                    "answer": generated["answer"],
+                    "users": phrasing.user_count,
+                    "hits": phrasing.hits,
+                    "generated_at": generated_at,
+                    "expires_at": (generated_at + ttl).replace(microsecond=0),
+                    "cluster": cluster.key,
+                    "canonical": phrasing is cluster.canonical,
+                    "object_sha256": "",
+                    "checks": checks_passed(allow_links),
+                }
+            )
+    return held_back
 
 
 def _excluded(cluster: HotQuestion, generated: dict[str, Any] | None, config: BuildConfig) -> str:

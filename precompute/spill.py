@@ -19,7 +19,7 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from precompute.questions import HotQuestion, cluster_report_schema, hot_schema
+from precompute.questions import HotQuestion, cluster_report_schema, hot_schema, without_askers
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -73,20 +73,33 @@ class RowSpill:
         self._held = []
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self.rows()
+
+    def rows(self, shape: Shape | None = None) -> Iterator[dict[str, Any]]:
+        """Every row (in order), each ``shape``d first (a table's columns changed before its
+        rows become dicts: ``questions.without_askers``; None: as they were added)."""
+        import pyarrow as pa
+
         held = sorted(self._held, key=self._order) if self._order else list(self._held)
-        streams: list[Iterable[dict[str, Any]]] = [_read(path) for path in self._parts]
+        if shape is not None and held:
+            held = shape(pa.Table.from_pylist(held, schema=self._schema)).to_pylist()
+        streams: list[Iterable[dict[str, Any]]] = [_read(path, shape) for path in self._parts]
         if self._order is None:
             return (row for stream in [*streams, held] for row in stream)
         return heapq.merge(*streams, held, key=self._order)
 
 
-def _read(path: Path) -> Iterator[dict[str, Any]]:
+Shape = Callable[["pa.Table"], "pa.Table"]
+
+
+def _read(path: Path, shape: Shape | None = None) -> Iterator[dict[str, Any]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     for batch in pq.ParquetFile(path, pre_buffer=False).iter_batches(
         batch_size=READ_ROWS, use_threads=False
     ):
-        yield from batch.to_pylist()
+        yield from (batch if shape is None else shape(pa.Table.from_batches([batch]))).to_pylist()
 
 
 def rank(row: dict[str, Any]) -> tuple[float, int, str]:
@@ -114,13 +127,21 @@ class HotSpill:
         self._rows.append(question.as_row())
 
     def __iter__(self) -> Iterator[HotQuestion]:
-        return (HotQuestion.from_row(row) for row in islice(self._rows, self.limit))
+        return self.questions()
 
-    def ranked(self) -> Iterator[tuple[bool, HotQuestion]]:
+    def questions(self, askers: bool = True) -> Iterator[HotQuestion]:
+        """The first ``limit`` questions in rank order; without ``askers``, their wordings'
+        askers counted, not named (``questions.without_askers``: ~6× as fast a read)."""
+        rows = self._rows.rows(None if askers else without_askers)
+        return (HotQuestion.from_row(row) for row in islice(rows, self.limit))
+
+    def ranked(self, askers: bool = True) -> Iterator[tuple[bool, HotQuestion]]:
         """Every question in rank order, each with whether it is within ``limit``: the first
         ``limit`` and the others in one read (a read of 500,000 questions is ~95 s of one
-        thread; the others were read apart, after the first ``limit`` again)."""
-        for at, row in enumerate(self._rows):
+        thread with their askers; the others were read apart, after the first ``limit``
+        again); without ``askers``, as ``questions``."""
+        rows = self._rows.rows(None if askers else without_askers)
+        for at, row in enumerate(rows):
             yield self.limit is None or at < self.limit, HotQuestion.from_row(row)
 
 

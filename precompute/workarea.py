@@ -174,12 +174,13 @@ class WorkArea:
         for path in parts:
             yield self.get_table(path, columns)
 
-    def hot(self) -> Iterator[HotQuestion]:
-        """Every mined question, in order, a part read at a time."""
-        from precompute.questions import HotQuestion
+    def hot(self, askers: bool = True) -> Iterator[HotQuestion]:
+        """Every mined question, in order, a part read at a time; without ``askers``, its
+        wordings' askers counted, not named (``questions.without_askers``: what a build needs)."""
+        from precompute.questions import HotQuestion, without_askers
 
         for table in self.hot_tables():
-            for row in table.to_pylist():
+            for row in (table if askers else without_askers(table)).to_pylist():
                 yield HotQuestion.from_row(row)
 
     def put_json(self, name: str, value: Any) -> None:

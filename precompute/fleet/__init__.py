@@ -30,7 +30,8 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +80,7 @@ class Fleet:
     local: bool  # this machine's Ray (started here, or joined on loopback: a test session's)
     workers: int  # the most actors one job runs at once
     gpus: float  # per actor: 1 where the actors answer on GPUs, else 0
+    cpu_resource: str = ""  # what a CPU worker offers (``EDGEQA_RAY_CPU_RESOURCE``; "": none)
 
     def where(self, workers: int) -> str:
         """What the run report says a job ran on: ``ray (local, 2 workers)``."""
@@ -168,22 +170,59 @@ def connect(settings: PrecomputeSettings) -> Fleet:
     else:  # a fleet: GPUs, which its autoscaler brings only once a job asks for them
         workers = settings.ray_workers or max(FLEET_WORKERS, gpus_now)
         gpus = 0.0 if settings.device == "cpu" else 1.0
-    fleet = _connected["fleet"] = Fleet(address, local, workers, gpus)
+    fleet = _connected["fleet"] = Fleet(address, local, workers, gpus, settings.ray_cpu_resource)
     log.info("model stages run on %s", fleet.where(fleet.workers))
     return fleet
 
 
-def reserve_gpus(fleet: Fleet, count: int) -> None:
+def reserve_gpus(fleet: Fleet, count: int, cpu_worker: bool = False) -> None:
     """On a fleet, ask its autoscaler for ``count`` GPUs at once (Ray Data's pool would
-    otherwise grow a node at a time); ``count`` 0 hands them back. Nothing locally."""
+    otherwise grow a node at a time), and with ``cpu_worker`` for one CPU worker besides (the
+    build's, kept up through generation); ``count`` 0 hands them back. A request stands until
+    the next (Ray's ``request_resources`` is not additive), and keeps the workers it needs from
+    being let go idle. Nothing locally."""
     if fleet.local or not fleet.gpus:
         return
     from ray.autoscaler.sdk import request_resources
 
+    bundles: list[dict[str, float]] = [{"GPU": 1.0}] * count
+    if cpu_worker and count and fleet.cpu_resource:
+        bundles.append({fleet.cpu_resource: 1.0})
     try:
-        request_resources(bundles=[{"GPU": 1.0}] * count)
+        request_resources(bundles=bundles)
     except Exception as error:  # an autoscaler that does not take requests: the pool grows
         log.warning("could not ask the autoscaler for %d GPUs: %s", count, error)
+
+
+@contextmanager
+def handed_back(settings: PrecomputeSettings) -> Iterator[None]:
+    """A stage run inside: should it fail, what it asked a fleet for ahead (``ask_ahead``) is
+    handed back, so that no pool stays up for a step that will not come."""
+    try:
+        yield
+    except BaseException:
+        ask_ahead(settings, "")
+        raise
+
+
+def ask_ahead(settings: PrecomputeSettings, step: str) -> None:
+    """Ask a fleet's autoscaler now for the GPUs of the night's next GPU step, so that their
+    pool starts (~10 min: nodes, image, model) while the CPU work before it runs: ``step``
+    "embedding" as mining's text rules start, "generation" as the mined questions are ranked,
+    "release" as the build starts (the generation pool kept for its rows); "" hands them back
+    (a step that needs none, or failed). The step asks again and hands them back when done
+    (``reserve_gpus``). Nothing locally, or where no Ray is named (a laptop: no pool to
+    start); a fleet that cannot be reached is the step's to report, not this."""
+    if not (settings.ray_address or os.environ.get("RAY_ADDRESS")):
+        return
+    try:
+        fleet = connect(settings)
+    except FleetError as error:
+        log.warning("could not reach the fleet to ask for GPUs ahead (%s): %s", step, error)
+        return
+    if not fleet.local and fleet.gpus:
+        log.info("asking for %d GPUs ahead: %s", fleet.workers if step else 0, step or "none")
+        reserve_gpus(fleet, fleet.workers if step else 0)
 
 
 def disconnect() -> None:
@@ -305,4 +344,7 @@ def ran_on(report: Mapping[str, Any]) -> dict[str, str]:
         where["mine"] = f"{here}; embedding: {embedded}"
     if "generation" in report:
         where["generate"] = report["generation"].get("ran_on", here)
+    embedded = report.get("build", {}).get("embedded_on", "here")
+    if embedded != "here":  # the release's rows on the fleet's GPU workers
+        where["build"] = f"{here}; embedding: {embedded}"
     return where

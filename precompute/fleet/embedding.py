@@ -64,7 +64,8 @@ class RayEncoder:
 
         from edge_index.embedder import resolve_embedder_path
 
-        if not texts:
+        if not texts:  # nothing to embed: GPUs asked for ahead (``release_encoder``) handed back
+            reserve_gpus(self.fleet, 0)
             return
         cache_dir = self.cache_dir if self.fleet.local else None  # a fleet's: its machines' own
         if self.fleet.local:
@@ -114,6 +115,28 @@ def encoder(fleet: Fleet, spec: str, cache_dir: Path | None) -> RayEncoder:
     from edge_index.query_encoder import TOKENIZE_CHUNK
 
     return RayEncoder(fleet, spec, cache_dir, TOKENIZE_CHUNK)
+
+
+def release_encoder(settings: PrecomputeSettings, spec: str) -> RayEncoder | None:
+    """What embeds a release's rows (the build, ``build.build_release``'s ``encode``): the
+    fleet's GPU workers where the stage runs on a cluster that has them (a Ray Job on the
+    fleet, or ``EDGEQA_RAY_ADDRESS``): the generation pool the night has up, idle for the 5
+    minutes before the autoscaler lets it go (5M rows: seconds on 80 GPUs, 23 minutes on the
+    CPU worker's cores). None elsewhere (a laptop, a local Ray on CPUs): the build's own
+    embedder, no actors to start for the same cores. Ray is joined only where one is named."""
+    import os
+
+    from precompute.fleet import connect
+
+    if not (settings.ray_address or os.environ.get("RAY_ADDRESS")) or settings.device == "cpu":
+        return None
+    fleet = connect(settings)
+    if not fleet.gpus:
+        return None
+    # asked for now, so the generation pool is kept through the rows' gathering; the job hands
+    # it back (and a failed build: ``handed_back``)
+    reserve_gpus(fleet, fleet.workers)
+    return encoder(fleet, spec, settings.cache_dir)
 
 
 def wordings_encoder(settings: PrecomputeSettings, spec: str, here: bool = False) -> Encoder:

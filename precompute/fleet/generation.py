@@ -103,7 +103,7 @@ def generate_partitions(
     if not todo:
         return Generated([], "")
     pool = fleet.actors(len(todo))
-    reserve_gpus(fleet, pool_size(pool))
+    reserve_gpus(fleet, pool_size(pool), cpu_worker=True)  # the build's CPU worker kept up
     dataset = map_batches(
         ray.data.from_items([{"partition": i} for i in todo], override_num_blocks=len(todo)),
         bound_class(_Answerer, job=job),

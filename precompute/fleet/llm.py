@@ -400,7 +400,7 @@ def generate_streamed(
     failed: Counter[int] = Counter()
     first_error: dict[int, str] = {}
     if llm.engine == "vllm":
-        reserve_gpus(fleet, fleet.workers)
+        reserve_gpus(fleet, fleet.workers, cpu_worker=True)  # the build's CPU worker kept up
     started = time.time()
     try:
         parts = ray.data.from_items([{"partition": i} for i in todo], override_num_blocks=len(todo))

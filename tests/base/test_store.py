@@ -245,3 +245,30 @@ def test_the_s3_pool_is_as_large_as_the_requests_in_flight(
     s3_proxy.failures_left = 1
     assert store.delete_many(f"d/{i}" for i in range(3)) == 3
     assert s3_proxy.failures_left == 0 and store.list("d") == []
+
+
+def test_files_written_on_processes_are_written_once_and_a_failure_stops_the_write(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``put_files`` on two processes, three files handed to one at a time, each process
+    opening the store again by its URI: every file written once (a second pass writes
+    nothing), the counts and bytes those of ``put_many``; a file that is not there fails the
+    write, naming it."""
+    import base.store as store_module
+    from base.store import put_files
+
+    monkeypatch.setattr(store_module, "PROCESS_BATCH", 3)
+    files = tmp_path / "files"
+    files.mkdir()
+    items = []
+    for i in range(10):
+        (files / f"{i}.json").write_bytes(f'{{"n": {i}}}'.encode())
+        items.append((f"a/{i:02d}.json", files / f"{i}.json", "application/json"))
+    first = put_files(store, iter(items), 2)
+    size = sum(path.stat().st_size for _, path, _ in items)
+    assert (first.written, first.existed, first.bytes) == (10, 0, size)
+    again = put_files(store, iter(items), 2)
+    assert (again.written, again.existed, again.bytes) == (0, 10, 0)
+    assert store.get("a/03.json") == b'{"n": 3}' and len(store.list("a")) == 10
+    with pytest.raises(Exception, match=r"missing\.json"):
+        put_files(store, iter([("b/x.json", files / "missing.json", None)]), 2)

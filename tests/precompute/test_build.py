@@ -176,9 +176,12 @@ def test_a_shard_stays_under_what_readers_accept() -> None:
     assert shard_rows_for(BuildConfig(shard_rows=1000), 384) == 1000
 
 
-def _built(embedder, tmp_path: Path, texts: dict[str, str], config: BuildConfig, **extra):  # type: ignore[no-untyped-def]
+def _built(  # type: ignore[no-untyped-def]
+    embedder, tmp_path: Path, texts: dict[str, str], config: BuildConfig, encode=None, **extra
+):
     """The release built from ``texts`` (question -> generated answer, flagged as generation
-    flags it): its report and its rows."""
+    flags it), its rows embedded by ``encode`` (None: ``embedder`` here): its report and its
+    rows."""
     hot = hot_questions(embedder, list(texts), NOW)
     answers = {
         h.key: {
@@ -200,6 +203,7 @@ def _built(embedder, tmp_path: Path, texts: dict[str, str], config: BuildConfig,
         {"model": "test"},
         config,
         now=NOW,
+        encode=encode,
     )
     rows = [
         r
@@ -338,10 +342,48 @@ def test_a_build_cut_in_many_parts_writes_the_release_one_part_writes(
     monkeypatch.setattr(build, "PART_ROWS", 2)
     _, cut = _built(embedder, tmp_path / "cut", texts, BuildConfig(factory="Flat"))
     assert len(whole) > 2 and cut == whole
-    a, b = (json.loads((tmp_path / f / "manifest.json").read_bytes()) for f in ("whole", "cut"))
+    assert_same_release(tmp_path / "whole", tmp_path / "cut")
+
+
+def assert_same_release(one: Path, other: Path) -> None:
+    """Two releases built under ``one`` and ``other`` hold the same answers and rows (their
+    manifests' roots and content hashes), and vectors equal to float rounding."""
+    a, b = (json.loads((folder / "manifest.json").read_bytes()) for folder in (one, other))
     assert (a["answers_root"], a["content_sha256"]) == (b["answers_root"], b["content_sha256"])
     vectors = []
-    for folder in ("whole", "cut"):
-        index = faiss.read_index(str(tmp_path / folder / "shards" / "00000.faiss"))
+    for folder in (one, other):
+        index = faiss.read_index(str(folder / "shards" / "00000.faiss"))
         vectors.append(index.reconstruct_n(0, index.ntotal))
     assert np.allclose(vectors[0], vectors[1], atol=1e-5)
+
+
+def test_vectors_the_encoder_does_not_give_for_every_row_fail_the_build(
+    embedder, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """An encoder that gives fewer vectors than rows, or vectors of another dimension, stops
+    the build with a message, not a release with rows and no vector."""
+
+    def short(texts, progress=False):  # type: ignore[no-untyped-def]
+        yield np.zeros((len(texts) - 1, 384), dtype=np.float32)
+
+    def wide(texts, progress=False):  # type: ignore[no-untyped-def]
+        yield np.zeros((len(texts), 385), dtype=np.float32)
+
+    with pytest.raises(ValueError, match="gave 2 vectors for 3 rows"):
+        _built(embedder, tmp_path / "a", {**GOOD, "Hi?": "Hello."}, BuildConfig(), encode=short)
+    with pytest.raises(ValueError, match="the release's have 384 dimensions"):
+        _built(embedder, tmp_path / "b", GOOD, BuildConfig(), encode=wide)
+
+
+def test_a_build_with_no_row_still_calls_its_encoder_with_nothing(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Every cluster left out: the encoder is called once, with no text, so one that asked a
+    fleet for GPUs ahead of the build hands them back (``RayEncoder``), and the release has no
+    row."""
+    called: list[int] = []
+
+    def encode(texts, progress=False):  # type: ignore[no-untyped-def]
+        called.append(len(texts))
+        yield from ()
+
+    report, rows = _built(embedder, tmp_path, {"What is France?": LOOP}, BuildConfig(), encode)
+    assert called == [0] and rows == [] and report.excluded_clusters == {"answer_repetitive": 1}

@@ -452,3 +452,34 @@ def test_the_next_night_reuses_answers_and_keeps_what_the_cdn_served(
     assert set().union(*faded.values()) == keys - unlogged
     assert third["mining"]["expired_users"] > 0
     assert third["generation"]["reused"] == third["generation"]["answers"]
+
+
+def test_rows_embedded_by_a_ray_job_make_the_release_the_build_s_own_embedder_makes(
+    embedder, ray_address: str, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """On a fleet the build's rows are embedded on its GPU workers (``release_encoder``), a Ray
+    job in the embedder's chunks: here on a local Ray's CPU actors, the rows and manifest are
+    the ones the build's own embedder gives, the vectors too (to float rounding), and the
+    report says where they were embedded. Without a fleet (no Ray named) the build embeds in
+    its own process."""
+
+    from precompute.config import BuildConfig, PrecomputeSettings
+    from precompute.fleet import connect, ran_on
+    from precompute.fleet.embedding import encoder, release_encoder
+    from tests.precompute.test_build import GOOD, _built, assert_same_release
+
+    texts = {**GOOD, "How do I change my PIN?": "Go to Cards, then tap Change PIN."}
+    config = BuildConfig(factory="Flat")
+    report, here = _built(embedder, tmp_path / "here", texts, config)
+    fleet = connect(PrecomputeSettings.from_env({}))
+    on_ray = encoder(fleet, "embedded", None)
+    ray_report, there = _built(embedder, tmp_path / "ray", texts, config, encode=on_ray)
+    assert there == here and len(here) == 3
+    assert (report.embedded_on, ray_report.embedded_on) == ("here", "ray (local, 1 worker)")
+    for built, said in ((report, "this process"), (ray_report, "this process; embedding: ray")):
+        assert ran_on({"timings_s": {"build": 1.0}, "build": built.as_dict()})["build"].startswith(
+            said
+        )
+    # vectors the same to float rounding: an actor's and this process's thread counts differ
+    assert_same_release(tmp_path / "here", tmp_path / "ray")
+    assert release_encoder(PrecomputeSettings.from_env({}), "embedded") is None

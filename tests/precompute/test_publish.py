@@ -308,3 +308,27 @@ def test_prune_never_removes_current_or_recent_orphans(embedder, tmp_path: Path)
     removed = prune(store, PROFILE, keep=2, now=datetime.now(UTC) + timedelta(days=2))
     assert removed == ["20261129T120000Z-inflight"]
     assert list_versions(store, PROFILE) == [version]
+
+
+def test_answer_objects_written_on_processes_make_the_release_one_process_makes(
+    embedder,  # type: ignore[no-untyped-def]
+    s3_bucket: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past ``PROCESS_OBJECTS`` the answer objects go out on processes (``put_files``: each
+    opens the store again by its URI, with its own S3 client): every object is written once,
+    and the release verifies and loads as when one process writes them."""
+    import precompute.publish as publish_module
+
+    monkeypatch.setattr(publish_module, "PROCESS_OBJECTS", 1)
+    monkeypatch.setattr(publish_module, "usable_cpus", lambda: 2)
+    store = open_store(f"s3://{s3_bucket}/on-processes")
+    manifest = _build(embedder, tmp_path / "r1", store)
+    report = publish(store, tmp_path / "r1")
+    assert report.objects_written == manifest.objects.count > 1
+    release = load_checked(store)
+    assert release.version == manifest.version
+    for row in release.shards[0].rows.to_pylist():
+        obj = json.loads(store.get(f"{PROFILE}/{object_path(row['object_sha256'])}"))
+        assert obj["answer"] == row["answer"]

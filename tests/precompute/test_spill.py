@@ -46,6 +46,57 @@ def test_questions_come_back_in_rank_order_from_parts_merged(
     assert list(hot.ranked()) == [(at < 10, h) for at, h in enumerate(ranked)]
 
 
+@pytest.mark.parametrize("folder", [False, True])
+def test_questions_read_without_their_askers_count_them_all_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: bool
+) -> None:
+    """Read without their askers (``without_askers``: what ranking, counting and the build
+    read), the questions come back in the same order with the same wordings, texts, hits and
+    counts (users, networks, signers, autonomous systems, those named and those only counted),
+    and no asker's name: from parts merged and from memory alike."""
+    monkeypatch.setattr(spill, "SPILL_ROWS", 4)
+    monkeypatch.setattr(spill, "READ_ROWS", 3)
+    rng = random.Random(3)
+
+    def wording(n: int) -> Phrasing:
+        seen = {f"user-{n}-{i}": NOW - timedelta(minutes=i) for i in range(rng.randint(1, 6))}
+        nets = {f"net-{n}-{i}": NOW for i in range(rng.randint(0, 3))}
+        signed = dict(list(seen.items())[: rng.randint(0, len(seen))])
+        return Phrasing(
+            f"{n:064x}", f"question {n}", f"Question {n}?", set(seen), rng.randint(1, 9), seen,
+            set(nets), nets, rng.randint(0, 4), rng.randint(0, 2), 0.0, signed,
+            {"as1": NOW}, rng.randint(0, 3), rng.randint(0, 1),
+        )  # fmt: skip
+
+    questions = []
+    for n in range(0, 230, 10):
+        published, held = [wording(n + i) for i in range(rng.randint(1, 3))], [wording(n + 5)]
+        questions.append(HotQuestion(published[0], published, 6, 9, rng.random(), held, {}))
+    hot = HotSpill(tmp_path / "hot" if folder else None)
+    for question in questions:
+        hot.add(question)
+    hot.limit = 20
+
+    def counted(h: HotQuestion) -> list[object]:
+        wordings = [(p.key, p.normalized, p.question, p.hits) for p in h.phrasings + h.held_back]
+        counts = [
+            (p.user_count, p.askers, len(p.latest_by_signer) + p.more_signers,
+             len(p.latest_by_asn) + p.more_asns)
+            for p in h.phrasings + h.held_back
+        ]  # fmt: skip
+        return [h.key, h.question, h.users, h.hits, h.score, wordings, counts]
+
+    full, lean = list(hot.ranked()), list(hot.ranked(askers=False))
+    assert [(w, counted(h)) for w, h in lean] == [(w, counted(h)) for w, h in full]
+    assert [counted(h) for h in hot.questions(askers=False)] == [counted(h) for h in hot]
+    assert len(list(hot.questions(askers=False))) == 20
+    assert all(
+        not p.users and not p.networks and not p.latest_by_user and not p.latest_by_signer
+        for _, h in lean
+        for p in h.phrasings + h.held_back
+    )
+
+
 def test_the_cluster_report_keeps_its_order_and_reads_dropped_clusters_relabelled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
