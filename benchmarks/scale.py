@@ -63,11 +63,18 @@ Prints one JSON object: {"config", "nights", "rules", "mine": {"<rows>": {...}},
    carrying the first night's clusters (``precompute/incremental.py``) and from scratch: the
    seconds of each, µs a wording, the state's read, map look-up and write, and the clusters.
 
+11. **Reading the mined questions** (``--hot-read 100000``): N questions of five wordings, each
+   wording with six askers, four networks and three autonomous systems (the plan's published
+   cluster), kept on local disk as mine keeps them (``spill.HotSpill``), read back in rank
+   order with their askers and without them (``questions.without_askers``: what ranking,
+   counting and the build read): µs a question each, and whether the counts are the same.
+
 Run: .venv/bin/python benchmarks/scale.py [--sizes 100000,1000000] [--full] [--release 100000]
      [--edge-rows 1000000] [--skip mine,release,edge_load] [--nights 2 --rows-per-day 150000]
      [--rules 100000] [--aggregate 10000000,30000000] [--stages 300000,3000000]
      [--stage-memory-mb 512] [--stage-names mine,generate,build,validate,publish]
      [--kstep 300000] [--lookup 100000,400000,1600000] [--carried 100000,400000]
+     [--hot-read 100000]
 """
 
 from __future__ import annotations
@@ -596,6 +603,11 @@ def child_release(args: dict[str, Any]) -> dict[str, Any]:
         ),
         "validate": validated["status"],
         "published": published["status"],
+        # the build's steps (rows, embed, calibrate, write: wall and CPU seconds) and where its
+        # rows were embedded; the stage's seconds less these and the upload: the embedder's load
+        "build_release_s": built["seconds"],
+        "build_steps": built["steps"],
+        "build_embedded_on": built["embedded_on"],
         "upload": built.get("upload"),
         "peak_rss_mb": _peak_rss_mb(),
     }
@@ -847,7 +859,58 @@ def child_load_edge_release(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def child_hot_read(args: dict[str, Any]) -> dict[str, Any]:
+    """``--hot-read``: N mined questions read back from local disk with and without their
+    askers: µs a question (wall and this process's CPU) each."""
+    import random
+
+    from precompute.questions import HotQuestion, Phrasing
+    from precompute.spill import HotSpill
+
+    n, rng = int(args["n"]), random.Random(0)
+    now = datetime(2026, 11, 28, tzinfo=UTC)
+
+    def seen(prefix: str, count: int) -> dict[str, datetime]:
+        return {
+            f"{prefix}{rng.getrandbits(128):032x}": now - timedelta(seconds=rng.randrange(604800))
+            for _ in range(count)
+        }
+
+    def wording(i: int, j: int) -> Phrasing:
+        users, networks = seen("", 6), seen("n", 4)
+        return Phrasing(
+            f"{rng.getrandbits(256):064x}", f"how do i do thing {i} {j}",
+            f"How do I do thing {i} {j}?", set(users), 9, users, set(networks), networks,
+            latest_by_signer=dict(list(users.items())[:2]), latest_by_asn=seen("as", 3),
+        )  # fmt: skip
+
+    out: dict[str, Any] = {"questions": n, "wordings_each": 5}
+    with tempfile.TemporaryDirectory() as tmp:
+        hot = HotSpill(Path(tmp) / "hot")
+        for i in range(n):
+            wordings = [wording(i, j) for j in range(5)]
+            hot.add(HotQuestion(wordings[0], wordings, 6, 9, rng.random()))
+        counts = {}
+        for name, askers in (("with_askers", True), ("without_askers", False)):
+            wall, cpu = time.perf_counter(), time.process_time()
+            read = [
+                (h.key, [(p.user_count, p.askers) for p in h.phrasings])
+                for _, h in hot.ranked(askers=askers)
+            ]
+            out[name] = {
+                "us_a_question": round(1e6 * (time.perf_counter() - wall) / n, 1),
+                "cpu_us_a_question": round(1e6 * (time.process_time() - cpu) / n, 1),
+            }
+            counts[name] = read
+    out["speedup"] = round(
+        out["with_askers"]["us_a_question"] / out["without_askers"]["us_a_question"], 2
+    )
+    out["same_counts"] = counts["with_askers"] == counts["without_askers"]
+    return out
+
+
 CHILDREN = {
+    "hot_read": child_hot_read,
     "mine": child_mine,
     "aggregate": child_aggregate,
     "rules": child_rules,
@@ -1043,6 +1106,9 @@ def main() -> None:
         help="wordings (e.g. 100000,400000,1600000): the vector cache's look-up at each size",
     )
     parser.add_argument(
+        "--hot-read", type=int, default=0, help="mined questions read back with and without askers"
+    )
+    parser.add_argument(
         "--carried",
         default="",
         help="wordings (e.g. 100000,400000): a night carrying the last one's clusters, and "
@@ -1114,6 +1180,8 @@ def main() -> None:
         for n in (int(x) for x in args.lookup.split(",")):
             looked[str(n)] = run_child("lookup", {"n": n, "dim": 16, "out": str(work / "lookup")})
             done("lookup", looked)
+    if args.hot_read:
+        done("hot_read", run_child("hot_read", {"n": args.hot_read}))
     if args.carried:
         carried = {}
         for n in (int(x) for x in args.carried.split(",")):
