@@ -902,10 +902,34 @@ def child_hot_read(args: dict[str, Any]) -> dict[str, Any]:
                 "cpu_us_a_question": round(1e6 * (time.process_time() - cpu) / n, 1),
             }
             counts[name] = read
+        # hot/ written (with reused/'s hand-off of each part's questions): from the questions
+        # as Python objects (put_hot, how mine wrote it before), and from Arrow tables
+        from base.store import FileStore
+        from precompute.workarea import WorkArea
+
+        handed = {}
+        for name in ("objects", "tables"):
+            work = WorkArea(FileStore(Path(tmp) / name), "p", "r")
+            wall, cpu = time.perf_counter(), time.process_time()
+            keys: list[str] = []
+
+            def each(i: int, part: list[Any], keys: list[str] = keys) -> None:
+                keys.extend(h.key for h in part)
+
+            if name == "objects":
+                work.put_hot(hot, each)
+            else:
+                work.put_hot_tables(hot.tables(), each)
+            out[f"write_hot_from_{name}"] = {
+                "us_a_question": round(1e6 * (time.perf_counter() - wall) / n, 1),
+                "cpu_us_a_question": round(1e6 * (time.process_time() - cpu) / n, 1),
+            }
+            handed[name] = keys
     out["speedup"] = round(
         out["with_askers"]["us_a_question"] / out["without_askers"]["us_a_question"], 2
     )
     out["same_counts"] = counts["with_askers"] == counts["without_askers"]
+    out["same_hot"] = handed["objects"] == handed["tables"]
     return out
 
 

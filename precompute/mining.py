@@ -226,7 +226,7 @@ def mine_to(
     ``caches``: the text rules' verdicts and the wordings' vectors kept across nights
     (``nightcache.py``): only what they miss is judged and embedded tonight. ``ahead``: told
     the night's next GPU step a pool's start before it ("embedding" as the text rules start,
-    "generation" as the questions are ranked): the nightly job's asks a fleet's
+    "generation" once the wordings are clustered): the nightly job's asks a fleet's
     autoscaler for the GPUs then (``fleet.ask_ahead``; a failed stage hands them back:
     ``fleet.handed_back``)."""
     config = config or MiningConfig()
@@ -297,14 +297,14 @@ def _mine(
         clusters = _clusters(
             table, encode, config, report, progress, caches.vectors, caches.clusters
         )
+        # the generation pool asked for now: the k step and the ranking (~9 min at 1×) run while
+        # it starts; the embedding's GPUs, had nothing needed them, kept for it
+        ahead("generation")
         report.peak_rss_mb["cluster"] = peak_rss_mb()
         started = time.perf_counter()
         _qualifying(table, clusters, config, now, report, hot)
         report.seconds["k_and_text_rules"] = time.perf_counter() - started
         report.peak_rss_mb["k_and_text_rules"] = peak_rss_mb()
-    # the generation pool asked for as the questions are ranked and written (~21 min at 1×;
-    # the embedding's GPUs, had nothing needed them, kept for it)
-    ahead("generation")
     started = time.perf_counter()
     hot.limit = config.top_n  # read back best first: those past it were not selected
     check = caches.verdicts is not None and cached_texts.exists()

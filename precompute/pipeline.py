@@ -236,7 +236,7 @@ def mine_stage(
         work = WorkArea(out, profile.name, run)
         # the mined questions read once more: ``hot/`` and ``reused/`` beside it, a part at a time
         reuse = _Reuse(params, work, curated, parent)
-        questions = work.put_hot((h for h in hot if h.key not in dropped), reuse.part)
+        questions = work.put_hot_tables(hot.tables(dropped), reuse.part)  # no Python objects
         clusters = work.put_clusters(mining.cluster_rows)
         work.put_json("profile.json", profile.inputs)
         reused, answered = reuse.written, reuse.operator

@@ -113,21 +113,55 @@ class WorkArea:
     ) -> int:
         """Write the mined questions, in order, as ``hot/`` (``HOT_PART_ROWS`` a part, replacing
         what was there); the number of questions. ``each_part(i, questions)``: handed each
-        part's questions as it is written (what is written beside it: ``reused/``), so they are
-        read once."""
+        part's questions as it is written, without their askers (what is written beside it:
+        ``reused/``), so they are read once. ``put_hot_tables`` of their rows."""
+        import pyarrow as pa
+
         from precompute.questions import hot_schema
 
-        def rows() -> Iterator[dict[str, Any]]:
+        def tables() -> Iterator[pa.Table]:
             it = iter(hot)
-            for part in itertools.count():
-                questions = list(itertools.islice(it, HOT_PART_ROWS))
-                if not questions:
-                    return
-                if each_part is not None:
-                    each_part(part, questions)
-                yield from (question.as_row() for question in questions)
+            while questions := list(itertools.islice(it, HOT_PART_ROWS)):
+                yield pa.Table.from_pylist([q.as_row() for q in questions], schema=hot_schema())
 
-        return self._put_parts("hot", rows(), hot_schema())
+        return self.put_hot_tables(tables(), each_part)
+
+    def put_hot_tables(
+        self,
+        tables: Iterable[pa.Table],
+        each_part: Callable[[int, list[HotQuestion]], None] | None = None,
+    ) -> int:
+        """``put_hot`` of the mined questions as ``hot_schema`` tables, in order (``HotSpill.
+        tables``): the parts cut and written with Arrow, the questions never Python objects
+        with their askers; ``each_part`` is handed each part's questions without them
+        (``questions.without_askers``: what ``reused/`` needs)."""
+        import pyarrow as pa
+
+        from precompute.questions import HotQuestion, hot_schema, without_askers
+
+        schema = hot_schema()
+        self.store.delete_prefix(f"{self.prefix}/hot/")
+        waiting: list[pa.Table] = []
+        held = part = count = 0
+
+        def write(table: pa.Table) -> None:
+            nonlocal part, count
+            if each_part is not None:
+                lean = without_askers(table).to_pylist()
+                each_part(part, [HotQuestion.from_row(row) for row in lean])
+            self.put_table(self._part("hot", part), table)
+            part, count = part + 1, count + len(table)
+
+        for table in tables:
+            waiting.append(table.select(schema.names).cast(schema))
+            held += len(table)
+            while held >= HOT_PART_ROWS:
+                whole = pa.concat_tables(waiting).combine_chunks()
+                write(whole.slice(0, HOT_PART_ROWS))
+                waiting, held = [whole.slice(HOT_PART_ROWS)], held - HOT_PART_ROWS
+        if held or not part:  # an empty night still has its empty part
+            write(pa.concat_tables(waiting).combine_chunks() if waiting else schema.empty_table())
+        return count
 
     def put_clusters(self, rows: Iterable[dict[str, Any]]) -> str:
         """Write the cluster report (``HotQuestion.report_row``s) as ``clusters/``,

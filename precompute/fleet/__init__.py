@@ -208,11 +208,11 @@ def handed_back(settings: PrecomputeSettings) -> Iterator[None]:
 def ask_ahead(settings: PrecomputeSettings, step: str) -> None:
     """Ask a fleet's autoscaler now for the GPUs of the night's next GPU step, so that their
     pool starts (~10 min: nodes, image, model) while the CPU work before it runs: ``step``
-    "embedding" as mining's text rules start, "generation" as the mined questions are ranked,
-    "release" as the build starts (the generation pool kept for its rows); "" hands them back
-    (a step that needs none, or failed). The step asks again and hands them back when done
-    (``reserve_gpus``). Nothing locally, or where no Ray is named (a laptop: no pool to
-    start); a fleet that cannot be reached is the step's to report, not this."""
+    "embedding" as mining's text rules start, "generation" once the wordings are clustered
+    (the build asks again as it starts: ``embedding.release_encoder``); "" hands them back (a
+    stage that failed). The step asks again and hands them back when done (``reserve_gpus``).
+    Nothing locally, or where no Ray is named (a laptop: no pool to start); a fleet that cannot
+    be reached is the step's to report, not this."""
     if not (settings.ray_address or os.environ.get("RAY_ADDRESS")):
         return
     try:

@@ -121,7 +121,7 @@ def release_encoder(settings: PrecomputeSettings, spec: str) -> RayEncoder | Non
     """What embeds a release's rows (the build, ``build.build_release``'s ``encode``): the
     fleet's GPU workers where the stage runs on a cluster that has them (a Ray Job on the
     fleet, or ``EDGEQA_RAY_ADDRESS``): the generation pool the night has up, idle for the 5
-    minutes before the autoscaler lets it go (5M rows: seconds on 80 GPUs, 23 minutes on the
+    minutes before the autoscaler lets it go (5M rows: seconds on 80 GPUs, ~20 minutes on the
     CPU worker's cores). None elsewhere (a laptop, a local Ray on CPUs): the build's own
     embedder, no actors to start for the same cores. Ray is joined only where one is named."""
     import os

@@ -113,8 +113,8 @@ def test_a_fleet_s_pools_are_asked_for_ahead_and_handed_back_when_a_stage_fails(
 
 def test_mining_says_its_next_gpu_step_a_pool_s_start_before_it(embedder) -> None:  # type: ignore[no-untyped-def]
     """Mining tells the night's GPU steps ahead: the embedding as the text rules start, the
-    generation as the questions are ranked (the ranking and the writing of ``hot/`` run while
-    its pool starts)."""
+    generation once the wordings are clustered (the k step, the ranking and the writing of
+    ``hot/`` run while its pool starts)."""
     from datetime import UTC, datetime
 
     from precompute.config import MiningConfig

@@ -97,6 +97,56 @@ def test_questions_read_without_their_askers_count_them_all_the_same(
     )
 
 
+@pytest.mark.parametrize("folder", [False, True])
+def test_questions_read_as_tables_are_the_rows_read_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: bool
+) -> None:
+    """``HotSpill.tables`` (what ``hot/`` is written from: the parts merged by their rank
+    columns, rows taken with Arrow, never Python objects) holds the first ``limit`` questions
+    in rank order, those ``drop`` names left out, exactly as reading them one by one does;
+    ``put_hot_tables`` writes the same ``hot/`` as ``put_hot``."""
+    import precompute.workarea as workarea
+    from base.store import FileStore
+    from precompute.workarea import WorkArea
+
+    monkeypatch.setattr(spill, "SPILL_ROWS", 4)
+    monkeypatch.setattr(spill, "READ_ROWS", 3)
+    rng = random.Random(11)
+    questions = [_question(n, rng.choice([1.0, 2.5, 3.0]), rng.randint(5, 7)) for n in range(23)]
+    hot = HotSpill(tmp_path / "hot" if folder else None)
+    for question in questions:
+        hot.add(question)
+    for limit, drop in ((None, set()), (17, {questions[3].key, questions[20].key})):
+        hot.limit = limit
+        expected = [h.as_row() for h in hot if h.key not in drop]
+        tables = list(hot.tables(drop))
+        assert [row for t in tables for row in t.to_pylist()] == expected
+        assert all(len(t) <= 4 for t in tables)
+    hot.limit = 17
+    monkeypatch.setattr(workarea, "HOT_PART_ROWS", 5)  # parts of 5, 5, 5 and 2
+    handed: dict[str, list[tuple[int, list[str]]]] = {"objects": [], "tables": []}
+    for way in ("objects", "tables"):
+        work = WorkArea(FileStore(tmp_path / way), "p", "r")
+
+        def each(i: int, part: list[HotQuestion], way: str = way) -> None:
+            handed[way].append((i, [h.key for h in part]))
+
+        put = work.put_hot(iter(hot), each) if way == "objects" else None
+        count = put if put is not None else work.put_hot_tables(hot.tables(), each)
+        assert count == 17
+    a, b = (WorkArea(FileStore(tmp_path / way), "p", "r") for way in ("objects", "tables"))
+    assert (
+        [h.as_row() for h in a.hot()] == [h.as_row() for h in b.hot()] == [h.as_row() for h in hot]
+    )
+    assert handed["objects"] == handed["tables"] and [i for i, _ in handed["tables"]] == [
+        0,
+        1,
+        2,
+        3,
+    ]
+    assert len(list((tmp_path / "tables").rglob("hot/*.parquet"))) == 4
+
+
 def test_the_cluster_report_keeps_its_order_and_reads_dropped_clusters_relabelled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
