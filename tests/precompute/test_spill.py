@@ -25,17 +25,26 @@ def _question(n: int, score: float, users: int) -> HotQuestion:
     return HotQuestion(wording, [wording], users, 3, score)
 
 
-@pytest.mark.parametrize("folder", [False, True])
-def test_questions_come_back_in_rank_order_from_parts_merged(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: bool
-) -> None:
+def _spilled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: bool, seed: int
+) -> tuple[list[HotQuestion], HotSpill]:
+    """23 questions of random scores and askers kept in a ``HotSpill``: on disk 4 a part,
+    read back 3 rows a part at a time (``folder``), or held."""
     monkeypatch.setattr(spill, "SPILL_ROWS", 4)
     monkeypatch.setattr(spill, "READ_ROWS", 3)
-    rng = random.Random(7)
+    rng = random.Random(seed)
     questions = [_question(n, rng.choice([1.0, 2.5, 3.0]), rng.randint(5, 7)) for n in range(23)]
     hot = HotSpill(tmp_path / "hot" if folder else None)
     for question in questions:
         hot.add(question)
+    return questions, hot
+
+
+@pytest.mark.parametrize("folder", [False, True])
+def test_questions_come_back_in_rank_order_from_parts_merged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder: bool
+) -> None:
+    questions, hot = _spilled(tmp_path, monkeypatch, folder, seed=7)
     assert len(list((tmp_path / "hot").glob("*.parquet"))) == (5 if folder else 0)
     ranked = sorted(questions, key=lambda h: (-h.score, -h.users, h.key))
     assert len(hot) == 23 and list(hot) == ranked
@@ -109,13 +118,7 @@ def test_questions_read_as_tables_are_the_rows_read_one_by_one(
     from base.store import FileStore
     from precompute.workarea import WorkArea
 
-    monkeypatch.setattr(spill, "SPILL_ROWS", 4)
-    monkeypatch.setattr(spill, "READ_ROWS", 3)
-    rng = random.Random(11)
-    questions = [_question(n, rng.choice([1.0, 2.5, 3.0]), rng.randint(5, 7)) for n in range(23)]
-    hot = HotSpill(tmp_path / "hot" if folder else None)
-    for question in questions:
-        hot.add(question)
+    questions, hot = _spilled(tmp_path, monkeypatch, folder, seed=11)
     for limit, drop in ((None, set()), (17, {questions[3].key, questions[20].key})):
         hot.limit = limit
         expected = [h.as_row() for h in hot if h.key not in drop]
