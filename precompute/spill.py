@@ -111,7 +111,10 @@ class RowSpill:
             )
             for path in self._parts
         ]
-        keys = [pq.read_table(path, columns=columns).to_pylist() for path in self._parts]
+        # each part's rank columns read a row group at a time beside its rows: never all held
+        keys: list[Iterable[dict[str, Any]]] = [
+            _read_columns(path, columns) for path in self._parts
+        ]
         if self._held:
             held = sorted(self._held, key=order)
             sources.append(
@@ -138,8 +141,17 @@ class RowSpill:
             taken += len(picks)
 
 
+def _read_columns(path: Path, columns: list[str]) -> Iterator[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    for batch in pq.ParquetFile(path, pre_buffer=False).iter_batches(
+        batch_size=READ_ROWS, columns=columns, use_threads=False
+    ):
+        yield from batch.to_pylist()
+
+
 def _keyed(
-    rows: list[dict[str, Any]], at: int, order: Callable[[dict[str, Any]], Any]
+    rows: Iterable[dict[str, Any]], at: int, order: Callable[[dict[str, Any]], Any]
 ) -> Iterator[tuple[Any, int]]:
     """Each of a part's rows' place in the order, with the part's number."""
     return ((order(row), at) for row in rows)
