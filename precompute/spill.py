@@ -97,23 +97,14 @@ class RowSpill:
         read a row group at a time, the rows taken with Arrow (a mined question with its askers
         is ~520 µs as a dict and back, its rank columns ~1)."""
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         assert self._order is not None and self._order_columns, "tables() merges by an order"
         order, columns = self._order, list(self._order_columns)
         schema, rows = self._schema, rows or SPILL_ROWS
-        sources = [
-            _Part(
-                pq.ParquetFile(path, pre_buffer=False).iter_batches(
-                    batch_size=READ_ROWS, use_threads=False
-                ),
-                schema,
-            )
-            for path in self._parts
-        ]
+        sources = [_Part(_batches(path), schema) for path in self._parts]
         # each part's rank columns read a row group at a time beside its rows: never all held
         keys: list[Iterable[dict[str, Any]]] = [
-            _read_columns(path, columns) for path in self._parts
+            _read(path, columns=columns) for path in self._parts
         ]
         if self._held:
             held = sorted(self._held, key=order)
@@ -139,15 +130,6 @@ class RowSpill:
                 seen[at] += 1
             yield pa.concat_tables(blocks).take(pa.array(positions, pa.int64()))
             taken += len(picks)
-
-
-def _read_columns(path: Path, columns: list[str]) -> Iterator[dict[str, Any]]:
-    import pyarrow.parquet as pq
-
-    for batch in pq.ParquetFile(path, pre_buffer=False).iter_batches(
-        batch_size=READ_ROWS, columns=columns, use_threads=False
-    ):
-        yield from batch.to_pylist()
 
 
 def _keyed(
@@ -182,13 +164,22 @@ class _Part:
 Shape = Callable[["pa.Table"], "pa.Table"]
 
 
-def _read(path: Path, shape: Shape | None = None) -> Iterator[dict[str, Any]]:
-    import pyarrow as pa
+def _batches(path: Path, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """A part's rows (only ``columns``, if given), a row group of ``READ_ROWS`` at a time, no
+    read-ahead: the merges keep one open on every part."""
     import pyarrow.parquet as pq
 
-    for batch in pq.ParquetFile(path, pre_buffer=False).iter_batches(
-        batch_size=READ_ROWS, use_threads=False
-    ):
+    return pq.ParquetFile(path, pre_buffer=False).iter_batches(
+        batch_size=READ_ROWS, columns=columns, use_threads=False
+    )
+
+
+def _read(
+    path: Path, shape: Shape | None = None, columns: list[str] | None = None
+) -> Iterator[dict[str, Any]]:
+    import pyarrow as pa
+
+    for batch in _batches(path, columns):
         yield from (batch if shape is None else shape(pa.Table.from_batches([batch]))).to_pylist()
 
 
