@@ -38,6 +38,13 @@ class LogReadStats:
     malformed_rows: int = 0
     malformed_by_field: dict[str, int] = field(default_factory=dict)
 
+    def add(self, other: LogReadStats) -> None:
+        """Add what ``other`` counted."""
+        for name in ("files", "rows", "bad_files", "malformed_rows"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name, n in other.malformed_by_field.items():
+            self.malformed_by_field[name] = self.malformed_by_field.get(name, 0) + n
+
 
 def days(since: date, until: date) -> list[date]:
     if until < since:
@@ -82,16 +89,71 @@ def read_log_tables(
     types row by row. A file that is not Parquet is skipped; one with a row group that cannot be
     decoded (cut short, corrupt) is counted bad from that row group on."""
     stats = stats if stats is not None else LogReadStats()
-    paths = (
-        path
-        for day in days(since, until)
-        for path in store.list(partition_path(day))
-        if path.endswith(".parquet")
-    )
-    for path, data in _fetched(store, paths):
+    for day in log_days(store, since, until):
+        yield from read_day_tables(store, day, stats)
+
+
+@dataclass(frozen=True)
+class LogDay:
+    """One day's partition as listed: its Parquet files (path and size), in log order."""
+
+    day: date
+    files: tuple[tuple[str, int], ...]
+
+    @property
+    def listing(self) -> str:
+        """What the day's files are, in 16 hex digits: a file added, removed or rewritten to
+        another size gives another (``precompute/dayparts.py`` reuses a day's reduction only
+        for the same)."""
+        import hashlib
+
+        digest = hashlib.sha256()
+        for path, size in self.files:
+            digest.update(f"{path}\0{size}\n".encode())
+        return digest.hexdigest()[:16]
+
+
+def log_days(store: Store, since: date, until: date) -> list[LogDay]:
+    """The partitions ``since``..``until`` (inclusive) as listed now, one ``LogDay`` each."""
+    out = []
+    for day in days(since, until):
+        found = sorted(
+            (listed.path, listed.size)
+            for listed in store.scan(partition_path(day))
+            if listed.path.endswith(".parquet")
+        )
+        out.append(LogDay(day, tuple(found)))
+    return out
+
+
+def read_day_tables(store: Store, day: LogDay, stats: LogReadStats) -> Iterator[pa.Table]:
+    """``read_log_tables`` of one listed day."""
+    for path, data in _fetched(store, (path for path, _ in day.files)):
         stats.files += 1
         for table in _row_groups(path, data, stats):
             yield from _valid_rows(table, stats)
+
+
+@dataclass
+class LogDays:
+    """A window's days, for a reader that takes them a day at a time (``mining.mine_to``: each
+    day reduced once, ``precompute/dayparts.py``): ``stats`` counts what was read."""
+
+    store: Store
+    days: list[LogDay]
+    stats: LogReadStats = field(default_factory=LogReadStats)
+
+    @classmethod
+    def of(
+        cls, store: Store, since: date, until: date, stats: LogReadStats | None = None
+    ) -> LogDays:
+        return cls(store, log_days(store, since, until), stats or LogReadStats())
+
+    def tables(self, day: LogDay, stats: LogReadStats) -> Iterator[pa.Table]:
+        """The day's valid rows (``read_log_tables``), counted in ``stats`` (the day's, new)
+        and, once read to the end, in ``self.stats``."""
+        yield from read_day_tables(self.store, day, stats)
+        self.stats.add(stats)
 
 
 def _row_groups(path: str, data: bytes | Exception, stats: LogReadStats) -> Iterator[pa.Table]:

@@ -2,7 +2,8 @@
 
 pipeline.py    the stages, in order: mine, generate, build, validate, publish, prune
 config.py      the nightly job's settings and run options
-mining.py      the hot questions (with logwindow.py: the window in DuckDB; reduction.py: one
+mining.py      the hot questions (with logwindow.py: the window in DuckDB; dayparts.py: each
+               log day reduced once, kept across nights, the days merged; reduction.py: one
                row per wording, kept there; textrules.py: the text rules once per distinct
                text; carry.py: the parent run's evidence; clustering.py (clusters.py:
                clusters as two flat arrays); kstep.py: rules

@@ -44,6 +44,7 @@ from precompute.clustering import (
 )
 from precompute.clusters import Clusters
 from precompute.clusterstate import Carried, ClusterState, clusters_fingerprint, numbers_hash
+from precompute.dayparts import DayParts, days_fingerprint
 from precompute.nightcache import NightCache, embedder_fingerprint, rules_fingerprint
 from precompute.vectorcache import VECTOR_CHUNK
 
@@ -58,12 +59,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class NightCaches:
     """What a night's mining reads and writes across nights (None: that one is not kept): the
-    text rules' verdicts and the wordings' vectors (caches: ``nightcache.py``) and the carried
-    clusters (an input: above)."""
+    text rules' verdicts and the wordings' vectors (caches: ``nightcache.py``), each log day's
+    reduction (``dayparts.py``: read from the logs once) and the carried clusters (an input:
+    above)."""
 
     verdicts: NightCache | None = None
     vectors: NightCache | None = None
     clusters: ClusterState | None = None
+    days: DayParts | None = None
 
     @classmethod
     def of_night(
@@ -81,8 +84,15 @@ class NightCaches:
         fingerprint taken when a wording is to be embedded, not before); and its carried
         clusters, when ``mining`` (the night's settings: the threshold, the list size) is
         given."""
-        clusters = None
+        clusters = days = None
         if mining is not None:
+            days = DayParts(
+                store,
+                profile,
+                functools.partial(days_fingerprint, language, mining),
+                since,
+                until,
+            )
             clusters = ClusterState(
                 store,
                 profile,
@@ -106,12 +116,13 @@ class NightCaches:
                 until,
             ),
             clusters,
+            days,
         )
 
     def close(self) -> None:
         """Write what is left and expire old parts (again: closing twice is harmless), even
         for a night that had nothing to embed or failed."""
-        for cache in (self.verdicts, self.vectors, self.clusters):
+        for cache in (self.verdicts, self.vectors, self.clusters, self.days):
             if cache is not None:
                 cache.close()
 
@@ -123,6 +134,8 @@ class NightCaches:
         }
         if self.clusters is not None:
             out["clusters"] = self.clusters.counts.as_dict()
+        if self.days is not None:
+            out["days"] = self.days.counts.as_dict()
         return out
 
 

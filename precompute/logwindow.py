@@ -1,14 +1,19 @@
 """The night's log window reduced by DuckDB to one row per wording: mining's rules 1-4 and the
 evidence each wording carries into clustering (``mining.py``).
 
-No list of all rows exists anywhere: the window's rows go, a file's Arrow table at a time, into an
+No list of all rows exists anywhere: a day's rows go, a file's Arrow table at a time, into an
 embedded DuckDB database in a private temporary folder, which streams and spills to disk past
-``memory_mb`` (``EDGEQA_MINING_MEMORY_MB``). What DuckDB computes, in SQL:
+``memory_mb`` (``EDGEQA_MINING_MEMORY_MB``). Each day is reduced on its own to a partial
+(``dayparts.py``), which the nightly job keeps in the store: a night whose window moved by a day
+reads, judges and reduces that one day, and merges the window's partials. What DuckDB computes,
+in SQL:
 
-- rule 1-2 and the text rules' exclusions, counted per row by reason (and per kind); the text
-  rules themselves run in Python once per distinct raw text (``textrules.py``), their verdicts
-  joined back to the rows;
-- rule 4's per-identity and per-network caps, in log order (a sequence number given at ingest);
+- per day, rule 1-2 and the text rules' exclusions, counted per row by reason (and per kind);
+  the text rules themselves run in Python once per distinct raw text of the day
+  (``textrules.py``; a verdict the cache holds, or one judged tonight for an earlier day, is
+  taken), their verdicts joined back to the rows;
+- rule 4's per-identity and per-network caps, in log order over the window (a sequence number
+  given at ingest within a day, days in order: ``dayparts.py`` says why the merge is exact);
 - per wording (key): its asks (``hits``), its most common raw form (ties by text), its distinct
   users and networks with each one's latest ask — the ``askers_kept`` latest of each (at least
   k) as lists, the rest as counts and, for users, their summed recency weight — and what the
@@ -42,8 +47,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from base.config import usable_cpus
+from base.logreader import LogDays, LogReadStats
 from precompute.asks import to_us
 from precompute.config import MiningConfig
+from precompute.dayparts import (
+    DayParts,
+    merge_days,
+    read_counts,
+    reduce_days,
+    sql_literal,
+    write_counts,
+    write_day,
+)
 from precompute.nightcache import PART_ROWS, NightCache
 from precompute.reduction import Wordings, reduce_window
 from precompute.textrules import (
@@ -107,6 +122,19 @@ def _bump(counts: dict[str, int], reason: str, n: int = 1) -> None:
     counts[reason] = counts.get(reason, 0) + n
 
 
+def _bump_seconds(counts: WindowCounts, step: str, seconds: float) -> None:
+    counts.seconds[step] = counts.seconds.get(step, 0.0) + seconds
+
+
+def _take(counts: WindowCounts, day: Mapping[str, Any]) -> None:
+    """A day's counts (``counts.json``) added to the window's."""
+    counts.rows += day["rows"]
+    counts.distinct_texts += day["distinct_texts"]
+    for name in ("excluded_rows", "pii_by_kind", "time_sensitive_by_kind"):
+        for reason, n in day[name].items():
+            _bump(getattr(counts, name), reason, n)
+
+
 class LogWindow:
     """An embedded DuckDB database of one window's rows (``add``), reduced once to one row per
     wording (``wordings``). A context manager: its temporary folder goes with it."""
@@ -118,15 +146,21 @@ class LogWindow:
         # than fail (at 64 MB two threads ran out of memory where one spills)
         threads = max(1, min(usable_cpus(), memory_mb // MB_PER_THREAD))
         self.con: duckdb.DuckDBPyConnection = embedded_duckdb(self._folder, memory_mb, threads)
+        self._memory_mb = memory_mb
+        self._pending: list[Mapping[str, Any]] = []
+        self._cached = False  # whether table ``cached`` (the verdicts' cache) is loaded
+        self.seconds_adding = 0.0
+        self._new_rows()
+
+    def _new_rows(self) -> None:
+        """An empty table ``rows`` (a day's), numbered from 0 in log order."""
+        self.con.execute("DROP TABLE IF EXISTS rows")
         self.con.execute(
             "CREATE TABLE rows (seq BIGINT, ts BIGINT, user VARCHAR, network VARCHAR, "
             "query VARCHAR, turns INTEGER, tier VARCHAR, status INTEGER, signed BOOLEAN, "
             "asn VARCHAR)"
         )
-        self._memory_mb = memory_mb
         self._seq = 0
-        self._pending: list[Mapping[str, Any]] = []
-        self.seconds_adding = 0.0
 
     def __enter__(self) -> LogWindow:
         return self
@@ -251,6 +285,8 @@ class LogWindow:
         verdicts: NightCache | None = None,
         workers: int = 1,
         cached_out: Path | None = None,
+        days: LogDays | None = None,
+        parts: DayParts | None = None,
     ) -> tuple[Wordings, WindowCounts]:
         """The window's wordings (``reduction.Wordings``: one row per key, in clustering's
         order, kept in this window's database: valid while it is open; ``key``,
@@ -263,19 +299,81 @@ class LogWindow:
         ``language``: only this language's rows count (None: all); ``verdicts``: the text
         rules' cache across nights (``nightcache.py``; None: none); ``workers``: processes the
         text rules run on; ``cached_out``: where the raw texts whose usable verdict came from
-        the cache are written (Parquet: ``key``, ``query``, ``language``), for mining to judge
-        those it keeps again (none written when no verdict came from it)."""
+        the store (the verdicts' cache, or a day's partial) are written (Parquet: ``key``,
+        ``query``, ``language``), for mining to judge those it keeps again (none written when
+        none did).
+
+        ``days``: the window's log days, each reduced on its own (``dayparts.py``) and the
+        days merged; ``parts``: where a day's reduction is kept across nights (None: none
+        kept), a day found there not read again. Without ``days``, the rows ``add``ed are
+        the window, reduced as one day."""
         counts = WindowCounts()
-        counts.seconds["aggregate"] = self.seconds_adding
+        folder = self._folder / "days"
+
+        def day(read: LogReadStats, local: Path) -> None:
+            self._day(config, language, progress, verdicts, workers, local, counts, read)
+
+        if days is None:  # the rows added
+            day(LogReadStats(), folder / "d=0")
+            from_store = []
+        else:  # texts whose verdict came from the store
+            from_store = reduce_days(days, parts, folder, self._new_rows, self.add, day)
+        if verdicts is not None:
+            verdicts.close()
         started = time.perf_counter()
-        self._judge(language, counts, progress, verdicts, workers, cached_out)
-        counts.seconds["rules"] = time.perf_counter() - started
-        started = time.perf_counter()
-        self._classify(config, counts)
+        for local in sorted(folder.iterdir()):
+            _take(counts, read_counts(local))
+            if (local / "cached.parquet").exists():
+                from_store.append(local / "cached.parquet")
+        if from_store and cached_out is not None:
+            files = ", ".join(f"'{sql_literal(str(path))}'" for path in from_store)
+            self.con.execute(
+                f"COPY (SELECT key, query, language FROM read_parquet([{files}])) "
+                f"TO '{sql_literal(str(cached_out))}' (FORMAT parquet)"
+            )
+        self.con.execute("DROP TABLE IF EXISTS cached")
+        usable, counted = merge_days(self.con, config, folder)
+        if usable > counted:
+            _bump(counts.excluded_rows, "over_user_share", usable - counted)
         self._carry(carried, counts)
         table = reduce_window(self.con, config, now, self._memory_mb)
-        counts.seconds["aggregate"] += time.perf_counter() - started
+        counts.seconds["aggregate"] = (
+            counts.seconds.get("aggregate", 0.0)
+            + self.seconds_adding
+            + time.perf_counter()
+            - started
+        )
         return table, counts
+
+    def _day(
+        self,
+        config: MiningConfig,
+        language: str | None,
+        progress: bool,
+        verdicts: NightCache | None,
+        workers: int,
+        folder: Path,
+        counts: WindowCounts,
+        read: LogReadStats,
+    ) -> None:
+        """The day in table ``rows`` reduced to its partial in ``folder`` (``dayparts.py``):
+        the text rules (their seconds into ``counts``), rules 1-2, and what was counted
+        (``counts.json``, with ``read``: the log reader's counts)."""
+        day = WindowCounts()
+        started = time.perf_counter()
+        folder.mkdir(parents=True, exist_ok=True)
+        self._judge(language, day, progress, verdicts, workers, folder / "cached.parquet")
+        _bump_seconds(counts, "rules", time.perf_counter() - started)
+        counts.rule_workers = max(counts.rule_workers, day.rule_workers)
+        started = time.perf_counter()
+        self._classify(day)
+        write_day(self.con, config, folder)
+        self.con.execute("DROP TABLE classified")
+        self.con.execute("DROP VIEW judged")
+        self.con.execute("DROP TABLE texts")
+        self._new_rows()
+        write_counts(folder, day, read)
+        _bump_seconds(counts, "aggregate", time.perf_counter() - started)
 
     def _judge(
         self,
@@ -316,7 +414,7 @@ class LogWindow:
         con.execute(
             "COPY (SELECT q.query, k.language, k.reason, k.kinds "
             "FROM queries q LEFT JOIN known k USING (qhash) ORDER BY q.rid) "
-            f"TO '{_sql_literal(str(todo))}' (FORMAT parquet, ROW_GROUP_SIZE {CHUNK})"
+            f"TO '{sql_literal(str(todo))}' (FORMAT parquet, ROW_GROUP_SIZE {CHUNK})"
         )
         bar = _progress(total, "text rules", progress)
         known = verdicts.counts.found if verdicts is not None else 0
@@ -330,95 +428,113 @@ class LogWindow:
             bar.close()
         if total:
             names = ", ".join(verdict_schema().names)
-            parts = _sql_literal(str(folder / "judged" / "*.parquet"))
+            parts = sql_literal(str(folder / "judged" / "*.parquet"))
             con.execute(f"INSERT INTO texts SELECT {names} FROM read_parquet('{parts}')")
         shutil.rmtree(folder)
         if verdicts is not None:
-            self._keep_verdicts(verdicts)
-            if cached_out is not None and verdicts.counts.found:
-                target = _sql_literal(str(cached_out))
+            found = self._keep_verdicts(verdicts)
+            if cached_out is not None and found:
+                target = sql_literal(str(cached_out))
                 con.execute(
                     f"""
                     COPY (
                         SELECT t.key, q.query, k.language
                         FROM queries q JOIN known k USING (qhash) JOIN texts t USING (query)
-                        WHERE k.reason IS NULL AND t.key IS NOT NULL
+                        WHERE k.reason IS NULL AND t.key IS NOT NULL AND NOT k.tonight
                     ) TO '{target}' (FORMAT parquet)
                     """
                 )
         con.execute("DROP TABLE queries")
         con.execute("DROP TABLE known")
-        where = "" if language is None else f"WHERE language = '{_sql_literal(language)}'"
+        where = "" if language is None else f"WHERE language = '{sql_literal(language)}'"
         con.execute(f"CREATE TEMP VIEW judged AS SELECT * FROM texts {where}")
 
     def _known(self, verdicts: NightCache | None) -> None:
-        """Table ``known``: the cached verdict of each of tonight's texts that has one (the
-        latest night's): the cache's parts copied to local files (a few at a time, on threads:
-        ``NightCache.files``) and read into the window's database in one statement, on
-        DuckDB's threads (inserted a part at a time, they cost the mining process's one thread
-        1.13 µs a verdict, 5.7 min at a billion rows a week); a part DuckDB then cannot read is
-        skipped and counted, the others inserted one by one. Then joined with tonight's texts
-        once (a semi-join per part hashed every one of tonight's texts again for each part)."""
+        """Table ``known``: the cached verdict of each of the day's texts that has one (the
+        latest night's, or one judged tonight for an earlier day): the cache's parts copied to
+        local files (a few at a time, on threads: ``NightCache.files``) and read into the
+        window's database in one statement, on DuckDB's threads (inserted a part at a time,
+        they cost the mining process's one thread 1.13 µs a verdict, 5.7 min at a billion rows
+        a week), once a night (table ``cached``); a part DuckDB then cannot read is skipped
+        and counted, the others inserted one by one. Then joined with the day's texts once (a
+        semi-join per part hashed every one of tonight's texts again for each part)."""
+        con = self.con
+        if not self._cached:
+            self._load_cached(verdicts)
+            self._cached = True
+        con.execute(
+            "CREATE TEMP TABLE known AS SELECT DISTINCT ON (qhash) c.* FROM cached c "
+            "SEMI JOIN queries q USING (qhash) ORDER BY qhash, tonight DESC, night DESC"
+        )
+        if verdicts is not None:
+            verdicts.counts.found += self._count("SELECT count(*) FROM known WHERE NOT tonight")
+
+    def _load_cached(self, verdicts: NightCache | None) -> None:
+        """Table ``cached``: every verdict of the cache (``_known``)."""
         import duckdb
 
         con = self.con
         con.execute(
             "CREATE TEMP TABLE cached (qhash VARCHAR, language VARCHAR, reason VARCHAR, "
-            "kinds VARCHAR[], night DATE)"
+            "kinds VARCHAR[], night DATE, tonight BOOLEAN)"
         )
         folder = self._folder / "verdicts"
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir()
         files = [path for _, path in verdicts.files(folder, verdict_part)] if verdicts else []
         insert = (
-            "INSERT INTO cached SELECT qhash, language, reason, kinds, night FROM read_parquet("
-            "'{}', hive_partitioning = true, hive_types = {{'night': DATE}}) "
+            "INSERT INTO cached SELECT qhash, language, reason, kinds, night, false "
+            "FROM read_parquet('{}', hive_partitioning = true, hive_types = {{'night': DATE}}) "
             f"WHERE reason IS NULL OR reason IN ({_REASONS})"
         )
         if files:
             try:  # every part at once (a statement: all of them or none)
-                con.execute(insert.format(_sql_literal(str(folder / "*" / "*.parquet"))))
+                con.execute(insert.format(sql_literal(str(folder / "*" / "*.parquet"))))
             except duckdb.Error as error:  # a part damaged past its footer: one at a time
                 log.warning("a verdicts part is damaged, reading them one at a time: %s", error)
                 for path in files:
                     try:
-                        con.execute(insert.format(_sql_literal(str(path))))
+                        con.execute(insert.format(sql_literal(str(path))))
                     except duckdb.Error as one:
                         log.warning("cache part %s is not readable, skipped: %s", path, one)
                         assert verdicts is not None
                         verdicts.counts.invalid_parts += 1
         shutil.rmtree(folder)
-        con.execute(
-            "CREATE TEMP TABLE known AS SELECT DISTINCT ON (qhash) c.* FROM cached c "
-            "SEMI JOIN queries q USING (qhash) ORDER BY qhash, night DESC"
-        )
-        con.execute("DROP TABLE cached")
-        if verdicts is not None:
-            verdicts.counts.found = self._count("SELECT count(*) FROM known")
 
-    def _keep_verdicts(self, verdicts: NightCache) -> None:
-        """Into the cache: the verdicts judged tonight and those taken from a part about to fall
-        out, without their text (hash, language, reason, kinds), a batch at a time."""
+    def _keep_verdicts(self, verdicts: NightCache) -> int:
+        """Into the cache: the verdicts judged for the day and those taken from a part about to
+        fall out, without their text (hash, language, reason, kinds), a batch at a time; and
+        into table ``cached`` (as tonight's: a later day takes them). The day's verdicts found
+        in the store."""
         import pyarrow as pa
 
         stale = verdicts.since.isoformat()
-        result = self.con.sql(
+        self.con.execute(
             f"""
+            CREATE TEMP TABLE kept_verdicts AS
             SELECT q.qhash, t.language, t.reason, t.kinds, k.qhash IS NULL AS judged
             FROM queries q JOIN texts t USING (query) LEFT JOIN known k USING (qhash)
-            WHERE k.qhash IS NULL OR k.night <= DATE '{stale}'
+            WHERE k.qhash IS NULL OR (NOT k.tonight AND k.night <= DATE '{stale}')
             """
         )
+        result = self.con.sql("SELECT * FROM kept_verdicts")
         for batch in result.to_arrow_reader(PART_ROWS):
             table = pa.Table.from_batches([batch])
             judged = sum(table.column("judged").to_pylist())
             verdicts.counts.computed += judged
             verdicts.counts.rewritten += len(table) - judged
             verdicts.add(table.drop_columns(["judged"]))
-        verdicts.close()
+        night = verdicts.night.isoformat()
+        self.con.execute(
+            "INSERT INTO cached SELECT qhash, language, reason, kinds, "
+            f"DATE '{night}', true FROM kept_verdicts"
+        )
+        self.con.execute("DROP TABLE kept_verdicts")
+        return self._count("SELECT count(*) FROM known WHERE NOT tonight")
 
-    def _classify(self, config: MiningConfig, counts: WindowCounts) -> None:
-        """Rules 1-4 per row: counted by reason; the rows that count, capped, into ``kept``."""
+    def _classify(self, counts: WindowCounts) -> None:
+        """Rules 1-2 per row of the day, into table ``classified`` (``reason`` null for a row
+        that counts), counted by reason (rule 4 is the window's: ``dayparts.merge_days``)."""
         con = self.con
         con.execute(
             """
@@ -445,27 +561,6 @@ class LogWindow:
         ).fetchall():
             by_kind = counts.pii_by_kind if reason == "pii" else counts.time_sensitive_by_kind
             _bump(by_kind, kind, int(n))
-        # rule 4: each identity's (network's) first rows in log order count, the rest do not;
-        # a row counts toward both caps whichever it passes (an empty network toward none)
-        con.execute(
-            f"""
-            CREATE TEMP TABLE kept AS
-            SELECT ts, user, network, signed, asn, key, form FROM (
-                SELECT *,
-                    row_number() OVER (PARTITION BY user ORDER BY seq) AS user_rows,
-                    CASE WHEN coalesce(network, '') <> '' THEN
-                        row_number() OVER (PARTITION BY network ORDER BY seq) END AS network_rows
-                FROM classified WHERE reason IS NULL
-            )
-            WHERE user_rows <= {int(config.max_rows_per_user)}
-                AND coalesce(network_rows, 0) <= {int(config.max_rows_per_network)}
-            """
-        )
-        usable = self._count("SELECT count(*) FROM classified WHERE reason IS NULL")
-        over = usable - self._count("SELECT count(*) FROM kept")
-        if over:
-            _bump(counts.excluded_rows, "over_user_share", over)
-        con.execute("DROP TABLE classified")
 
     def _carry(self, carried: Mapping[str, pa.Table], counts: WindowCounts) -> None:
         """The carried evidence (``carry.carry``' tables ``carried``, ``carried_users``,
@@ -498,10 +593,6 @@ def embedded_duckdb(folder: Path, memory_mb: int, threads: int) -> duckdb.DuckDB
             "autoload_known_extensions": False,
         },
     )
-
-
-def _sql_literal(text: str) -> str:
-    return text.replace("'", "''")
 
 
 def _progress(total: int, what: str, enabled: bool) -> Any:

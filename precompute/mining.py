@@ -77,6 +77,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from base.config import peak_rss_mb
+from base.logreader import LogDays
 from edge_index.guard import numbers
 from precompute.carry import carry
 from precompute.clustering import (
@@ -182,7 +183,7 @@ def _exclude(counts: dict[str, int], reason: str, n: int = 1) -> None:
 
 
 def mine(
-    rows: Iterable[Mapping[str, Any] | pa.Table],
+    rows: Iterable[Mapping[str, Any] | pa.Table] | LogDays,
     embedder: Embedder | None,
     config: MiningConfig | None = None,
     now: datetime | None = None,
@@ -202,7 +203,7 @@ def mine(
 
 def mine_to(
     folder: Path | None,
-    rows: Iterable[Mapping[str, Any] | pa.Table],
+    rows: Iterable[Mapping[str, Any] | pa.Table] | LogDays,
     embedder: Embedder | None,
     config: MiningConfig | None = None,
     now: datetime | None = None,
@@ -218,8 +219,10 @@ def mine_to(
     past a part (``spill.py``; the caller's to remove; None: held in memory).
 
     ``rows``: the window's request-log rows in log order, as Arrow tables of the logs' columns
-    (``base.logs.read_log_tables``) or dicts; reduced by DuckDB (``logwindow.py``), never
-    held as a list. ``carried``: the parent run's phrasings, whose evidence is merged in.
+    (``base.logreader.read_log_tables``) or dicts; or its days (``base.logreader.LogDays``),
+    each reduced on its own and kept in ``caches.days`` (a day found there is not read again);
+    reduced by DuckDB (``logwindow.py``), never held as a list. ``carried``: the parent run's
+    phrasings, whose evidence is merged in.
     ``language``: only this language's rows count (None: all). ``encoder``: makes what embeds the
     wordings when ``embedder`` (embedding in this process) is None and there are wordings to
     cluster: the nightly job's embeds them on Ray (``fleet.embedding.RayEncoder``).
@@ -254,7 +257,7 @@ def mine_to(
 
 def _mine(
     folder: Path | None,
-    rows: Iterable[Mapping[str, Any] | pa.Table],
+    rows: Iterable[Mapping[str, Any] | pa.Table] | LogDays,
     embedder: Embedder | None,
     config: MiningConfig,
     now: datetime,
@@ -272,7 +275,9 @@ def _mine(
     if caches.clusters is not None:
         caches.clusters.prefetch()  # read while the window is aggregated
     with LogWindow(config.memory_mb) as window:
-        window.add(rows)
+        days = rows if isinstance(rows, LogDays) else None
+        if not isinstance(rows, LogDays):
+            window.add(rows)
         ahead("embedding")  # the text rules and the window's reduction come first
         table, counts = window.wordings(
             config,
@@ -283,6 +288,8 @@ def _mine(
             caches.verdicts,
             config.workers(),
             cached_texts,
+            days,
+            caches.days,
         )
         report.take(counts)
         report.peak_rss_mb["rules"] = peak_rss_mb()
@@ -307,7 +314,7 @@ def _mine(
         report.peak_rss_mb["k_and_text_rules"] = peak_rss_mb()
     started = time.perf_counter()
     hot.limit = config.top_n  # read back best first: those past it were not selected
-    check = caches.verdicts is not None and cached_texts.exists()
+    check = cached_texts.exists()
     kept: set[str] = set()  # the wordings of the questions kept, when their verdicts are checked
 
     def selected() -> Iterator[HotQuestion]:  # one pass over all of them, those past the limit too
@@ -324,8 +331,8 @@ def _mine(
 
     report.count_published(selected())
     if check:
-        assert caches.verdicts is not None
-        check_verdicts(cached_texts, kept, language, caches.verdicts, config.workers())
+        where = [c.root for c in (caches.verdicts, caches.days) if c is not None]
+        check_verdicts(cached_texts, kept, language, " or ".join(where), config.workers())
     report.seconds["rank"] = time.perf_counter() - started
     report.peak_rss_mb["rank"] = peak_rss_mb()
     caches.close()

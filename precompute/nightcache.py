@@ -344,14 +344,15 @@ def _night_of(path: str, prefix: str, fingerprinted: bool = False) -> date | Non
 
 
 def check_verdicts(
-    cached_texts: Path, kept: set[str], language: str | None, verdicts: NightCache, workers: int
+    cached_texts: Path, kept: set[str], language: str | None, where: str, workers: int
 ) -> None:
-    """A night that took verdicts from the cache judges again, with the rules, every raw text
-    whose cached verdict let it in as a wording of a question it keeps (published or held back:
-    ``kept``, their keys): the cache is read from the store, so it is checked where it matters
-    before use (``docs/security.md``); a text the rules now refuse, or judge of another
-    language, stops the night. ``cached_texts``: the raw texts whose usable verdict came from the
-    cache, with its language and their key (``LogWindow.wordings``), read a batch at a time."""
+    """A night that took verdicts from the store (the cache, or a log day's partial:
+    ``dayparts.py``) judges again, with the rules, every raw text whose stored verdict let it in
+    as a wording of a question it keeps (published or held back: ``kept``, their keys): the
+    store is not trusted, so it is checked where it matters before use (``docs/security.md``); a
+    text the rules now refuse, or judge of another language, stops the night, naming ``where``
+    the verdicts came from. ``cached_texts``: the raw texts whose usable verdict came from the
+    store, with its language and their key (``LogWindow.wordings``), read a batch at a time."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -375,6 +376,6 @@ def check_verdicts(
             if verdict.reason is not None or verdict.language != cached or verdict.key is None:
                 why = verdict.reason or f"language {verdict.language}, not {cached}"
                 raise EdgeQAError(
-                    f"the text rules' cache ({verdicts.prefix}) let a text through that the "
-                    f"rules refuse ({why}): delete {verdicts.root}/ and run the night again"
+                    f"a verdict from the store's cache ({where}) let a text through that the "
+                    f"rules refuse ({why}): delete it and run the night again"
                 )

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from base.config import peak_rss_mb
 from base.errors import EdgeQAError
 from base.languages import DEFAULT_LANGUAGE, LANGUAGES
-from base.logreader import LogReadStats, read_log_tables
+from base.logreader import LogDays, LogReadStats
 from base.release import ReleaseError, read_manifest, read_pointer, release_prefix
 from base.release_check import check_release
 from base.store import ObjectNotFoundError, open_store, sha256_hex
@@ -179,7 +179,8 @@ def mine_stage(
     curated, curated_sha = read_curated(answers, pinned) if answers else ({}, "")
     profile = run_profile(settings, config.generation.quantization, model, params.language)
     stats = LogReadStats()
-    tables = read_log_tables(open_store(params.logs_uri), params.since, params.until, stats)
+    # each day's rows read and reduced once: a day a night before reduced is taken from the store
+    tables = LogDays.of(open_store(params.logs_uri), params.since, params.until, stats)
     out = open_store(params.out_uri)
     parent = current_release(out, profile.name)
     read = 0  # the parent's wordings read, a part of its ``hot/`` at a time

@@ -54,6 +54,7 @@ _MADE_FROM = (
     "by_asn",
     "by_form",
     "kept",
+    "day_keys",
     "carried",
     "carried_users",
     "carried_networks",
@@ -191,7 +192,7 @@ def reduce_window(
         SELECT key, hits, form AS question FROM (
             SELECT key, form, sum(n) OVER (PARTITION BY key) AS hits,
                 row_number() OVER (PARTITION BY key ORDER BY n DESC, form) AS rank
-            FROM (SELECT key, form, count(*) AS n FROM kept GROUP BY key, form)
+            FROM (SELECT key, form, sum(n) AS n FROM kept GROUP BY key, form)
         )
         WHERE rank = 1
         """
@@ -216,8 +217,7 @@ def reduce_window(
     con.execute(
         """
         CREATE TEMP TABLE wordings AS
-        WITH normalized AS (SELECT DISTINCT key, normalized FROM judged WHERE key IS NOT NULL),
-        joined AS (
+        WITH joined AS (
             SELECT u.key,
                 coalesce(t.normalized, c.normalized) AS normalized,
                 coalesce(f.question, c.question) AS question,
@@ -234,7 +234,7 @@ def reduce_window(
             LEFT JOIN by_network n USING (key)
             LEFT JOIN by_asn a USING (key)
             LEFT JOIN by_form f USING (key)
-            LEFT JOIN normalized t USING (key)
+            LEFT JOIN day_keys t USING (key)
             LEFT JOIN carried c USING (key)
         )
         SELECT r.row, j.* FROM joined j JOIN ranked r USING (key)
