@@ -69,12 +69,18 @@ Prints one JSON object: {"config", "nights", "rules", "mine": {"<rows>": {...}},
    order with their askers and without them (``questions.without_askers``: what ranking,
    counting and the build read): µs a question each, and whether the counts are the same.
 
+12. **The window from its days** (``--days 200000,600000``: rows a day): 8 days; night 1
+   reduces days 1-7 and keeps each (``precompute/dayparts.py``) and its text rules' verdicts;
+   night 2 (days 2-8) reduced from its days (one read, six taken from the store) and, in a copy
+   of the store, from its rows as one: seconds (aggregate, rules), peak RSS, the days' bytes in
+   the store, and whether both give the same wordings, every column.
+
 Run: .venv/bin/python benchmarks/scale.py [--sizes 100000,1000000] [--full] [--release 100000]
      [--edge-rows 1000000] [--skip mine,release,edge_load] [--nights 2 --rows-per-day 150000]
      [--rules 100000] [--aggregate 10000000,30000000] [--stages 300000,3000000]
      [--stage-memory-mb 512] [--stage-names mine,generate,build,validate,publish]
      [--kstep 300000] [--lookup 100000,400000,1600000] [--carried 100000,400000]
-     [--hot-read 100000]
+     [--hot-read 100000] [--days 200000,600000]
 """
 
 from __future__ import annotations
@@ -231,14 +237,30 @@ def child_aggregate(args: dict[str, Any]) -> dict[str, Any]:
     what DuckDB spilled, sampled every ``DISK_SAMPLE_S``)."""
     import threading
 
-    from base.logreader import LogReadStats, read_log_tables
+    from base.logreader import LogDays, LogReadStats, read_log_tables
     from base.store import open_store
     from precompute.carry import carry
+    from precompute.incremental import NightCaches
     from precompute.logwindow import LogWindow
 
-    params = _params(Path(args["logs"]), Path(args["logs"]), memory_mb=int(args["memory_mb"]))
+    until = date.fromisoformat(args.get("until", UNTIL.isoformat()))
+    out = Path(args.get("out", args["logs"]))
+    params = _params(Path(args["logs"]), out, until, memory_mb=int(args["memory_mb"]))
     config = params.config.mining
     stats = LogReadStats()
+    caches = NightCaches()
+    if "out" in args:  # the caches of that store: the text rules' verdicts, the days (--days)
+        caches = NightCaches.of_night(
+            open_store(params.out_uri),
+            "benchmark",
+            params.language,
+            "embedded",
+            params.since,
+            params.until,
+            config,
+        )
+    logs = open_store(params.logs_uri)
+    days = LogDays.of(logs, params.since, params.until, stats) if args.get("days") else None
     started = time.perf_counter()
     disk = [0]
     with LogWindow(config.memory_mb) as window:
@@ -251,22 +273,28 @@ def child_aggregate(args: dict[str, Any]) -> dict[str, Any]:
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         try:
-            window.add(
-                read_log_tables(open_store(params.logs_uri), params.since, params.until, stats)
-            )
+            if days is None:
+                window.add(read_log_tables(logs, params.since, params.until, stats))
             wordings, counts = window.wordings(
                 config,
                 params.now,
                 carry((), config, params.now).tables,
                 params.language,
+                verdicts=caches.verdicts,
                 workers=config.workers(),
+                days=days,
+                parts=caches.days,
             )
             count = len(wordings)
+            seconds = time.perf_counter() - started
+            digest = _wordings_digest(wordings) if args.get("digest") else None
         finally:
             stop.set()
             sampler.join()
-    seconds = time.perf_counter() - started
+    caches.close()
     return {
+        "wordings_sha256": digest,
+        "caches": caches.as_dict(),
         "stage_s": round(seconds, 2),
         "us_per_row": round(seconds / max(stats.rows, 1) * 1e6, 2),
         "peak_rss_mb": _peak_rss_mb(),
@@ -279,6 +307,58 @@ def child_aggregate(args: dict[str, Any]) -> dict[str, Any]:
         "excluded_rows": counts.excluded_rows,
         "seconds": {k: round(v, 2) for k, v in counts.seconds.items()},
     }
+
+
+def _wordings_digest(wordings: Any) -> str:
+    """sha256 of every value of the reduced window, column by column in row order; a list of
+    kept askers as a set, and a float to 12 significant digits: the window reduced from its rows
+    twice differs in both (DuckDB's ``list`` keeps no order; a sum in another order rounds
+    otherwise in its last bits)."""
+    from precompute.reduction import COLUMNS
+
+    def canonical(value: Any) -> Any:
+        if isinstance(value, float):
+            return f"{value:.12g}"
+        if isinstance(value, list):
+            return sorted(json.dumps(item, sort_keys=True, default=str) for item in value)
+        return value
+
+    digest = hashlib.sha256()
+    for name in COLUMNS:
+        for chunk in wordings.column(name).chunks:  # (the chunks' bounds are not the values')
+            for value in chunk.to_pylist():
+                digest.update(json.dumps(canonical(value), default=str).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def window_by_days(per_day: int, memory_mb: int, work: Path, seed: int) -> dict[str, Any]:
+    """``--days``: 8 days of ``per_day`` rows. Night 1 reduces days 1-7 (its verdicts and
+    its days kept in a store); the store is copied; then night 2 (days 2-8) twice: with the
+    days kept (each day reduced once: one new day read, six taken) and, in the copy, from the
+    window's rows as one (as before each day was kept; the verdicts' cache used by both).
+    Seconds (aggregate, rules), peak RSS, the store's days' bytes, and whether both reduced
+    the same wordings (every column)."""
+    logs = logs_for(work, per_day * (DAYS + 1), seed, DAYS + 1)
+    base = {"logs": str(logs), "memory_mb": memory_mb, "digest": True}
+    out: dict[str, Any] = {"rows_per_day": per_day}
+    with (
+        tempfile.TemporaryDirectory(dir=work) as same,
+        tempfile.TemporaryDirectory(dir=work) as copy,
+    ):
+        first = (UNTIL - timedelta(days=1)).isoformat()
+        out["night_1"] = run_child("aggregate", {**base, "out": same, "until": first, "days": True})
+        shutil.copytree(same, copy, dirs_exist_ok=True)
+        out["night_2_days"] = run_child("aggregate", {**base, "out": same, "days": True})
+        out["night_2_rows"] = run_child("aggregate", {**base, "out": copy})
+        kept = Path(same) / "benchmark" / "work" / "cache" / "days"
+        out["days_kept_mb"] = round(
+            sum(p.stat().st_size for p in kept.rglob("*") if p.is_file()) / 2**20, 1
+        )
+    days, rows = out["night_2_days"], out["night_2_rows"]
+    if "error" not in days and "error" not in rows:
+        out["same_wordings"] = days["wordings_sha256"] == rows["wordings_sha256"]
+        out["days_over_rows"] = round(days["stage_s"] / rows["stage_s"], 3)
+    return out
 
 
 def aggregate_sizes(
@@ -1122,6 +1202,13 @@ def main() -> None:
     )
     parser.add_argument("--rows-per-day", type=int, default=150_000, help="--nights' logs")
     parser.add_argument(
+        "--days",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[],
+        help="rows a day (e.g. 200000,600000): night 2's window reduced from its days, kept by "
+        "night 1, and from its rows (DuckDB given --aggregate-memory-mb)",
+    )
+    parser.add_argument(
         "--rules", type=int, default=0, help="N: the text rules on N texts, 1 and 2 processes"
     )
     parser.add_argument(
@@ -1182,6 +1269,7 @@ def main() -> None:
             "rows_per_day": args.rows_per_day if args.nights else None,
             "aggregate": args.aggregate,
             "aggregate_memory_mb": args.aggregate_memory_mb,
+            "rows_per_day_window": args.days,
         }
     }
     partial = work / "partial.json"  # what is done so far, should a later part fail or hang
@@ -1235,6 +1323,14 @@ def main() -> None:
                 )
             }
             done("mine", mined)
+    if args.days:
+        done(
+            "days",
+            {
+                str(n): window_by_days(n, args.aggregate_memory_mb, work, args.seed)
+                for n in args.days
+            },
+        )
     if args.aggregate:
         done(
             "aggregate",

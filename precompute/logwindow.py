@@ -313,6 +313,7 @@ class LogWindow:
         def day(read: LogReadStats, local: Path) -> None:
             self._day(config, language, progress, verdicts, workers, local, counts, read)
 
+        started = time.perf_counter()
         if days is None:  # the rows added
             day(LogReadStats(), folder / "d=0")
             from_store = []
@@ -320,6 +321,13 @@ class LogWindow:
             from_store = reduce_days(days, parts, folder, self._new_rows, self.add, day)
         if verdicts is not None:
             verdicts.close()
+        # the days' reading, their partials' fetching and reduction, but for the text rules
+        counts.seconds["aggregate"] = (
+            time.perf_counter()
+            - started
+            - counts.seconds.get("rules", 0.0)
+            + (self.seconds_adding if days is None else 0.0)
+        )
         started = time.perf_counter()
         for local in sorted(folder.iterdir()):
             _take(counts, read_counts(local))
@@ -337,12 +345,7 @@ class LogWindow:
             _bump(counts.excluded_rows, "over_user_share", usable - counted)
         self._carry(carried, counts)
         table = reduce_window(self.con, config, now, self._memory_mb)
-        counts.seconds["aggregate"] = (
-            counts.seconds.get("aggregate", 0.0)
-            + self.seconds_adding
-            + time.perf_counter()
-            - started
-        )
+        counts.seconds["merge"] = time.perf_counter() - started  # the window from its days
         return table, counts
 
     def _day(
@@ -365,7 +368,6 @@ class LogWindow:
         self._judge(language, day, progress, verdicts, workers, folder / "cached.parquet")
         _bump_seconds(counts, "rules", time.perf_counter() - started)
         counts.rule_workers = max(counts.rule_workers, day.rule_workers)
-        started = time.perf_counter()
         self._classify(day)
         write_day(self.con, config, folder)
         self.con.execute("DROP TABLE classified")
@@ -373,7 +375,6 @@ class LogWindow:
         self.con.execute("DROP TABLE texts")
         self._new_rows()
         write_counts(folder, day, read)
-        _bump_seconds(counts, "aggregate", time.perf_counter() - started)
 
     def _judge(
         self,

@@ -111,7 +111,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # the steps whose seconds the report gives (``MiningReport.seconds``)
-STEPS = ("aggregate", "rules", "embed", "cluster", "k_and_text_rules", "rank")
+STEPS = ("aggregate", "rules", "merge", "embed", "cluster", "k_and_text_rules", "rank")
 
 
 @dataclass

@@ -644,7 +644,7 @@ def test_text_rules_run_once_per_distinct_text_and_count_every_row(embedder: Any
     assert report.distinct_texts == 3
     assert report.excluded_rows["pii"] == 33 and report.pii_by_kind == {"card": 33}
     assert set(report.seconds) == {
-        "aggregate", "rules", "embed", "cluster", "k_and_text_rules", "rank"
+        "aggregate", "rules", "merge", "embed", "cluster", "k_and_text_rules", "rank"
     }  # fmt: skip
     # the peak resident memory as each step ended, never falling
     peaks = [report.peak_rss_mb[step] for step in ("rules", "cluster", "k_and_text_rules", "rank")]
