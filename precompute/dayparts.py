@@ -78,26 +78,28 @@ FETCHES = 4  # days' partials fetched from the store at once
 # what the log reader counts (``base.logreader.LogReadStats``), in a day's counts.json
 READ_COUNTS = {"files", "rows", "bad_files", "malformed_rows", "malformed_by_field"}
 FORMAT = 2
-# the columns of each Parquet file of a partial (what a partial read from the store must have)
+# the columns of each Parquet file of a partial, with their Arrow types (what a partial read
+# from the store must have)
+_I, _S = "int64", "string"
 COLUMNS = {
     "groups.parquet": (
-        "gid",
-        "key",
-        "user",
-        "network",
-        "asn",
-        "form",
-        "signed",
-        "n",
-        "ts",
-        "ur",
-        "nr",
+        ("gid", _I),
+        ("key", _S),
+        ("user", _S),
+        ("network", _S),
+        ("asn", _S),
+        ("form", _S),
+        ("signed", "bool"),
+        ("n", _I),
+        ("ts", _I),
+        ("ur", _I),
+        ("nr", _I),
     ),
-    "ranks.parquet": ("gid", "ur", "nr", "ts"),
-    "users.parquet": ("user", "rows"),
-    "networks.parquet": ("network", "rows"),
-    "keys.parquet": ("key", "normalized"),
-    "texts.parquet": ("key", "query", "language"),
+    "ranks.parquet": (("gid", _I), ("ur", _I), ("nr", _I), ("ts", _I)),
+    "users.parquet": (("user", _S), ("rows", _I)),
+    "networks.parquet": (("network", _S), ("rows", _I)),
+    "keys.parquet": (("key", _S), ("normalized", _S)),
+    "texts.parquet": (("key", _S), ("query", _S), ("language", _S)),
 }
 # the code a partial's content depends on, besides the text rules'
 DAY_MODULES = ("precompute/dayparts.py", "precompute/logwindow.py", "base/logreader.py")
@@ -329,13 +331,18 @@ def _sha256(path: Path) -> str:
 
 
 def _usable(folder: Path) -> None:
-    """Raises ``ValueError`` unless ``folder`` holds a partial of the expected columns."""
+    """Raises ``ValueError`` unless ``folder`` holds a partial of the expected columns and
+    types, and counts that are counts."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     for name, columns in COLUMNS.items():
-        names = tuple(pq.read_schema(folder / name).names)
-        if names != columns:
-            raise ValueError(f"{name} has columns {names}, not {columns}")
+        try:
+            found = tuple((f.name, str(f.type)) for f in pq.read_schema(folder / name))
+        except pa.ArrowException as error:
+            raise ValueError(f"{name} is not Parquet: {error}") from error
+        if found != columns:
+            raise ValueError(f"{name} has columns {found}, not {columns}")
     read_counts(folder)
 
 

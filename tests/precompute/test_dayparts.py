@@ -4,11 +4,17 @@ night a day later reads and judges only the new day."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import io
+import json
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from base.logreader import LogDays, read_log_tables
@@ -197,9 +203,58 @@ def test_a_day_whose_logs_changed_or_whose_partial_is_damaged_is_reduced_again(
     _same((table, counts), _from_rows(copy, UNTIL))
     assert (parts.counts.found, parts.counts.computed, parts.counts.invalid_parts) == (6, 1, 1)
 
+    # files that match a manifest written for them, but not a partial's shape, are refused too
+    for name, forged in (
+        ("users.parquet", _parquet(pa.table({"user": ["u"], "rows": ["many"]}))),
+        ("counts.json", json.dumps({"rows": -1}).encode()),
+    ):
+        path = next(p for p in out.list(prefix) if p.endswith(name))
+        out.put(path, forged)
+        manifest = path.rsplit("/", 1)[0] + "/manifest.json"
+        sums = json.loads(out.get(manifest))
+        sums["sha256"][name] = hashlib.sha256(forged).hexdigest()
+        out.put(manifest, json.dumps(sums).encode())
+        table, counts, parts = _from_days(copy, out, UNTIL)
+        _same((table, counts), _from_rows(copy, UNTIL))
+        assert (parts.counts.found, parts.counts.invalid_parts) == (6, 1), name
+
+
+def _parquet(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()
+
 
 def test_a_changed_cap_or_language_is_another_fingerprint() -> None:
     tighter = MiningConfig(max_rows_per_user=3)
     assert days_fingerprint("en", CONFIG) == days_fingerprint("en", CONFIG)
     assert days_fingerprint("en", CONFIG) != days_fingerprint("de", CONFIG)
     assert days_fingerprint("en", MiningConfig()) != days_fingerprint("en", tighter)
+
+
+def test_a_night_mining_from_its_days_mines_what_a_night_from_scratch_does(
+    logs: Store, embedder: Any, tmp_path: Path
+) -> None:
+    """Through mining, as the nightly job runs it: night 2 a day later in the same store takes
+    six days from it, and mines the questions a night in a new store mines, its log reader's
+    counts those of every day (the taken days' as they were read)."""
+    from precompute.incremental import NightCaches
+    from precompute.mining import mine
+
+    def night(out: Store, until: date) -> tuple[list[dict[str, Any]], Any, LogDays]:
+        since = until - timedelta(days=6)
+        caches = NightCaches.of_night(out, "p", "en", "embedded", since, until, CONFIG)
+        # no carried clusters: an input of the night (which may group otherwise), not a cache
+        caches = dataclasses.replace(caches, clusters=None)
+        days = LogDays.of(logs, since, until)
+        hot, report = mine(days, embedder, CONFIG, _end(until), language="en", caches=caches)
+        return [h.as_row() for h in hot], report, days
+
+    same = FileStore(tmp_path / "same")
+    night(same, UNTIL - timedelta(days=1))
+    hot, report, days = night(same, UNTIL)
+    scratch_hot, scratch, scratch_days = night(FileStore(tmp_path / "new"), UNTIL)
+    assert hot and hot == scratch_hot
+    assert report.caches["days"]["found"] == 6 and scratch.caches["days"]["found"] == 0
+    assert report.excluded_rows == scratch.excluded_rows and report.rows == scratch.rows
+    assert days.stats == scratch_days.stats and days.stats.rows > 0
