@@ -15,9 +15,10 @@ A day's partial, a folder of files (``FILES``):
     users.parquet     each user's usable rows that day, counted or not (``user``, ``rows``)
     networks.parquet  each network's (``network``, ``rows``)
     keys.parquet      the day's wordings (``key``, ``normalized``)
-    texts.parquet     the raw texts that let each wording in (``key``, ``query``, ``language``):
-                      judged again when a night keeps their wording and the day came from the
-                      store (``nightcache.check_verdicts``)
+    texts.parquet     the raw texts that let each wording in (``key``, ``query``, ``language``,
+                      ``form``): judged again when a night keeps their wording and the day came
+                      from the store, a kept wording's question then one of their forms
+                      (``nightcache.check_verdicts``)
     counts.json       the day's rows of the language mined, exclusions by reason and by kind,
                       its distinct texts, and the log reader's counts
 
@@ -77,7 +78,7 @@ MANIFEST = "manifest.json"
 FETCHES = 4  # days' partials fetched from the store at once
 # what the log reader counts (``base.logreader.LogReadStats``), in a day's counts.json
 READ_COUNTS = {"files", "rows", "bad_files", "malformed_rows", "malformed_by_field"}
-FORMAT = 2
+FORMAT = 3
 # the columns of each Parquet file of a partial, with their Arrow types (what a partial read
 # from the store must have)
 _I, _S = "int64", "string"
@@ -99,10 +100,15 @@ COLUMNS = {
     "users.parquet": (("user", _S), ("rows", _I)),
     "networks.parquet": (("network", _S), ("rows", _I)),
     "keys.parquet": (("key", _S), ("normalized", _S)),
-    "texts.parquet": (("key", _S), ("query", _S), ("language", _S)),
+    "texts.parquet": (("key", _S), ("query", _S), ("language", _S), ("form", _S)),
 }
 # the code a partial's content depends on, besides the text rules'
-DAY_MODULES = ("precompute/dayparts.py", "precompute/logwindow.py", "base/logreader.py")
+DAY_MODULES = (
+    "precompute/dayparts.py",
+    "precompute/logwindow.py",
+    "base/logreader.py",
+    "base/logs.py",
+)
 
 
 def days_fingerprint(language: str | None, config: MiningConfig) -> str:
@@ -129,39 +135,53 @@ def reduce_days(
     reduce: Callable[[LogReadStats, Path], None],
 ) -> list[Path]:
     """Each of the window's days as a partial in ``folder/d=<n>/`` (n: its place in the
-    window): taken from ``parts`` when it holds the day's (the texts of those are returned:
-    their verdicts came from the store), else read from the logs (``new_day``, then ``add`` of
+    window): taken from ``parts`` when it holds the day's (those folders are returned: their
+    texts' verdicts came from the store), else read from the logs (``new_day``, then ``add`` of
     its rows) and reduced (``reduce``, given what the log reader counted and the folder), then
-    put in ``parts``. The partials are fetched ``FETCHES`` days at a time on threads while this
-    one reduces the days the store does not hold (a night's one new day: ~27 GB of partials
-    a day at a billion rows a week are read while it is reduced)."""
+    put in ``parts``, unless a log file of the day could not be read (fetched or decoded: the
+    day is reduced again the next night, not kept with rows missing). Which days the store
+    holds is asked first (a manifest each); their partials are then fetched ``FETCHES`` at a
+    time on threads while this one reduces the others (a night's one new day: ~200 GB of
+    partials at a billion rows a week are read while it is reduced), and a partial that does
+    not check is reduced from the logs after."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from base.logreader import LogReadStats
 
+    def reduced(number: int) -> None:
+        local, day = folder / f"d={number}", days.days[number]
+        new_day()
+        read = LogReadStats()
+        add(days.tables(day, read))
+        reduce(read, local)
+        if parts is None:
+            return
+        parts.counts.computed += 1
+        if read.bad_files:
+            log.warning("%s: %d log files not read, not kept", day.day, read.bad_files)
+            return
+        parts.put(day, local)
+
+    numbers = range(len(days.days))
+    held = [n for n in numbers if parts is not None and parts.holds(days.days[n])]
     taken = []
-    numbered = {number: day for number, day in enumerate(days.days)}
     with ThreadPoolExecutor(max_workers=FETCHES) as pool:
         fetches = {
-            pool.submit(
-                lambda n: parts is not None and parts.fetch(numbered[n], folder / f"d={n}"),
-                number,
-            ): number
-            for number in numbered
+            pool.submit(parts.fetch, days.days[n], folder / f"d={n}"): n
+            for n in held
+            if parts is not None
         }
-        for future in as_completed(fetches):  # a day the store does not hold answers first
+        for number in numbers:
+            if number not in held:
+                reduced(number)
+        for future in as_completed(fetches):
             number = fetches[future]
-            local, day = folder / f"d={number}", numbered[number]
             if future.result():
-                taken.append(local / "texts.parquet")
+                local = folder / f"d={number}"
+                taken.append(local)
                 days.stats.add(LogReadStats(**read_counts(local)["read"]))
-                continue
-            new_day()
-            read = LogReadStats()
-            add(days.tables(day, read))
-            reduce(read, local)
-            if parts is not None:
-                parts.put(day, local)
+            else:
+                reduced(number)
     return sorted(taken)
 
 
@@ -217,7 +237,7 @@ def write_day(con: duckdb.DuckDBPyConnection, config: MiningConfig, folder: Path
         "networks.parquet": "SELECT network, count(*)::BIGINT AS rows FROM usable "
         "WHERE nr IS NOT NULL GROUP BY network",
         "keys.parquet": "SELECT DISTINCT key, normalized FROM judged WHERE key IS NOT NULL",
-        "texts.parquet": "SELECT DISTINCT key, query, language FROM judged "
+        "texts.parquet": "SELECT DISTINCT key, query, language, form FROM judged "
         "WHERE key IS NOT NULL AND reason IS NULL",
     }
     for name, query in queries.items():
@@ -344,6 +364,43 @@ def _usable(folder: Path) -> None:
         if found != columns:
             raise ValueError(f"{name} has columns {found}, not {columns}")
     read_counts(folder)
+    _in_range(folder)
+
+
+# a partial's rows that no day's rows give (what would make the merge count past a cap, or
+# overflow: a group counted whole has n <= ur <= the cap)
+_OUT_OF_RANGE = {
+    "groups.parquet": "n < 1 OR ur < 1 OR n > ur OR nr < 1",
+    "ranks.parquet": "ur < 1 OR nr < 1",
+    "users.parquet": "rows < 1",
+    "networks.parquet": "rows < 1",
+}
+
+
+def _in_range(folder: Path) -> None:
+    """Raises ``ValueError`` when a partial's counts and ranks are out of range, or their
+    pages cannot be read (DuckDB, in memory, on the fetching thread)."""
+    import duckdb
+
+    con = duckdb.connect(
+        config={
+            "threads": 1,
+            "memory_limit": "256MB",
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+        }
+    )
+    try:
+        for name, bad in _OUT_OF_RANGE.items():
+            ((n,),) = con.execute(
+                f"SELECT count(*) FROM read_parquet('{_sql(folder / name)}') WHERE {bad}"
+            ).fetchall()
+            if n:
+                raise ValueError(f"{name} has {n} rows of counts or ranks out of range")
+    except duckdb.Error as error:
+        raise ValueError(f"not readable: {error}") from error
+    finally:
+        con.close()
 
 
 @dataclass
@@ -371,6 +428,10 @@ class DayParts:
                 self.fingerprint = self.fingerprint()
         return f"{self.root}/{self.fingerprint}/{day.day.isoformat()}"
 
+    def holds(self, day: LogDay) -> bool:
+        """Whether the store has a partial of the day for its listing (its manifest)."""
+        return self.store.exists(f"{self._prefix(day)}/{day.listing}/{MANIFEST}")
+
     def fetch(self, day: LogDay, folder: Path) -> bool:
         """The day's partial into ``folder`` when the store holds one for its listing, checked
         (each file's sha256 against the manifest, the columns, the counts): whether it did. A
@@ -380,7 +441,7 @@ class DayParts:
             manifest = json.loads(self.store.get(f"{prefix}/{MANIFEST}", max_bytes=1 << 16))
         except ObjectNotFoundError:
             return False
-        except (ValueError, EdgeQAError) as error:
+        except (ValueError, RecursionError, EdgeQAError) as error:
             return self._refused(prefix, folder, error)
         try:
             if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -394,7 +455,7 @@ class DayParts:
                 if _sha256(folder / name) != sums[name]:
                     raise ValueError(f"{name} is not the file its manifest names")
             _usable(folder)
-        except (ValueError, OSError, EdgeQAError, KeyError) as error:
+        except (ValueError, RecursionError, OSError, EdgeQAError, KeyError) as error:
             return self._refused(prefix, folder, error)
         with self._lock:  # (days are fetched on threads)
             self.counts.found += 1
@@ -416,7 +477,6 @@ class DayParts:
             self.store.put_file(f"{target}/{name}", folder / name)
         manifest = {"format": FORMAT, "sha256": {name: _sha256(folder / name) for name in FILES}}
         self.store.put(f"{target}/{MANIFEST}", json.dumps(manifest, sort_keys=True).encode())
-        self.counts.computed += 1
         for path in self.store.list(f"{prefix}/"):
             if not path.startswith(f"{target}/"):
                 self._delete(path)

@@ -82,6 +82,7 @@ MB_PER_THREAD = 128  # DuckDB's memory per thread it runs
 # the reasons a cached verdict may give (any other is not taken: the text is judged again)
 _REASONS = ", ".join(f"'{reason}'" for reason in REASONS)
 PARALLEL_TEXTS = 4 * CHUNK  # texts to judge past which the text rules run on several processes
+TRUSTED_FORMS = "trusted-forms.parquet"  # beside ``cached_out``: the forms judged tonight
 
 
 def _rows_schema() -> pa.Schema:
@@ -300,8 +301,10 @@ class LogWindow:
         rules' cache across nights (``nightcache.py``; None: none); ``workers``: processes the
         text rules run on; ``cached_out``: where the raw texts whose usable verdict came from
         the store (the verdicts' cache, or a day's partial) are written (Parquet: ``key``,
-        ``query``, ``language``), for mining to judge those it keeps again (none written when
-        none did).
+        ``query``, ``language``), for mining to judge those it keeps again, and beside it
+        (``TRUSTED_FORMS``) the forms of the texts judged tonight (``key``, ``form``), what a
+        kept wording's question may also be (``nightcache.check_verdicts``); none written when
+        nothing came from the store.
 
         ``days``: the window's log days, each reduced on its own (``dayparts.py``) and the
         days merged; ``parts``: where a day's reduction is kept across nights (None: none
@@ -316,9 +319,9 @@ class LogWindow:
         started = time.perf_counter()
         if days is None:  # the rows added
             day(LogReadStats(), folder / "d=0")
-            from_store = []
-        else:  # texts whose verdict came from the store
-            from_store = reduce_days(days, parts, folder, self._new_rows, self.add, day)
+            taken = []
+        else:  # the days taken from the store
+            taken = reduce_days(days, parts, folder, self._new_rows, self.add, day)
         if verdicts is not None:
             verdicts.close()
         # the days' reading, their partials' fetching and reduction, but for the text rules
@@ -329,16 +332,26 @@ class LogWindow:
             + (self.seconds_adding if days is None else 0.0)
         )
         started = time.perf_counter()
+        # texts whose verdict came from the store: the days taken, the cache's on the others
+        from_store = [local / "texts.parquet" for local in taken]
+        tonight = []  # the texts judged tonight, their forms what the computed days give
         for local in sorted(folder.iterdir()):
             _take(counts, read_counts(local))
-            if (local / "cached.parquet").exists():
-                from_store.append(local / "cached.parquet")
+            if local not in taken:
+                tonight.append(local / "texts.parquet")
+                if (local / "cached.parquet").exists():
+                    from_store.append(local / "cached.parquet")
         if from_store and cached_out is not None:
-            files = ", ".join(f"'{sql_literal(str(path))}'" for path in from_store)
-            self.con.execute(
-                f"COPY (SELECT key, query, language FROM read_parquet([{files}])) "
-                f"TO '{sql_literal(str(cached_out))}' (FORMAT parquet)"
-            )
+            for target, columns, files in (
+                (cached_out, "key, query, language", from_store),
+                (cached_out.with_name(TRUSTED_FORMS), "key, form", tonight),
+            ):
+                if files:
+                    listed = ", ".join(f"'{sql_literal(str(path))}'" for path in files)
+                    self.con.execute(
+                        f"COPY (SELECT {columns} FROM read_parquet([{listed}])) "
+                        f"TO '{sql_literal(str(target))}' (FORMAT parquet)"
+                    )
         self.con.execute("DROP TABLE IF EXISTS cached")
         usable, counted = merge_days(self.con, config, folder)
         if usable > counted:
@@ -418,7 +431,7 @@ class LogWindow:
             f"TO '{sql_literal(str(todo))}' (FORMAT parquet, ROW_GROUP_SIZE {CHUNK})"
         )
         bar = _progress(total, "text rules", progress)
-        known = verdicts.counts.found if verdicts is not None else 0
+        known = self._count("SELECT count(*) FROM known")  # this day's, tonight's too
         if total - known < PARALLEL_TEXTS:  # a process's start costs more than these take
             workers = 1
         counts.rule_workers = workers

@@ -41,7 +41,7 @@ import secrets
 import sys
 import unicodedata
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -344,23 +344,35 @@ def _night_of(path: str, prefix: str, fingerprinted: bool = False) -> date | Non
 
 
 def check_verdicts(
-    cached_texts: Path, kept: set[str], language: str | None, where: str, workers: int
+    cached_texts: Path,
+    kept: Mapping[str, tuple[str, str, int]],
+    language: str | None,
+    where: str,
+    workers: int,
+    trusted_forms: Path | None = None,
 ) -> None:
     """A night that took verdicts from the store (the cache, or a log day's partial:
     ``dayparts.py``) judges again, with the rules, every raw text whose stored verdict let it in
-    as a wording of a question it keeps (published or held back: ``kept``, their keys): the
-    store is not trusted, so it is checked where it matters before use (``docs/security.md``); a
-    text the rules now refuse, or judge of another language, stops the night, naming ``where``
-    the verdicts came from. ``cached_texts``: the raw texts whose usable verdict came from the
-    store, with its language and their key (``LogWindow.wordings``), read a batch at a time."""
+    as a wording of a question it keeps (published or held back: ``kept``, their keys, each
+    with its question, normalized text and asks): the store is not trusted, so it is checked
+    where it matters before use (``docs/security.md``). The night stops, naming ``where`` the
+    verdicts came from, when the rules refuse such a text, judge it of another language or give
+    it another key; and, as a log day's partial also names each wording's normalized text and
+    raw forms, when a kept wording's normalized text is not its key's, or its question (of a
+    wording asked in the window) is the form of no text of its key that the rules judged:
+    tonight (``trusted_forms``: Parquet of ``key``, ``form``, the days reduced tonight) or
+    again here. ``cached_texts``: the raw texts whose usable verdict came from the store, with
+    its language and their key (``LogWindow.wordings``), read a batch at a time."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from base.keys import key_of_normalized
     from precompute.textrules import CHUNK, judge_all
 
     wanted = pa.array(sorted(kept), pa.string())
-    languages: deque[list[str]] = deque()
+    stored: deque[tuple[list[str], list[str]]] = deque()
+    forms: dict[str, set[str]] = {}  # each kept key's forms the rules gave
     if pq.ParquetFile(cached_texts).metadata.num_rows < 4 * CHUNK:
         workers = 1  # a process's start costs more than these take
 
@@ -368,14 +380,34 @@ def check_verdicts(
         for batch in pq.ParquetFile(cached_texts).iter_batches(batch_size=CHUNK):
             picked = batch.filter(pc.is_in(batch.column("key"), value_set=wanted))
             if picked.num_rows:
-                languages.append(picked.column("language").to_pylist())
+                stored.append(
+                    (picked.column("language").to_pylist(), picked.column("key").to_pylist())
+                )
                 yield picked.column("query").to_pylist(), [None] * picked.num_rows
 
+    def refused(why: str) -> EdgeQAError:
+        return EdgeQAError(
+            f"a verdict from the store's cache ({where}) let a text through that the rules "
+            f"refuse ({why}): delete it and run the night again"
+        )
+
     for judged in judge_all(chunks(), language, workers):
-        for verdict, cached in zip(judged, languages.popleft(), strict=True):
+        cached_languages, keys = stored.popleft()
+        for verdict, cached, key in zip(judged, cached_languages, keys, strict=True):
             if verdict.reason is not None or verdict.language != cached or verdict.key is None:
-                why = verdict.reason or f"language {verdict.language}, not {cached}"
-                raise EdgeQAError(
-                    f"a verdict from the store's cache ({where}) let a text through that the "
-                    f"rules refuse ({why}): delete it and run the night again"
-                )
+                raise refused(verdict.reason or f"language {verdict.language}, not {cached}")
+            if verdict.key != key:
+                raise refused(f"a text of key {verdict.key} stored under {key}")
+            forms.setdefault(key, set()).add(verdict.form or "")
+    if trusted_forms is not None and trusted_forms.exists():
+        for batch in pq.ParquetFile(trusted_forms).iter_batches(batch_size=CHUNK):
+            picked = batch.filter(pc.is_in(batch.column("key"), value_set=wanted))
+            for key, form in zip(
+                picked.column("key").to_pylist(), picked.column("form").to_pylist(), strict=True
+            ):
+                forms.setdefault(key, set()).add(form)
+    for key, (question, normalized, hits) in kept.items():
+        if key_of_normalized(normalized) != key:
+            raise refused(f"wording {key} named with the normalized text of another")
+        if hits and question not in forms.get(key, ()):
+            raise refused(f"wording {key} named with a form none of its texts has")

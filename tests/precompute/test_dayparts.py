@@ -258,3 +258,75 @@ def test_a_night_mining_from_its_days_mines_what_a_night_from_scratch_does(
     assert report.caches["days"]["found"] == 6 and scratch.caches["days"]["found"] == 0
     assert report.excluded_rows == scratch.excluded_rows and report.rows == scratch.rows
     assert days.stats == scratch_days.stats and days.stats.rows > 0
+
+
+@pytest.mark.parametrize(
+    ("name", "column", "forged"),
+    [
+        ("groups.parquet", "form", "my card 4111 1111 1111 1111 was declined"),
+        ("keys.parquet", "normalized", "how do i export my data"),
+    ],
+)
+def test_a_partial_that_names_a_wording_otherwise_than_its_texts_stops_the_night(
+    logs: Store, embedder: Any, tmp_path: Path, name: str, column: str, forged: str
+) -> None:
+    """A partial is read from the store: a wording's raw form or normalized text that is not
+    what the rules give its texts (here, written with a matching manifest) stops the night
+    that would keep it, naming where the verdicts came from."""
+    from base.errors import EdgeQAError
+    from precompute.incremental import NightCaches
+    from precompute.mining import mine
+
+    def night(until: date) -> list[Any]:
+        since = until - timedelta(days=6)
+        caches = NightCaches.of_night(out, "p", "en", "embedded", since, until, CONFIG)
+        caches = dataclasses.replace(caches, clusters=None)
+        hot, _ = mine(
+            LogDays.of(logs, since, until),
+            embedder,
+            CONFIG,
+            _end(until),
+            language="en",
+            caches=caches,
+        )
+        return hot
+
+    out = FileStore(tmp_path / "out")
+    key = night(UNTIL - timedelta(days=1))[0].phrasings[0].key
+    for path in out.list("p/work/cache/days/"):
+        if not path.endswith(f"/{name}"):
+            continue
+        table = pq.read_table(io.BytesIO(out.get(path)))
+        values = [
+            forged if k == key else v
+            for k, v in zip(table["key"].to_pylist(), table[column].to_pylist(), strict=True)
+        ]
+        table = table.set_column(
+            table.schema.get_field_index(column), column, pa.array(values, pa.string())
+        )
+        data = _parquet(table)
+        out.put(path, data)
+        manifest = path.rsplit("/", 1)[0] + "/manifest.json"
+        sums = json.loads(out.get(manifest))
+        sums["sha256"][name] = hashlib.sha256(data).hexdigest()
+        out.put(manifest, json.dumps(sums).encode())
+    with pytest.raises(EdgeQAError, match=r"store's cache .*work/cache/days.*" + key):
+        night(UNTIL)
+
+
+def test_a_day_with_a_log_file_not_read_is_reduced_but_not_kept(
+    logs: Store, tmp_path: Path
+) -> None:
+    """A log file that could not be read (here not Parquet; a fetch that failed alike) leaves
+    its day's rows short: the day is reduced tonight, not kept, and reduced again the next."""
+    copy = FileStore(tmp_path / "logs")
+    for path in logs.list(""):
+        copy.put(path, logs.get(path))
+    short = UNTIL - timedelta(days=3)
+    copy.put(f"logs/dt={short.isoformat()}/zz-torn.parquet", b"not parquet")
+    out = FileStore(tmp_path / "out")
+    for found, computed in ((0, 7), (6, 1)):  # the second night: every other day taken
+        table, counts, parts = _from_days(copy, out, UNTIL)
+        assert (parts.counts.found, parts.counts.computed) == (found, computed)
+        assert not out.list(f"p/work/cache/days/{parts.fingerprint}/{short.isoformat()}/")
+    _same((table, counts), _from_rows(copy, UNTIL))
