@@ -75,6 +75,7 @@ FILES = (
     "counts.json",
 )
 MANIFEST = "manifest.json"
+TRUSTED_FORMS = "trusted-forms.parquet"  # beside what a night judges again: tonight's forms
 FETCHES = 4  # days' partials fetched from the store at once
 # what the log reader counts (``base.logreader.LogReadStats``), in a day's counts.json
 READ_COUNTS = {"files", "rows", "bad_files", "malformed_rows", "malformed_by_field"}
@@ -183,6 +184,34 @@ def reduce_days(
             else:
                 reduced(number)
     return sorted(taken)
+
+
+def texts_to_check(
+    con: duckdb.DuckDBPyConnection, folder: Path, taken: list[Path], out: Path
+) -> None:
+    """The texts a night that took anything from the store judges again before it keeps
+    their wordings (``nightcache.check_verdicts``), into ``out`` (``key``, ``query``,
+    ``language``): those of the days ``taken`` from the store, and on the days of ``folder``
+    reduced tonight those whose verdict the cache gave (``cached.parquet``); and beside it
+    (``TRUSTED_FORMS``: ``key``, ``form``) the forms of the texts of the days reduced tonight,
+    which a kept wording's question may be too. Nothing written when nothing came from the
+    store."""
+    from_store = [local / "texts.parquet" for local in taken]
+    tonight = [local for local in sorted(folder.iterdir()) if local not in taken]
+    from_store += [local / "cached.parquet" for local in tonight]
+    from_store = [path for path in from_store if path.exists()]
+    if not from_store:
+        return
+    for target, columns, files in (
+        (out, "key, query, language", from_store),
+        (out.with_name(TRUSTED_FORMS), "key, form", [d / "texts.parquet" for d in tonight]),
+    ):
+        if files:
+            listed = ", ".join(f"'{_sql(path)}'" for path in files)
+            con.execute(
+                f"COPY (SELECT {columns} FROM read_parquet([{listed}])) "
+                f"TO '{_sql(target)}' (FORMAT parquet)"
+            )
 
 
 def write_counts(folder: Path, counts: Any, read: LogReadStats) -> None:
@@ -300,8 +329,8 @@ def merge_days(con: duckdb.DuckDBPyConnection, config: MiningConfig, days: Path)
     )
     con.execute("DROP TABLE capped")
     con.execute(
-        "CREATE TEMP TABLE day_keys AS "
-        f"SELECT DISTINCT key, normalized FROM {parts('keys.parquet')}"
+        "CREATE TEMP TABLE day_keys AS "  # one a key, whatever a partial from the store says
+        f"SELECT key, min(normalized) AS normalized FROM {parts('keys.parquet')} GROUP BY key"
     )
     con.execute("DROP TABLE before_user")
     con.execute("DROP TABLE before_network")

@@ -56,6 +56,7 @@ from precompute.dayparts import (
     read_counts,
     reduce_days,
     sql_literal,
+    texts_to_check,
     write_counts,
     write_day,
 )
@@ -82,7 +83,6 @@ MB_PER_THREAD = 128  # DuckDB's memory per thread it runs
 # the reasons a cached verdict may give (any other is not taken: the text is judged again)
 _REASONS = ", ".join(f"'{reason}'" for reason in REASONS)
 PARALLEL_TEXTS = 4 * CHUNK  # texts to judge past which the text rules run on several processes
-TRUSTED_FORMS = "trusted-forms.parquet"  # beside ``cached_out``: the forms judged tonight
 
 
 def _rows_schema() -> pa.Schema:
@@ -301,10 +301,8 @@ class LogWindow:
         rules' cache across nights (``nightcache.py``; None: none); ``workers``: processes the
         text rules run on; ``cached_out``: where the raw texts whose usable verdict came from
         the store (the verdicts' cache, or a day's partial) are written (Parquet: ``key``,
-        ``query``, ``language``), for mining to judge those it keeps again, and beside it
-        (``TRUSTED_FORMS``) the forms of the texts judged tonight (``key``, ``form``), what a
-        kept wording's question may also be (``nightcache.check_verdicts``); none written when
-        nothing came from the store.
+        ``query``, ``language``), for mining to judge those it keeps again, and beside it the
+        forms of the texts judged tonight (``dayparts.texts_to_check``).
 
         ``days``: the window's log days, each reduced on its own (``dayparts.py``) and the
         days merged; ``parts``: where a day's reduction is kept across nights (None: none
@@ -332,26 +330,10 @@ class LogWindow:
             + (self.seconds_adding if days is None else 0.0)
         )
         started = time.perf_counter()
-        # texts whose verdict came from the store: the days taken, the cache's on the others
-        from_store = [local / "texts.parquet" for local in taken]
-        tonight = []  # the texts judged tonight, their forms what the computed days give
         for local in sorted(folder.iterdir()):
             _take(counts, read_counts(local))
-            if local not in taken:
-                tonight.append(local / "texts.parquet")
-                if (local / "cached.parquet").exists():
-                    from_store.append(local / "cached.parquet")
-        if from_store and cached_out is not None:
-            for target, columns, files in (
-                (cached_out, "key, query, language", from_store),
-                (cached_out.with_name(TRUSTED_FORMS), "key, form", tonight),
-            ):
-                if files:
-                    listed = ", ".join(f"'{sql_literal(str(path))}'" for path in files)
-                    self.con.execute(
-                        f"COPY (SELECT {columns} FROM read_parquet([{listed}])) "
-                        f"TO '{sql_literal(str(target))}' (FORMAT parquet)"
-                    )
+        if cached_out is not None:
+            texts_to_check(self.con, folder, taken, cached_out)
         self.con.execute("DROP TABLE IF EXISTS cached")
         usable, counted = merge_days(self.con, config, folder)
         if usable > counted:

@@ -93,9 +93,10 @@ from precompute.clustering import (
 )
 from precompute.clusterstate import ClusterState
 from precompute.config import MiningConfig
+from precompute.dayparts import TRUSTED_FORMS
 from precompute.incremental import NightCaches, night_clusters
 from precompute.kstep import MANY_WORDINGS, MIN_PROCESSES, cluster_chunks, judge_all
-from precompute.logwindow import TRUSTED_FORMS, LogWindow, WindowCounts
+from precompute.logwindow import LogWindow, WindowCounts
 from precompute.nightcache import NightCache, check_verdicts
 from precompute.questions import HotQuestion, Phrasing, askers_counts, held_back_rows
 from precompute.reduction import Wordings
@@ -315,9 +316,7 @@ def _mine(
     started = time.perf_counter()
     hot.limit = config.top_n  # read back best first: those past it were not selected
     check = cached_texts.exists()
-    # the wordings of the questions kept (question, normalized, asks), when their verdicts are
-    # checked
-    kept: dict[str, tuple[str, str, int]] = {}
+    kept: dict[str, tuple[str, str, int]] = {}  # checked: the kept wordings' texts, asks
 
     def selected() -> Iterator[HotQuestion]:  # one pass over all of them, those past the limit too
         for within, h in hot.ranked(askers=False):  # counted, not named: ~6× as fast
@@ -333,15 +332,9 @@ def _mine(
 
     report.count_published(selected())
     if check:
-        where = [c.root for c in (caches.verdicts, caches.days) if c is not None]
-        check_verdicts(
-            cached_texts,
-            kept,
-            language,
-            " or ".join(where),
-            config.workers(),
-            cached_texts.with_name(TRUSTED_FORMS),
-        )
+        where = " or ".join(c.root for c in (caches.verdicts, caches.days) if c is not None)
+        trusted = cached_texts.with_name(TRUSTED_FORMS)
+        check_verdicts(cached_texts, kept, language, where, config.workers(), trusted)
     report.seconds["rank"] = time.perf_counter() - started
     report.peak_rss_mb["rank"] = peak_rss_mb()
     caches.close()

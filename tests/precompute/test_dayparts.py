@@ -264,7 +264,7 @@ def test_a_night_mining_from_its_days_mines_what_a_night_from_scratch_does(
     ("name", "column", "forged"),
     [
         ("groups.parquet", "form", "my card 4111 1111 1111 1111 was declined"),
-        ("keys.parquet", "normalized", "how do i export my data"),
+        ("keys.parquet", "normalized", "0 how do i export my data"),  # first: min() takes it
     ],
 )
 def test_a_partial_that_names_a_wording_otherwise_than_its_texts_stops_the_night(
