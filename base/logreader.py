@@ -114,13 +114,19 @@ class LogDay:
 
 
 def log_days(store: Store, since: date, until: date) -> list[LogDay]:
-    """The partitions ``since``..``until`` (inclusive) as listed now, one ``LogDay`` each."""
+    """The partitions ``since``..``until`` (inclusive) as listed now, one ``LogDay`` each: the
+    Parquet files directly in ``logs/dt=<day>/``, as ``logs.LogWriter`` writes them. A file in a
+    folder below it is not a log file and is never read (a writer of another prefix's grant,
+    ``*/work/*``, could put one at ``logs/dt=<day>/work/x.parquet``: ``docs/security.md``)."""
     out = []
     for day in days(since, until):
+        folder = partition_path(day) + "/"
         found = sorted(
             (listed.path, listed.size)
             for listed in store.scan(partition_path(day))
             if listed.path.endswith(".parquet")
+            and listed.path.startswith(folder)
+            and "/" not in listed.path[len(folder) :]
         )
         out.append(LogDay(day, tuple(found)))
     return out

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from prometheus_client import generate_latest
 
-from base.logreader import LogReadStats, read_log_tables, read_logs
+from base.logreader import LogReadStats, log_days, read_log_tables, read_logs
 from base.logs import LogWriter
 from base.store import FileStore, Store, open_store
 from base.users import UserHasher, hash_user
@@ -156,6 +156,22 @@ def test_a_file_is_read_a_row_group_at_a_time_and_a_corrupt_one_ends_it(tmp_path
     rows = read_logs(store, DAY, DAY, stats)
     assert [r["query"] for r in rows] == ["question 0", "question 1"]
     assert (stats.files, stats.rows, stats.bad_files) == (1, 2, 1)
+
+
+def test_only_the_files_directly_in_a_day_s_partition_are_read(tmp_path: Path) -> None:
+    """A Parquet file in a folder below ``logs/dt=<day>/`` (a writer of ``*/work/*`` could put
+    one at ``logs/dt=<day>/work/x.parquet``) is not a log file: it is neither listed nor read."""
+    store = FileStore(tmp_path)
+    with LogWriter(store, flush_interval_s=0) as writer:
+        writer.write(**_row(0))
+    (path,) = store.list(f"logs/dt={DAY.isoformat()}")
+    forged = path.rsplit("/", 1)[0] + "/work/forged.parquet"
+    store.put(forged, store.get(path))
+    stats = LogReadStats()
+    tables = list(read_log_tables(store, DAY, DAY, stats))
+    assert sum(t.num_rows for t in tables) == 1 and stats.files == 1
+    (day,) = log_days(store, DAY, DAY)
+    assert [p for p, _ in day.files] == [path]
 
 
 def test_user_hash_is_salted_and_stable() -> None:
