@@ -102,7 +102,8 @@ FROM python:${PYTHON_VERSION}-slim
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libgomp1 \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --create-home --uid 1000 --user-group edgeqa
+    && useradd --create-home --uid 1000 --user-group edgeqa \
+    && install -d -o edgeqa -g edgeqa -m 0700 /var/cache/edgeqa
 
 COPY --from=build /opt/edgeqa /opt/edgeqa
 # the web client and demo page the origin serves at / (not part of the installed package)
@@ -113,6 +114,9 @@ ENV PATH=/opt/edgeqa/bin:$PATH \
     HF_HUB_OFFLINE=1 \
     EDGEQA_WEB_DIR=/opt/edgeqa/web
 
+# EDGEQA_CACHE_DIR of the edge task (read-only root filesystem; infra/terraform/modules/edge): a
+# volume there, which ECS fills from this folder, its owner included
+VOLUME ["/var/cache/edgeqa"]
 USER edgeqa
 WORKDIR /home/edgeqa
 CMD ["edgeqa", "--help"]

@@ -22,5 +22,6 @@ text rules (``policy/``).
     answer_objects.py  the exact tier: objects by content, the key index, the clients' rule
     signing.py         release signatures: who may publish what is served
     pointers.py        the signed pointer (current.json): which release, in what order, until when
+    highwater.py       the highest sequences ever signed, outside the store (a rollback's floor)
     proofs.py          Merkle proofs of a key-index bucket against a release's signature
 """

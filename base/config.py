@@ -24,7 +24,7 @@ import ipaddress
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import (
@@ -37,6 +37,9 @@ from pydantic_settings import (
 
 from base.errors import EdgeQAError
 from base.keys import MAX_QUERY_CHARS
+
+if TYPE_CHECKING:
+    from base.highwater import HighWater
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 MIN_SECRET_CHARS = 32  # EDGEQA_IDENTITY_SECRET: an HS256 key
@@ -231,8 +234,11 @@ class SharedSettings(StoreSettings):
     allow_answer_links: bool = False
     # base64 Ed25519 keys a release must be signed by ("" = signatures not checked)
     release_public_keys: str = ""
-    # the bearer token /metrics asks for ("" = /metrics is open)
+    # the bearer token /metrics asks for ("" = /metrics answers this machine only)
     metrics_token: str = ""
+    # where the highest pointer and revocation-list sequences ever signed are kept, outside the
+    # store (base/highwater.py: file://, ssm://, dynamodb://; "" = none: only each reader's memory)
+    high_water_uri: str = ""
 
     @field_validator("release_public_keys", mode="after")
     @classmethod
@@ -247,6 +253,20 @@ class SharedSettings(StoreSettings):
         from base.signing import parse_public_keys
 
         return parse_public_keys(self.release_public_keys)
+
+    @field_validator("high_water_uri", mode="after")
+    @classmethod
+    def _high_water(cls, value: str) -> str:
+        from base.highwater import parse_high_water
+
+        parse_high_water(value)
+        return value.strip()
+
+    def high_water(self) -> HighWater | None:
+        """The high-water mark ``EDGEQA_HIGH_WATER_URI`` names (None: none)."""
+        from base.highwater import open_high_water
+
+        return open_high_water(self.high_water_uri)
 
     @field_validator("languages", mode="after")
     @classmethod
@@ -308,6 +328,31 @@ class EdgeSettings(SharedSettings):
     """The edge index service."""
 
     max_query_chars: int = Field(MAX_QUERY_CHARS, ge=1)
+
+
+def private_folder(path: Path, variable: str = "EDGEQA_CACHE_DIR") -> Path:
+    """``path``, made (mode 0700) if missing; ``ConfigError`` when it is not a folder, or belongs
+    to another user than this one or root, or group or others may write it: a service trusts
+    what it reads there (the pointers it verified, model conversions), so nobody else may plant
+    it."""
+    import stat
+
+    try:
+        if not path.exists():
+            path.mkdir(mode=0o700, parents=True)
+        status = path.stat()
+    except OSError as error:
+        raise ConfigError(f"{variable} {path}: {error}") from None
+    problem = None
+    if not stat.S_ISDIR(status.st_mode):
+        problem = "is not a folder"
+    elif status.st_uid not in (0, os.geteuid()):
+        problem = f"belongs to uid {status.st_uid}, not this user ({os.geteuid()})"
+    elif status.st_mode & 0o022:
+        problem = f"is writable by group or others (mode {stat.S_IMODE(status.st_mode):o})"
+    if problem is not None:
+        raise ConfigError(f"{variable} {path} {problem}: make it this user's alone (chmod 700)")
+    return path
 
 
 def parse_embedders(value: str, languages: tuple[str, ...]) -> dict[str, str]:

@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -365,28 +366,59 @@ class PointerMemory:
 
 class PointerState:
     """One reader's view of one profile's pointer: the verified pointer of what it serves, and
-    why the store's pointer is refused as a rollback (while it is)."""
+    why the store's pointer is refused as a rollback (while it is).
 
-    def __init__(self, public_keys: tuple[str, ...], memory: PointerMemory | None = None) -> None:
+    ``floor``: the high-water mark of a profile (``highwater.py``: the highest pointer sequence
+    ever signed, read from outside the store; it raises ``RollbackError`` when it cannot be
+    read). Given, a reader that serves nothing yet (started fresh, its memory empty) refuses a
+    pointer below it, a pointer signed before sequences (a release's own statement) and an
+    expired one: it serves nothing rather than what a bucket writer may have put back."""
+
+    def __init__(
+        self,
+        public_keys: tuple[str, ...],
+        memory: PointerMemory | None = None,
+        floor: Callable[[str], int] | None = None,
+    ) -> None:
         self.public_keys = public_keys
         self.memory = memory or PointerMemory()
+        self.floor = floor
         self.served: SignedPointer | None = None
         self.rollback: str | None = None
 
     def verify(self, pointer: Pointer, profile: str, where: str) -> SignedPointer | None:
         """``pointer``'s signed statement, not older than one verified before at ``where``
         (None without public keys); ``SignatureError``, ``RollbackError`` for an older one
-        (then reported stale until the store's pointer moves on)."""
+        (then reported stale until the store's pointer moves on) or, while nothing is served,
+        one the high-water mark refuses."""
         if not self.public_keys:
             return None
         signed = verify_pointer(pointer, profile, self.public_keys)
         try:
             self.memory.check(where, signed)
+            if self.served is None and self.floor is not None:
+                self._fresh(signed, where)
         except RollbackError as error:
             self.rollback = str(error)
             raise
         self.rollback = None
         return signed
+
+    def _fresh(self, signed: SignedPointer, where: str) -> None:
+        """What a reader that serves nothing yet also refuses (``floor`` given)."""
+        assert self.floor is not None
+        mark = self.floor(signed.profile)
+        if signed.sequence < mark:
+            raise RollbackError(
+                f"{where} (sequence {signed.sequence}, version {signed.version}) is below the "
+                f"high-water mark {mark}: refused as a rollback, nothing served"
+            )
+        stale = signed.stale()
+        if stale is not None:
+            raise RollbackError(
+                f"{where} (version {signed.version}): {stale}; a reader started fresh serves no "
+                "stale pointer while a high-water mark is set"
+            )
 
     def serve(self, where: str, signed: SignedPointer) -> None:
         self.memory.remember(where, signed)

@@ -5,8 +5,10 @@ The nightly mining publishes a question only when k distinct people asked it, so
 be something a client cannot mint at will. In order:
 
 1. A user token the deployment signed (``x-edgeqa-user`` header, or the body's ``user`` field):
-   an HS256 JWT with ``sub`` and ``exp``, signed with ``EDGEQA_IDENTITY_SECRET`` by the backend
-   that knows its users (``mint_user_token``). Anything else in those fields is ignored.
+   an HS256 JWT with ``sub``, ``iat`` and ``exp`` at most ``MAX_TOKEN_LIFETIME_S`` (a day) apart,
+   signed with ``EDGEQA_IDENTITY_SECRET`` by the backend that knows its users
+   (``mint_user_token``): a leaked token counts its user for a day at most. Anything else in those
+   fields is ignored.
 2. The API key the request authenticated with (the origin's ``EDGEQA_API_KEYS``), with the viewer's
    host: a key serves many people, so each host behind it counts once.
 3. The viewer's host: its IPv4 address, or its IPv6 /64 (``network_key``). One IPv6 subscriber or
@@ -27,7 +29,9 @@ They also keep ``signed`` (the identity is a signed user token: mining requires
 ``EDGEQA_MIN_SIGNED_USERS`` of those per published text, as five /24s are easy to rent and an
 account of the deployment is not) and ``asn``, the same HMAC of the viewer's autonomous system
 when ``EDGEQA_ASN_TABLE`` names a table (``asn.py``; "" otherwise or when unknown).
-The origin's per-asker shares and its online cache's k count the same hashed identity.
+The origin's per-asker shares and its online cache's k count the same hashed identity, and its
+per-network shares and the cache's k the same hashed ``network`` (the cache's k, like mining's, is
+the fewer of distinct identities and distinct networks).
 The ``x-edgeqa-tenant`` header is kept the same way (``tenant``): a tenant's name is the
 deployment's customer, not something a log reader needs.
 ``edgeqa edge serve`` and ``edgeqa origin serve`` refuse to log without a salt (``check_salt``);
@@ -64,6 +68,7 @@ _PROCESS_SALT = secrets.token_bytes(32)
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 # prefix lengths (IPv4, IPv6) of one host, which counts as one asker, and of one network
 HOST_BITS = (32, 64)
+MAX_TOKEN_LIFETIME_S = 86_400  # a user token's exp - iat, at most
 NETWORK_BITS = (24, 48)
 _MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")  # IPv4-mapped IPv6 addresses
 
@@ -93,21 +98,27 @@ def mint_user_token(user: str, secret: str, ttl_s: float = 3600.0) -> str:
 
     if len(secret) < MIN_SECRET_CHARS:
         raise ValueError(f"the identity secret must have at least {MIN_SECRET_CHARS} characters")
+    if ttl_s > MAX_TOKEN_LIFETIME_S:
+        raise ValueError(f"a user token lives at most {MAX_TOKEN_LIFETIME_S} s")
     now = int(time.time())
     return jwt.encode({"sub": user, "iat": now, "exp": now + int(ttl_s)}, secret, "HS256")
 
 
 def _verified_user(token: str | None, secret: str) -> str | None:
-    """The ``sub`` of a valid, unexpired token signed with ``secret``; None otherwise."""
+    """The ``sub`` of a valid, unexpired token signed with ``secret``, issued (``iat``) at most
+    ``MAX_TOKEN_LIFETIME_S`` before it expires; None otherwise."""
     if not token or not secret or len(token) > 4096:
         return None
     import jwt
 
     try:
         claims = jwt.decode(
-            token, secret, algorithms=["HS256"], options={"require": ["exp"]}, leeway=60
+            token, secret, algorithms=["HS256"], options={"require": ["exp", "iat"]}, leeway=60
         )  # a minute of clock skew between the backend that signs and the service
     except jwt.PyJWTError:
+        return None
+    lifetime = claims["exp"] - claims["iat"]
+    if not isinstance(lifetime, int | float) or lifetime > MAX_TOKEN_LIFETIME_S:
         return None
     subject = claims.get("sub")
     return subject if isinstance(subject, str) and subject else None

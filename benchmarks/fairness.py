@@ -50,7 +50,12 @@ from origin.config import OriginSettings
 VICTIM_KEY = "victim-key-0123456789abcdef"
 FLOOD_KEY = "flood-key-0123456789abcdef"
 FLOOD_TOKENS = 256
-ORIGIN_ENV = {"EDGEQA_API_KEYS": f"{VICTIM_KEY},{FLOOD_KEY}", "EDGEQA_MAX_QUEUED_REQUESTS": "64"}
+# both keys ask from loopback, one network: the per-network cap (not what this compares) is off
+ORIGIN_ENV = {
+    "EDGEQA_API_KEYS": f"{VICTIM_KEY},{FLOOD_KEY}",
+    "EDGEQA_MAX_QUEUED_REQUESTS": "64",
+    "EDGEQA_MAX_IN_FLIGHT_PER_NETWORK": "0",
+}
 SHARES = ("max_in_flight_per_user", "max_tokens_per_minute_per_user")
 DEFAULTS = {f"EDGEQA_{n.upper()}": str(OriginSettings.model_fields[n].default) for n in SHARES}
 NO_LIMITS = {f"EDGEQA_{n.upper()}": "0" for n in SHARES}

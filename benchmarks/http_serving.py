@@ -199,14 +199,15 @@ def start_origin(
     store: FileStore | None, port: int, env_extra: dict[str, str]
 ) -> subprocess.Popen[str]:
     """``edgeqa origin serve`` in a child process, once healthy (and serving the store's release,
-    given a store). Per-asker shares are off unless ``env_extra`` sets them: the load generator
-    stands for many users."""
+    given a store). Per-asker and per-network shares are off unless ``env_extra`` sets them: the
+    load generator stands for many users on many networks."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEQA_")}
     env.update(
         {
             "EDGEQA_USER_SALT": "bench-salt-0123456789",
             "EDGEQA_MAX_IN_FLIGHT_PER_USER": "0",
             "EDGEQA_MAX_TOKENS_PER_MINUTE_PER_USER": "0",
+            "EDGEQA_MAX_IN_FLIGHT_PER_NETWORK": "0",
             **({"EDGEQA_STORE": store.uri} if store else {}),
             **env_extra,
         }

@@ -100,7 +100,7 @@ def edgeqa_origin(slots: int, precision: str) -> Iterator[str]:
             "EDGEQA_STORE": store, "EDGEQA_ORIGIN_TIERS": "0", "EDGEQA_MAX_NUM_SEQS": str(slots),
             "EDGEQA_QUANTIZATION": precision,
             "EDGEQA_MAX_MODEL_LEN": "512", "EDGEQA_MAX_QUEUED_REQUESTS": "1024",
-            "EDGEQA_MAX_QUEUED_TOKENS": "1000000",
+            "EDGEQA_MAX_QUEUED_TOKENS": "1000000", "EDGEQA_MAX_TOKENIZE_QUEUE": "1024",
         }  # fmt: skip
         child = start_origin(None, port, env)
         try:

@@ -22,9 +22,13 @@ builds the same release (built as of the end of its last log day); publishing it
 
 The params are ``precompute.config.RUN_OPTIONS`` (the same as ``edgeqa precompute run``'s
 options; those with an ``EDGEQA_*`` setting default to the Ray cluster's, where the stage runs)
-plus the stores, the expected
-profile and the window. The logs window ends with the last full UTC day before the data interval's
-end (the 02:00 run of Dec 2 mines up to Dec 1) and spans ``window_days``. Parsing this file
+plus the expected profile and the window. A run config cannot lower the bar: the stores are the
+deployment's ``EDGEQA_STORE`` (the Airflow workers'), the curated answers file and its pin the
+cluster's settings (no param), k no lower than ``EDGEQA_MIN_USERS`` (the param's minimum where the
+DAG is parsed; the stage refuses below the cluster's); a config naming a store, the answers or
+their pin, or any key that is not a param, is refused before a stage is submitted. The logs
+window ends with the last full UTC day before the data interval's end (the 02:00 run of Dec 2
+mines up to Dec 1) and spans ``window_days``. Parsing this file
 imports Airflow and the settings only; a task adds Ray's job client.
 """
 
@@ -35,16 +39,18 @@ from typing import Any
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from precompute.config import RUN_OPTIONS, PrecomputeSettings
+from precompute.config import RUN_OPTIONS, PrecomputeSettings, check_run_config
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string"}
 
 
-def _param(option: Any) -> Param:
+def _param(option: Any, settings: PrecomputeSettings) -> Param:
     """The option as a DAG param. One that has an ``EDGEQA_*`` setting defaults to null: the
     setting of the Ray cluster the stage runs on (else its default) applies unless the run sets
-    it."""
-    bounds = {"minimum": option.minimum, "maximum": option.maximum}
+    it. One whose setting is a floor (k) may not go below ``settings``' (where the DAG is
+    parsed): Airflow refuses the run as it is triggered; the stage refuses below its own."""
+    minimum = getattr(settings, option.field) if option.floor else option.minimum
+    bounds = {"minimum": minimum, "maximum": option.maximum}
     schema: dict[str, Any] = {k: v for k, v in bounds.items() if v is not None}
     if option.choices:
         schema["enum"] = [*option.choices] + ([None] if option.section == "settings" else [])
@@ -57,19 +63,41 @@ def _param(option: Any) -> Param:
 
 def _night() -> Any:
     """The run's params and data interval: the night its stages run (``jobs.RunSpec``)."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from base.errors import EdgeQAError
     from precompute.fleet.jobs import RunSpec
 
     context = get_current_context()
     p = context["params"]
+    settings = PrecomputeSettings.from_env()
+    try:  # refused for good: a retry would be refused the same
+        check_run_config(getattr(context["dag_run"], "conf", None) or {}, [*_PARAMS, "language"])
+        store = _store(settings.store)
+    except EdgeQAError as error:
+        raise AirflowFailException(str(error)) from None
     # a manual or API run may have no data interval: it ends when the run was asked for
     interval_end = context.get("data_interval_end") or context.get("logical_date")
     end: datetime = interval_end or context["dag_run"].run_after
     until = (end - timedelta(days=1)).date()  # the last full (UTC) day before the interval's end
     since = until - timedelta(days=p["window_days"] - 1)
     # every task of the run builds as of the same instant: a rerun builds the same release
-    options = {o.name: p[o.name] for o in RUN_OPTIONS}
+    options = {o.name: p[o.name] for o in RUN_OPTIONS if o.dag}
     language = p["language"]
-    return RunSpec(p["logs_uri"], p["out_uri"], since, until, language, end, "airflow", options)
+    return RunSpec(store, store, since, until, language, end, "airflow", options)
+
+
+def _store(store: str) -> str:
+    """The night's store (its logs and its releases): the deployment's ``EDGEQA_STORE``, which
+    must name a place the cluster's jobs reach the same (a bucket, an absolute path)."""
+    from base.config import ConfigError
+
+    if not store.startswith(("s3://", "file:///", "/")):
+        raise ConfigError(
+            f"EDGEQA_STORE is {store!r} where the DAG runs: set it on the Airflow workers to the "
+            "deployment's store (s3://bucket/prefix; file:///absolute/path for one machine)"
+        )
+    return store
 
 
 # the hours a stage's job may run before its task stops it (the night's budget is 2 h at the
@@ -94,11 +122,12 @@ def _stage(stage: str, mined: Any = None) -> dict[str, Any]:
     context = get_current_context()
     run = f"{mined['profile']}/{mined['run']}" if mined else None
     settings = PrecomputeSettings.from_env()
+    night = _night()  # refused (a run config, the store) before anything is submitted
     job = StageJob(
         settings.ray_jobs_address,
         stage,
         job_key(context["dag"].dag_id, context["run_id"], stage),
-        stage_command(stage, _night(), run),
+        stage_command(stage, night, run),
         token=settings.ray_jobs_token,
         resources=stage_resources(stage, settings.ray_cpu_resource),
     )
@@ -110,13 +139,17 @@ def _timeout(stage: str) -> timedelta:
     return timedelta(hours=STAGE_HOURS[stage], minutes=10)
 
 
-_PARAMS = {
-    "logs_uri": Param("s3://edgeqa-prod/store", type="string", description="request logs"),
-    "out_uri": Param("s3://edgeqa-prod/store", type="string", description="releases"),
-    "profile": Param("", type="string", description="expected profile ('' = any)"),
-    "window_days": Param(7, type="integer", minimum=1, description="days of logs mined"),
-    **{option.name: _param(option) for option in RUN_OPTIONS},
-}
+def _params(settings: PrecomputeSettings) -> dict[str, Param]:
+    """The DAG's params but ``language`` (each DAG's own): no store, no answers file, no pin."""
+    return {
+        "profile": Param("", type="string", description="expected profile ('' = any)"),
+        "window_days": Param(7, type="integer", minimum=1, description="days of logs mined"),
+        **{o.name: _param(o, settings) for o in RUN_OPTIONS if o.dag},
+    }
+
+
+_SETTINGS = PrecomputeSettings.from_env()
+_PARAMS = _params(_SETTINGS)
 
 
 def nightly_edge_release(language: str) -> Any:
@@ -171,5 +204,5 @@ def _pipeline() -> None:
     prune(mined, publish(mined, validate(mined, built)))
 
 
-for _language in PrecomputeSettings.from_env().language_list:
+for _language in _SETTINGS.language_list:
     globals()[f"nightly_edge_release_{_language}"] = nightly_edge_release(_language)

@@ -3,6 +3,7 @@ with its language's embedder, and the routing of a question to its language's wa
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
     from edge_index.embedder import Embedder
 
 __all__ = ["Releases"]
+
+log = logging.getLogger(__name__)
 
 
 class Releases:
@@ -54,8 +57,13 @@ class Releases:
         languages = settings.language_list
         metrics = ReleaseMetrics(metrics_prefix, languages)
         given = embedders or {}
-        # the newest pointers verified, kept across restarts (a rollback stays refused)
+        # the newest pointers verified, kept across restarts (a rollback stays refused); the
+        # highest ever signed, outside the store, for a reader with no memory yet
         memory = PointerMemory(settings.cache_dir / "pointers" / metrics_prefix)
+        high_water = settings.high_water()
+        floor = (lambda profile: high_water.read(profile).pointer) if high_water else None
+        if high_water is not None and not settings.public_keys:
+            log.warning("EDGEQA_HIGH_WATER_URI is set but no EDGEQA_RELEASE_PUBLIC_KEYS: unused")
 
         def loader(spec: str) -> Callable[[], Embedder]:
             return lambda: (
@@ -74,6 +82,7 @@ class Releases:
                 embedder_spec=settings.embedders[language],
                 public_keys=settings.public_keys,
                 memory=memory,
+                floor=floor,
             )
             for language in languages
         }

@@ -12,6 +12,9 @@ and ``health()`` says why nothing is served yet instead of looking dead.
 With public keys, the pointer's own signature is checked first (``pointers.py``): a pointer older
 than one already verified (in memory, or on local disk across restarts) is refused as a rollback
 and the served release stays; a served pointer past its expiry keeps serving, reported stale.
+With a high-water mark (``EDGEQA_HIGH_WATER_URI``), a watcher that serves nothing yet also
+refuses a pointer below it, unsequenced or expired: it serves nothing (``/ready`` 503, reason
+``rollback``) until the store's pointer is one it may trust.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class ReleaseWatcher:
         warm_up: int = 64,
         public_keys: tuple[str, ...] = (),
         memory: PointerMemory | None = None,
+        floor: Callable[[str], int] | None = None,
     ) -> None:
         """``profile``: the profile served; None: found in the store (``resolve_profile``: of
         ``language`` among ``candidates`` when given). ``embedder``: the model, or a function
@@ -74,7 +78,8 @@ class ReleaseWatcher:
         the owning service exports the release metrics under (``EDGE_METRICS``,
         ``ORIGIN_METRICS``); ``public_keys``: a release and its pointer must be signed by one of
         them (``signing.py``, ``pointers.py``), or are refused; () = signatures are not checked.
-        ``memory``: the newest pointers verified (default: in this process only)."""
+        ``memory``: the newest pointers verified (default: in this process only); ``floor``:
+        the high-water mark a watcher that serves nothing yet checks (``PointerState``)."""
         self.store = store
         self.public_keys = public_keys
         self.profile = profile or None  # None: found in the store, once one is published
@@ -92,7 +97,7 @@ class ReleaseWatcher:
         self.failures = 0  # store failures in a row (retried with backoff)
         self.store_error: str | None = None  # the last store failure, while failing
         self.refusal: str | None = None  # why the pointer's release was refused
-        self.pointers = PointerState(public_keys, memory)  # signed, newest, fresh
+        self.pointers = PointerState(public_keys, memory, floor)  # signed, newest, fresh
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._refresh_lock = threading.Lock()
@@ -246,12 +251,14 @@ class ReleaseWatcher:
             state.update(status="degraded", reason="store_unreachable")
         elif self.refusal is not None:
             state.update(status="degraded", reason="refused")
+        elif self.pointers.rollback is not None:  # the store's pointer is older than one known
+            state.update(status="degraded", reason="rollback")
         else:
             state.update(status="degraded", reason="no_release")
         pointer = self.pointers.health()
         if pointer is not None:
             state["pointer"] = pointer
-        error = self.store_error or self.refusal
+        error = self.store_error or self.refusal or (None if index else self.pointers.rollback)
         if error is not None:
             state["error"] = error[:300]
         return state

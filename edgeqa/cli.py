@@ -175,11 +175,12 @@ def _datetime(text: str) -> datetime:
 
 def _cmd_edge_serve(args: argparse.Namespace) -> int:
     quiet_libraries()
-    from base.config import EdgeSettings
+    from base.config import EdgeSettings, private_folder
     from base.users import check_salt
     from edge_index.server.app import serve
 
     settings = EdgeSettings.from_env(store=args.store, profile=args.profile)
+    private_folder(settings.cache_dir)
     if not args.no_logs:
         check_salt(settings.user_salt)
     _check_signed("edge serve", settings.public_keys, args.host, args.insecure_unsigned)
@@ -219,6 +220,7 @@ def _refuse_off_loopback(host: str, insecure: bool, problem: str, flag: str) -> 
 def _cmd_origin_serve(args: argparse.Namespace) -> int:
     spin_openmp_threads()  # first: before anything loads torch
     quiet_libraries()
+    from base.config import private_folder
     from base.users import check_salt
     from origin.config import OriginSettings
     from origin.server import serve
@@ -229,6 +231,7 @@ def _cmd_origin_serve(args: argparse.Namespace) -> int:
         log_requests=False if args.no_logs else None,
         origin_tiers=False if args.no_tiers else None,
     )
+    private_folder(settings.cache_dir)
     if settings.log_requests:
         check_salt(settings.user_salt)
     if not settings.api_keys:

@@ -103,13 +103,13 @@ def build_release(
     answers = store.root / "curated-answers.jsonl"
     data = curated_answers().encode("utf-8")
     answers.write_bytes(data)
+    # pinned as a deployment pins the file its operator reviewed (precompute/curated.py)
+    pin = {"EDGEQA_CURATED_ANSWERS_SHA256": hashlib.sha256(data).hexdigest()}
     config = PipelineConfig.from_env(
-        {**DEMO_ENV, **os.environ},
+        {**DEMO_ENV, **os.environ, **pin},
         max_tokens=max_tokens,
         quantization=quantization,
         answers=str(answers),
-        # pinned as an operator pins the file they reviewed (precompute/curated.py)
-        answers_sha256=hashlib.sha256(data).hexdigest(),
     ).replace(build={"semantic_uncalibrated": True})
     params = RunParams(store.uri, store.uri, until - timedelta(days=6), until, config, "demo")
     _say(out, "2. nightly pipeline (the DAG's stages), once per language profile:")

@@ -253,6 +253,7 @@ def _cmd_release_rollback(args: argparse.Namespace) -> int:
         settings.public_keys,
         settings.signer(),
         settings.pointer_expires_s,
+        settings.high_water(),
     )
     _print(args, done, lambda d: f"{profile}: {d['status']} ({d['previous']} -> {d['version']})")
     return 0
@@ -263,7 +264,12 @@ def _cmd_release_renew(args: argparse.Namespace) -> int:
 
     settings, store, profile = _release_context(args, writes=True)
     done = renew(
-        store, profile, settings.signer(), settings.public_keys, settings.pointer_expires_s
+        store,
+        profile,
+        settings.signer(),
+        settings.public_keys,
+        settings.pointer_expires_s,
+        settings.high_water(),
     )
 
     def text(d: dict[str, Any]) -> str:
@@ -298,6 +304,7 @@ def _cmd_release_revoke(args: argparse.Namespace) -> int:
         public_keys=settings.public_keys,
         keep=settings.keep_releases,
         expires_s=settings.pointer_expires_s,
+        high_water=settings.high_water(),
     )
 
     def text(d: dict[str, Any]) -> str:
@@ -326,6 +333,7 @@ def _cmd_release_unrevoke(args: argparse.Namespace) -> int:
         cluster=args.cluster,
         signer=settings.signer(),
         public_keys=settings.public_keys,
+        high_water=settings.high_water(),
     )
     _print(args, done, lambda d: f"{profile}: ended {', '.join(d['ended'])}")
     return 0

@@ -79,7 +79,13 @@ class OriginSettings(EngineSettings):
     # one asker's share (a signed user, else an address with its API key, if any:
     # base/users.py); 0 = none
     max_in_flight_per_user: int = Field(8, ge=0)
+    # every request's network (its viewer's /24 or /48, signed users' too: base/users.py);
+    # 0 = none
+    max_in_flight_per_network: int = Field(32, ge=0)
     max_tokens_per_minute_per_user: int = Field(20_000, ge=0)
+    # prompts waiting for the one tokenizer (origin/server/prompts.py), and for how long at most
+    max_tokenize_queue: int = Field(64, ge=1)
+    max_tokenize_wait_s: float = Field(10.0, gt=0.0)
     request_timeout_s: float = Field(120.0, ge=0.1)
     max_body_bytes: int = Field(1 << 20, ge=1024)
     cache_ttl_s: float = Field(3600.0, ge=0.0)

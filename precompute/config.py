@@ -8,14 +8,18 @@ Airflow parses it.
 - ``MiningConfig``, ``GenerationConfig``, ``BuildConfig``, ``GateConfig``: each stage's knobs.
 - ``PipelineConfig``: all of them for one run. ``RUN_OPTIONS`` is the one list of what an operator
   sets per run — the ``edgeqa precompute run`` options and the DAG's params are both made from it,
-  with the defaults of the field each one sets.
+  with the defaults of the field each one sets. A run cannot lower the bar the settings set: k
+  only rises above ``EDGEQA_MIN_USERS``, and the stores and the curated answers' pin are the
+  deployment's alone (``DEPLOYMENT_ONLY``, ``check_run_config``: a DAG run config naming one is
+  refused).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,6 +30,8 @@ from base.pointers import DEFAULT_EXPIRES_S
 from base.signing import LocalSigner, Signer, signer_from
 from origin.config import EngineSettings
 from origin.precision import ENGINE_QUANTIZATIONS, EngineQuantization
+
+log = logging.getLogger(__name__)
 
 # the nightly pipeline's stages, in order (``pipeline.py`` runs them; the DAG has a task each)
 STAGES = ("mine", "generate", "build", "validate", "publish", "prune")
@@ -40,6 +46,9 @@ class PrecomputeSettings(EngineSettings):
     # many autonomous systems (the services' EDGEQA_ASN_TABLE); 0 = that part off
     min_signed_users: int = Field(3, ge=0)
     min_asns: int = Field(0, ge=0)
+    # both of those 0 (the crowd rule off: k askers anyone can mint from k networks) is refused
+    # unless this says the deployment means it
+    allow_unverified_crowd: bool = False
     # the clusters a night publishes at most: the seed's "hottest million"; k decides the rest
     top_n: int = Field(1_000_000, ge=1)
     # DuckDB's memory while it reduces the log window; past it, it spills to a temporary folder
@@ -68,8 +77,11 @@ class PrecomputeSettings(EngineSettings):
     signing_kms_key: str = ""
     # how long a signed current.json stays fresh (base/pointers.py); the nightly renews it
     pointer_expires_s: float = Field(DEFAULT_EXPIRES_S, gt=0)
-    # the sha256 the curated answers file (--answers) must have: the file an operator reviewed.
-    # Required with --answers; a file whose digest differs is refused (precompute/curated.py)
+    # the curated answers file (JSON Lines, a path or s3:// URI; precompute/curated.py) the
+    # nightly publishes for the questions it answers ("": none), and the sha256 it must have: the
+    # file an operator reviewed. The pin is the deployment's alone (no run option sets it); a
+    # file whose digest differs is refused, nothing of it published
+    curated_answers: str = ""
     curated_answers_sha256: str = ""
     # what generates the answers (precompute/fleet/llm.py): the project's engine on the Ray
     # actors (the local default: CPU, or the fleet's GPUs), vLLM on the fleet's GPUs through Ray
@@ -135,6 +147,17 @@ class PrecomputeSettings(EngineSettings):
         if value and (not found or (found.group(3) and not 0 < int(found.group(3)) < 65536)):
             raise ValueError(f"{value!r} is not a server's base URL: http(s)://<host>:<port>")
         return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _crowd_rule(self) -> PrecomputeSettings:
+        if self.min_signed_users == 0 and self.min_asns == 0 and not self.allow_unverified_crowd:
+            raise ValueError(
+                "EDGEQA_MIN_SIGNED_USERS=0 with EDGEQA_MIN_ASNS=0 turns the crowd rule off: k "
+                "askers anyone can mint from k rented networks would publish. Set "
+                "EDGEQA_MIN_ASNS (with EDGEQA_ASN_TABLE on the services) or "
+                "EDGEQA_MIN_SIGNED_USERS, or EDGEQA_ALLOW_UNVERIFIED_CROWD=true if you mean it"
+            )
+        return self
 
     @model_validator(mode="after")
     def _generation_needs(self) -> PrecomputeSettings:
@@ -330,13 +353,18 @@ class PipelineConfig:
         # what is published never depends on a file someone changed after it was reviewed
         if self.generation.curated_answers and not self.settings.curated_answers_sha256:
             raise ConfigError(
-                "curated answers (--answers) are read only pinned: set "
-                "EDGEQA_CURATED_ANSWERS_SHA256 (or --answers-sha256) to the sha256 of the file "
-                "you reviewed (sha256sum FILE)"
+                "curated answers (--answers, EDGEQA_CURATED_ANSWERS) are read only pinned: set "
+                "EDGEQA_CURATED_ANSWERS_SHA256 to the sha256 of the file you reviewed "
+                "(sha256sum FILE)"
             )
 
     @classmethod
     def from_settings(cls, settings: PrecomputeSettings) -> PipelineConfig:
+        if settings.min_signed_users == 0 and settings.min_asns == 0:
+            log.warning(
+                "the crowd rule is off (EDGEQA_MIN_SIGNED_USERS=0, EDGEQA_MIN_ASNS=0, "
+                "EDGEQA_ALLOW_UNVERIFIED_CROWD): k askers of any kind publish a question"
+            )
         mining = MiningConfig(
             k=settings.min_users,
             min_signed_users=settings.min_signed_users,
@@ -345,21 +373,37 @@ class PipelineConfig:
             memory_mb=settings.mining_memory_mb,
             rule_workers=settings.mining_workers,
         )
-        return cls(settings, mining, build=BuildConfig(allow_links=settings.allow_answer_links))
+        generation = GenerationConfig(curated_answers=settings.curated_answers)
+        build = BuildConfig(allow_links=settings.allow_answer_links)
+        return cls(settings, mining, generation, build)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **options: Any) -> PipelineConfig:
         """The ``EDGEQA_*`` settings, then the run's ``options`` (``RUN_OPTIONS`` names; ``None``:
-        not given) on top."""
+        not given) on top. An option that would lower a floor the settings set (``k`` below
+        ``EDGEQA_MIN_USERS``) is refused, as is one only the deployment sets (``DEPLOYMENT_ONLY``:
+        the answers' pin)."""
         by_name = {o.name: o for o in RUN_OPTIONS}
+        refused = sorted(set(options) & (set(DEPLOYMENT_ONLY) - set(by_name)))
+        if refused:
+            raise ConfigError(deployment_only(refused[0]))
         unknown = set(options) - set(by_name)
         if unknown:
             raise ConfigError(f"unknown run options: {', '.join(sorted(unknown))}")
         given = {n: v for n, v in options.items() if v is not None}
-        settings = PrecomputeSettings.from_env(
-            environ,
-            **{by_name[n].field: v for n, v in given.items() if by_name[n].section == "settings"},
-        )
+        deployed = PrecomputeSettings.from_env(environ)
+        overrides = {
+            by_name[n].field: v for n, v in given.items() if by_name[n].section == "settings"
+        }
+        settings = PrecomputeSettings.from_env(environ, **overrides) if overrides else deployed
+        for option in (o for o in RUN_OPTIONS if o.floor and o.name in given):
+            value, floor = getattr(settings, option.field), getattr(deployed, option.field)
+            if value < floor:
+                raise ConfigError(
+                    f"{option.name}={value} is below EDGEQA_{option.field.upper()}={floor}: a run "
+                    f"may raise {option.name}, not lower it (the deployment lowers "
+                    f"EDGEQA_{option.field.upper()} itself where it means to)"
+                )
         sections: dict[str, dict[str, Any]] = {}
         for name, value in given.items():
             option = by_name[name]
@@ -404,6 +448,10 @@ class RunOption:
     minimum: float | None = None
     maximum: float | None = None
     choices: tuple[str, ...] = ()
+    # the deployment's setting is a floor: a run may raise it, never lower it (k)
+    floor: bool = False
+    # offered as a param of the Airflow DAG (else the cluster's setting alone: the answers file)
+    dag: bool = True
 
     @property
     def default(self) -> Any:
@@ -422,7 +470,15 @@ class RunOption:
 
 
 RUN_OPTIONS = (
-    RunOption("k", "settings", "min_users", int, "distinct users who must have asked", 1),
+    RunOption(
+        "k",
+        "settings",
+        "min_users",
+        int,
+        "distinct users who must have asked (raised, never below EDGEQA_MIN_USERS)",
+        1,
+        floor=True,
+    ),
     RunOption("top_n", "settings", "top_n", int, "question clusters kept", 1),
     RunOption("max_tokens", "settings", "max_tokens", int, "tokens per answer", 1),
     RunOption(
@@ -436,19 +492,13 @@ RUN_OPTIONS = (
     RunOption("partition_size", "generation", "partition_size", int, "questions per partition", 1),
     RunOption(
         "answers",
-        "generation",
+        "settings",
         "curated_answers",
         str,
         "JSON Lines of operator answers ({question, answer}, a path or s3:// URI) published for "
-        "the mined questions they answer instead of generated ones",
-    ),
-    RunOption(
-        "answers_sha256",
-        "settings",
-        "curated_answers_sha256",
-        str,
-        "the sha256 the answers file must have (sha256sum FILE; required with answers): a file "
-        "that differs is refused, nothing published",
+        "the mined questions they answer instead of generated ones; read only when its sha256 is "
+        "EDGEQA_CURATED_ANSWERS_SHA256 (not a DAG param: the cluster's setting)",
+        dag=False,
     ),
     RunOption("keep", "settings", "keep_releases", int, "releases kept for rollback", 2),
     RunOption(
@@ -498,3 +548,50 @@ RUN_OPTIONS = (
         0,
     ),
 )
+
+
+# what only the deployment's settings decide: a DAG run config naming one is refused
+# (``check_run_config``), as is the pin given to ``PipelineConfig.from_env`` as an option
+DEPLOYMENT_ONLY = {
+    "logs_uri": "EDGEQA_STORE",
+    "out_uri": "EDGEQA_STORE",
+    "answers": "EDGEQA_CURATED_ANSWERS",
+    "answers_sha256": "EDGEQA_CURATED_ANSWERS_SHA256",
+}
+
+
+def deployment_only(name: str) -> str:
+    """Why ``name`` (of ``DEPLOYMENT_ONLY``) is refused from a run."""
+    what = {
+        "EDGEQA_STORE": "the night's stores are the deployment's",
+        "EDGEQA_CURATED_ANSWERS": "the curated answers file is the cluster's",
+        "EDGEQA_CURATED_ANSWERS_SHA256": "the curated answers' pin is the deployment's alone",
+    }
+    setting = DEPLOYMENT_ONLY[name]
+    return f"{name} refused: {what[setting]} ({setting}); a run may not set it"
+
+
+def check_run_config(conf: Mapping[str, Any], params: Iterable[str]) -> None:
+    """Raise ``ConfigError`` for a DAG run's ``conf`` that sets what only the deployment decides
+    (``DEPLOYMENT_ONLY``: the stores, the answers file, its pin), a key that is none of the
+    DAG's ``params`` (a misspelt option would otherwise be dropped without a word), or a quality
+    gate looser than its default (``GATE_BARS``: a run may tighten it; an operator loosens it on
+    the CLI)."""
+    refused = sorted(set(conf) & set(DEPLOYMENT_ONLY))
+    if refused:
+        raise ConfigError(deployment_only(refused[0]))
+    known = set(params)
+    unknown = sorted(set(conf) - known)
+    if unknown:
+        raise ConfigError(
+            f"run config refused: {', '.join(unknown)} is not a param of this DAG "
+            f"(its params: {', '.join(sorted(known))})"
+        )
+    for name, sign in GATE_BARS.items():
+        value, bar = conf.get(name), next(o.default for o in RUN_OPTIONS if o.name == name)
+        if value is not None and (value - bar) * sign < 0:
+            raise ConfigError(f"run config refused: {name}={value} loosens the gate ({bar})")
+
+
+# the quality gate's bars a DAG run may tighten, never loosen: 1, at least its default; -1, at most
+GATE_BARS = {"min_rows": 1, "min_precision": 1, "max_shrink": -1}

@@ -11,13 +11,13 @@ mined (k distinct users, no personal data, one turn) like any other, the answer 
 checks before it is published (``policy/answers.py``), and a question nobody asked is never
 published because it is curated.
 
-The file is pinned: the run's configuration names the sha256 of the file the operator reviewed
-(``EDGEQA_CURATED_ANSWERS_SHA256``, ``--answers-sha256``), and a file with another digest — changed
-in the store after it was reviewed, by whoever may write there — is refused before a line of it is
-read, so a tampered file is never published (and never signed by the nightly job). The file is
-also refused as a whole, naming the line, when a line is not such an object, a question is
-invalid under the key spec, or a question or answer carries personal data (``pii.py``): what is
-published must never depend on a half-read file.
+The file is pinned: the deployment's settings name the sha256 of the file the operator reviewed
+(``EDGEQA_CURATED_ANSWERS_SHA256``; a run cannot bring its own pin), and a file with another
+digest — changed in the store after it was reviewed, by whoever may write there — is refused
+before a line of it is read, so a tampered file is never published (and never signed by the
+nightly job). The file is also refused as a whole, naming the line, when a line is not such an
+object, a question is invalid under the key spec, or a question or answer carries personal data
+(``pii.py``): what is published must never depend on a half-read file.
 """
 
 from __future__ import annotations

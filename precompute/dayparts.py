@@ -46,7 +46,7 @@ import json
 import logging
 import shutil
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -406,19 +406,37 @@ _OUT_OF_RANGE = {
 }
 
 
+def local_duckdb(
+    database: str, folders: Iterable[Path], lock: bool = True, **config: Any
+) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection (``config``: its settings) that reaches the files under ``folders``
+    and nothing else: no other file, no URL (s3://, https://), no extension downloaded or
+    loaded (``enable_external_access`` off, which DuckDB never turns back on); with ``lock``,
+    its settings are frozen too. The mine stage reads only local files it fetched and Arrow
+    tables it registers."""
+    import duckdb
+
+    allowed = sorted({f"{path}/" for folder in folders for path in (folder, folder.resolve())})
+    # nothing is downloaded at run time: no extension may be fetched or loaded
+    quiet = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    con = duckdb.connect(database, config={**config, **quiet})
+    try:
+        con.execute("SET allowed_directories = ?", [allowed])
+        con.execute("SET enable_external_access = false")
+        if lock:
+            con.execute("SET lock_configuration = true")
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
 def _in_range(folder: Path) -> None:
     """Raises ``ValueError`` when a partial's counts and ranks are out of range, or their
     pages cannot be read (DuckDB, in memory, on the fetching thread)."""
     import duckdb
 
-    con = duckdb.connect(
-        config={
-            "threads": 1,
-            "memory_limit": "256MB",
-            "autoinstall_known_extensions": False,
-            "autoload_known_extensions": False,
-        }
-    )
+    con = local_duckdb(":memory:", [folder], threads=1, memory_limit="256MB")
     try:
         for name, bad in _OUT_OF_RANGE.items():
             ((n,),) = con.execute(

@@ -52,6 +52,7 @@ from precompute.asks import to_us
 from precompute.config import MiningConfig
 from precompute.dayparts import (
     DayParts,
+    local_duckdb,
     merge_days,
     read_counts,
     reduce_days,
@@ -140,13 +141,15 @@ class LogWindow:
     """An embedded DuckDB database of one window's rows (``add``), reduced once to one row per
     wording (``wordings``). A context manager: its temporary folder goes with it."""
 
-    def __init__(self, memory_mb: int = 1024, temp_dir: Path | None = None) -> None:
+    def __init__(
+        self, memory_mb: int = 1024, temp_dir: Path | None = None, writes_to: Iterable[Path] = ()
+    ) -> None:
 
         self._folder = Path(tempfile.mkdtemp(prefix="edgeqa-mining-", dir=temp_dir))  # 0700
         # each thread needs buffers of its own: a small budget runs on fewer threads rather
         # than fail (at 64 MB two threads ran out of memory where one spills)
         threads = max(1, min(usable_cpus(), memory_mb // MB_PER_THREAD))
-        self.con: duckdb.DuckDBPyConnection = embedded_duckdb(self._folder, memory_mb, threads)
+        self.con = embedded_duckdb(self._folder, memory_mb, threads, writes_to)
         self._memory_mb = memory_mb
         self._pending: list[Mapping[str, Any]] = []
         self._cached = False  # whether table ``cached`` (the verdicts' cache) is loaded
@@ -572,22 +575,20 @@ class LogWindow:
         )
 
 
-def embedded_duckdb(folder: Path, memory_mb: int, threads: int) -> duckdb.DuckDBPyConnection:
-    """A DuckDB database in ``folder`` (private, the caller's to remove) that spills there past
-    ``memory_mb`` and never downloads or loads an extension."""
-    import duckdb
-
-    return duckdb.connect(
+def embedded_duckdb(
+    folder: Path, memory_mb: int, threads: int, writes_to: Iterable[Path] = ()
+) -> duckdb.DuckDBPyConnection:
+    """A DuckDB database in ``folder`` (private, the caller's to remove), spilling there past
+    ``memory_mb``, that reaches no file but under ``folder`` and ``writes_to``, no URL, no
+    extension (``dayparts.local_duckdb``); unlocked: ``reduce_window`` lowers its memory limit."""
+    return local_duckdb(
         str(folder / "db.duckdb"),
-        config={
-            "memory_limit": f"{memory_mb}MB",
-            "threads": threads,
-            "temp_directory": str(folder / "spill"),
-            "preserve_insertion_order": False,
-            # nothing is downloaded at run time: no extension may be fetched or loaded
-            "autoinstall_known_extensions": False,
-            "autoload_known_extensions": False,
-        },
+        [folder, *writes_to],
+        lock=False,
+        memory_limit=f"{memory_mb}MB",
+        threads=threads,
+        temp_directory=str(folder / "spill"),
+        preserve_insertion_order=False,
     )
 
 

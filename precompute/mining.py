@@ -275,7 +275,7 @@ def _mine(
     evidence = carry(carried, config, now)
     if caches.clusters is not None:
         caches.clusters.prefetch()  # read while the window is aggregated
-    with LogWindow(config.memory_mb) as window:
+    with LogWindow(config.memory_mb, writes_to=[cached_texts.parent]) as window:
         days = rows if isinstance(rows, LogDays) else None
         if not isinstance(rows, LogDays):
             window.add(rows)

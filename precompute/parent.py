@@ -9,6 +9,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+from base.highwater import HighWater, checked_sequence
 from base.manifest import Manifest
 from base.release import (
     LoadedRelease,
@@ -17,7 +18,9 @@ from base.release import (
     read_pointer,
     release_prefix,
 )
+from base.signing import verifying_keys
 from base.store import ObjectNotFoundError, Store
+from precompute.config import PrecomputeSettings
 from precompute.generate import left_out, read_partitions
 from precompute.questions import HotQuestion, Phrasing
 from precompute.workarea import WorkArea
@@ -25,15 +28,39 @@ from precompute.workarea import WorkArea
 log = logging.getLogger(__name__)
 
 
-def current_release(store: Store, profile: str) -> LoadedRelease | None:
-    """The release a run builds on: the current one (None before the first, or when it does not
-    load: the run then carries and reuses nothing, and may replace it)."""
+def current_release(
+    store: Store,
+    profile: str,
+    public_keys: tuple[str, ...] = (),
+    high_water: HighWater | None = None,
+) -> LoadedRelease | None:
+    """The release a run builds on: the current one, its pointer and manifest verified with
+    ``public_keys`` (the readers' and the signer's); None before the first, or when it does not
+    load (the run then carries and reuses nothing, and may replace it). ``HighWaterError`` when
+    ``high_water`` holds a mark and the pointer is below it, unverified or missing: the night
+    stops before it builds on (and would sign) a store a bucket writer rolled back."""
     try:
         pointer, _ = read_pointer(store, profile)
-        return load_release(store, profile) if pointer else None
-    except ReleaseError:
-        log.warning("the current release of %s does not load; nothing is carried", profile)
+    except ReleaseError as error:  # refused below once a mark is recorded
+        log.warning("the pointer of %s is unreadable (%s); nothing is carried", profile, error)
+        pointer = None
+    checked_sequence(pointer, profile, public_keys, high_water)
+    if pointer is None:
         return None
+    try:
+        return load_release(
+            store, profile, pointer.version, pointer.manifest_sha256 or "", public_keys
+        )
+    except ReleaseError as error:
+        log.warning("the current release of %s does not load (%s); nothing carried", profile, error)
+        return None
+
+
+def night_parent(store: Store, profile: str, settings: PrecomputeSettings) -> LoadedRelease | None:
+    """``current_release`` as a night reads it: verified with the readers' keys and the
+    signer's, its pointer checked against ``EDGEQA_HIGH_WATER_URI``'s mark."""
+    keys = verifying_keys(settings.signer(), settings.public_keys)
+    return current_release(store, profile, keys, settings.high_water())
 
 
 def _parent_work(store: Store, parent: LoadedRelease | None) -> WorkArea | None:

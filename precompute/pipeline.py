@@ -4,22 +4,21 @@
 
 ``run_pipeline`` runs the stages in this order in one process: it is what ``edgeqa precompute run``
 and the demo call. The Airflow DAG (``dags/nightly_edge_release.py``) runs each stage as one task,
-maybe on different workers; a test checks that its tasks are these stages in this order. A stage
+maybe on different workers (a test checks that its tasks are these stages in this order). A stage
 reads what the previous ones left in the run's work area (``workarea.py``) and returns a small
-JSON-able dict (the DAG passes it on as XCom), so every path runs the same code, the quality gate
-included.
+JSON-able dict (passed on as XCom): every path runs the same code, the quality gate included.
 
 - ``mine_stage``: read the logs of the window, mine the hot questions with the evidence carried
-  from the parent release's run (the current release: ``mining.carry``), decide the profile, the
-  run id (a digest of the profile, the questions and the parent) and which of the parent's answers
-  are reused (``generate.ParentAnswers``), save them; the partitions to generate. The questions
-  and the cluster report wait on local disk (``spill.py``), read back a part at a time.
+  from the parent release's run (the current one, verified: ``parent.night_parent``), decide the
+  profile, the run id (a digest of the profile, the questions and the parent) and which of the
+  parent's answers are reused (``generate.ParentAnswers``), save them; the partitions to
+  generate. The questions and the cluster report wait on local disk (``spill.py``).
 - ``generate_stage``: answer one partition (or all), checkpointed in the store.
 - ``build_stage``: the release from the generated partitions, written where it is served
   (``publish.upload_release``: only the answer objects the parent lacks), noted in ``built.json``.
 - ``validate_stage``: the release checked where it is, and the quality gate; ``QualityGateError``
   marks it refused (never published, pruned) and keeps the previous release live.
-- ``publish_stage``: sign it and flip the pointer; nothing is uploaded or downloaded again.
+- ``publish_stage``: sign it and flip the pointer (never above a store below the high-water mark).
 - ``prune_stage``: old and refused releases, and the answer objects no kept release holds.
 
 A run is built "as of" the end of its last log day, or of the moment the run started when that is
@@ -60,7 +59,7 @@ from precompute.generate import (
 )
 from precompute.incremental import NightCaches
 from precompute.mining import MiningReport, drop_clusters, mine_to
-from precompute.parent import current_release, parent_flagged, parent_phrasings, parent_rows
+from precompute.parent import night_parent, parent_flagged, parent_phrasings, parent_rows
 from precompute.prune import mark_checked, mark_refused, prune
 from precompute.publish import PublishConflictError, publish_uploaded, same_release, upload_release
 from precompute.questions import HotQuestion, Phrasing
@@ -111,8 +110,7 @@ class RunParams:
 
     @property
     def now(self) -> datetime:
-        """What the release is built as of: the end of the last log day, or the run's start if
-        that is earlier."""
+        """The release is built as of the end of the last log day (or the run's start if sooner)."""
         end = datetime(self.until.year, self.until.month, self.until.day, 23, 59, 59, tzinfo=UTC)
         return min(end, self.started.astimezone(UTC).replace(microsecond=0))
 
@@ -182,7 +180,7 @@ def mine_stage(
     # each day's rows read and reduced once: a day a night before reduced is taken from the store
     tables = LogDays.of(open_store(params.logs_uri), params.since, params.until, stats)
     out = open_store(params.out_uri)
-    parent = current_release(out, profile.name)
+    parent = night_parent(out, profile.name, settings)  # HighWaterError: the night stops
     read = 0  # the parent's wordings read, a part of its ``hot/`` at a time
 
     def carried() -> Iterator[Phrasing]:
@@ -486,6 +484,8 @@ def publish_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
         keep=params.config.keep,
         signer=params.config.settings.signer(),
         expires_s=params.config.settings.pointer_expires_s,
+        public_keys=params.config.settings.public_keys,
+        high_water=params.config.settings.high_water(),
     )
     return {"status": "published", **report.as_dict()}
 

@@ -40,8 +40,9 @@ import numpy as np
 from base.answer_objects import object_path
 from base.config import usable_cpus
 from base.errors import EdgeQAError
+from base.highwater import HighWater, checked_sequence
 from base.manifest import Manifest
-from base.pointers import DEFAULT_EXPIRES_S, Pointer, new_pointer, verify_pointer
+from base.pointers import DEFAULT_EXPIRES_S, Pointer, new_pointer
 from base.release import (
     MAX_MANIFEST_BYTES,
     POINTER_CACHE_CONTROL,
@@ -62,6 +63,7 @@ from base.signing import (
     sign_statement,
     statement,
     verify_statement,
+    verifying_keys,
 )
 from base.store import (
     ObjectNotFoundError,
@@ -296,12 +298,17 @@ def publish_uploaded(
     signer: Signer | None = None,
     expires_s: float = DEFAULT_EXPIRES_S,
     on_stage: Callable[[str], None] | None = None,
+    *,
+    public_keys: tuple[str, ...] = (),
+    high_water: HighWater | None = None,
 ) -> PublishReport:
     """Point ``current.json`` at the uploaded (and checked) release ``version``: its signature
     (``manifest.sig``, ``signer``'s; None = unsigned, which readers holding public keys refuse)
     written beside its manifest, the pointer signed under the next sequence, fresh for
     ``expires_s``, then older releases pruned (``keep``). A release the quality gate refused is
-    never pointed to."""
+    never pointed to. The pointer replaced is verified with ``public_keys`` and the signer's
+    key; with ``high_water``, one below its mark (or unverified once a mark is recorded) is
+    refused (``HighWaterError``: nothing signed) and the mark is raised to the new pointer's."""
     if keep < 2:
         raise ValueError("keep must be at least 2 (the current release and one to roll back to)")
     started = time.perf_counter()
@@ -319,7 +326,7 @@ def publish_uploaded(
     if not is_checked(store, profile, version, manifest_sha):
         raise PublishConflictError(f"{prefix} has not been checked where it is: validate it first")
     _built_on_current(pointer, manifest)
-    keys = (signer.public_key,) if signer else ()
+    previous = checked_sequence(pointer, profile, verifying_keys(signer, public_keys), high_water)
     if signer:
         _sign(
             store, prefix, signer, statement(profile, version, manifest_sha, manifest.answers_root)
@@ -334,11 +341,12 @@ def publish_uploaded(
             version,
             manifest_sha,
             manifest.answers_root,
-            pointer_sequence(pointer, profile, keys),
+            previous,
             expires_s=expires_s,
             parent=manifest.parent,
         ),
         etag,
+        high_water,
     )
     stage("prune")
     report.pruned = prune(store, profile, keep)
@@ -369,12 +377,16 @@ def publish(
     on_stage: Callable[[str], None] | None = None,
     signer: Signer | None = None,
     expires_s: float = DEFAULT_EXPIRES_S,
+    *,
+    public_keys: tuple[str, ...] = (),
+    high_water: HighWater | None = None,
 ) -> PublishReport:
     """Upload the release built in ``staging`` (``upload_release``), check it where it is
     (``check_release``: every object present, a sample read back) and point to it
     (``publish_uploaded``): what the nightly's build, validate and publish stages do, in one
     call. A failure before the flip removes the new version's folder (never one the pointer
-    names); objects it wrote and no release holds go with the next prune."""
+    names); objects it wrote and no release holds go with the next prune. ``public_keys`` and
+    ``high_water``: as ``publish_uploaded``'s (checked before anything is uploaded too)."""
     if keep < 2:
         raise ValueError("keep must be at least 2 (the current release and one to roll back to)")
     started = time.perf_counter()
@@ -387,6 +399,7 @@ def publish(
         log.info("%s/%s is already the current release", profile, version)
         return PublishReport(version=version, parent=manifest.parent)
     _built_on_current(pointer, manifest)
+    checked_sequence(pointer, profile, verifying_keys(signer, public_keys), high_water)
     stage = on_stage or (lambda name: None)
     uploaded = flipping = wrote = False
     try:
@@ -418,7 +431,16 @@ def publish(
             flipping = flipping or name == "flip"
 
         report = publish_uploaded(
-            store, profile, version, manifest_sha, keep, signer, expires_s, flip_stage
+            store,
+            profile,
+            version,
+            manifest_sha,
+            keep,
+            signer,
+            expires_s,
+            flip_stage,
+            public_keys=public_keys,
+            high_water=high_water,
         )
     except BaseException as error:
         # once the pointer write has been sent its outcome may land later (a timed-out write
@@ -453,27 +475,29 @@ def _names(pointer: Pointer | None, version: str, manifest_sha: str) -> bool:
     )
 
 
-def pointer_sequence(pointer: Pointer | None, profile: str, keys: tuple[str, ...]) -> int:
-    """The signed sequence of the pointer a new one replaces (0 when it has none, or none that
-    ``keys`` verify: the next is then the time, ``pointers.next_sequence``)."""
-    if pointer is None or not keys:
-        return 0
-    try:
-        return verify_pointer(pointer, profile, keys).sequence
-    except SignatureError:
-        return 0
-
-
-def flip_pointer(store: Store, profile: str, pointer: Pointer, etag: str | None) -> None:
-    """Replace ``current.json`` (read at ``etag``) with ``pointer``. A write whose outcome is
-    unknown is settled by reading the pointer back: ours, it committed; changed to anything else,
-    another publisher won; unchanged, it never happened and is tried again."""
+def flip_pointer(
+    store: Store,
+    profile: str,
+    pointer: Pointer,
+    etag: str | None,
+    high_water: HighWater | None = None,
+) -> None:
+    """Replace ``current.json`` (read at ``etag``) with ``pointer``, then raise ``high_water``'s
+    mark to its sequence. A write whose outcome is unknown is settled by reading the pointer
+    back: ours, it committed; changed to anything else, another publisher won; unchanged, it
+    never happened and is tried again."""
     written = pointer.as_dict()
     data = json.dumps(written, indent=2).encode()
     version = pointer.version
+
+    def landed() -> None:
+        if high_water is not None and pointer.sequence:
+            high_water.raise_to(profile, "pointer", pointer.sequence)
+
     for attempt in range(store.retries + 1):
         try:
             store.put_if(pointer_path(profile), data, etag, POINTER_CACHE_CONTROL)
+            landed()
             return
         except (PreconditionFailedError, TransientStoreError) as error:
             failure: Exception = error
@@ -482,6 +506,7 @@ def flip_pointer(store: Store, profile: str, pointer: Pointer, etag: str | None)
             log.warning(
                 "%s: the pointer write committed; its response was lost (%s)", profile, failure
             )
+            landed()
             return
         if now != etag:
             raise PublishConflictError(

@@ -11,12 +11,14 @@ rollback. ``renew`` re-signs the current pointer with a fresh expiry (nothing el
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 from base.errors import EdgeQAError
+from base.highwater import HighWater, HighWaterError, checked_sequence
 from base.manifest import Manifest
 from base.pointers import DEFAULT_EXPIRES_S, new_pointer
 from base.release import (
@@ -32,7 +34,9 @@ from base.release import (
 from base.signing import MAX_SIGNATURE_BYTES, SIGNATURE, SignatureError, Signer, writer_keys
 from base.store import ObjectNotFoundError, Store
 from precompute.prune import REFUSED, is_checked
-from precompute.publish import flip_pointer, pointer_sequence
+from precompute.publish import flip_pointer
+
+log = logging.getLogger(__name__)
 
 ROW_FIELDS = ("key", "question", "answer", "cluster", "canonical", "hits", "users", "expires_at")
 
@@ -267,13 +271,25 @@ def rollback(
     public_keys: Iterable[str] = (),
     signer: Signer | None = None,
     expires_s: float = DEFAULT_EXPIRES_S,
+    high_water: HighWater | None = None,
 ) -> dict[str, Any]:
     """Make ``version`` (a kept release) current again: its manifest and shards verified, the
-    pointer signed by ``signer`` under a sequence above the current one and flipped by a
-    conditional write. ``RollbackError`` for a version that is not kept."""
+    pointer signed by ``signer`` under a sequence above the current one and above
+    ``high_water``'s mark (raised to it), and flipped by a conditional write. ``RollbackError``
+    for a version that is not kept.
+
+    The one signer that does not refuse a store pointer below the mark: it builds on nothing
+    the store says but ``version``'s own verified release, so it is how an operator who holds
+    the signing key puts a rolled-back store right (the pointer it signs is above the mark)."""
     keys = _signing(signer, tuple(public_keys))
     pointer, etag = read_pointer(store, profile)
     current = pointer.version if pointer else None
+    try:
+        previous = checked_sequence(pointer, profile, keys, high_water)
+    except HighWaterError as error:
+        assert high_water is not None
+        previous = high_water.read(profile).pointer
+        log.warning("%s; signing %s/%s above the mark", error, profile, version)
     if version not in list_versions(store, profile):
         raise RollbackError(
             f"{profile}/{version} is not a kept release (pruned, or never published); "
@@ -294,12 +310,12 @@ def rollback(
         version,
         release.manifest_sha256,
         release.manifest.answers_root,
-        pointer_sequence(pointer, profile, keys),
+        previous,
         expires_s=expires_s,
         parent=release.manifest.parent,
         rolled_back_from=current,
     )
-    flip_pointer(store, profile, rolled, etag)
+    flip_pointer(store, profile, rolled, etag, high_water)
     return {
         "version": version,
         "previous": current,
@@ -314,14 +330,17 @@ def renew(
     signer: Signer | None,
     public_keys: Iterable[str] = (),
     expires_s: float = DEFAULT_EXPIRES_S,
+    high_water: HighWater | None = None,
 ) -> dict[str, Any]:
     """Sign the current pointer again, unchanged but for a higher sequence and an expiry
     ``expires_s`` from now (TUF's timestamp role): what keeps readers from reporting it stale
-    when no release is published for a while."""
+    when no release is published for a while. A pointer below ``high_water``'s mark is never
+    renewed (``HighWaterError``): that would sign a bucket writer's rollback afresh."""
     keys = _signing(signer, tuple(public_keys))
     pointer, etag = read_pointer(store, profile)
     if pointer is None:
         raise RollbackError(f"nothing published yet for profile {profile!r}")
+    previous = checked_sequence(pointer, profile, keys, high_water)
     manifest, sha = verified_manifest(
         store, profile, pointer.version, pointer.manifest_sha256 or "", tuple(public_keys)
     )
@@ -332,11 +351,11 @@ def renew(
         manifest.version,
         sha,
         manifest.answers_root,
-        pointer_sequence(pointer, profile, keys),
+        previous,
         expires_s=expires_s,
         **kept,
     )
-    flip_pointer(store, profile, renewed, etag)
+    flip_pointer(store, profile, renewed, etag, high_water)
     return {
         "version": manifest.version,
         "sequence": renewed.sequence,

@@ -33,10 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from base.errors import EdgeQAError
+from base.highwater import HighWater, checked_sequence, list_floor_of
 from base.keys import key as key_of
 from base.manifest import Manifest, Revoked
 from base.pointers import DEFAULT_EXPIRES_S, next_sequence
-from base.release import LoadedRelease, ReleaseError, load_release, verified_manifest
+from base.release import (
+    LoadedRelease,
+    ReleaseError,
+    load_release,
+    read_pointer,
+    verified_manifest,
+)
 from base.signing import (
     SignatureError,
     Signer,
@@ -151,8 +158,8 @@ def _check_signed(
         raise RevocationError(f"{path} was changed after it was signed")
     if document["sequence"] < floor:
         raise RevocationError(
-            f"{path} (sequence {document['sequence']}) is older than the list the current "
-            f"release was built with (sequence {floor}): refused as a rollback"
+            f"{path} (sequence {document['sequence']}) is older than sequence {floor} (the list "
+            "the current release was built with, or the high-water mark): refused as a rollback"
         )
 
 
@@ -183,7 +190,7 @@ def nightly_revocations(
 ) -> Revoked:
     """``in_force`` as a nightly run reads it: verified with the readers' keys and the signer's,
     and no older than the list the current release (``parent``, else the pointer's) was built
-    with."""
+    with, nor than the high-water mark (``EDGEQA_HIGH_WATER_URI``)."""
     if parent is None:
         try:
             manifest: Manifest | None = verified_manifest(store, profile)[0]
@@ -192,7 +199,25 @@ def nightly_revocations(
     else:
         manifest = parent.manifest
     keys = verifying_keys(settings.signer(), settings.public_keys)
-    return in_force(store, profile, keys, list_floor(manifest))
+    floor = list_floor_of(settings.high_water(), profile, list_floor(manifest))
+    return in_force(store, profile, keys, floor)
+
+
+def _current(
+    store: Store,
+    profile: str,
+    signer: Signer | None,
+    public_keys: tuple[str, ...],
+    high_water: HighWater | None,
+) -> LoadedRelease:
+    """The current release, its pointer checked against ``high_water``'s mark first."""
+    pointer, _ = read_pointer(store, profile)
+    checked_sequence(pointer, profile, verifying_keys(signer, public_keys), high_water)
+    if pointer is None:
+        raise RevocationError(f"nothing published yet for profile {profile!r}")
+    return load_release(
+        store, profile, pointer.version, pointer.manifest_sha256 or "", public_keys=public_keys
+    )
 
 
 def is_revoked(revoked: Revoked) -> Callable[[dict[str, Any]], bool]:
@@ -207,15 +232,18 @@ def _update(
     change: Callable[[dict[str, Any]], None],
     signer: Signer | None,
     public_keys: tuple[str, ...],
+    high_water: HighWater | None = None,
 ) -> None:
     """Apply ``change`` to the revocation list by a conditional write, signed by ``signer``
-    under the next sequence; re-read and re-apply when another writer got there first."""
+    under the next sequence; re-read and re-apply when another writer got there first. With
+    ``high_water``, a list below its mark is refused and the mark is raised to the new list's."""
     try:
         keys = writer_keys(signer, public_keys, "the revocation list")
     except SignatureError as error:
         raise RevocationError(str(error)) from None
+    floor = list_floor_of(high_water, profile)
     for _ in range(_ATTEMPTS):
-        document, etag = read_revocations(store, profile, keys)
+        document, etag = read_revocations(store, profile, keys, floor)
         change(document)
         document["sequence"] = next_sequence(document["sequence"], datetime.now(UTC))
         document.pop("signed", None)
@@ -225,9 +253,11 @@ def _update(
         data = json.dumps(document, indent=1, sort_keys=True, ensure_ascii=False).encode()
         try:
             store.put_if(revocations_path(profile), data, etag)
-            return
         except PreconditionFailedError:
             continue
+        if high_water is not None:
+            high_water.raise_to(profile, "revocations", document["sequence"])
+        return
     raise RevocationError(f"{revocations_path(profile)} kept changing under us; try again")
 
 
@@ -267,6 +297,7 @@ def record_revocation(
     at: str,
     signer: Signer | None = None,
     public_keys: tuple[str, ...] = (),
+    high_water: HighWater | None = None,
 ) -> str:
     """Add a revocation of ``cluster`` (its phrasing ``keys``) to the list in force, with its
     audit entry, signed by ``signer``; its id. A cluster revoked before keeps its entry, its keys
@@ -286,7 +317,7 @@ def record_revocation(
             {"action": "revoke", "id": entry_id, "reason": reason, "by": by, "at": at}
         )
 
-    _update(store, profile, record, signer, public_keys)
+    _update(store, profile, record, signer, public_keys, high_water)
     return entry_id
 
 
@@ -304,21 +335,26 @@ def revoke(
     keep: int = 5,
     expires_s: float = DEFAULT_EXPIRES_S,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    high_water: HighWater | None = None,
 ) -> dict[str, Any]:
     """Revoke the cluster of ``question``, ``key`` or ``cluster`` in the current release: record
-    it, then publish a release without it. Returns what was done, with timings."""
+    it, then publish a release without it. Returns what was done, with timings. With
+    ``high_water``, a current pointer or a list below its mark is refused before anything is
+    written (``HighWaterError``, ``RevocationError``)."""
     if not reason.strip() or len(reason) > MAX_REASON_CHARS:
         raise RevocationError(f"a reason is required (at most {MAX_REASON_CHARS} characters)")
     started = time.perf_counter()
     keys = tuple(public_keys)
-    current = load_release(store, profile, public_keys=keys)
+    current = _current(store, profile, signer, keys, high_water)
     target, target_keys, canonical = _target(current, question, key, cluster)
     at = now().isoformat(timespec="seconds")
     entry_id = record_revocation(
-        store, profile, target, target_keys, canonical, reason, by, at, signer, keys
+        store, profile, target, target_keys, canonical, reason, by, at, signer, keys, high_water
     )
     recorded_s = time.perf_counter() - started
-    published = _publish_without(store, profile, signer, keys, keep, expires_s, entry_id, now)
+    published = _publish_without(
+        store, profile, signer, keys, keep, expires_s, entry_id, now, high_water
+    )
     return {
         "id": entry_id,
         "cluster": target,
@@ -339,16 +375,17 @@ def _publish_without(
     expires_s: float,
     entry_id: str,
     now: Callable[[], datetime],
+    high_water: HighWater | None = None,
 ) -> dict[str, Any]:
     """Publish the current release less every revocation in force; again from the new current
     release when a nightly publish (or another revocation) flips the pointer first."""
     for _ in range(_ATTEMPTS):
-        current = load_release(store, profile, public_keys=public_keys)
+        current = _current(store, profile, signer, public_keys, high_water)
         revoked = in_force(
             store,
             profile,
             verifying_keys(signer, public_keys),
-            list_floor(current.manifest),
+            list_floor_of(high_water, profile, list_floor(current.manifest)),
         )
         drop = is_revoked(revoked)
         with tempfile.TemporaryDirectory(prefix="edgeqa-revoke-") as tmp:
@@ -359,7 +396,15 @@ def _publish_without(
             }
             manifest = derive_release(staging, current, drop, extra, now())
             try:
-                report = publish(store, staging, keep=keep, signer=signer, expires_s=expires_s)
+                report = publish(
+                    store,
+                    staging,
+                    keep=keep,
+                    signer=signer,
+                    expires_s=expires_s,
+                    public_keys=public_keys,
+                    high_water=high_water,
+                )
             except PublishConflictError:
                 continue
         rows = manifest.counts.rows
@@ -381,6 +426,7 @@ def unrevoke(
     signer: Signer | None = None,
     public_keys: Iterable[str] = (),
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    high_water: HighWater | None = None,
 ) -> dict[str, Any]:
     """End a revocation (by its id, a phrasing key, or its cluster): recorded (signed by
     ``signer``), nothing republished; the next nightly build may publish the question again."""
@@ -405,5 +451,5 @@ def unrevoke(
                 {"action": "unrevoke", "id": found, "reason": reason, "by": by, "at": at}
             )
 
-    _update(store, profile, record, signer, tuple(public_keys))
+    _update(store, profile, record, signer, tuple(public_keys), high_water)
     return {"ended": ended}

@@ -39,7 +39,7 @@ from starlette.routing import Route
 
 from base.bodies import BodyError, parse_body
 from base.config import EdgeSettings
-from base.credentials import bearer_token, matching_digest
+from base.credentials import metrics_refusal
 from base.keys import MAX_QUERY_CHARS, InvalidQueryError, key_of_normalized, normalize
 from base.logs import LogWriter, open_log_writer
 from base.users import UserHasher, user_hasher
@@ -234,8 +234,11 @@ def create_app(
     async def metrics_endpoint(request: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        if metrics_token and matching_digest(bearer_token(request), (metrics_token,)) is None:
-            message = "missing or invalid metrics token (Authorization: Bearer)"
+        problem = metrics_refusal(request, metrics_token)
+        if problem is not None:
+            status, message = problem
+            if status != 401:
+                return _error(status, "client", "forbidden", message)
             refused = _error(401, "authorization", "unauthorized", message)
             refused.headers["www-authenticate"] = "Bearer"
             return refused

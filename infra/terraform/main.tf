@@ -16,9 +16,13 @@ module "storage" {
 }
 
 module "signing" {
-  source     = "./modules/signing"
-  name       = local.name
-  account_id = data.aws_caller_identity.current.account_id
+  source      = "./modules/signing"
+  name        = local.name
+  account_id  = data.aws_caller_identity.current.account_id
+  kms_key_arn = module.storage.kms_key_arn
+  # who may raise the high-water mark: the roles that sign (publish's driver, on the Ray head;
+  # the operators' that revoke and roll back)
+  high_water_writer_role_arns = concat([module.ray.head_role_arn], var.release_operator_role_arns)
 }
 
 module "origin" {
@@ -36,7 +40,10 @@ module "origin" {
   bucket_arn               = module.storage.bucket_arn
   kms_key_arn              = module.storage.kms_key_arn
   access_logs_bucket       = module.storage.access_logs_bucket
-  profile                  = var.profile
+  profiles                 = var.profiles
+  region                   = var.region
+  high_water_table_name    = module.signing.high_water_table_name
+  high_water_table_arn     = module.signing.high_water_table_arn
   user_salt_secret_arn     = var.user_salt_secret_arn
   api_keys_secret_arn      = var.api_keys_secret_arn
   identity_secret_arn      = var.identity_secret_arn
@@ -58,7 +65,9 @@ module "edge" {
   bucket_name              = module.storage.bucket_name
   kms_key_arn              = module.storage.kms_key_arn
   access_logs_bucket       = module.storage.access_logs_bucket
-  profile                  = var.profile
+  profiles                 = var.profiles
+  high_water_table_name    = module.signing.high_water_table_name
+  high_water_table_arn     = module.signing.high_water_table_arn
   user_salt_secret_arn     = var.user_salt_secret_arn
   identity_secret_arn      = var.identity_secret_arn
   release_public_keys      = module.signing.public_key
@@ -84,6 +93,7 @@ module "cdn" {
   certificate_arn          = var.cloudfront_certificate_arn
   origin_verify_secret_arn = var.origin_verify_secret_arn
   ipv6_enabled             = var.cloudfront_ipv6
+  profiles                 = var.profiles
 }
 
 module "airflow" {
@@ -99,6 +109,7 @@ module "airflow" {
   # on a CPU worker (EDGEQA_RAY_CPU_RESOURCE)
   ray_jobs_address = module.ray.dashboard_address
   ray_cpu_resource = module.ray.cpu_worker_resource
+  bucket_name      = module.storage.bucket_name
   # the DAG and the project's packages it imports (uploaded to the DAG bucket)
   source_root = "${path.root}/../.."
 }
@@ -130,4 +141,9 @@ module "ray" {
   signing_key_arn     = module.signing.key_arn
   release_public_keys = module.signing.public_key
   log_retention_days  = var.log_retention_days
+  # the profiles its roles may write (per profile, never */...), and the high-water mark the
+  # head raises and the CPU workers read
+  profiles              = var.profiles
+  high_water_table_name = module.signing.high_water_table_name
+  high_water_table_arn  = module.signing.high_water_table_arn
 }

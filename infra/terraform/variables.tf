@@ -86,9 +86,21 @@ variable "edge_desired_count" {
   default     = 2
 }
 
-variable "profile" {
-  description = "Release profile the edge and the origin serve (EDGEQA_PROFILE)."
-  type        = string
+variable "profiles" {
+  description = "The release profiles the deployment builds and serves, by name (<model>-<language>-<10 hex>, as `edgeqa` names them: one per language): EDGEQA_PROFILE of the edge and the origin, and the only profiles any role may read or write in the store (per profile, never */...). A new profile (another model, prompt or embedder) is added here, and applied, before the night that builds it."
+  type        = list(string)
+  validation {
+    condition = length(var.profiles) > 0 && alltrue([
+      for p in var.profiles : can(regex("^[a-z0-9][a-z0-9-]{0,127}$", p)) && !contains(["logs", "models"], p)
+    ])
+    error_message = "Each profile is a name of lowercase letters, digits and '-' (not logs or models: the store's other prefixes)."
+  }
+}
+
+variable "release_operator_role_arns" {
+  description = "Roles of the operators who sign by hand (edgeqa release revoke/rollback: they need kms:Sign on the release key, granted outside this configuration) and so may raise the high-water mark; no other principal but the Ray head's role may write it."
+  type        = list(string)
+  default     = []
 }
 
 variable "user_salt_secret_arn" {

@@ -6,10 +6,10 @@
     state.py        what the server holds: settings, runtime (loaded in the background), ...
     auth.py         API keys
     protocol.py     parsing and validating request bodies; the OpenAI error shape
-    prompts.py      a parsed request as the engine's prompt
+    prompts.py      a parsed request as the engine's prompt; the tokenizer's bounded queue
     tiers.py        the release and the online cache, before generating
     cache.py        the online cache
-    admission.py    bounded admission (429 + Retry-After)
+    admission.py    bounded admission, per asker and per network (429 + Retry-After)
     generation.py   one admitted request: streamed or whole, then accounted for
     responses.py    the OpenAI JSON and SSE of a response
     metrics.py      Prometheus metrics (vLLM's names)

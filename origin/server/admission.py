@@ -2,20 +2,23 @@
 joining a queue that only grows.
 
 Bounds: requests waiting for a slot beyond the free ones (``max_queued_requests``), prompt tokens
-waiting for prefill (``max_queued_tokens``), and one asker's share (a signed user, else a host —
+waiting for prefill (``max_queued_tokens``), one asker's share (a signed user, else a host —
 an IPv4 address or an IPv6 /64 — with its API key, if any: ``base/users.py``): requests in
 flight (``max_in_flight_per_user``) and tokens a minute (``max_tokens_per_minute_per_user``: a
 request is charged its prompt and its ``max_tokens`` when admitted, so ``ignore_eos`` with a large
-``max_tokens`` pays for the slot it holds).
+``max_tokens`` pays for the slot it holds), and one network's: requests in flight from the viewer's
+/24 or /48 (``max_in_flight_per_network``; ``base/users.NETWORK_BITS``, the networks mining
+counts), whoever asks from it, signed users included. A free IPv6 /48 is 65,536 /64 askers: the
+per-asker share alone would let it hold 65,536 shares.
 
-A request holds its place in its asker's share from the share check (``hold``), before its prompt
-is tokenized, until its response is over: prompts waiting for the tokenizer count as much as
-answers being generated, so a burst of long prompts from one asker puts at most its share ahead
-of another asker's prompt, and an asker over its share (requests, or the minute's tokens) is
-refused before any tokenizing. A refused request costs its asker ``REFUSAL_TOKENS`` of the
-minute's tokens, so hammering with requests that will be refused is not free. An admitted request
-is queued in the engine at once, so that the next request's check sees it even before the
-engine's loop has picked it up.
+A request holds its place in its asker's and its network's shares from the share check (``hold``),
+before its prompt is tokenized, until its response is over: prompts waiting for the tokenizer count
+as much as answers being generated, so a burst of long prompts from one asker (one network) puts
+at most its share ahead of another's prompt, and an asker over its share (requests, or the
+minute's tokens) is refused before any tokenizing. A refused request costs its asker
+``REFUSAL_TOKENS`` of the minute's tokens, so hammering with requests that will be refused is not
+free. An admitted request is queued in the engine at once, so that the next request's check sees
+it even before the engine's loop has picked it up.
 """
 
 from __future__ import annotations
@@ -47,28 +50,36 @@ class Admission:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         # user hash -> requests past the share check: being tokenized, looked up or generated
         self._in_flight: dict[str, int] = {}
+        self._network_in_flight: dict[str, int] = {}  # network hash -> the same, per network
         self._spent: dict[str, deque[tuple[float, int]]] = {}  # user -> (when, tokens) in window
         self._lock = threading.Lock()
         self.clock = clock
         self.service_s = 2.0  # EMA of generated requests' e2e latency, for Retry-After
 
-    def hold(self, settings: OriginSettings, engine: Engine, user: str) -> None:
-        """Count a request in ``user``'s share until ``release``: called before its prompt is
-        tokenized or looked up, so one asker never has more than its share of prompts waiting
-        for the tokenizer. 429 ``user_limit`` when the asker already has its share of requests
-        in flight, ``user_tokens`` when its minute's tokens are spent."""
+    def hold(self, settings: OriginSettings, engine: Engine, user: str, network: str = "") -> None:
+        """Count a request in ``user``'s and ``network``'s shares until ``release``: called
+        before its prompt is tokenized or looked up, so one asker (one network) never has more
+        than its share of prompts waiting for the tokenizer. 429 ``user_limit`` when the asker
+        already has its share of requests in flight, ``network_limit`` when its network has
+        (``network`` "": the viewer is unknown, no network share), ``user_tokens`` when its
+        minute's tokens are spent."""
         reason: str | None = None
         retry_s: float | None = None
         with self._lock:
             per_user = settings.max_in_flight_per_user
+            per_network = settings.max_in_flight_per_network if network else 0
             if per_user and self._in_flight.get(user, 0) >= per_user:
                 reason = "user_limit"
+            elif per_network and self._network_in_flight.get(network, 0) >= per_network:
+                reason = "network_limit"
             else:
                 retry_s = self._spent_wait(user, settings.max_tokens_per_minute_per_user)
                 if retry_s is not None:
                     reason = "user_tokens"
                 else:
-                    self._in_flight[user] = self._in_flight.get(user, 0) + 1
+                    _add(self._in_flight, user, 1)
+                    if network:
+                        _add(self._network_in_flight, network, 1)
         if reason is not None:
             raise self._refusal(reason, retry_s, engine)
 
@@ -171,14 +182,13 @@ class Admission:
             return "queued_tokens_full"
         return None
 
-    def release(self, user: str) -> None:
-        """The request ``hold`` counted for ``user`` is over (refused, answered or generated)."""
+    def release(self, user: str, network: str = "") -> None:
+        """The request ``hold`` counted for ``user`` and ``network`` is over (refused, answered
+        or generated)."""
         with self._lock:
-            left = self._in_flight.get(user, 0) - 1
-            if left > 0:
-                self._in_flight[user] = left
-            else:
-                self._in_flight.pop(user, None)
+            _add(self._in_flight, user, -1)
+            if network:
+                _add(self._network_in_flight, network, -1)
 
     def observe_service(self, e2e_s: float) -> None:
         self.service_s = 0.9 * self.service_s + 0.1 * e2e_s
@@ -188,6 +198,15 @@ class Admission:
         waiting = engine.queue_load()[0] if engine else 0
         slots = engine.config.max_num_seqs if engine else 1
         return str(max(1, min(60, math.ceil(self.service_s * (1 + waiting / slots)))))
+
+
+def _add(counts: dict[str, int], key: str, delta: int) -> None:
+    """Add ``delta`` to ``counts[key]``, forgetting a count that drops to 0."""
+    left = counts.get(key, 0) + delta
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
 
 
 def _wait_s(spent: deque[tuple[float, int]], now: float, excess: int) -> float:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from starlette.requests import Request
 
-from base.credentials import bearer_token, matching_digest
+from base.credentials import bearer_token, matching_digest, metrics_refusal
 from origin.server.protocol import APIError
 
 
@@ -24,10 +24,15 @@ def check_api_key(request: Request, keys: Sequence[str]) -> str | None:
 
 
 def check_metrics_token(request: Request, token: str) -> None:
-    """Raise 401 unless the request carries ``token`` as its bearer token ("": ``/metrics`` is
-    open)."""
-    if token and matching_digest(bearer_token(request), (token,)) is None:
-        raise _unauthorized("missing or invalid metrics token", "invalid_metrics_token")
+    """Raise 401 unless the request carries ``token`` as its bearer token; without one, 403
+    unless it comes from this machine (``credentials.metrics_refusal``)."""
+    refused = metrics_refusal(request, token)
+    if refused is None:
+        return
+    status, message = refused
+    if status == 401:
+        raise _unauthorized(message, "invalid_metrics_token")
+    raise APIError(status, message, None, "permission_error", "metrics_off_loopback")
 
 
 def _unauthorized(message: str, code: str) -> APIError:

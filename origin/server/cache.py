@@ -8,8 +8,11 @@ cache holds at most ``max_bytes`` of text, evicting the least recently used entr
 Only greedy, single-turn, personal-data-free answers of the served profile are written here (the
 server decides); entries are keyed by the key spec's key of the normalized question, scoped by
 the server to the caller's tenant (its API key and ``x-edgeqa-tenant``). An entry is served only
-once ``min_users`` distinct askers (hashed identities, ``base/users.py``) have asked for it:
-like a published answer, a cached one never tells anyone what fewer than k people asked lately.
+once ``min_users`` distinct askers have asked for it, counted as mining counts a question's
+askers: the fewer of its distinct identities and its distinct networks (hashed, ``base/users.py``:
+the viewer's /24 or /48; an asker without a network counts its identity as its network, as a log
+row without one does). Like a published answer, a cached one never tells anyone what fewer than k
+people asked lately, and five /64s of one /48 are one network, not five.
 
 An entry remembers whether the release's semantic tier was searched for its question before it
 was generated (``checked``): a client that had just missed at the edge lets the origin skip that
@@ -33,6 +36,7 @@ class CachedAnswer:
     completion_tokens: int
     expires_at: float  # monotonic seconds
     askers: set[str] = field(default_factory=set)  # up to min_users hashed identities
+    networks: set[str] = field(default_factory=set)  # up to min_users hashed networks
     # the release's semantic tier missed its question (False: a client's hint skipped it)
     checked: bool = True
 
@@ -79,8 +83,18 @@ class OnlineCache:
     def _size(key: str, entry: CachedAnswer) -> int:
         return len(key) + len(entry.answer.encode("utf-8")) + _OVERHEAD_BYTES
 
-    def get(self, key: str, asker: str = "") -> CachedAnswer | None:
-        """The entry, once ``min_users`` distinct askers (``asker`` counted) asked for it."""
+    def _count(self, entry: CachedAnswer, asker: str, network: str) -> bool:
+        """Count ``asker`` (from ``network``) toward ``entry``'s k; whether it has reached k:
+        ``min_users`` distinct askers and as many distinct networks. Holds the lock (or owns
+        ``entry``, not yet stored)."""
+        for seen, who in ((entry.askers, asker), (entry.networks, network or f"user:{asker}")):
+            if len(seen) < self.min_users:
+                seen.add(who)
+        return min(len(entry.askers), len(entry.networks)) >= self.min_users
+
+    def get(self, key: str, asker: str = "", network: str = "") -> CachedAnswer | None:
+        """The entry, once ``min_users`` distinct askers from as many distinct networks
+        (``asker`` from ``network`` counted) asked for it."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -92,9 +106,7 @@ class OnlineCache:
                 self.misses += 1
                 return None
             self._entries.move_to_end(key)
-            if len(entry.askers) < self.min_users:
-                entry.askers.add(asker)
-            if len(entry.askers) < self.min_users:
+            if not self._count(entry, asker, network):
                 self.misses += 1
                 self.held += 1
                 return None
@@ -108,14 +120,17 @@ class OnlineCache:
         completion_tokens: int,
         asker: str = "",
         checked: bool = True,
+        network: str = "",
     ) -> bool:
-        """Store an answer generated for ``asker``; False when caching is off or the entry
-        alone exceeds the bound. ``checked``: the release's semantic tier was searched first.
-        The askers of an entry it replaces still count, and so does its check."""
+        """Store an answer generated for ``asker`` (from ``network``); False when caching is off
+        or the entry alone exceeds the bound. ``checked``: the release's semantic tier was
+        searched first. The askers (and networks) of an entry it replaces still count, and so
+        does its check."""
         if not self.enabled or self._revoked(key):
             return False
         ttl = self.ttl_s * (1 + self.rng.uniform(-self.jitter, self.jitter))
-        entry = CachedAnswer(answer, completion_tokens, self.clock() + ttl, {asker}, checked)
+        entry = CachedAnswer(answer, completion_tokens, self.clock() + ttl, checked=checked)
+        self._count(entry, asker, network)
         size = self._size(key, entry)
         if size > self.max_bytes:
             return False
@@ -124,6 +139,7 @@ class OnlineCache:
                 old = self._entries[key]
                 if old.expires_at > self.clock():
                     entry.askers |= set(list(old.askers)[: self.min_users])
+                    entry.networks |= set(list(old.networks)[: self.min_users])
                     entry.checked = entry.checked or old.checked
                 self._remove(key)
             self._entries[key] = entry

@@ -1,8 +1,9 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions``: the request flow, top to bottom.
 
 check the key -> the runtime must be ready -> read and parse the body (and the missed-hint
-header) -> the model must be ours -> the asker's share: hold a place in it or refuse (429) -> the
-prompt's length in characters -> the prompt -> (a single question) look it up in the tiers, past
+header) -> the model must be ours -> the asker's and its network's shares: hold a place in them or
+refuse (429) -> the prompt's length in characters -> the prompt (a place in the tokenizer's
+bounded queue, or 429) -> (a single question) look it up in the tiers, past
 the semantic tier the client has just missed in, and send a hit -> admit it to the engine or
 refuse it (429) -> stream it or answer it whole. Every request is counted and logged, refused ones
 included, and a refusal is charged to its asker's share.
@@ -15,14 +16,12 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from anyio import to_thread
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from origin.server import tiers
 from origin.server.auth import check_api_key
 from origin.server.generation import Generation
-from origin.server.prompts import build_prompt, check_prompt_chars, try_build_prompt_inline
 from origin.server.protocol import (
     APIError,
     ParsedRequest,
@@ -72,9 +71,10 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
         missed = parse_missed_header(request.headers)
         check_model(parsed, server.model_name)
         asker = server.users.of_request(request, parsed.user, key_id)
-        # from here until its response is over the request counts in its asker's share: an asker
-        # already holding its share is refused before its prompt waits for the tokenizer
-        server.admission.hold(settings, runtime.engine, asker.user)
+        # from here until its response is over the request counts in its asker's and its
+        # network's shares: one already holding its share is refused before its prompt waits
+        # for the tokenizer
+        server.admission.hold(settings, runtime.engine, asker.user, asker.network)
     except ClientDisconnect:
         return Response(status_code=499)
     except APIError as error:
@@ -90,14 +90,11 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
     admitted = False  # once admitted, the generation releases the hold when its response ends
     try:
         try:
-            check_prompt_chars(runtime.engine, parsed)  # before it waits for the tokenizer
-            prompt = try_build_prompt_inline(runtime.engine, parsed, settings.system_prompt)
-            if prompt is None:
-                prompt = await to_thread.run_sync(
-                    build_prompt, runtime.engine, parsed, settings.system_prompt
-                )
+            prompt = await server.tokenizing.prompt(runtime.engine, parsed, settings)
         except APIError as error:
-            return refuse(server, error, REFUSAL_REASONS.get(error.status, "invalid"), row, arrival)
+            reason = error.code if error.status == 429 else None
+            reason = reason or REFUSAL_REASONS.get(error.status, "invalid")
+            return refuse(server, error, reason, row, arrival)
 
         shaper = Shaper(kind, request_id, server.model_name, int(time.time()))
         cacheable = (
@@ -122,7 +119,7 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
                 normalized,
                 key,
                 scoped,
-                user,
+                asker,
                 prompt.params.max_tokens,
                 semantic=not skip_semantic,
             )
@@ -149,7 +146,7 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
             parsed,
             prompt,
             shaper,
-            user,
+            asker,
             arrival,
             row,
             cache_key,
@@ -172,7 +169,7 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
         admitted = True
     finally:
         if not admitted:
-            server.admission.release(user)
+            server.admission.release(user, asker.network)
     if parsed.stream:
         return generation.streaming_response(outputs)
     return await generation.whole_response(request, outputs)
@@ -210,7 +207,7 @@ async def look_up(
     normalized: str,
     key: str,
     cache_key: str,
-    asker: str,
+    asker: Asker,
     max_tokens: int,
     semantic: bool = True,
 ) -> Answer | None:
@@ -229,8 +226,9 @@ async def look_up(
             key,
             max_tokens,
             cache_key,
-            asker,
+            asker.user,
             semantic,
+            asker.network,
         )
     except Exception:
         log.exception("origin tier lookup failed; generating")

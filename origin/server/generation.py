@@ -26,6 +26,7 @@ from origin.server.responses import (
 from policy.answers import uncacheable
 
 if TYPE_CHECKING:
+    from base.users import Asker
     from origin.engine import OutputStream, RequestOutput
     from origin.engine.request import RequestTimes
     from origin.runtime import Runtime
@@ -90,7 +91,7 @@ class Generation:
         parsed: ParsedRequest,
         prompt: Prompt,
         shaper: Shaper,
-        user: str,
+        asker: Asker,
         arrival: float,
         row: dict[str, Any],
         cache_key: str | None,
@@ -102,7 +103,8 @@ class Generation:
         self.parsed = parsed
         self.prompt = prompt
         self.shaper = shaper
-        self.user = user
+        self.user = asker.user
+        self.network = asker.network  # what ``finish`` releases, and counts in the cache's k
         self.arrival = arrival
         self.row = row
         self.cache_key = cache_key  # where a complete answer goes in the online cache
@@ -259,7 +261,12 @@ class Generation:
             self.server.metrics.observe_cache_skipped(reason)
         elif state.finish_reason == "stop":
             self.server.cache.put(
-                cache_key, state.text, state.completion_tokens, self.user, self.checked
+                cache_key,
+                state.text,
+                state.completion_tokens,
+                self.user,
+                self.checked,
+                self.network,
             )
 
     # -- accounting -------------------------------------------------------------------------------
@@ -271,7 +278,7 @@ class Generation:
         self._finished = True
         server, state = self.server, self.outcome
         server.in_flight.discard(self)
-        server.admission.release(self.user)
+        server.admission.release(self.user, self.network)
         status, times = state.status, state.times
         server.metrics.observe_generated(
             status,

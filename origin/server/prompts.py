@@ -9,6 +9,12 @@ one character (rules of dashes, indentation) take more, and a prompt made of the
 although it might fit. A short prompt is tokenized on the event loop when the tokenizer is free
 (``try_build_prompt_inline``), anything else in a worker thread, so a long prompt never holds
 the loop.
+
+The prompts waiting for the tokenizer are a bounded queue (``TokenizeQueue``): past
+``max_tokenize_queue`` of them a request is refused at once (429 ``tokenize_queue_full``), and one
+that has waited ``max_tokenize_wait_s`` gives up (429 ``tokenize_timeout``), so no request waits
+for the tokenizer without bound. The per-asker and per-network shares (``admission.py``) are
+checked before: one network holds at most its share of the queue's places.
 """
 
 from __future__ import annotations
@@ -16,14 +22,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
+
+from anyio import CapacityLimiter, to_thread
 
 from origin.sampling import SamplingParams
 from origin.server.protocol import APIError, ParsedRequest
 
 if TYPE_CHECKING:
+    from origin.config import OriginSettings
     from origin.engine import Engine
 
 
@@ -145,3 +155,69 @@ def build_prompt(
             )
         params = replace(params, max_tokens=room)
     return Prompt(ids, params)
+
+
+class TokenizeQueue:
+    """The prompts waiting for the tokenizer (one a process: ``_TOKENIZING``), a bounded queue.
+    Each waits in a thread of its own (``_threads``, never contended: the bound is checked
+    first), so waiting prompts never take the threads the semantic tier runs on."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self._lock = threading.Lock()
+        self._threads = CapacityLimiter(1)
+
+    async def prompt(
+        self, engine: Engine, parsed: ParsedRequest, settings: OriginSettings
+    ) -> Prompt:
+        """``build_prompt``: inline for a short prompt when the tokenizer is free, else waiting
+        for it in a thread, within the queue's bound (past it 429 ``tokenize_queue_full`` at
+        once) and its deadline (past it 429 ``tokenize_timeout``)."""
+        check_prompt_chars(engine, parsed)  # before it waits for the tokenizer
+        prompt = try_build_prompt_inline(engine, parsed, settings.system_prompt)
+        if prompt is not None:
+            return prompt
+        bound, wait_s = settings.max_tokenize_queue, settings.max_tokenize_wait_s
+        with self._lock:
+            if self.waiting >= bound:
+                raise _busy(f"{self.waiting} prompts wait for the tokenizer", "tokenize_queue_full")
+            self.waiting += 1
+            if self._threads.total_tokens < bound:
+                self._threads.total_tokens = bound
+        deadline = time.monotonic() + wait_s
+        try:
+            return await to_thread.run_sync(
+                _build_by,
+                engine,
+                parsed,
+                settings.system_prompt,
+                deadline,
+                limiter=self._threads,
+            )
+        finally:
+            with self._lock:
+                self.waiting -= 1
+
+
+def _build_by(engine: Engine, parsed: ParsedRequest, system_prompt: str, deadline: float) -> Prompt:
+    """``build_prompt`` once the tokenizer is free, if it is before ``deadline`` (monotonic);
+    429 ``tokenize_timeout`` otherwise."""
+    if not _TOKENIZING.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        raise _busy("the prompt waited too long for the tokenizer", "tokenize_timeout")
+    try:
+        return build_prompt(engine, parsed, system_prompt, _locked=True)
+    finally:
+        _TOKENIZING.release()
+
+
+def _busy(message: str, code: str) -> APIError:
+    """429 ``code``: the tokenizer is busier than the queue allows (it drains in well under a
+    second at the default bound: ``MAX_CHARS_PER_TOKEN`` bounds each prompt's tokenizing)."""
+    return APIError(
+        429,
+        f"the origin is at capacity ({code}: {message}); retry later",
+        None,
+        "rate_limit_exceeded",
+        code,
+        headers={"retry-after": "1"},
+    )

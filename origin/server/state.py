@@ -1,5 +1,5 @@
 """What the origin server holds between requests: its settings, the runtime once loaded, the
-online cache, admission, metrics and the request log.
+online cache, admission, the tokenizer's queue, metrics and the request log.
 
 The runtime (engine and release watcher) loads in a background thread so that the server answers
 ``/health`` ("loading") at once; requests that need it get 503 until it is ready.
@@ -23,6 +23,7 @@ from origin.server import tiers
 from origin.server.admission import Admission
 from origin.server.cache import OnlineCache
 from origin.server.metrics import OriginMetrics
+from origin.server.prompts import TokenizeQueue
 from origin.server.protocol import APIError
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class OriginServer:
         )
         self.users = users or user_hasher(settings)
         self.admission = Admission()
+        self.tokenizing = TokenizeQueue()  # prompts waiting for the tokenizer, bounded
         self.metrics = OriginMetrics(self.model_name)
         self.metrics.watch(lambda: self.runtime.engine if self.runtime else None, self.cache)
         if logs is not None:

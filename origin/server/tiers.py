@@ -101,15 +101,17 @@ async def lookup(
     cache_key: str,
     asker: str,
     semantic: bool = True,
+    network: str = "",
 ) -> Looked:
     """The tiers' answer, cut at ``max_tokens`` (the request's, within the room its prompt
     leaves), or None. ``cache_key``: ``key`` in the caller's tenant (``scoped_key``);
-    ``asker``: the caller's hashed identity, counted toward the cache's k; ``semantic=False``:
-    the caller has just missed in ``index``'s semantic tier (``skips_semantic``)."""
+    ``asker``, ``network``: the caller's hashed identity and network, counted toward the cache's
+    k; ``semantic=False``: the caller has just missed in ``index``'s semantic tier
+    (``skips_semantic``)."""
     held: list[CachedAnswer] = []  # an unchecked entry, waiting for the semantic tier's miss
 
     def online(key: str) -> Hit | None:
-        entry = cache.get(cache_key, asker)
+        entry = cache.get(cache_key, asker, network)
         if entry is None:
             return None
         if semantic and not entry.checked:

@@ -16,6 +16,15 @@ Where Ray is (``EDGEQA_RAY_ADDRESS``):
 - set: the cluster there (``ray://head:10001``, Ray Client: this process is the driver, the
   actors run on the cluster's GPU workers, which its autoscaler starts for the job). The
   workers run the project's image (``Dockerfile``) and reach the store with their own role.
+  ``auto`` joins whichever Ray Ray's discovery finds (``RAY_ADDRESS``, else the one last started
+  on this machine, whoever started it): it is handed none of this process's ``AWS_*``
+  credentials, even on this machine; its workers reach the store with their own.
+
+The actors of a local Ray (one this process started, or named on this machine) get this
+process's store credentials (``AWS_*``). Ray 2.60 binds a local Ray's GCS, raylet and workers to
+every interface, not loopback (``ray.init`` replaces a node address of 127.0.0.1 with the
+routable one): Ray's token authentication, on by default for a new local Ray, is what keeps the
+network out, so none is started with ``RAY_AUTH_MODE=disabled``; its dashboard is not started.
 
 This module connects (``connect``) and says where things ran; the jobs are ``embedding.py``
 (mining's wordings) and ``generation.py`` (the answers, checkpointed per partition; with
@@ -81,6 +90,8 @@ class Fleet:
     workers: int  # the most actors one job runs at once
     gpus: float  # per actor: 1 where the actors answer on GPUs, else 0
     cpu_resource: str = ""  # what a CPU worker offers (``EDGEQA_RAY_CPU_RESOURCE``; "": none)
+    # found by Ray's discovery (``EDGEQA_RAY_ADDRESS=auto``): not this run's to hand credentials
+    discovered: bool = False
 
     def where(self, workers: int) -> str:
         """What the run report says a job ran on: ``ray (local, 2 workers)``."""
@@ -105,7 +116,9 @@ class Fleet:
         # job, whose finished partitions stay written for the retry
         resources.update(max_restarts=ACTOR_RESTARTS, max_task_retries=ACTOR_RESTARTS)
         if self.local:
-            env = {k: os.environ[k] for k in _LOCAL_ENV if k in os.environ}
+            # a Ray found by discovery may be anyone's on this machine: no AWS_* for it
+            shipped = [k for k in _LOCAL_ENV if not (self.discovered and k.startswith("AWS_"))]
+            env = {k: os.environ[k] for k in shipped if k in os.environ}
             if not self.gpus:  # a pool smaller than the CPU slots shares out their threads
                 env["OMP_NUM_THREADS"] = str(max(1, self.workers // most))
             resources["runtime_env"] = {"env_vars": env}
@@ -132,6 +145,13 @@ def connect(settings: PrecomputeSettings) -> Fleet:
     # a Ray Job's driver (a stage the DAG submitted: ``jobs.py``) runs its model stages on the
     # job's own cluster, which Ray names in RAY_ADDRESS: a fleet, unless it is this machine alone
     in_job = not address and bool(os.environ.get("RAY_ADDRESS")) and not ray.is_initialized()
+    starting = not address and not in_job and not ray.is_initialized()
+    if starting and os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "disabled":
+        raise FleetError(
+            "RAY_AUTH_MODE=disabled: a local Ray listens on every interface of this machine "
+            "(Ray cannot bind it to loopback only), and its token authentication is what keeps "
+            "others out; unset RAY_AUTH_MODE, or name a Ray (EDGEQA_RAY_ADDRESS)"
+        )
     try:
         if ray.is_initialized():  # joined already (a test session's, a Ray job's driver)
             gcs = ray.get_runtime_context().gcs_address
@@ -170,7 +190,11 @@ def connect(settings: PrecomputeSettings) -> Fleet:
     else:  # a fleet: GPUs, which its autoscaler brings only once a job asks for them
         workers = settings.ray_workers or max(FLEET_WORKERS, gpus_now)
         gpus = 0.0 if settings.device == "cpu" else 1.0
-    fleet = _connected["fleet"] = Fleet(address, local, workers, gpus, settings.ray_cpu_resource)
+    discovered = settings.ray_address == "auto"
+    if discovered:
+        log.info("joined the Ray at %s (auto): handed no AWS_* credentials", address)
+    fleet = Fleet(address, local, workers, gpus, settings.ray_cpu_resource, discovered)
+    _connected["fleet"] = fleet
     log.info("model stages run on %s", fleet.where(fleet.workers))
     return fleet
 

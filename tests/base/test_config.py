@@ -144,3 +144,21 @@ def test_the_cpus_a_process_may_use_count_its_cgroup_quota(
 
     monkeypatch.setattr(Path, "read_text", read_text)
     assert usable_cpus() == (expected if expected is not None else 8)
+
+
+def test_the_cache_folder_must_be_this_users_alone(tmp_path: Path) -> None:
+    from base.config import ConfigError, private_folder
+
+    made = private_folder(tmp_path / "new" / "cache")
+    assert made.is_dir() and oct(made.stat().st_mode & 0o777) == "0o700"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match=r"EDGEQA_CACHE_DIR .* writable by group or others"):
+        private_folder(shared)
+    shared.chmod(0o755)  # readable by others is the operator's choice; writable is not
+    assert private_folder(shared) == shared
+    file = tmp_path / "file"
+    file.write_text("")
+    with pytest.raises(ConfigError, match="not a folder"):
+        private_folder(file)

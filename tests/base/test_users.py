@@ -69,6 +69,13 @@ def test_client_supplied_ids_count_only_when_signed() -> None:
     ahead = jwt.encode({"sub": "u9", "iat": now + 5, "exp": now + 600}, SECRET, "HS256")
     address = users.of_request(_request(peer)).user
     assert users.of_request(_request(peer, {"x-edgeqa-user": ahead})).user != address
+    # a token without iat, or one that lives longer than a day, counts nothing
+    forever = jwt.encode({"sub": "u9", "iat": now, "exp": now + 86_401}, SECRET, "HS256")
+    no_iat = jwt.encode({"sub": "u9", "exp": now + 600}, SECRET, "HS256")
+    for bad in (forever, no_iat):
+        assert users.of_request(_request(peer, {"x-edgeqa-user": bad})).user == address
+    with pytest.raises(ValueError, match="at most"):
+        mint_user_token("u0", SECRET, ttl_s=2 * 86_400)
 
 
 def test_the_viewer_comes_from_trusted_proxies_only() -> None:

@@ -119,7 +119,7 @@ def test_dag_imports_and_has_the_expected_shape(airflow_env: dict[str, str]) -> 
     assert tasks["publish"]["upstream"] == ["mine", "validate"]
     assert tasks["prune"]["upstream"] == ["mine", "publish"]
     assert {"edgeqa", "precompute"} <= set(dag["tags"])
-    assert {"logs_uri", "out_uri", "profile", "window_days", "k", "top_n"} <= set(dag["params"])
+    assert {"profile", "window_days", "k", "top_n"} <= set(dag["params"])
     assert {"min_precision", "max_shrink", "finetune_steps"} <= set(dag["params"])
     # the DAG runs the pipeline's stages, in the pipeline's order
     order: list[str] = []
@@ -226,9 +226,9 @@ def dag_night(ray_head: dict[str, Any]) -> dict[str, Any]:
     uri = f"s3://{new_bucket()}/store"
     store = open_store(uri)
     _logs(store)
-    conf = {"logs_uri": uri, "out_uri": uri, **SMALL}
-    # the Airflow worker's settings for the fleet: where its Jobs API is, and Ray's token
-    env = {**ray_head["env"], "EDGEQA_RAY_JOBS_ADDRESS": ray_head["jobs"]}
+    conf = SMALL
+    # the Airflow worker's settings: the store, where the fleet's Jobs API is, and Ray's token
+    env = {**ray_head["env"], "EDGEQA_STORE": uri, "EDGEQA_RAY_JOBS_ADDRESS": ray_head["jobs"]}
     env["EDGEQA_RAY_JOBS_TOKEN"] = ray_head["token"]
     night = ["dags", "test", DAG_ID, "2026-11-29T02:00:00+00:00", "-c", json.dumps(conf)]
     done = subprocess.run(

@@ -280,6 +280,13 @@ def test_metrics_behind_a_bearer_token(embedder, tmp_path: Path) -> None:  # typ
         scraped = client.get("/metrics", headers={"authorization": f"Bearer {token}"})
         assert scraped.status_code == 200 and "edgeqa_edge_lookups_total" in scraped.text
         assert client.get("/health").status_code == 200  # load balancers need no token
+    from starlette.testclient import TestClient
+
+    # without a token, /metrics answers this machine only
+    for peer, status in (("203.0.113.9", 403), ("::1", 200), ("127.0.0.1", 200)):
+        assert (
+            TestClient(create_app(state), client=(peer, 5000)).get("/metrics").status_code == status
+        )
 
 
 def test_lookups_are_logged_with_hashed_users(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -509,7 +516,7 @@ def test_each_question_is_answered_from_its_language_profile(
     releases.start()
     try:
         assert releases.profiles() == {"en": "test-en", "zh": "test-zh"}
-        with TestClient(create_app(releases)) as client:
+        with TestClient(create_app(releases), client=("127.0.0.1", 5000)) as client:
             exact = client.get("/v1/lookup", params={"q": ZH_QUESTIONS[0]})
             assert exact.status_code == 200, exact.text
             body = exact.json()

@@ -14,33 +14,18 @@ import re
 from datetime import date
 from typing import Any
 
+from tests.infra.test_iam_patterns import BUCKET, role_statements
 from tests.infra.test_terraform import _blocks, _flat, _one, parsed  # noqa: F401 (the fixture)
 
 RAY = "modules/ray/main.tf"
-BUCKET = "${var.bucket_arn}"
 SIGNING_KEY = "${var.signing_key_arn}"
 PROFILE, RUN, VERSION = "en", "r0123456789abcdef", "20261205T000000Z-0123abcd"
 IF_NONE_MATCH = "if-none-match"
 
 
 def _statements(parsed: dict[str, Any], document: str) -> list[dict[str, Any]]:  # noqa: F811
-    policy = _blocks(parsed, RAY, "data", "aws_iam_policy_document")[document]
-    found = []
-    for st in policy["statement"]:
-        conditions = [
-            (_one(c["test"]), _one(c["variable"]), _flat(c["values"]))
-            for c in st.get("condition", [])
-        ]
-        found.append(
-            {
-                "sid": _one(st["sid"]),
-                "effect": _one(st.get("effect", "Allow")),
-                "actions": set(_flat(st["actions"])),
-                "resources": set(_flat(st["resources"])),
-                "conditions": conditions,
-            }
-        )
-    return found
+    """The role's statements, its per-profile ones expanded (``var.profiles`` bound to en, zh)."""
+    return role_statements(parsed, RAY, document)
 
 
 def _matches(pattern: str, resource: str) -> bool:
@@ -97,7 +82,7 @@ def _keys() -> dict[str, str]:
     release = release_prefix(PROFILE, VERSION)
     work = WorkArea(None, PROFILE, RUN)  # type: ignore[arg-type]
     return {
-        "log": "logs/2026-12-05/00000.parquet",
+        "log": "logs/dt=2026-12-05/00000.parquet",
         "model": "models/Meta-Llama-3.1-8B-Instruct-quantized.w8a8/config.json",
         "partition": work.partition(0),
         "built": f"{work.prefix}/built.json",
@@ -165,7 +150,10 @@ def test_the_cpu_workers_role_writes_what_mine_build_and_validate_write_and_neve
     for st in cpu:
         if st["effect"] == "Allow":
             assert "*" not in st["resources"] and not any("*" == a[-1:] for a in st["actions"])
-            assert all(a.startswith(("s3:", "kms:")) for a in st["actions"]), st["sid"]
+            # (dynamodb:GetItem: the high-water mark, read only)
+            assert all(
+                a.startswith(("s3:", "kms:")) or a == "dynamodb:GetItem" for a in st["actions"]
+            ), st["sid"]
     kms = {a for st in cpu if st["effect"] == "Allow" for a in st["actions"] if a.startswith("kms")}
     assert kms == {"kms:Decrypt", "kms:GenerateDataKey"}
 

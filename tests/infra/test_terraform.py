@@ -122,7 +122,10 @@ def test_the_modules_are_wired_and_the_bucket_is_private(parsed: dict[str, Any])
         assert name in edge and name + "=" in user_data, name
     # browsers read pointers, key indexes and answer objects; manifests, shards, digests and
     # embedders stay private
-    assert '/*/a/*"' in cdn and '/*/releases/*/k/*"' in cdn and '/*/releases/*"' not in cdn
+    # (per deployed profile: tests/infra/test_iam_patterns.py evaluates each pattern)
+    for served in ("/a/*", "/releases/*/k/*", "/current.json"):
+        assert f'/${{statement.value}}{served}"' in cdn, served
+    assert '/*/a/*"' not in cdn and '/releases/*"' not in cdn
 
 
 def _blocks(parsed: dict[str, Any], path: str, kind: str, type_: str) -> dict[str, Any]:
@@ -249,12 +252,20 @@ def test_the_ray_fleet_is_private_scales_its_gpus_from_zero_and_its_head_runs_th
     ]
     assert _one(deny[0]["effect"]) == "Deny"
     assert {r for _, resources in workers.values() for r in resources} == {
-        "${var.bucket_arn}/logs/*",
-        "${var.bucket_arn}/*/work/*",
+        "${var.bucket_arn}/${local.log_files}",
         "${var.bucket_arn}/models/*",
         "${var.bucket_arn}",
         "${var.kms_key_arn}",
     }
+    # the work areas: per deployed profile (dynamic statements; tests/infra/test_iam_patterns.py)
+    (work,) = [
+        d["statement"] for d in policies["ray"]["dynamic"] if "s3:PutObject" in json.dumps(d)
+    ]
+    assert _one(work["for_each"]) == "${toset(var.profiles)}"
+    assert _flat(_one(work["content"])["resources"]) == [
+        "${var.bucket_arn}/${statement.value}/work/*"
+    ]
+    assert _one(_one(parsed[ray]["locals"])["log_files"]) == "logs/dt=????-??-??/*.parquet"
     # the model weights: read only, for the workers and the drivers on the head
     for role in ("ray", "ray_head"):
         assert statements[role]["ReadModels"] == ({"s3:GetObject"}, {"${var.bucket_arn}/models/*"})
@@ -269,20 +280,22 @@ def test_the_ray_fleet_is_private_scales_its_gpus_from_zero_and_its_head_runs_th
     )
     writable = {
         r
-        for actions, resources in head_role.values()
-        if "s3:PutObject" in actions
-        for r in resources
+        for dynamic in policies["ray_head"]["dynamic"]
+        for content in dynamic["statement"]["content"]
+        if "s3:PutObject" in _flat(content["actions"])
+        for r in _flat(content["resources"])
     }
     assert writable == {
-        "${var.bucket_arn}/*/work/*",
-        "${var.bucket_arn}/*/releases/*",
-        "${var.bucket_arn}/*/a/*",
-        "${var.bucket_arn}/*/current.json",
+        "${var.bucket_arn}/${statement.value}/work/*",
+        "${var.bucket_arn}/${statement.value}/releases/*",
+        "${var.bucket_arn}/${statement.value}/a/*",
+        "${var.bucket_arn}/${statement.value}/current.json",
     }
-    # the revocation list it reads, never writes (revoking is an operator's act)
-    assert head_role["ReadRevocations"] == (
-        {"s3:GetObject"},
-        {"${var.bucket_arn}/*/revocations.json"},
+    assert not any("s3:PutObject" in actions for actions, _ in head_role.values())
+    # the high-water mark: the head raises it (it signs); no other statement of it writes
+    assert head_role["RaiseHighWaterMark"] == (
+        {"dynamodb:GetItem", "dynamodb:UpdateItem"},
+        {"${var.high_water_table_arn}"},
     )
     # its own service account and role; the GPU and CPU workers keep theirs
     accounts = _blocks(parsed, ray, "resource", "kubernetes_service_account_v1")
@@ -520,10 +533,110 @@ def test_the_edge_lists_only_its_profiles_keys(parsed: dict[str, Any]) -> None:
         ("modules/origin/main.tf", "origin"),
     ):
         policy = _blocks(parsed, path, "data", "aws_iam_policy_document")[document]
-        (listing,) = [
+        assert not [
             s for s in policy["statement"] if "s3:ListBucket" in _flat(s.get("actions", []))
+        ], path
+        (listing,) = [
+            d["statement"]
+            for d in policy["dynamic"]
+            if "s3:ListBucket" in _flat(_one(d["statement"]["content"])["actions"])
         ]
-        (condition,) = listing["condition"]
+        assert _one(listing["for_each"]) == "${toset(var.profiles)}", path
+        (condition,) = _one(listing["content"])["condition"]
         assert _one(condition["variable"]) == "s3:prefix", path
         assert _one(condition["test"]) == "StringLike", path
-        assert _flat(condition["values"]) == ["${var.profile}/*"], path
+        assert _flat(condition["values"]) == ["${statement.value}/releases/*"], path
+
+
+def test_the_high_water_mark_is_a_table_the_signer_alone_writes(parsed: dict[str, Any]) -> None:
+    signing = "modules/signing/main.tf"
+    (table,) = _blocks(parsed, signing, "resource", "aws_dynamodb_table").values()
+    assert _one(table["billing_mode"]) == "PAY_PER_REQUEST"
+    assert _one(table["hash_key"]) == "profile"
+    assert _one(_one(table["attribute"])["type"]) == "S"
+    assert _one(table["deletion_protection_enabled"]) is True
+    assert _one(_one(table["point_in_time_recovery"])["enabled"]) is True
+    sse = _one(table["server_side_encryption"])
+    assert _one(sse["enabled"]) is True and _one(sse["kms_key_arn"]) == "${var.kms_key_arn}"
+    # the table's own policy: every write denied but the signers'
+    (policy,) = _blocks(parsed, signing, "resource", "aws_dynamodb_resource_policy").values()
+    assert _one(policy["policy"]) == "${data.aws_iam_policy_document.high_water.json}"
+    document = _blocks(parsed, signing, "data", "aws_iam_policy_document")["high_water"]
+    (deny,) = document["statement"]
+    assert _one(deny["effect"]) == "Deny"
+    assert {"dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"} <= set(
+        _flat(deny["actions"])
+    )
+    (condition,) = deny["condition"]
+    assert (_one(condition["test"]), _one(condition["variable"])) == (
+        "ArnNotEquals",
+        "aws:PrincipalArn",
+    )
+    root = {k: v for b in parsed["main.tf"]["module"] for k, v in b.items()}
+    writers = _one(root["signing"]["high_water_writer_role_arns"])
+    assert "module.ray.head_role_arn" in writers and "var.release_operator_role_arns" in writers
+    # who may touch it: the head raises it, the readers read it, no one else has any of it
+    grants: dict[str, set[str]] = {}
+    for path in parsed:
+        for name, doc in _blocks(parsed, path, "data", "aws_iam_policy_document").items():
+            for st in doc.get("statement", []):
+                actions = {a for a in _flat(st.get("actions", [])) if a.startswith("dynamodb:")}
+                if actions and _one(st.get("effect", "Allow")) == "Allow":
+                    assert _flat(st["resources"]) == ["${var.high_water_table_arn}"], name
+                    grants.setdefault(name, set()).update(actions)
+    assert grants == {
+        "ray_head": {"dynamodb:GetItem", "dynamodb:UpdateItem"},
+        "ray_cpu": {"dynamodb:GetItem"},
+        "task": {"dynamodb:GetItem"},  # the edge's
+        "origin": {"dynamodb:GetItem"},
+    }
+    # the kms:Sign holders are the writers: the head's role alone in this configuration
+    signers = [
+        name
+        for path in parsed
+        for name, doc in _blocks(parsed, path, "data", "aws_iam_policy_document").items()
+        for st in doc.get("statement", [])
+        if _one(st.get("effect", "Allow")) == "Allow" and "kms:Sign" in _flat(st.get("actions", []))
+    ]
+    assert signers == ["ray_head"]
+    # every reader and the signer are told where it is
+    uri = "dynamodb://${var.high_water_table_name}"
+    edge = json.dumps(parsed["modules/edge/main.tf"])
+    assert f"{{'name': 'EDGEQA_HIGH_WATER_URI', 'value': '{uri}'}}" in edge
+    origin = _blocks(parsed, "modules/origin/main.tf", "resource", "aws_launch_template")["origin"]
+    assert uri in json.dumps(origin)
+    user_data = (TERRAFORM / "modules" / "origin" / "user_data.sh").read_text()
+    assert "EDGEQA_HIGH_WATER_URI=${high_water_uri}" in user_data
+    assert "AWS_DEFAULT_REGION=${region}" in user_data  # boto3's DynamoDB client needs a region
+    ray = "modules/ray/main.tf"
+    assert _one(_one(parsed[ray]["locals"])["high_water_uri"]) == uri
+    values = json.dumps(_blocks(parsed, ray, "resource", "helm_release")["ray_cluster"]["values"])
+    assert (
+        values.count("{'name': 'EDGEQA_HIGH_WATER_URI', 'value': '${local.high_water_uri}'}") == 2
+    )
+    for module in ("edge", "origin", "ray"):
+        assert _one(root[module]["high_water_table_name"]) == (
+            "${module.signing.high_water_table_name}"
+        )
+    assert "HIGH_WATER" not in json.dumps(parsed["modules/airflow/main.tf"])  # submits jobs only
+
+
+def test_fresh_readers_keep_their_pointer_memory_on_a_writable_disk(parsed: dict[str, Any]) -> None:
+    edge = "modules/edge/main.tf"
+    (task,) = _blocks(parsed, edge, "resource", "aws_ecs_task_definition").values()
+    text = json.dumps(task)
+    assert _one(_one(parsed[edge]["locals"])["cache_dir"]) == "/var/cache/edgeqa"
+    assert "'readonlyRootFilesystem': True" in text
+    assert "{'name': 'EDGEQA_CACHE_DIR', 'value': '${local.cache_dir}'}" in text
+    assert "{'sourceVolume': 'cache', 'containerPath': '${local.cache_dir}'}" in text
+    assert "cache" in {_one(v["name"]) for v in task["volume"]}
+    # the image makes the folder, its user's, and declares it a volume (ECS copies its owner)
+    dockerfile = (TERRAFORM.parents[1] / "Dockerfile").read_text()
+    runtime = dockerfile[dockerfile.rindex("\nFROM ") :]
+    assert "install -d -o edgeqa -g edgeqa -m 0700 /var/cache/edgeqa" in runtime
+    assert 'VOLUME ["/var/cache/edgeqa"]' in runtime
+    # the origin: a state folder systemd makes for its unit on the instance's disk
+    user_data = (TERRAFORM / "modules" / "origin" / "user_data.sh").read_text()
+    assert "EDGEQA_CACHE_DIR=/var/lib/edgeqa" in user_data
+    assert "StateDirectory=edgeqa" in user_data
+    assert user_data.index("daemon-reload") < user_data.index("enable --now edgeqa-origin")

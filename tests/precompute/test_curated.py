@@ -162,11 +162,11 @@ def test_curated_answers_are_pinned_by_the_configuration() -> None:
     )
     assert config.settings.curated_answers_sha256 == pin
     assert config.generation.curated_answers == "faq.jsonl"
-    # the run's option (--answers-sha256, the DAG's answers_sha256) wins over the variable
-    config = PipelineConfig.from_env(
-        {"EDGEQA_CURATED_ANSWERS_SHA256": pin}, answers="faq.jsonl", answers_sha256=other
-    )
-    assert config.settings.curated_answers_sha256 == other
+    # the pin is the deployment's alone: a run bringing its own is refused (test_config_bar.py)
+    with pytest.raises(ConfigError, match="answers_sha256 refused"):
+        PipelineConfig.from_env(
+            {"EDGEQA_CURATED_ANSWERS_SHA256": pin}, answers="faq.jsonl", answers_sha256=other
+        )
     # no answers, no pin needed
     assert PipelineConfig.from_env({}).generation.curated_answers == ""
 
@@ -344,9 +344,8 @@ def test_a_run_whose_answers_file_was_changed_after_it_was_pinned_publishes_noth
     reviewed = _jsonl(*({"question": q, "answer": a} for q, a in ZH_CURATED.items())) + "\n"
     answers.write_text(reviewed, encoding="utf-8")
     config = PipelineConfig.from_env(
-        {"EDGEQA_MIN_USERS": "5"},
+        {"EDGEQA_MIN_USERS": "5", "EDGEQA_CURATED_ANSWERS_SHA256": _sha256(reviewed.encode())},
         answers=str(answers),
-        answers_sha256=_sha256(reviewed.encode()),
     )
     # one answer rewritten in the store after review: a well-formed file the run would publish,
     # signed, if it read it

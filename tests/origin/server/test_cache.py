@@ -84,3 +84,22 @@ def test_an_entry_remembers_whether_the_release_was_searched_before_it() -> None
     assert cache.get("k", "dee").checked  # type: ignore[union-attr]
     cache.check("absent")  # nothing to mark
     assert cache.get("absent") is None
+
+
+def test_k_counts_networks_as_mining_does() -> None:
+    """k is the fewer of distinct askers and distinct networks: five /64s of one /48 (five
+    askers, one network) are not five; an asker without a network counts as its own."""
+    cache = OnlineCache(min_users=3)
+    cache.put("k", "an answer", 2, asker="h1", network="net-a")
+    assert cache.get("k", "h2", "net-a") is None and cache.get("k", "h3", "net-a") is None
+    assert cache.get("k", "h4", "net-a") is None  # four askers, one network
+    assert cache.get("k", "h5", "net-b") is None  # two networks
+    assert cache.get("k", "h6", "net-c") is not None  # three
+    # a regenerated answer keeps the networks counted so far
+    cache.put("j", "first", 1, asker="h1", network="net-a")
+    assert cache.get("j", "h2", "net-b") is None
+    cache.put("j", "second", 1, asker="h3", network="net-a")
+    assert cache.get("j", "h4", "net-c") is not None
+    # no network known: each asker is its own (as mining counts a log row without one)
+    cache.put("n", "answer", 1, asker="u1")
+    assert cache.get("n", "u2") is None and cache.get("n", "u3") is not None

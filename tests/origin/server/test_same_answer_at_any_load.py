@@ -66,6 +66,7 @@ def test_eight_concurrent_answers_equal_eight_sequential_speculative_ones(
         "EDGEQA_ORIGIN_TIERS": "false",  # no online cache: every answer is generated
         "EDGEQA_LOG_REQUESTS": "false",
         "EDGEQA_MAX_IN_FLIGHT_PER_USER": "0",  # one client stands for eight users
+        "EDGEQA_MAX_IN_FLIGHT_PER_NETWORK": "0",  # on eight networks
     }
     with (
         _origin(base) as (plain, plain_child),

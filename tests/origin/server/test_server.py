@@ -54,8 +54,18 @@ NOVEL = "Why do leaves change colour in autumn?"
 IDENTITY_SECRET = "i" * 40
 
 
+# each signed test user asks from a /24 of its own, as people do: the online cache's k counts
+# networks too (the test client is on loopback, a trusted proxy here, and forwards the address)
+_NETWORKS: dict[str, int] = {}
+
+
 def _as(user: str, **headers: str) -> dict[str, str]:
-    return {"x-edgeqa-user": mint_user_token(user, IDENTITY_SECRET), **headers}
+    network = _NETWORKS.setdefault(user, len(_NETWORKS) + 1)
+    return {
+        "x-edgeqa-user": mint_user_token(user, IDENTITY_SECRET),
+        "x-forwarded-for": f"198.18.{network}.1",
+        **headers,
+    }
 
 
 @dataclass
@@ -77,8 +87,10 @@ def _config(store: FileStore, **env: str) -> OriginSettings:
             "EDGEQA_CACHE_MIN_USERS": "2",
             # one test client stands for many users: the per-asker shares are tested on their own
             "EDGEQA_MAX_IN_FLIGHT_PER_USER": "0",
+            "EDGEQA_MAX_IN_FLIGHT_PER_NETWORK": "0",
             "EDGEQA_MAX_TOKENS_PER_MINUTE_PER_USER": "0",
             "EDGEQA_MAX_QUEUED_REQUESTS": "256",
+            "EDGEQA_TRUSTED_PROXIES": "127.0.0.1/32",
             "EDGEQA_MAX_QUEUED_TOKENS": "100000",
             **env,
         }
@@ -425,6 +437,9 @@ def test_metrics_behind_a_bearer_token(origin: Origin) -> None:
             assert client.get("/health").status_code == 200  # load balancers need no token
     finally:
         origin.server.settings = saved
+    # without a token, /metrics answers this machine only
+    assert _from(origin, "203.0.113.9").get("/metrics").status_code == 403
+    assert _from(origin, "127.0.0.1").get("/metrics").status_code == 200
 
 
 # -- backpressure, cancellation, timeouts ---------------------------------------------------------
@@ -603,8 +618,10 @@ def _from(origin: Origin, peer: str) -> TestClient:
 
 def test_one_ipv6_host_is_one_asker_for_shares_and_the_cache(origin: Origin) -> None:
     """A host is routed a whole /64 and may use any address in it: two of them are one asker
-    for the per-asker shares and toward the online cache's k; two /64s are two askers."""
+    for the per-asker shares and toward the online cache's k; two /64s are two askers for the
+    shares, but toward the cache's k only from two /48s (k counts networks too, as mining does)."""
     host, same_host, other_host = "2001:db8:6:1::1", "2001:db8:6:1::2", "2001:db8:6:2::1"
+    other_network = "2001:db8:7:1::1"
     tenant = {"x-edgeqa-tenant": "ipv6-askers"}  # a cache scope of this test's own
     # shares: a minute's token budget that one request spends alone
     saved = origin.server.settings
@@ -633,14 +650,17 @@ def test_one_ipv6_host_is_one_asker_for_shares_and_the_cache(origin: Origin) -> 
     )
     scope = origin.server.users.tenant(peer)  # the tenant as the origin keeps it: hashed
     key = scoped_key(key_of_normalized(normalize(question)), None, scope)
+    asker = origin.server.users.of_request(peer)
     cached = origin.server.cache.put(
-        key, "Sunlight through raindrops.", 5, asker=origin.server.users.of_request(peer).user
+        key, "Sunlight through raindrops.", 5, asker=asker.user, network=asker.network
     )
     assert cached
     body = _chat(question, max_tokens=4)
     held = _from(origin, same_host).post("/v1/chat/completions", json=body, headers=tenant)
-    served = _from(origin, other_host).post("/v1/chat/completions", json=body, headers=tenant)
+    same_48 = _from(origin, other_host).post("/v1/chat/completions", json=body, headers=tenant)
+    served = _from(origin, other_network).post("/v1/chat/completions", json=body, headers=tenant)
     assert held.headers["x-edgeqa-tier"] == "generated"  # still one asker
+    assert same_48.headers["x-edgeqa-tier"] == "generated"  # two askers, one network
     assert served.headers["x-edgeqa-tier"] == "origin_cache"
 
 

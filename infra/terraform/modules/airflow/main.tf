@@ -101,11 +101,13 @@ resource "aws_s3_object" "startup" {
   kms_key_id = var.kms_key_arn
   # the DAG's settings: where its tasks submit their stages, and the Ray resource the CPU stages'
   # jobs (mine, build, validate) ask for so that their drivers run on a CPU worker (the signing
-  # key, the GPU ceiling and the store access are the Ray pods', where the stages run)
+  # key, the GPU ceiling and the store access are the Ray pods', where the stages run); the
+  # store the stages read and publish to (EDGEQA_STORE: a run config cannot name another)
   content = <<-SH
     #!/bin/sh
     export EDGEQA_RAY_JOBS_ADDRESS='${var.ray_jobs_address}'
     export EDGEQA_RAY_CPU_RESOURCE='${var.ray_cpu_resource}'
+    export EDGEQA_STORE='s3://${var.bucket_name}'
   SH
 }
 

@@ -55,6 +55,15 @@ variable "ray_jobs_address" {
   }
 }
 
+variable "bucket_name" {
+  description = "The store bucket: the workers' EDGEQA_STORE, the only store a night reads logs from and publishes to (a DAG run config cannot name another)."
+  type        = string
+  validation {
+    condition     = can(regex("^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", var.bucket_name))
+    error_message = "bucket_name must be an S3 bucket name."
+  }
+}
+
 variable "ray_cpu_resource" {
   description = "The Ray resource the cluster's CPU workers carry (the ray module's cpu_worker_resource): the workers' EDGEQA_RAY_CPU_RESOURCE, which mine's, build's and validate's jobs ask for so that their drivers run on a CPU worker."
   type        = string

@@ -3,6 +3,10 @@
 #   /<profile>/releases/*   a release's key index (k/*; nothing else of a release is readable);
 #                           both immutable, cached a year
 #   /*/current.json         the pointer: cached 30 s (a new release reaches browsers within it)
+#   (the store's paths pass a CloudFront Function, release_paths.js, that lets through those
+#   exact names of the deployed profiles' objects alone and answers 404 to anything else; what is
+#   served goes out as application/json with a CSP that allows nothing: json_response.js and the
+#   store response headers policy)
 #   /v1/lookup*             the edge index service (semantic tier): not cached
 #   /v1/*                   the origin (generation, streamed): not cached
 # The bucket is read only through origin access control; nothing else is public.
@@ -115,6 +119,69 @@ resource "aws_cloudfront_response_headers_policy" "security" {
   }
 }
 
+# the store's behaviors: only the release objects' names pass (404 otherwise), and what passes is
+# served as JSON (tests/infra/test_iam_patterns.py runs both in node)
+resource "aws_cloudfront_function" "release_paths" {
+  name    = "${var.name}-release-paths"
+  runtime = "cloudfront-js-2.0"
+  comment = "only the release objects browsers read: pointers, key index buckets, answer objects"
+  publish = true
+  code    = file("${path.module}/release_paths.js")
+}
+
+resource "aws_cloudfront_function" "json_response" {
+  name    = "${var.name}-json-response"
+  runtime = "cloudfront-js-2.0"
+  comment = "every store object goes out as application/json"
+  publish = true
+  code    = file("${path.module}/json_response.js")
+}
+
+# the store's objects: the security headers, a CSP that allows nothing (a JSON document needs
+# none; sandbox: no script, no form, no same origin, even if a browser were made to render one)
+resource "aws_cloudfront_response_headers_policy" "store" {
+  name = "${var.name}-store"
+  security_headers_config {
+    strict_transport_security {
+      access_control_max_age_sec = 31536000
+      include_subdomains         = true
+      preload                    = true
+      override                   = true
+    }
+    content_type_options {
+      override = true
+    }
+    frame_options {
+      frame_option = "DENY"
+      override     = true
+    }
+    referrer_policy {
+      referrer_policy = "strict-origin-when-cross-origin"
+      override        = true
+    }
+    content_security_policy {
+      content_security_policy = "default-src 'none'; frame-ancestors 'none'; sandbox"
+      override                = true
+    }
+  }
+  cors_config {
+    access_control_allow_credentials = false
+    access_control_allow_headers {
+      items = ["*"]
+    }
+    access_control_allow_methods {
+      items = ["GET", "HEAD", "OPTIONS"]
+    }
+    access_control_allow_origins {
+      items = ["*"]
+    }
+    access_control_expose_headers {
+      items = ["x-edgeqa-tier", "x-request-id", "retry-after"]
+    }
+    origin_override = false
+  }
+}
+
 locals {
   store_origin  = "store"
   origin_origin = "origin"
@@ -179,7 +246,15 @@ resource "aws_cloudfront_distribution" "this" {
     cached_methods             = ["GET", "HEAD"]
     compress                   = true
     cache_policy_id            = aws_cloudfront_cache_policy.immutable.id
-    response_headers_policy_id = aws_cloudfront_response_headers_policy.security.id
+    response_headers_policy_id = aws_cloudfront_response_headers_policy.store.id
+    function_association {
+      event_type   = "viewer-request"
+      function_arn = aws_cloudfront_function.release_paths.arn
+    }
+    function_association {
+      event_type   = "viewer-response"
+      function_arn = aws_cloudfront_function.json_response.arn
+    }
   }
 
   ordered_cache_behavior {
@@ -190,7 +265,15 @@ resource "aws_cloudfront_distribution" "this" {
     cached_methods             = ["GET", "HEAD"]
     compress                   = true
     cache_policy_id            = aws_cloudfront_cache_policy.pointer.id
-    response_headers_policy_id = aws_cloudfront_response_headers_policy.security.id
+    response_headers_policy_id = aws_cloudfront_response_headers_policy.store.id
+    function_association {
+      event_type   = "viewer-request"
+      function_arn = aws_cloudfront_function.release_paths.arn
+    }
+    function_association {
+      event_type   = "viewer-response"
+      function_arn = aws_cloudfront_function.json_response.arn
+    }
   }
 
   ordered_cache_behavior {
@@ -242,24 +325,27 @@ resource "aws_s3_bucket_policy" "store" {
 }
 
 data "aws_iam_policy_document" "store" {
-  statement {
-    sid     = "CloudFrontReadsReleases"
-    actions = ["s3:GetObject"]
-    # answer objects, key indexes and pointers only: manifests, shards, digests and embedders
-    # stay private (docs/release-format.md)
-    resources = [
-      "${var.bucket_arn}/*/a/*",
-      "${var.bucket_arn}/*/releases/*/k/*",
-      "${var.bucket_arn}/*/current.json",
-    ]
-    principals {
-      type        = "Service"
-      identifiers = ["cloudfront.amazonaws.com"]
-    }
-    condition {
-      test     = "StringEquals"
-      variable = "AWS:SourceArn"
-      values   = [aws_cloudfront_distribution.this.arn]
+  dynamic "statement" {
+    # per deployed profile: its answer objects, its releases' key indexes and its pointer only
+    # (never */a/*, which matched a/ folders anywhere: a work area's, a log day's); manifests,
+    # shards, digests, embedders and revocation lists stay private (docs/release-format.md)
+    for_each = toset(var.profiles)
+    content {
+      actions = ["s3:GetObject"]
+      resources = [
+        "${var.bucket_arn}/${statement.value}/a/*",
+        "${var.bucket_arn}/${statement.value}/releases/*/k/*",
+        "${var.bucket_arn}/${statement.value}/current.json",
+      ]
+      principals {
+        type        = "Service"
+        identifiers = ["cloudfront.amazonaws.com"]
+      }
+      condition {
+        test     = "StringEquals"
+        variable = "AWS:SourceArn"
+        values   = [aws_cloudfront_distribution.this.arn]
+      }
     }
   }
   statement {

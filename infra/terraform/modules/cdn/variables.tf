@@ -64,3 +64,8 @@ variable "ipv6_enabled" {
   type        = bool
   default     = true
 }
+
+variable "profiles" {
+  description = "The release profiles served: CloudFront may read these profiles' pointers, key indexes and answer objects only."
+  type        = list(string)
+}

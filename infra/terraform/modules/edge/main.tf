@@ -1,6 +1,10 @@
 # The edge index service on ECS Fargate behind its own ALB: one instance of this module per
 # region. Tasks read the release from the store (FAISS shards in memory) and write request logs.
 
+locals {
+  cache_dir = "/var/cache/edgeqa" # EDGEQA_CACHE_DIR (the Dockerfile's VOLUME)
+}
+
 data "aws_vpc" "this" {
   id = var.vpc_id
 }
@@ -52,7 +56,11 @@ resource "aws_ecs_task_definition" "edge" {
     portMappings           = [{ containerPort = 8001, protocol = "tcp" }]
     environment = [
       { name = "EDGEQA_STORE", value = "s3://${var.bucket_name}" },
-      { name = "EDGEQA_PROFILE", value = var.profile },
+      { name = "EDGEQA_PROFILE", value = join(",", var.profiles) },
+      # the highest pointer and revocation-list sequences signed, kept outside the bucket
+      { name = "EDGEQA_HIGH_WATER_URI", value = "dynamodb://${var.high_water_table_name}" },
+      # the pointers this task verified (base/pointers.py PointerMemory), on its writable volume
+      { name = "EDGEQA_CACHE_DIR", value = local.cache_dir },
       # only releases signed by the nightly job's KMS key are served (base/signing.py)
       { name = "EDGEQA_RELEASE_PUBLIC_KEYS", value = var.release_public_keys },
       # the ALB, in the VPC: its viewer headers are believed (base/users.py)
@@ -65,7 +73,10 @@ resource "aws_ecs_task_definition" "edge" {
       # verifies the user tokens the deployment's backend mints (base/users.py)
       { name = "EDGEQA_IDENTITY_SECRET", valueFrom = var.identity_secret_arn },
     ]
-    mountPoints = [{ sourceVolume = "tmp", containerPath = "/tmp" }]
+    mountPoints = [
+      { sourceVolume = "tmp", containerPath = "/tmp" },
+      { sourceVolume = "cache", containerPath = local.cache_dir },
+    ]
     healthCheck = {
       command  = ["CMD-SHELL", "python -c \"import urllib.request; urllib.request.urlopen('http://127.0.0.1:8001/health')\""]
       interval = 15
@@ -83,6 +94,12 @@ resource "aws_ecs_task_definition" "edge" {
 
   volume {
     name = "tmp" # a shipped fine-tuned embedder is unpacked here
+  }
+  # the root filesystem is read-only: EDGEQA_CACHE_DIR lives on this task volume (the image makes
+  # the folder, owned by its user, and declares it a VOLUME, so ECS copies it with its owner). It
+  # lasts as long as the task: a new task starts with no memory and the high-water mark stands in
+  volume {
+    name = "cache"
   }
 }
 
@@ -182,32 +199,54 @@ resource "aws_iam_role" "task" {
   assume_role_policy = data.aws_iam_policy_document.assume.json
 }
 
+# per served profile: its pointer, its revocation list and its releases (manifests, shards, key
+# indexes, a shipped embedder), nothing else of the profile (not the nightly work areas: held-back
+# wordings, hashed askers; not the answer objects, which browsers read through CloudFront); the
+# request logs it writes, files of a day's folder (base/logs.py); the high-water mark, read only.
+# tests/infra/test_iam_patterns.py evaluates these against the object names.
 data "aws_iam_policy_document" "task" {
-  statement {
-    sid       = "ReadReleases"
-    actions   = ["s3:GetObject"]
-    resources = ["${var.bucket_arn}/${var.profile}/*"]
+  dynamic "statement" {
+    for_each = toset(var.profiles)
+    content {
+      actions = ["s3:GetObject"]
+      resources = [
+        "${var.bucket_arn}/${statement.value}/current.json",
+        "${var.bucket_arn}/${statement.value}/revocations.json",
+        "${var.bucket_arn}/${statement.value}/releases/*",
+      ]
+    }
   }
-  statement {
-    sid       = "ListReleases"
-    actions   = ["s3:ListBucket"]
-    resources = [var.bucket_arn]
-    # its profile's keys only (the releases it loads): not the request logs, not other profiles
-    condition {
-      test     = "StringLike"
-      variable = "s3:prefix"
-      values   = ["${var.profile}/*"]
+  dynamic "statement" {
+    # the versions of each profile (base/release.py list_versions): keys only, its releases only
+    for_each = toset(var.profiles)
+    content {
+      actions   = ["s3:ListBucket"]
+      resources = [var.bucket_arn]
+      condition {
+        test     = "StringLike"
+        variable = "s3:prefix"
+        values   = ["${statement.value}/releases/*"]
+      }
     }
   }
   statement {
+    # a day's folder's Parquet files (S3 has no one-segment wildcard: '*' also spans '/'; the log
+    # reader takes the files directly in the folder only, base/logreader.py)
     sid       = "WriteRequestLogs"
     actions   = ["s3:PutObject"]
-    resources = ["${var.bucket_arn}/logs/*"]
+    resources = ["${var.bucket_arn}/logs/dt=????-??-??/*.parquet"]
   }
   statement {
     sid       = "UseStoreKey"
     actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
     resources = [var.kms_key_arn]
+  }
+  statement {
+    # the high-water mark (EDGEQA_HIGH_WATER_URI): a fresh task refuses a pointer or a revocation
+    # list below the sequences already signed; only the signer writes it
+    sid       = "ReadHighWaterMark"
+    actions   = ["dynamodb:GetItem"]
+    resources = [var.high_water_table_arn]
   }
 }
 

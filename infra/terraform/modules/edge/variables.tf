@@ -70,8 +70,18 @@ variable "access_logs_bucket" {
   type        = string
 }
 
-variable "profile" {
-  description = "The release profile served (EDGEQA_PROFILE)."
+variable "profiles" {
+  description = "The release profiles served (EDGEQA_PROFILE, comma-joined); the task may read these profiles' pointers, revocation lists and releases only."
+  type        = list(string)
+}
+
+variable "high_water_table_name" {
+  description = "The DynamoDB table of the high-water mark (EDGEQA_HIGH_WATER_URI=dynamodb://<name>)."
+  type        = string
+}
+
+variable "high_water_table_arn" {
+  description = "ARN of the high-water mark's table: the task may read it (GetItem), never write it."
   type        = string
 }
 

@@ -78,7 +78,9 @@ resource "aws_launch_template" "origin" {
 
   user_data = base64encode(templatefile("${path.module}/user_data.sh", {
     store                = "s3://${split(":::", var.bucket_arn)[1]}"
-    profile              = var.profile
+    profiles             = join(",", var.profiles)
+    region               = var.region
+    high_water_uri       = "dynamodb://${var.high_water_table_name}"
     user_salt_secret_arn = var.user_salt_secret_arn
     api_keys_secret_arn  = var.api_keys_secret_arn
     identity_secret_arn  = var.identity_secret_arn
@@ -159,31 +161,47 @@ resource "aws_iam_role" "origin" {
   assume_role_policy = data.aws_iam_policy_document.assume.json
 }
 
+# per served profile: its pointer, its revocation list and its releases, nothing else of it (not
+# the nightly work areas, not the answer objects); the request logs it writes (a day's folder's
+# Parquet files); the high-water mark, read only (tests/infra/test_iam_patterns.py)
 data "aws_iam_policy_document" "origin" {
-  statement {
-    sid       = "ReadReleases"
-    actions   = ["s3:GetObject"]
-    resources = ["${var.bucket_arn}/${var.profile}/*"]
+  dynamic "statement" {
+    for_each = toset(var.profiles)
+    content {
+      actions = ["s3:GetObject"]
+      resources = [
+        "${var.bucket_arn}/${statement.value}/current.json",
+        "${var.bucket_arn}/${statement.value}/revocations.json",
+        "${var.bucket_arn}/${statement.value}/releases/*",
+      ]
+    }
   }
-  statement {
-    sid       = "ListReleases"
-    actions   = ["s3:ListBucket"]
-    resources = [var.bucket_arn]
-    condition {
-      test     = "StringLike"
-      variable = "s3:prefix"
-      values   = ["${var.profile}/*"]
+  dynamic "statement" {
+    for_each = toset(var.profiles)
+    content {
+      actions   = ["s3:ListBucket"]
+      resources = [var.bucket_arn]
+      condition {
+        test     = "StringLike"
+        variable = "s3:prefix"
+        values   = ["${statement.value}/releases/*"]
+      }
     }
   }
   statement {
     sid       = "WriteRequestLogs"
     actions   = ["s3:PutObject"]
-    resources = ["${var.bucket_arn}/logs/*"]
+    resources = ["${var.bucket_arn}/logs/dt=????-??-??/*.parquet"]
   }
   statement {
     sid       = "UseStoreKey"
     actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
     resources = [var.kms_key_arn]
+  }
+  statement {
+    sid       = "ReadHighWaterMark"
+    actions   = ["dynamodb:GetItem"]
+    resources = [var.high_water_table_arn]
   }
   statement {
     sid       = "ReadSecrets"

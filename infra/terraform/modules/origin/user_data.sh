@@ -14,7 +14,10 @@ EDGEQA_IDENTITY_SECRET="$(aws secretsmanager get-secret-value --secret-id '${ide
 env_file="$(mktemp /etc/edgeqa.env.XXXXXX)"
 cat > "$env_file" <<ENV
 EDGEQA_STORE=${store}
-EDGEQA_PROFILE=${profile}
+EDGEQA_PROFILE=${profiles}
+AWS_DEFAULT_REGION=${region}
+EDGEQA_HIGH_WATER_URI=${high_water_uri}
+EDGEQA_CACHE_DIR=/var/lib/edgeqa
 EDGEQA_QUANTIZATION=int8
 EDGEQA_USER_SALT=$EDGEQA_USER_SALT
 EDGEQA_API_KEYS=$EDGEQA_API_KEYS
@@ -24,5 +27,16 @@ EDGEQA_TRUSTED_PROXIES=${trusted_proxies}
 ENV
 chmod 600 "$env_file"
 mv -f "$env_file" /etc/edgeqa.env
+# the pointers the origin verified (EDGEQA_CACHE_DIR, base/pointers.py PointerMemory) on the
+# instance's disk: systemd makes /var/lib/edgeqa for the unit's user, whoever it runs as, and
+# keeps it across restarts of the service (a new instance starts with the high-water mark only)
+mkdir -p /etc/systemd/system/edgeqa-origin.service.d
+cat > /etc/systemd/system/edgeqa-origin.service.d/state.conf <<UNIT
+[Service]
+StateDirectory=edgeqa
+StateDirectoryMode=0700
+UNIT
+chmod 644 /etc/systemd/system/edgeqa-origin.service.d/state.conf
+systemctl daemon-reload
 systemctl enable --now edgeqa-origin.service   # ExecStart=edgeqa origin serve --host 0.0.0.0 --port 8000
 systemctl enable --now amazon-cloudwatch-agent # scrapes :8000/metrics -> EdgeQA/Origin

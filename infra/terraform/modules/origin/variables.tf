@@ -63,8 +63,23 @@ variable "access_logs_bucket" {
   type        = string
 }
 
-variable "profile" {
-  description = "The release profile served (EDGEQA_PROFILE)."
+variable "profiles" {
+  description = "The release profiles served (EDGEQA_PROFILE, comma-joined); the instances may read these profiles' pointers, revocation lists and releases only."
+  type        = list(string)
+}
+
+variable "region" {
+  description = "The region of the store and the high-water mark's table (AWS_DEFAULT_REGION of the service)."
+  type        = string
+}
+
+variable "high_water_table_name" {
+  description = "The DynamoDB table of the high-water mark (EDGEQA_HIGH_WATER_URI=dynamodb://<name>)."
+  type        = string
+}
+
+variable "high_water_table_arn" {
+  description = "ARN of the high-water mark's table: the instances may read it (GetItem), never write it."
   type        = string
 }
 

@@ -141,6 +141,11 @@ locals {
     ray_head   = "${local.namespace}:${local.head_service_account}"
     ray_cpu    = "${local.namespace}:${local.cpu_service_account}"
   }
+  # the request logs the fleet mines: a day's folder's Parquet files (base/logs.py). IAM's '*'
+  # spans '/', so this also matches logs/dt=<day>/<folder>/x.parquet: only the edge and the
+  # origin may write under logs/, and the log reader takes a day's folder's own files only
+  high_water_uri             = "dynamodb://${var.high_water_table_name}"
+  log_files                  = "logs/dt=????-??-??/*.parquet"
   kuberay_version            = "1.7.0"  # the operator and the ray-cluster chart
   cluster_autoscaler_version = "9.54.0" # chart; its image follows kubernetes_version
   pod_security_context = {
@@ -782,6 +787,8 @@ resource "helm_release" "ray_cluster" {
       containerEnv = [
         { name = "EDGEQA_SIGNING_KMS_KEY", value = var.signing_key_arn },
         { name = "EDGEQA_RAY_WORKERS", value = tostring(local.max_gpu_workers) },
+        # the high-water mark publish raises and every signer checks (base/highwater.py)
+        { name = "EDGEQA_HIGH_WATER_URI", value = local.high_water_uri },
       ]
       # the head runs those jobs' drivers and schedules; no task or actor lands on it (no CPU
       # slot): the night's model work runs on the GPU workers
@@ -835,6 +842,8 @@ resource "helm_release" "ray_cluster" {
           { name = "EDGEQA_MINING_MEMORY_MB", value = tostring(var.cpu_mining_memory_mb) },
           # the pointer, the parent release and the revocation list verified without KMS
           { name = "EDGEQA_RELEASE_PUBLIC_KEYS", value = var.release_public_keys },
+          # and against the high-water mark (read only here)
+          { name = "EDGEQA_HIGH_WATER_URI", value = local.high_water_uri },
           # a Ray Job's driver inherits OMP_NUM_THREADS=1 from Ray's job supervisor (an actor
           # with no CPU) unless it is set: FAISS and torch would run one thread
           { name = "OMP_NUM_THREADS", value = tostring(var.cpu_worker_cpu) },
@@ -969,14 +978,21 @@ resource "aws_iam_role" "irsa" {
 # precompute/nightcache.py), which an actor may read but never write
 data "aws_iam_policy_document" "ray" {
   statement {
+    # a day's folder's Parquet files (S3 has no one-segment wildcard: '*' also spans '/', and the
+    # log reader takes the files directly in the folder only, base/logreader.py); only the edge
+    # and the origin write under logs/
     sid       = "ReadRequestLogs"
     actions   = ["s3:GetObject"]
-    resources = ["${var.bucket_arn}/logs/*"]
+    resources = ["${var.bucket_arn}/${local.log_files}"]
   }
-  statement {
-    sid       = "ReadWriteWorkAreas"
-    actions   = ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"]
-    resources = ["${var.bucket_arn}/*/work/*"]
+  dynamic "statement" {
+    # the deployed profiles' work areas, each named: never */work/* (which also matches
+    # logs/dt=<day>/work/..., another prefix's work/, a profile not deployed)
+    for_each = toset(var.profiles)
+    content {
+      actions   = ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"]
+      resources = ["${var.bucket_arn}/${statement.value}/work/*"]
+    }
   }
   statement {
     sid       = "NoWritesToTheNightCaches"
@@ -991,13 +1007,25 @@ data "aws_iam_policy_document" "ray" {
     resources = ["${var.bucket_arn}/models/*"]
   }
   statement {
-    sid       = "ListLogsWorkAreasAndModels"
+    sid       = "ListLogsAndModels"
     actions   = ["s3:ListBucket"]
     resources = [var.bucket_arn]
     condition {
       test     = "StringLike"
       variable = "s3:prefix"
-      values   = ["logs/*", "*/work/*", "models/*"]
+      values   = ["logs/*", "models/*"]
+    }
+  }
+  dynamic "statement" {
+    for_each = toset(var.profiles)
+    content {
+      actions   = ["s3:ListBucket"]
+      resources = [var.bucket_arn]
+      condition {
+        test     = "StringLike"
+        variable = "s3:prefix"
+        values   = ["${statement.value}/work/*"]
+      }
     }
   }
   statement {
@@ -1026,21 +1054,35 @@ data "aws_iam_policy_document" "ray_head" {
   statement {
     sid       = "ReadRequestLogs"
     actions   = ["s3:GetObject"]
-    resources = ["${var.bucket_arn}/logs/*"]
+    resources = ["${var.bucket_arn}/${local.log_files}"]
   }
-  statement {
-    sid     = "ReadWriteDeleteWorkAreasAndReleases"
-    actions = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
-    resources = [
-      "${var.bucket_arn}/*/work/*",
-      "${var.bucket_arn}/*/releases/*",
-      "${var.bucket_arn}/*/a/*",
-    ]
+  dynamic "statement" {
+    # per deployed profile: its work areas, releases and answer objects (build stages, publish
+    # uploads and reads back, prune deletes) and its pointer (the conditional flip); its
+    # revocation list read only (revoking is an operator's act: edgeqa release revoke)
+    for_each = toset(var.profiles)
+    content {
+      actions = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
+      resources = [
+        "${var.bucket_arn}/${statement.value}/work/*",
+        "${var.bucket_arn}/${statement.value}/releases/*",
+        "${var.bucket_arn}/${statement.value}/a/*",
+      ]
+    }
   }
-  statement {
-    sid       = "ReadWritePointers"
-    actions   = ["s3:GetObject", "s3:PutObject"]
-    resources = ["${var.bucket_arn}/*/current.json"]
+  dynamic "statement" {
+    for_each = toset(var.profiles)
+    content {
+      actions   = ["s3:GetObject", "s3:PutObject"]
+      resources = ["${var.bucket_arn}/${statement.value}/current.json"]
+    }
+  }
+  dynamic "statement" {
+    for_each = toset(var.profiles)
+    content {
+      actions   = ["s3:GetObject"]
+      resources = ["${var.bucket_arn}/${statement.value}/revocations.json"]
+    }
   }
   statement {
     # the model's config and tokenizer (a release's profile names the checkpoint): read only
@@ -1049,14 +1091,8 @@ data "aws_iam_policy_document" "ray_head" {
     resources = ["${var.bucket_arn}/models/*"]
   }
   statement {
-    # read only: revoking is an operator's act (edgeqa release revoke), not the nightly's
-    sid       = "ReadRevocations"
-    actions   = ["s3:GetObject"]
-    resources = ["${var.bucket_arn}/*/revocations.json"]
-  }
-  statement {
-    # keys only; without it a pointer or revocation list not written yet (a profile's first
-    # publish) reads as 403, not 404 (S3 answers 404 to a caller that may list the bucket)
+    # keys only, unconditioned: S3 answers a missing object with 404 (a profile's first pointer
+    # or revocation list) only to a caller that may list the bucket, 403 otherwise
     sid       = "ListStore"
     actions   = ["s3:ListBucket"]
     resources = [var.bucket_arn]
@@ -1070,6 +1106,13 @@ data "aws_iam_policy_document" "ray_head" {
     sid       = "SignReleases"
     actions   = ["kms:Sign", "kms:GetPublicKey"]
     resources = [var.signing_key_arn]
+  }
+  statement {
+    # the high-water mark: raised after each pointer it signs (a conditional UpdateItem: never
+    # lowered), read before it signs on top of what the store holds
+    sid       = "RaiseHighWaterMark"
+    actions   = ["dynamodb:GetItem", "dynamodb:UpdateItem"]
+    resources = [var.high_water_table_arn]
   }
 }
 
@@ -1094,19 +1137,59 @@ data "aws_iam_policy_document" "ray_cpu" {
   statement {
     sid       = "ReadRequestLogs"
     actions   = ["s3:GetObject"]
-    resources = ["${var.bucket_arn}/logs/*"]
+    resources = ["${var.bucket_arn}/${local.log_files}"]
   }
-  statement {
-    # the runs' work areas and the caches across nights (mine, build's built.json)
-    sid       = "ReadWriteWorkAreas"
-    actions   = ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"]
-    resources = ["${var.bucket_arn}/*/work/*"]
+  dynamic "statement" {
+    # per deployed profile: the runs' work areas and the caches across nights (mine, build's
+    # built.json); mine expires the caches' parts of nights before its window (nothing else in a
+    # work area is deleted from here); build uploads the release (and clears a stopped upload's
+    # leftovers), validate marks it checked.json or refused.json, mine and validate read the
+    # parent release; build checks the answer objects there, validate reads sampled ones back
+    for_each = toset(var.profiles)
+    content {
+      actions   = ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload"]
+      resources = ["${var.bucket_arn}/${statement.value}/work/*"]
+    }
   }
-  statement {
-    # mine expires the caches' parts of nights before its window; nothing else in a work area
-    sid       = "ExpireNightCaches"
-    actions   = ["s3:DeleteObject"]
-    resources = ["${var.bucket_arn}/*/work/cache/*"]
+  dynamic "statement" {
+    for_each = toset(var.profiles)
+    content {
+      actions   = ["s3:DeleteObject"]
+      resources = ["${var.bucket_arn}/${statement.value}/work/cache/*"]
+    }
+  }
+  dynamic "statement" {
+    for_each = toset(var.profiles)
+    content {
+      actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
+      resources = ["${var.bucket_arn}/${statement.value}/releases/*"]
+    }
+  }
+  dynamic "statement" {
+    # read: the answer objects, the pointer the night builds on, what is revoked
+    for_each = toset(var.profiles)
+    content {
+      actions = ["s3:GetObject"]
+      resources = [
+        "${var.bucket_arn}/${statement.value}/a/*",
+        "${var.bucket_arn}/${statement.value}/current.json",
+        "${var.bucket_arn}/${statement.value}/revocations.json",
+      ]
+    }
+  }
+  dynamic "statement" {
+    # the answer objects the parent lacks, created only (Store.put_new: If-None-Match: *): a
+    # served answer is never replaced from here
+    for_each = toset(var.profiles)
+    content {
+      actions   = ["s3:PutObject"]
+      resources = ["${var.bucket_arn}/${statement.value}/a/*"]
+      condition {
+        test     = "Null"
+        variable = "s3:if-none-match"
+        values   = ["false"]
+      }
+    }
   }
   statement {
     sid       = "ReadModels"
@@ -1114,42 +1197,8 @@ data "aws_iam_policy_document" "ray_cpu" {
     resources = ["${var.bucket_arn}/models/*"]
   }
   statement {
-    # build uploads the release (and clears a stopped upload's leftovers), validate marks it
-    # checked.json or refused.json; mine and validate read the parent release
-    sid       = "ReadWriteReleases"
-    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
-    resources = ["${var.bucket_arn}/*/releases/*"]
-  }
-  statement {
-    # build checks what is there, validate reads sampled answers back, mine the parent's
-    sid       = "ReadAnswerObjects"
-    actions   = ["s3:GetObject"]
-    resources = ["${var.bucket_arn}/*/a/*"]
-  }
-  statement {
-    # the answer objects the parent lacks, created only (Store.put_new: If-None-Match: *): a
-    # served answer is never replaced from here
-    sid       = "CreateAnswerObjects"
-    actions   = ["s3:PutObject"]
-    resources = ["${var.bucket_arn}/*/a/*"]
-    condition {
-      test     = "Null"
-      variable = "s3:if-none-match"
-      values   = ["false"]
-    }
-  }
-  statement {
-    # the release the night builds on and what is revoked: read, never written
-    sid     = "ReadPointersAndRevocations"
-    actions = ["s3:GetObject"]
-    resources = [
-      "${var.bucket_arn}/*/current.json",
-      "${var.bucket_arn}/*/revocations.json",
-    ]
-  }
-  statement {
-    # keys only; without it a pointer or revocation list not written yet (a profile's first
-    # night) reads as 403, not 404 (S3 answers 404 to a caller that may list the bucket)
+    # keys only, unconditioned: S3 answers a missing object with 404 (a profile's first pointer
+    # or revocation list) only to a caller that may list the bucket, 403 otherwise
     sid       = "ListStore"
     actions   = ["s3:ListBucket"]
     resources = [var.bucket_arn]
@@ -1158,6 +1207,12 @@ data "aws_iam_policy_document" "ray_cpu" {
     sid       = "UseStoreKey"
     actions   = ["kms:Decrypt", "kms:GenerateDataKey"]
     resources = [var.kms_key_arn]
+  }
+  statement {
+    # the high-water mark: the pointer and the revocation list it reads are checked against it
+    sid       = "ReadHighWaterMark"
+    actions   = ["dynamodb:GetItem"]
+    resources = [var.high_water_table_arn]
   }
   statement {
     # publishing is the head's: whatever is granted above or later, never from here

@@ -230,3 +230,18 @@ variable "vllm_quantization" {
     error_message = "vllm_quantization must be w8a8 or fp16."
   }
 }
+
+variable "profiles" {
+  description = "The release profiles the nightly job builds and publishes: the fleet's roles may read and write these profiles' work areas, releases and pointers only (a night of another profile is refused: add it here first)."
+  type        = list(string)
+}
+
+variable "high_water_table_name" {
+  description = "The DynamoDB table of the high-water mark (EDGEQA_HIGH_WATER_URI=dynamodb://<name> of the head and the CPU workers)."
+  type        = string
+}
+
+variable "high_water_table_arn" {
+  description = "ARN of the high-water mark's table: the head (the signer) raises it, the CPU workers read it."
+  type        = string
+}
