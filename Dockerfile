@@ -38,6 +38,7 @@ COPY pyproject.toml setup.py README.md ./
 COPY edgeqa/ edgeqa/
 COPY origin/ origin/
 COPY edge_index/ edge_index/
+COPY semantic/ semantic/
 COPY base/ base/
 COPY policy/ policy/
 COPY precompute/ precompute/

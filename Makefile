@@ -84,9 +84,9 @@ chromium:
 		else echo "chromium is missing: the browser test will be skipped (sudo apt-get install -y chromium)"; fi; }
 
 lint: venv
-	$(BIN)/ruff check edgeqa origin edge_index base policy precompute dags tests benchmarks setup.py
-	$(BIN)/ruff format --check edgeqa origin edge_index base policy precompute dags tests benchmarks setup.py
-	$(BIN)/mypy edgeqa origin edge_index base policy precompute dags
+	$(BIN)/ruff check edgeqa origin edge_index semantic base policy precompute dags tests benchmarks setup.py
+	$(BIN)/ruff format --check edgeqa origin edge_index semantic base policy precompute dags tests benchmarks setup.py
+	$(BIN)/mypy edgeqa origin edge_index semantic base policy precompute dags
 	$(BIN)/lint-imports
 
 clean:

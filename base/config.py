@@ -47,7 +47,7 @@ MIN_TOKEN_CHARS = 16  # EDGEQA_METRICS_TOKEN, as an API key
 
 PREFIX = "EDGEQA_"
 DEFAULT_STORE = "file://./var/store"
-# calibration (edge_index/matcher.py): the share of semantic lookups assumed to be about something
+# calibration (semantic/matcher.py): the share of semantic lookups assumed to be about something
 # the release does not hold, and its ceiling (past 1/2 a weighted held-out hit would count as more
 # than one Wilson trial and the bound would understate its variance)
 OUT_OF_SCOPE_SHARE = 0.05
@@ -59,7 +59,7 @@ KernelIsa = Literal["auto", "scalar", "avx2", "avx512", "vnni"]
 
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "edgeqa"  # EDGEQA_CACHE_DIR's default
-# each language's embedder under EDGEQA_EMBEDDER=auto (edge_index/embedder.py's names)
+# each language's embedder under EDGEQA_EMBEDDER=auto (semantic/loading.py's names)
 DEFAULT_EMBEDDERS = {"en": "embedded", "zh": "multilingual"}
 
 

@@ -210,7 +210,7 @@ class IndexSettings(Document):
 
 
 class Threshold(Document):
-    """The semantic tier's decision (``edge_index.matcher``) and what calibration showed of it;
+    """The semantic tier's decision (``semantic.matcher``) and what calibration showed of it;
     ``semantic``: whether readers serve semantic hits at all. Every field has the default
     readers gave a release without it (``vote_k`` None: the matcher's ``VOTE_K``)."""
 
@@ -237,7 +237,7 @@ class Threshold(Document):
 
 
 class GuardFlags(Document):
-    """The guard's checks the threshold was calibrated with (``edge_index.guard.Guard``): a
+    """The guard's checks the threshold was calibrated with (``semantic.guard.Guard``): a
     check this reader does not know is refused, never skipped."""
 
     model_config = ConfigDict(extra="forbid")

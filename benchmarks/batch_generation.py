@@ -25,7 +25,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edge_index.embedder import load_embedder
 from origin.chat import chat_messages, encode_chat, eos_token_ids
 from origin.model import load_model
 from origin.sampling import SamplingParams
@@ -33,6 +32,7 @@ from precompute.config import MiningConfig, PrecomputeSettings
 from precompute.generate import nightly_engine
 from precompute.mining import mine
 from precompute.samplelogs import generate_rows
+from semantic.loading import load_embedder
 
 
 def engine_batch(

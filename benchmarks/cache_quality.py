@@ -53,14 +53,14 @@ from base.manifest import Finetuned, Manifest
 from base.release import load_release
 from base.store import FileStore
 from edge_index import tiers
-from edge_index.embedder import load_embedder
-from edge_index.guard import Guard
 from edge_index.lookup import Hit, ReleaseIndex
-from edge_index.matcher import Decision, calibrate
 from precompute.build import answered, build_release
 from precompute.config import BuildConfig
 from precompute.publish import publish
 from precompute.questions import HotQuestion, Phrasing
+from semantic.guard import Guard
+from semantic.loading import load_embedder
+from semantic.matcher import Decision, calibrate
 
 LABEL_COLUMNS = ("label", "category", "intent")
 OOS = "oos"
@@ -308,8 +308,8 @@ def main() -> None:
                 args.pairs, embedder, index.decision, index.guard
             )
         if args.finetune_steps:
-            from edge_index.embedder import trainable
-            from edge_index.finetune import finetune, model_digest
+            from precompute.finetune import finetune, model_digest
+            from semantic.loading import trainable
 
             tuned = trainable(embedder)
             t0 = time.perf_counter()

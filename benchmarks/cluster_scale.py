@@ -44,14 +44,14 @@ import numpy as np
 from benchmarks._common import DATA_DIR, ROOT
 from benchmarks.synthetic_logs import real_questions
 
-CHUNK = 4096  # the embedder's chunk (edge_index.query_encoder.TOKENIZE_CHUNK)
+CHUNK = 4096  # the embedder's chunk (semantic.batch.TOKENIZE_CHUNK)
 PER_TOPIC = 8  # wordings a topic, on average
 DIRECTIONS = 1024  # shared random directions the topics mix in
 
 
 def _bases() -> np.ndarray:
-    from edge_index.embedder import load_embedder
-    from edge_index.query_encoder import encode_many
+    from semantic.batch import encode_many
+    from semantic.loading import load_embedder
 
     return encode_many(load_embedder("embedded"), real_questions(DATA_DIR, 5000))
 

@@ -41,7 +41,6 @@ from base.keys import key, normalize
 from base.manifest import Manifest
 from base.release import LoadedRelease, Shard, load_release, row_schema
 from base.store import FileStore
-from edge_index.embedder import load_embedder
 from edge_index.lookup import Hit, ReleaseIndex
 from edge_index.server.app import create_app
 from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
@@ -51,6 +50,7 @@ from precompute.config import BuildConfig
 from precompute.publish import publish
 from precompute.questions import HotQuestion, Phrasing
 from precompute.shards import build_index, factory_for
+from semantic.loading import load_embedder
 
 
 def real_questions() -> tuple[list[str], list[str]]:

@@ -328,8 +328,8 @@ def embedder_part(args: Any) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    from edge_index.embedder import load_embedder
-    from edge_index.query_encoder import encode_chunks
+    from semantic.batch import encode_chunks
+    from semantic.loading import load_embedder
 
     model = load_embedder("embedded", device="cuda")
     texts = wordings(args.wordings)

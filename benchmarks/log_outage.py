@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from base.logs import LogWriter
 from base.store import FileStore, StoreError
-from edge_index.embedder import load_embedder
 from edge_index.server.app import create_app
 from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from edgeqa.local import LocalServer
+from semantic.loading import load_embedder
 
 
 class OutageStore(FileStore):

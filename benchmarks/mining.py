@@ -39,12 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from base.keys import key
 from benchmarks._common import DATA_DIR
-from edge_index.embedder import load_embedder
-from edge_index.guard import content_tokens
 from precompute.config import MiningConfig
 from precompute.mining import mine
 from precompute.samplelogs import INTENTS
 from precompute.textrules import text_problem
+from semantic.guard import content_tokens
+from semantic.loading import load_embedder
 
 NOW = datetime(2026, 11, 29, tzinfo=UTC)
 ASIDES = (", I am Anna Kowalczyk", " - Jan Nowak here", " for my son Piotr")

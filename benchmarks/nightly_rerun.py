@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from base.languages import DEFAULT_LANGUAGE
 from base.store import FileStore
-from edge_index.embedder import load_embedder
 from origin.model import embedded_gguf_path, ensure_converted
 from precompute.config import PipelineConfig
 from precompute.pipeline import RunParams, run_pipeline
 from precompute.samplelogs import generate_rows, write_logs
+from semantic.loading import load_embedder
 
 UNTIL = date(2026, 11, 28)
 

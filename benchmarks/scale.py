@@ -166,9 +166,9 @@ def _stand_in_answers(hot: list[Any], now: datetime) -> dict[str, dict[str, Any]
 
 def child_mine(args: dict[str, Any]) -> dict[str, Any]:
     """mine_stage on the logs; the qualifying clusters (their wordings' keys); calibration."""
-    from edge_index.embedder import load_embedder
     from precompute.build import answered, build_release
     from precompute.pipeline import mine_stage, scaled
+    from semantic.loading import load_embedder
 
     out = Path(args["out"])
     mining = {"exact_cluster_rows": 10**12} if args["exact"] else {}
@@ -541,11 +541,11 @@ def child_carried(args: dict[str, Any]) -> dict[str, Any]:
     import pyarrow as pa
 
     from base.store import FileStore
-    from edge_index.guard import numbers
     from precompute.clustering import ClusterStats, Texts, embed, embedding_order, greedy_clusters
     from precompute.clusterstate import ClusterState
     from precompute.config import MiningConfig
     from precompute.incremental import night_clusters
+    from semantic.guard import numbers
 
     n, dim, share = int(args["n"]), 384, 0.13
     folder = Path(args["out"])
@@ -921,8 +921,8 @@ def child_write_edge_release(args: dict[str, Any]) -> dict[str, Any]:
 
 def child_load_edge_release(args: dict[str, Any]) -> dict[str, Any]:
     from base.store import FileStore
-    from edge_index.embedder import load_embedder
     from edge_index.profiles import load_index
+    from semantic.loading import load_embedder
 
     embedder = load_embedder("embedded")
     baseline = _peak_rss_mb()

@@ -56,7 +56,6 @@ from transformers.utils import logging as hf_logging
 from base.keys import InvalidQueryError, key_of_normalized, normalize
 from base.store import FileStore
 from edge_index import tiers
-from edge_index.embedder import load_embedder
 from edge_index.lookup import Hit, ReleaseIndex
 from edge_index.profiles import load_index
 from origin.chat import encode_chat
@@ -67,6 +66,7 @@ from origin.server.cache import OnlineCache
 from precompute.config import PipelineConfig
 from precompute.pipeline import RunParams, run_pipeline
 from precompute.samplelogs import generate_rows, write_logs
+from semantic.loading import load_embedder
 
 Answered = tuple[float, float, bool]  # (first token, done) monotonic seconds; a hit?
 

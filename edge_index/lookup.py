@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from base.keys import key_of_normalized, normalize
-from edge_index.guard import Guard
-from edge_index.matcher import DEFAULT_K, Decision, as_dict, decision_from_manifest, features
-from edge_index.query_encoder import QueryEncoder, query_encoder
+from semantic.guard import Guard
+from semantic.matcher import DEFAULT_K, Decision, as_dict, decision_from_manifest, features
+from semantic.query import QueryEncoder, query_encoder
 
 if TYPE_CHECKING:
     from base.release import LoadedRelease
-    from edge_index.embedder import Embedder
+    from semantic.embedder import Embedder
 
 
 @dataclass(frozen=True)

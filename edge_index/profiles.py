@@ -26,7 +26,7 @@ from base.store import ObjectNotFoundError, Store
 from edge_index.lookup import ReleaseIndex
 
 if TYPE_CHECKING:
-    from edge_index.embedder import Embedder
+    from semantic.embedder import Embedder
 
 
 class NoProfileError(EdgeQAError, ValueError):
@@ -53,7 +53,8 @@ def embedder_for(release: LoadedRelease, default: Embedder, spec: str | None = N
     """The release's own embedder when it ships one (fine-tuned), else ``default`` (what
     ``spec`` names), which must be the one the release was embedded with: the same built-in
     name (``embedded``, ``multilingual``), and in any case vectors of the release's dimension."""
-    from edge_index.embedder import BUILT_IN, load_embedder
+    from semantic.embedder import BUILT_IN
+    from semantic.loading import load_embedder
 
     recorded = release.manifest.embedder
     # the files are read once, at load: the folder goes when the embedder is in memory

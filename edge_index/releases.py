@@ -15,7 +15,7 @@ from edge_index.watcher import ReleaseWatcher
 if TYPE_CHECKING:
     from base.config import SharedSettings
     from base.store import Store
-    from edge_index.embedder import Embedder
+    from semantic.embedder import Embedder
 
 __all__ = ["Releases"]
 
@@ -51,7 +51,7 @@ class Releases:
         is loaded when its language's first release is found; ``load_embedder`` shares a
         built-in one within the process)."""
         from base.store import open_store
-        from edge_index.embedder import load_embedder
+        from semantic.loading import load_embedder
 
         store = store or open_store(settings.store)
         languages = settings.language_list

@@ -42,7 +42,7 @@ from edge_index.profiles import NoProfileError, load_index, resolve_profile
 from edge_index.release_metrics import EDGE_METRICS, ORIGIN_METRICS, ReleaseMetrics
 
 if TYPE_CHECKING:
-    from edge_index.embedder import Embedder
+    from semantic.embedder import Embedder
 
 log = logging.getLogger(__name__)
 

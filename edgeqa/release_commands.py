@@ -204,8 +204,8 @@ def _cmd_release_diff(args: argparse.Namespace) -> int:
 
 def _cmd_release_explain(args: argparse.Namespace) -> int:
     quiet_libraries()
-    from edge_index.embedder import load_embedder
     from edge_index.profiles import load_index, profile_language
+    from semantic.loading import load_embedder
 
     settings, store, profile = _release_context(args)
     language = profile_language(store, profile)

@@ -18,7 +18,8 @@ generate.py    answering the hot questions, partition by partition
 fleet/         where the model stages run (Ray, local or a GPU fleet), and jobs.py: each
                stage of the DAG as a Ray Job
 build.py       the release from the mined questions and their answers (with calibration.py:
-               the semantic tier's decision; shards.py: the files written a part at a time)
+               the semantic tier's decision; shards.py: the files written a part at a time;
+               finetune.py: the embedder tuned on the release's phrasings, when asked)
 publish.py     publishing: the release written where it is served, the flip of the signed pointer
 prune.py       old and refused releases, and the answer objects no kept release holds
 parent.py      what a run takes from the release it follows

@@ -7,7 +7,7 @@ batches; rows are cut into shards of ``shard_rows`` (fewer when a shard's index 
 (``factory``: ``auto`` picks HNSW32 with efConstruction >= 200 below ``ivf_rows`` rows, and above
 an IVF index trained on a sample of 64 points per list; any FAISS factory string works). IVF
 training runs on a GPU through faiss-gpu when one is present. The semantic tier's decision is
-calibrated on the release's own phrasings (``edge_index.matcher``). The phrasings are embedded in
+calibrated on the release's own phrasings (``semantic.matcher``). The phrasings are embedded in
 one pass once every row is written, by the build's own embedder or, on a cluster whose Ray actors
 have GPUs, on them (``fleet.embedding.release_encoder``: the generation pool, still up when the
 build starts). Expiry: ``generated_at +
@@ -41,7 +41,6 @@ from base.release import (
     row_schema,
     sha256_hex,
 )
-from edge_index.guard import Guard
 from policy.answers import answer_problem, checks_passed
 from precompute.calibration import HeldBack, calibrate_release, semantic_decision
 from precompute.clustering import Texts, local_encoder
@@ -55,12 +54,13 @@ from precompute.shards import (
     shard_rows_for,
     write_release_files,
 )
+from semantic.guard import Guard
 
 if TYPE_CHECKING:
     from base.release import LoadedRelease
-    from edge_index.embedder import Embedder
     from precompute.clustering import Encoder
     from precompute.questions import HotQuestion
+    from semantic.embedder import Embedder
 
 
 @dataclass
@@ -112,8 +112,8 @@ def finetuned_embedder(
     """The embedder tuned on the clusters' phrasings (label = cluster), saved to ``folder``, and
     how it was tuned (the manifest's ``embedder.finetuned``); the base embedder (None, None) when
     too few clusters have two phrasings."""
-    from edge_index.embedder import trainable
-    from edge_index.finetune import finetune, model_digest
+    from precompute.finetune import finetune, model_digest
+    from semantic.loading import trainable
 
     if sum(1 for h in hot if len(h.phrasings) >= 2) < 2:
         return embedder, None, None

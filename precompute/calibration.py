@@ -1,6 +1,6 @@
 """The semantic tier's decision for a release being built: calibrated on its published phrasings
 (leave-one-out, leave-label-out) and on the held-back wordings of its clusters — real paraphrases
-its users typed, kept in the run's private work area (``edge_index/matcher.py: calibrate``) — and
+its users typed, kept in the run's private work area (``semantic/matcher.py: calibrate``) — and
 whether the tier serves (``semantic_decision``: never on a decision calibration could not show
 to reach the target precision, unless the build is told to)."""
 
@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from base.manifest import Threshold
-from edge_index.guard import Guard
-from edge_index.matcher import Calibration, Decision, Queries, calibrate
 from precompute.config import BuildConfig
+from semantic.guard import Guard
+from semantic.matcher import Calibration, Decision, Queries, calibrate
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from edge_index.embedder import Embedder
     from precompute.questions import HotQuestion, Phrasing
     from precompute.shards import ReleaseRows
+    from semantic.embedder import Embedder
 
 
 def calibrate_release(
@@ -112,7 +112,7 @@ class HeldBack:
         """``of``, the built clusters read once, in order (``count``: their held-back
         wordings): only the sample is held and embedded (a million log rows hold
         back ~110,000 wordings, of which 20,000 calibrate)."""
-        from edge_index.query_encoder import encode_many
+        from semantic.batch import encode_many
 
         picked = range(count) if limit is None or count <= limit else _sample(count, limit, 1)
         wanted = iter(picked)

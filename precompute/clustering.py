@@ -7,7 +7,7 @@ and takes every wording not yet in a cluster at cosine >= threshold whose number
 What it costs grows ``n log n``, not ``n²``:
 
 - Embedding: every wording once, in batches through the embedder's fast path
-  (``edge_index.query_encoder.encode_chunks``: fp32, texts grouped by token length; ``encode``
+  (``semantic.batch.encode_chunks``: fp32, texts grouped by token length; ``encode``
   on a GPU). Past ``exact_rows`` the wordings are embedded in a random order
   (``embedding_order``): the inverted file trains on the first chunks, a fair sample, and every
   later chunk goes into it as it is embedded, so the night's fp32 vectors are never all held.
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     import faiss
     import pyarrow as pa
 
-    from edge_index.embedder import Embedder
+    from semantic.embedder import Embedder
 
 # texts (and whether to show progress) -> their unit-length fp32 vectors, a chunk at a time,
 # in order
@@ -179,7 +179,7 @@ def embed(
 
 def local_encoder(embedder: Embedder) -> Encoder:
     """``embedder`` in this process (``encode_chunks``) as an ``Encoder``."""
-    from edge_index.query_encoder import encode_chunks
+    from semantic.batch import encode_chunks
 
     return lambda texts, progress=False: encode_chunks(embedder, texts, progress=progress)
 
@@ -509,7 +509,7 @@ def greedy_clusters(
     (``order`` None: ``chunks`` is a list, in row order, emptied as it goes; an inverted file
     then trains on its first rows, so shuffle them first: ``embedding_order``). ``threshold``
     None: estimated from the vectors. ``numbers_of(row)``: what must match for two rows to
-    join (``edge_index.guard.numbers`` of the wording). The seconds spent waiting for chunks are
+    join (``semantic.guard.numbers`` of the wording). The seconds spent waiting for chunks are
     ``stats.embed_s``; the rest ``stats.cluster_s``. ``heads``: where each cluster's head is
     kept with its vector, under the cluster's number (what the next night carries:
     ``clusterstate.py``)."""

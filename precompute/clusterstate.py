@@ -47,7 +47,6 @@ from base.store import (
     parquet_bytes,
     parquet_table,
 )
-from edge_index.guard import numbers
 from precompute.nightcache import (
     PART_ROWS,
     NightCache,
@@ -56,6 +55,7 @@ from precompute.nightcache import (
     embedder_fingerprint,
 )
 from precompute.vectorcache import KeyIndex
+from semantic.guard import numbers
 
 if TYPE_CHECKING:
     import faiss
@@ -73,7 +73,7 @@ STATE_MODULES = (
     "precompute/clustering.py",
     "precompute/clusterstate.py",
     "precompute/incremental.py",
-    "edge_index/guard.py",
+    "semantic/guard.py",
 )
 
 
@@ -86,7 +86,7 @@ def clusters_fingerprint(embedder: str, threshold: float | None, list_rows: int)
 
 
 def numbers_hash(text: str) -> int:
-    """What must match for two wordings to join (``edge_index.guard.numbers``), as a 64-bit
+    """What must match for two wordings to join (``semantic.guard.numbers``), as a 64-bit
     number kept for a head instead of its numbers: 0 for none."""
     found = numbers(text)
     if not found:

@@ -188,7 +188,7 @@ class MiningConfig:
     top_n: int = 1_000_000
     half_life_days: float = 7.0
     # wordings at or above this cosine are one question; None: the embedder's own
-    # (``edge_index.embedder.score_scale``), else estimated from the night's scores
+    # (``semantic.embedder.score_scale``), else estimated from the night's scores
     cluster_threshold: float | None = None
     # the neighbour search clustering runs (``clustering.py``): exact up to ``exact_cluster_rows``
     # wordings, past it an inverted file of ~``cluster_list_rows`` wordings a list, searched in
@@ -301,13 +301,13 @@ class BuildConfig:
     # does not separate them), the release's semantic tier is off: exact hits only. This
     # decision is measured and reported then, and served only with ``semantic_uncalibrated``
     # (a decision known good from elsewhere; the small releases of tests)
-    # None: the embedder's measured decision (``edge_index.embedder.score_scale``), else 0.9/0.05
+    # None: the embedder's measured decision (``semantic.embedder.score_scale``), else 0.9/0.05
     threshold: float | None = None
     margin: float | None = None
     semantic_uncalibrated: bool = False
     target_precision: float = 0.99
     # calibration counts this share of semantic lookups as about questions the release does not
-    # hold (its leave-label-out hits as wrong answers: ``edge_index.matcher.calibrate``)
+    # hold (its leave-label-out hits as wrong answers: ``semantic.matcher.calibrate``)
     out_of_scope_share: float = OUT_OF_SCOPE_SHARE
     # leave-one-out calibration on at most this many phrasings (and as many held-back wordings)
     calibration_rows: int = 20_000

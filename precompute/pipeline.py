@@ -150,8 +150,8 @@ def excluded_rows(stats: LogReadStats, mining: MiningReport) -> dict[str, int]:
 
 def scaled(config: PipelineConfig, spec: str) -> PipelineConfig:
     """``config`` with the thresholds it leaves open (None) set to embedder ``spec``'s measured
-    scale (``edge_index.embedder.score_scale``); an embedder without one keeps them open."""
-    from edge_index.embedder import score_scale
+    scale (``semantic.embedder.score_scale``); an embedder without one keeps them open."""
+    from semantic.embedder import score_scale
 
     scale = score_scale(spec)
     if scale is None:
@@ -352,9 +352,9 @@ def generate_stage(
 
 
 def build_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
-    from edge_index.embedder import load_embedder
     from precompute.build import build_release, finetuned_embedder
     from precompute.fleet.embedding import release_encoder
+    from semantic.loading import load_embedder
 
     config, settings = params.config, params.config.settings
     work = _work(params, mined)

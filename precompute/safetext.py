@@ -1,6 +1,6 @@
 """Mining's rule 7, token-level k: what a cluster that reached k may publish as text.
 
-A content token (``edge_index.guard.content_tokens``) is k-safe in a cluster when the wordings
+A content token (``semantic.guard.content_tokens``) is k-safe in a cluster when the wordings
 holding it were typed by at least k of its askers, who pass the crowd rule between them
 (``MiningConfig.verified_crowd``: enough signed users, enough autonomous systems); a wording is
 published only when all its tokens are, else held back (``rare_tokens``). When none is, the
@@ -15,15 +15,15 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass
 
 from base.keys import key, normalize
-from edge_index.guard import content_tokens, numbers, remove_tokens
 from precompute.config import MiningConfig
 from precompute.questions import Phrasing, askers
 from precompute.textrules import text_problem
+from semantic.guard import content_tokens, numbers, remove_tokens
 
 
 @dataclass
 class Evidence:
-    """Who typed each content token (``edge_index.guard.content_tokens``) of a cluster's
+    """Who typed each content token (``semantic.guard.content_tokens``) of a cluster's
     wordings: the users, networks, signed users and autonomous systems of every wording holding
     it, each counted once."""
 

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from base.errors import EdgeQAError
-from edge_index.query_encoder import TOKENIZE_CHUNK
 from precompute.clustering import Texts
 from precompute.nightcache import NightCache
+from semantic.batch import TOKENIZE_CHUNK
 
 if TYPE_CHECKING:
     import numpy as np

@@ -7,8 +7,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from edge_index.guard import content_tokens
 from policy.pii import find_pii
+from semantic.guard import content_tokens
 
 
 def typed_by(rows: Iterable[dict[str, Any]]) -> dict[str, set[str]]:

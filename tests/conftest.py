@@ -115,7 +115,7 @@ def embedded_model(model_cache_dir: Path):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def embedder():  # type: ignore[no-untyped-def]
-    from edge_index.embedder import load_embedder
+    from semantic.loading import load_embedder
 
     return load_embedder("embedded")
 
@@ -123,7 +123,7 @@ def embedder():  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def multilingual_embedder(model_cache_dir: Path):  # type: ignore[no-untyped-def]
     """multilingual-e5-small, converted once into the session's cache dir (the CLI's too)."""
-    from edge_index.embedder import load_embedder
+    from semantic.loading import load_embedder
 
     return load_embedder("multilingual", device="cpu", cache_dir=model_cache_dir)
 

@@ -31,14 +31,14 @@ class _Embedder:
     """One embedder per actor; a batch is a chunk of texts, its vectors the chunk's, in order."""
 
     def __init__(self, spec: str, cache_dir: Path | None) -> None:
-        from edge_index.embedder import load_embedder
+        from semantic.loading import load_embedder
 
         self.model = load_embedder(spec, cache_dir=cache_dir)
 
     def __call__(self, batch: pa.Table) -> dict[str, Any]:
         import numpy as np
 
-        from edge_index.query_encoder import encode_chunks
+        from semantic.batch import encode_chunks
 
         texts = batch.column("text").to_pylist()
         vectors = np.concatenate(list(encode_chunks(self.model, texts)))
@@ -62,7 +62,7 @@ class RayEncoder:
         import ray.data
         from tqdm import tqdm
 
-        from edge_index.embedder import resolve_embedder_path
+        from semantic.loading import resolve_embedder_path
 
         if not texts:  # nothing to embed: GPUs asked for ahead (``release_encoder``) handed back
             reserve_gpus(self.fleet, 0)
@@ -112,7 +112,7 @@ def encoder(fleet: Fleet, spec: str, cache_dir: Path | None) -> RayEncoder:
     """Blocks of ``TOKENIZE_CHUNK`` texts, the chunks ``encode_chunks`` cuts in one process:
     the same rows in each forward, so the same vectors; small enough (4,096) that every actor
     stays busy to the end of the night's wordings."""
-    from edge_index.query_encoder import TOKENIZE_CHUNK
+    from semantic.batch import TOKENIZE_CHUNK
 
     return RayEncoder(fleet, spec, cache_dir, TOKENIZE_CHUNK)
 
@@ -143,9 +143,9 @@ def wordings_encoder(settings: PrecomputeSettings, spec: str, here: bool = False
     """What embeds the night's wordings with embedder ``spec``: a Ray job on the fleet
     (``connect``), or, ``here``, the embedder in this process (a run handed a model loaded
     here: a test's, a benchmark's)."""
-    from edge_index.embedder import load_embedder
     from precompute.clustering import local_encoder
     from precompute.fleet import connect
+    from semantic.loading import load_embedder
 
     if here:
         return local_encoder(load_embedder(spec, cache_dir=settings.cache_dir))

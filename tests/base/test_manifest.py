@@ -15,7 +15,7 @@ from base.manifest import FormatError, Manifest
 from base.pointers import Pointer
 from base.release import ReleaseError, read_manifest, read_pointer, release_prefix
 from base.store import FileStore
-from edge_index.matcher import VOTE_K, decision_from_manifest
+from semantic.matcher import VOTE_K, decision_from_manifest
 
 PROFILE = "p-0123456789"
 VERSION = "20261201T020000Z-1a2b3c4d"

@@ -358,8 +358,8 @@ def test_edge_serve_command(served_store: FileStore, cli_env: dict[str, str]) ->
 
 
 def test_a_release_ships_its_finetuned_embedder(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from edge_index.embedder import trainable
-    from edge_index.finetune import finetune, model_digest
+    from precompute.finetune import finetune, model_digest
+    from semantic.loading import trainable
 
     texts = [
         "how do i freeze my card",

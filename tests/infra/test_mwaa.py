@@ -30,7 +30,7 @@ DOCKERFILE = ROOT / "Dockerfile"
 # (dags/nightly_edge_release.py: precompute.config; _night and _stage: precompute.fleet.jobs,
 # which imports precompute.workarea and base.store inside its calls)
 DAG_IMPORTS = ("precompute.config", "precompute.fleet.jobs", "precompute.workarea", "base.store")
-PROJECT = {"base", "policy", "origin", "precompute", "edge_index", "edgeqa"}
+PROJECT = {"base", "policy", "origin", "precompute", "edge_index", "semantic", "edgeqa"}
 
 
 def _norm(name: str) -> str:

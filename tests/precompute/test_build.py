@@ -157,7 +157,7 @@ def test_only_the_held_back_wordings_calibration_samples_are_embedded(embedder) 
     assert set(sampled.texts) < set(every.texts)
     import numpy as np
 
-    from edge_index.query_encoder import encode_many
+    from semantic.batch import encode_many
 
     vectors = encode_many(embedder, [r["question"] for r in rows])
     release = ReleaseRows.in_memory(rows, vectors)
@@ -328,7 +328,7 @@ def test_a_build_cut_in_many_parts_writes_the_release_one_part_writes(
     and vectors that agree. Parts are whole embedder chunks, so at the default size each vector
     is the one embedding every row at once gives."""
     import precompute.build as build
-    from edge_index.query_encoder import TOKENIZE_CHUNK
+    from semantic.batch import TOKENIZE_CHUNK
 
     assert build.PART_ROWS % TOKENIZE_CHUNK == 0
     texts = {

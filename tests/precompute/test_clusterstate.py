@@ -15,7 +15,6 @@ import pyarrow as pa
 import pytest
 
 from base.store import FileStore, Store
-from edge_index.guard import numbers
 from precompute.clustering import (
     ClusterStats,
     Heads,
@@ -30,6 +29,7 @@ from precompute.config import MiningConfig
 from precompute.incremental import NightCaches, night_clusters
 from precompute.mining import mine
 from precompute.samplelogs import generate_rows
+from semantic.guard import numbers
 
 NIGHT = date(2026, 11, 28)
 CONFIG = MiningConfig(cluster_threshold=0.9, k=5, rule_workers=1)

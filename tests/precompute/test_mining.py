@@ -13,13 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from base.keys import key
-from edge_index.guard import content_tokens
 from precompute.build import answered, build_release
 from precompute.config import BuildConfig, MiningConfig
 from precompute.mining import drop_clusters, mine, mine_to
 from precompute.questions import HotQuestion, Phrasing
 from precompute.safetext import safe_question
 from precompute.samplelogs import spread_askers
+from semantic.guard import content_tokens
 from tests.anonymity import rare_tokens
 
 NOW = datetime(2026, 11, 29, tzinfo=UTC)

@@ -20,13 +20,13 @@ import pytest
 from base.keys import InvalidQueryError, key
 from base.release import load_release, read_pointer
 from base.store import FileStore, Store, open_store
-from edge_index.guard import content_tokens
 from policy.pii import find_pii
 from precompute.config import PipelineConfig, PrecomputeSettings
 from precompute.generate import generate_all, nightly_engine
 from precompute.pipeline import STAGES, RunParams, run_pipeline
 from precompute.samplelogs import generate_rows, write_logs
 from precompute.workarea import WorkArea
+from semantic.guard import content_tokens
 from tests.anonymity import rare_tokens
 from tests.conftest import fast_weights
 from tests.releases import load_checked

@@ -166,7 +166,7 @@ def test_sampled_requests_never_speculate(embedded_model) -> None:  # type: igno
 def test_draft_with_another_tokenizer_is_refused(embedded_model) -> None:  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
-    from edge_index.embedder import embedded_embedder_path
+    from semantic.loading import embedded_embedder_path
 
     model, tokenizer = embedded_model
     other = AutoTokenizer.from_pretrained(embedded_embedder_path())

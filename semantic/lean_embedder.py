@@ -5,14 +5,14 @@ statistics, accelerate and torch's compiler stack), and building its ``BertModel
 transformers more: every process that embeds paid it (each edge and origin as it starts, each Ray
 actor of the nightly job, the nightly driver), about 10 s from a fresh interpreter to a loaded
 embedder. Both built-in embedders are a BERT with absolute positions, mean pooling and
-``Normalize``, the layout the lean forward computes (``query_encoder``). For such a folder on the
+``Normalize``, the layout the lean forward computes (``bert.py``). For such a folder on the
 CPU, ``load_embedder`` reads what that forward needs directly: the weights (safetensors), the
 config (JSON) and the tokenizer (``tokenizer.json`` through ``tokenizers``, the Rust library
 transformers' fast tokenizers wrap): about 2.5 s, torch's import included. The vectors are the
 same bits as before: the same weights, token ids and forward.
 
 Any other folder (another architecture or pooling, a default prompt, no explicit
-``max_seq_length``), a GPU, and fine-tuning (``embedder.trainable``) load a ``SentenceTransformer``.
+``max_seq_length``), a GPU, and fine-tuning (``loading.trainable``) load a ``SentenceTransformer``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge_index.query_encoder import BertParts, encode_many
+from semantic.batch import encode_many
+from semantic.bert import BertParts
 
 if TYPE_CHECKING:
     import numpy as np

@@ -8,7 +8,7 @@ answer is returned only if all of these hold:
   a query halfway between two cached questions is ambiguous, whatever its score;
 - ``agreement`` (share of the ``vote_k`` nearest phrasings that belong to the same answer) >=
   ``agreement``;
-- the guard (``edge_index.guard``) finds no differing number, negation or named entity.
+- the guard (``semantic.guard``) finds no differing number, negation or named entity.
 
 ``calibrate`` picks ``threshold``, ``margin`` and ``agreement`` from labelled phrasings only (the
 cache's own rows): each phrasing is looked up leave-one-out against all the others, and a hit is
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from base.config import MAX_OUT_OF_SCOPE_SHARE, OUT_OF_SCOPE_SHARE
-from edge_index.guard import Guard
+from semantic.guard import Guard
 
 if TYPE_CHECKING:
     from base.manifest import Threshold

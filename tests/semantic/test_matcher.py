@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge_index.matcher import Decision, calibrate, features, leave_one_out, wilson_lower
+from semantic.matcher import Decision, calibrate, features, leave_one_out, wilson_lower
 
 
 def test_features_margin_and_agreement() -> None:
