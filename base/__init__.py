@@ -3,6 +3,7 @@ the origin and the clients, and the platform they stand on. It imports nothing o
 text rules (``policy/``).
 
     keys.py            the key spec: a question's normalized form and the key naming its answer
+    missed.py          the missed-hint: the release a client has just missed in at the edge
     languages.py       which language profile a question belongs to (mirrored in web/edgeqa.js)
     errors.py          the one base of every error users read (EdgeQAError)
     config.py          the settings root: every shared EDGEQA_* variable, read once

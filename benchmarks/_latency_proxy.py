@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -406,7 +407,7 @@ class ProxyProcess(_Child):
         self._call(f"latency?ms={ms}", "POST")
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     sub = parser.add_subparsers(dest="what", required=True)
     sub.add_parser("moto", help="moto's S3 server on 127.0.0.1; prints its URL")
@@ -414,7 +415,11 @@ def main() -> None:
     proxy.add_argument("--upstream", required=True, help="the S3 endpoint to forward to")
     proxy.add_argument("--latency-ms", type=float, default=25.0, help="delay before each request")
     proxy.add_argument("--port", type=int, default=0, help="0: any free port")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if args.what == "moto":
         _quiet_werkzeug()
         from moto.server import ThreadedMotoServer

@@ -10,6 +10,7 @@ dies with SIGILL in ``tinygemm_kernel_amx`` on some VMs (``../shared/NOTES.md``)
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ import sys
 import tarfile
 import tempfile
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 VERSION = "11434.0.0"
@@ -117,5 +119,17 @@ def bench(
     return rates
 
 
-if __name__ == "__main__":
+def parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        description="Build llama.cpp's llama-bench and llama-server into the cache (once); "
+        "prints their folder."
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser().parse_args(argv)
     print(build(), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -21,23 +21,23 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from origin.chat import chat_messages, encode_chat, eos_token_ids
-from origin.model import load_model
-from origin.sampling import SamplingParams
-from precompute.config import MiningConfig, PrecomputeSettings
-from precompute.generate import nightly_engine
-from precompute.mining import mine
-from precompute.samplelogs import generate_rows
-from semantic.loading import load_embedder
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from precompute.config import PrecomputeSettings
 
 
 def engine_batch(
     settings: PrecomputeSettings, quantization: str, model: Any, questions: list[str]
 ) -> dict[str, Any]:
+    from origin.chat import chat_messages
+    from origin.sampling import SamplingParams
+    from precompute.generate import nightly_engine
+
     engine = nightly_engine(settings, quantization, model)  # type: ignore[arg-type]
     prompts = [chat_messages(q, settings.system_prompt) for q in questions]
     params = SamplingParams(max_tokens=settings.max_tokens)
@@ -50,6 +50,8 @@ def engine_batch(
 
 def sequential(settings: PrecomputeSettings, model: Any, questions: list[str]) -> dict[str, Any]:
     import torch
+
+    from origin.chat import chat_messages, encode_chat, eos_token_ids
 
     weights, tokenizer = model
     eos = sorted(eos_token_ids(weights, tokenizer))
@@ -83,13 +85,23 @@ def _rates(questions: int, tokens: int, seconds: float, system: str) -> dict[str
     }
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="64 tokens, 4 sequential questions")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--sample", type=int, default=8, help="questions answered one at a time")
     parser.add_argument("--quantization", default="int8", choices=("int8", "bf16", "none"))
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    from origin.model import load_model
+    from precompute.config import MiningConfig, PrecomputeSettings
+    from precompute.mining import mine
+    from precompute.samplelogs import generate_rows
+    from semantic.loading import load_embedder
+
     if args.quick:
         args.max_tokens, args.sample = 64, 4
     settings = PrecomputeSettings.from_env(max_tokens=args.max_tokens)

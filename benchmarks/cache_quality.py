@@ -42,25 +42,17 @@ import time
 from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
-from base.config import SharedSettings
-from base.keys import InvalidQueryError, key_of_normalized, normalize
-from base.languages import language_of
-from base.manifest import Finetuned, Manifest
-from base.release import load_release
-from base.store import FileStore
-from edge_index import tiers
-from edge_index.lookup import Hit, ReleaseIndex
-from precompute.build import answered, build_release
-from precompute.config import BuildConfig
-from precompute.publish import publish
-from precompute.questions import HotQuestion, Phrasing
-from semantic.guard import Guard
-from semantic.loading import load_embedder
-from semantic.matcher import Decision, calibrate
+    import numpy as np
+
+    from base.manifest import Finetuned, Manifest
+    from edge_index.lookup import ReleaseIndex
+    from semantic.guard import Guard
+    from semantic.matcher import Decision
 
 LABEL_COLUMNS = ("label", "category", "intent")
 OOS = "oos"
@@ -105,6 +97,17 @@ def cache_release(
     embedder_info: Finetuned | None = None,
 ) -> tuple[ReleaseIndex, Manifest, list[dict[str, Any]], np.ndarray]:
     """Build, publish and load a release with one answer per label."""
+    import numpy as np
+
+    from base.keys import InvalidQueryError, key_of_normalized, normalize
+    from base.release import load_release
+    from base.store import FileStore
+    from edge_index.lookup import ReleaseIndex
+    from precompute.build import answered, build_release
+    from precompute.config import BuildConfig
+    from precompute.publish import publish
+    from precompute.questions import HotQuestion, Phrasing
+
     by_key: dict[str, Counter[str]] = defaultdict(Counter)
     text_of: dict[str, str] = {}
     normalized_of: dict[str, str] = {}
@@ -157,6 +160,10 @@ def evaluate(
     query_vectors: np.ndarray,
     label_of_answer: dict[str, str],
 ) -> dict[str, Any]:
+    from base.keys import InvalidQueryError, key_of_normalized, normalize
+    from edge_index import tiers
+    from edge_index.lookup import Hit
+
     scores, ids = index.search(query_vectors, index.k)
     hits = correct = in_scope = in_scope_hits = oos = oos_hits = 0
     by_tier: Counter[str] = Counter()
@@ -215,7 +222,7 @@ def pairs_report(path: Path, embedder: Any, decision: Decision, guard: Guard) ->
     }
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cache", type=Path, required=True, help="CSV text,label")
     parser.add_argument("--queries", type=Path, required=True, help="CSV text,label (oos: miss)")
@@ -233,7 +240,19 @@ def main() -> None:
         default=None,
         help="default: the one the product picks for the cache's language (EDGEQA_EMBEDDER)",
     )
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    from base.config import SharedSettings
+    from base.keys import InvalidQueryError, normalize
+    from base.languages import language_of
+    from base.manifest import Finetuned
+    from edge_index.lookup import ReleaseIndex
+    from semantic.guard import Guard
+    from semantic.loading import load_embedder
+    from semantic.matcher import Decision, calibrate
 
     started = time.perf_counter()
     cache = read_rows(args.cache, args.cache_where)

@@ -35,14 +35,17 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np
-
 from benchmarks._common import DATA_DIR, ROOT
 from benchmarks.synthetic_logs import real_questions
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import numpy as np
 
 CHUNK = 4096  # the embedder's chunk (semantic.batch.TOKENIZE_CHUNK)
 PER_TOPIC = 8  # wordings a topic, on average
@@ -58,6 +61,8 @@ def _bases() -> np.ndarray:
 
 def chunks(n: int, bases: np.ndarray, seed: int = 0) -> Iterator[np.ndarray]:
     """``n`` unit wordings' vectors, ``CHUNK`` at a time (deterministic)."""
+    import numpy as np
+
     dim = bases.shape[1]
     directions = np.random.default_rng(seed).standard_normal((DIRECTIONS, dim), dtype=np.float32)
     directions /= np.linalg.norm(directions, axis=1, keepdims=True)
@@ -78,6 +83,8 @@ def chunks(n: int, bases: np.ndarray, seed: int = 0) -> Iterator[np.ndarray]:
 
 
 def child(n: int) -> dict[str, Any]:
+    import numpy as np
+
     from base.config import peak_rss_mb
     from precompute.clustering import ClusterStats, greedy_clusters
     from precompute.config import MiningConfig
@@ -113,11 +120,15 @@ def child(n: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sizes", default="300000,3000000")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child)))
         return

@@ -33,26 +33,23 @@ import json
 import sys
 import time
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _llama_cpp
 from _common import nq_questions
-from transformers import GenerationConfig
-from transformers.utils import logging as hf_logging
 
-from origin.chat import encode_chat
-from origin.engine import Engine, EngineConfig
-from origin.engine.runner import Segment
-from origin.model import embedded_gguf_path, load_model
-from origin.precision import Backend, lookup
-from origin.sampling import SamplingParams
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from origin.engine import Engine
 
 
 def memory_bandwidth_gb_s(megabytes: int = 1024) -> float:
     """Read bandwidth: a sum over a buffer much larger than the caches, best of 5."""
+    import torch
+
     buffer = torch.ones(megabytes * (1 << 20) // 4, dtype=torch.float32)
     buffer.sum()
     best = float("inf")
@@ -82,6 +79,9 @@ def _rates(run, prompts: list[list[int]], n: int) -> dict[str, float]:  # type: 
 
 
 def hf_generate_rates(model, prompts: list[list[int]], n: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    import torch
+    from transformers import GenerationConfig
+
     def run(ids: list[int], tokens: int) -> None:
         config = GenerationConfig(
             max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0,
@@ -94,6 +94,8 @@ def hf_generate_rates(model, prompts: list[list[int]], n: int) -> dict[str, floa
 
 
 def engine_rates(engine: Engine, prompts: list[list[int]], n: int) -> dict[str, float]:
+    from origin.sampling import SamplingParams
+
     def run(ids: list[int], tokens: int) -> None:
         params = SamplingParams(max_tokens=tokens, ignore_eos=True)
         engine.generate_many([ids], params, progress=False)
@@ -102,6 +104,9 @@ def engine_rates(engine: Engine, prompts: list[list[int]], n: int) -> dict[str, 
 
 
 def reference_continuations(model, prompts: list[list[int]], n: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    import torch
+    from transformers import GenerationConfig
+
     config = GenerationConfig(max_new_tokens=n, do_sample=False, pad_token_id=0)
     out = []
     with torch.inference_mode():
@@ -115,6 +120,8 @@ def teacher_forced_agreement(
     engine: Engine, prompts: list[list[int]], references: list[list[int]]
 ) -> float:
     """Fraction of reference positions where the engine's decode-path argmax agrees."""
+    from origin.engine.runner import Segment
+
     runner = engine.runner
     slot = runner.cache.allocate()
     agree = total = 0
@@ -132,7 +139,7 @@ def teacher_forced_agreement(
     return agree / max(total, 1)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="4 prompts x 32 tokens (< 5 min)")
     parser.add_argument("--prompts", type=int, default=8)
@@ -140,7 +147,19 @@ def main() -> None:
     parser.add_argument(
         "--build-llama-cpp", action="store_true", help="build llama.cpp first if none is found"
     )
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from origin.chat import encode_chat
+    from origin.engine import Engine, EngineConfig
+    from origin.model import embedded_gguf_path, load_model
+    from origin.precision import Backend, lookup
+
     if args.quick:
         args.prompts, args.tokens = 4, 32
     hf_logging.disable_progress_bar()

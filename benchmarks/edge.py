@@ -26,31 +26,16 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-import faiss
-import httpx
-import numpy as np
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import DATA_DIR
 
-from base.keys import key, normalize
-from base.manifest import Manifest
-from base.release import LoadedRelease, Shard, load_release, row_schema
-from base.store import FileStore
-from edge_index.lookup import Hit, ReleaseIndex
-from edge_index.server.app import create_app
-from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
-from edgeqa.local import LocalServer
-from precompute.build import answered, build_release
-from precompute.config import BuildConfig
-from precompute.publish import publish
-from precompute.questions import HotQuestion, Phrasing
-from precompute.shards import build_index, factory_for
-from semantic.loading import load_embedder
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from edge_index.lookup import ReleaseIndex
 
 
 def real_questions() -> tuple[list[str], list[str]]:
@@ -67,6 +52,15 @@ def real_questions() -> tuple[list[str], list[str]]:
 
 
 def build_real(texts: list[str], embedder: Any, tmp: Path) -> ReleaseIndex:
+    from base.keys import key, normalize
+    from base.release import load_release
+    from base.store import FileStore
+    from edge_index.lookup import ReleaseIndex
+    from precompute.build import answered, build_release
+    from precompute.config import BuildConfig
+    from precompute.publish import publish
+    from precompute.questions import HotQuestion, Phrasing
+
     now = datetime.now(UTC).replace(microsecond=0)
     seen, hot, answers = set(), [], {}
     for text in texts:
@@ -99,6 +93,15 @@ def build_real(texts: list[str], embedder: Any, tmp: Path) -> ReleaseIndex:
 
 def build_synthetic(base: ReleaseIndex, entries: int, seed: int = 0) -> ReleaseIndex:
     """``entries`` rows: the base release's vectors plus noisy copies of them."""
+    import numpy as np
+    import pyarrow as pa
+
+    from base.manifest import Manifest
+    from base.release import LoadedRelease, Shard, row_schema
+    from edge_index.lookup import ReleaseIndex
+    from precompute.config import BuildConfig
+    from precompute.shards import build_index, factory_for
+
     rng = np.random.default_rng(seed)
     shard = base.release.shards[0]
     real = shard.index.reconstruct_n(0, shard.index.ntotal)
@@ -150,6 +153,9 @@ def exact_queries(index: ReleaseIndex, n: int, rng: random.Random) -> list[str]:
 
 
 def measure_inprocess(index: ReleaseIndex, queries: list[str], tier: str) -> dict[str, Any]:
+    from base.keys import key, normalize
+    from edge_index.lookup import Hit
+
     times, hits = [], 0
     for q in queries:
         started = time.perf_counter()
@@ -178,6 +184,13 @@ def _p99(values: list[float]) -> float:
 
 
 def measure_http(index: ReleaseIndex, queries: list[str]) -> dict[str, Any]:
+    import httpx
+
+    from base.store import FileStore
+    from edge_index.server.app import create_app
+    from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
+    from edgeqa.local import LocalServer
+
     watcher = ReleaseWatcher(
         FileStore(tempfile.mkdtemp()), "bench", index.embedder, 3600, metrics_prefix=EDGE_METRICS
     )
@@ -204,6 +217,8 @@ def measure_all(
     rng: random.Random,
     index_bytes: dict[str, int],
 ) -> list[dict[str, Any]]:
+    import faiss
+
     index_bytes[str(len(index))] = int(
         sum(faiss.serialize_index(i).nbytes for i, _ in index.shards)
     )
@@ -230,12 +245,20 @@ def measure_all(
     return rows
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="1,000 lookups per measurement")
     parser.add_argument("--lookups", type=int, default=2000)
     parser.add_argument("--scale", type=int, default=1_000_000)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    import faiss
+
+    from semantic.loading import load_embedder
+
     if args.quick:
         args.lookups = 1000
     rng = random.Random(0)

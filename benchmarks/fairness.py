@@ -35,17 +35,16 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, nq_questions, summary_ms
 from http_serving import one_request, start_origin
 
 sys.path.insert(0, str(ROOT))
-from edgeqa.local import free_port
-from origin.config import OriginSettings
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 VICTIM_KEY = "victim-key-0123456789abcdef"
 FLOOD_KEY = "flood-key-0123456789abcdef"
@@ -57,14 +56,20 @@ ORIGIN_ENV = {
     "EDGEQA_MAX_IN_FLIGHT_PER_NETWORK": "0",
 }
 SHARES = ("max_in_flight_per_user", "max_tokens_per_minute_per_user")
-DEFAULTS = {f"EDGEQA_{n.upper()}": str(OriginSettings.model_fields[n].default) for n in SHARES}
 NO_LIMITS = {f"EDGEQA_{n.upper()}": "0" for n in SHARES}
-# (server settings, seconds the flood waits before retrying a refused request)
-SETTINGS = {
-    "per_key_limits": (DEFAULTS, 1.0),
-    "per_key_limits_retry_storm": (DEFAULTS, 0.02),
-    "no_limits": (NO_LIMITS, 1.0),
-}
+
+
+def settings() -> dict[str, tuple[dict[str, str], float]]:
+    """Each setting compared: (the server's settings, seconds the flood waits before retrying a
+    refused request); the per-key limits at the origin's defaults."""
+    from origin.config import OriginSettings
+
+    defaults = {f"EDGEQA_{n.upper()}": str(OriginSettings.model_fields[n].default) for n in SHARES}
+    return {
+        "per_key_limits": (defaults, 1.0),
+        "per_key_limits_retry_storm": (defaults, 0.02),
+        "no_limits": (NO_LIMITS, 1.0),
+    }
 
 
 async def victim(
@@ -72,6 +77,8 @@ async def victim(
 ) -> list[dict[str, Any]]:
     """The victim's requests, one after another: all of ``questions``, or as many as fit in
     ``seconds``."""
+    import httpx
+
     headers = {"authorization": f"Bearer {VICTIM_KEY}"}
     timeout = httpx.Timeout(60.0)  # to the first byte (and between bytes)
     results = []
@@ -87,6 +94,8 @@ async def victim(
 async def flood(
     url: str, streams: int, retry_s: float, stop: asyncio.Event, counts: dict[str, int]
 ) -> None:
+    import httpx
+
     headers = {"authorization": f"Bearer {FLOOD_KEY}"}
     body = {
         "messages": [{"role": "user", "content": "Write a long story about the sea."}],
@@ -149,16 +158,23 @@ def phase(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--quick", action="store_true", help="15 unloaded requests, 30 s flooded (40, 90 s)"
     )
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--streams", type=int, default=48, help="the flood's concurrent streams")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    from edgeqa.local import free_port
+
+    compared = settings()
     n, seconds = (15, 30.0) if args.quick else (40, 90.0)
-    questions = nq_questions(200 * len(SETTINGS), seed=11)
+    questions = nq_questions(200 * len(compared), seed=11)
     report: dict[str, Any] = {
         "config": {
             "victim_unloaded_requests": n,
@@ -169,7 +185,7 @@ def main() -> None:
         },
         "results": {},
     }
-    for i, (name, (env_extra, retry_s)) in enumerate(SETTINGS.items()):
+    for i, (name, (env_extra, retry_s)) in enumerate(compared.items()):
         port = free_port()
         child = start_origin(None, port, {**ORIGIN_ENV, **env_extra})
         url = f"http://127.0.0.1:{port}"

@@ -59,7 +59,7 @@ LLAMA_2_7B = {
 }
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget-s", type=float, default=420.0, help="time for all the parts")
     parser.add_argument("--prompts", type=int, default=64, help="prompts answered at once")
@@ -68,7 +68,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--no-folder", action="store_true", help="no 7B folder: no load_model, no 8-bit baseline"
     )
-    return parser.parse_args(argv)
+    return parser
 
 
 class OutOfTime(Exception):
@@ -491,8 +491,8 @@ def bitsandbytes_version() -> str | None:
     return str(bitsandbytes.__version__)
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     budget = Budget(args.budget_s)
     report: dict[str, Any] = {"config": {**vars(args), "llama_7b": LLAMA_2_7B}}

@@ -50,20 +50,19 @@ import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, nq_questions, summary_ms
 
 sys.path.insert(0, str(ROOT))
-from base.store import FileStore
-from edgeqa.local import free_port
-from origin.engine import default_quantization
-from precompute.config import PipelineConfig
-from precompute.pipeline import RunParams, run_pipeline
-from precompute.samplelogs import INTENTS, generate_rows, write_logs
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import httpx
+
+    from base.store import FileStore
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -73,6 +72,11 @@ def publish_release(
 ) -> dict[str, Any]:
     """``semantic``: serve the embedder's measured decision although a release this small cannot
     calibrate its semantic tier (as the demo does), so that the tier runs."""
+    from origin.engine import default_quantization
+    from precompute.config import PipelineConfig
+    from precompute.pipeline import RunParams, run_pipeline
+    from precompute.samplelogs import generate_rows, write_logs
+
     until = datetime.now(UTC).date()
     write_logs(store, generate_rows(until, days=3, asks=1500, seed=7))
     # the CPU's fastest weights for the release (emulated bf16 is many times slower than fp32)
@@ -89,6 +93,8 @@ def publish_release(
 
 def trace(n: int, rate: float, hot_share: float, repeat_share: float, seed: int) -> list[Any]:
     """(arrival offset s, question) pairs of a Poisson process."""
+    from precompute.samplelogs import INTENTS
+
     rng = random.Random(seed)
     hot = [q for intent in INTENTS for q in intent]
     novel = iter(nq_questions(n, seed))
@@ -109,6 +115,8 @@ def trace(n: int, rate: float, hot_share: float, repeat_share: float, seed: int)
 
 
 async def one_request(client: httpx.AsyncClient, question: str, max_tokens: int) -> dict[str, Any]:
+    import httpx
+
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": question}],
@@ -144,6 +152,8 @@ async def one_request(client: httpx.AsyncClient, question: str, max_tokens: int)
 
 
 async def replay(url: str, requests: list[Any], max_tokens: int) -> tuple[list[Any], float]:
+    import httpx
+
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
     async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
         started = time.perf_counter()
@@ -201,6 +211,8 @@ def start_origin(
     """``edgeqa origin serve`` in a child process, once healthy (and serving the store's release,
     given a store). Per-asker and per-network shares are off unless ``env_extra`` sets them: the
     load generator stands for many users on many networks."""
+    import httpx
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEQA_")}
     env.update(
         {
@@ -278,6 +290,8 @@ def miss_path(url: str, n: int, max_tokens: int, seed: int) -> dict[str, Any]:
     """``n`` novel questions, one at a time, alternately (in a random order per pair) with and
     without the missed-hint naming the origin's release; the client's TTFT and the server's TTFT
     split and semantic-tier lookups of each, from ``/metrics`` deltas."""
+    import httpx
+
     health = httpx.get(f"{url}/health").json()
     profile = httpx.get(f"{url}/config.json").json()["profiles"]["en"]
     hint = f"{profile}/{health['release']}"
@@ -331,7 +345,7 @@ def miss_path(url: str, n: int, max_tokens: int, seed: int) -> dict[str, Any]:
     return report
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="150 requests (default 600)")
     parser.add_argument("--rate", type=float, default=16.0, help="requests per second")
@@ -346,13 +360,21 @@ def main() -> None:
         help="the origin's TTFT for edge misses, with and without the missed-hint (see above)",
     )
     parser.add_argument("--requests", type=int, help="requests (--miss-path: default 40)")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if args.miss_path:
         run_miss_path(args.requests or 40, args.max_tokens or 8)
         return
+    import httpx
+
+    from base.store import FileStore
+    from edgeqa.local import free_port
+
     n = args.requests or (150 if args.quick else 600)
     args.max_tokens = args.max_tokens or 64
-
     with tempfile.TemporaryDirectory(prefix="edgeqa-http-") as tmp:
         store = FileStore(Path(tmp) / "store")
         release = publish_release(store, top_n=34, max_tokens=96)
@@ -411,6 +433,11 @@ def main() -> None:
 
 
 def run_miss_path(n: int, max_tokens: int) -> None:
+    import httpx
+
+    from base.store import FileStore
+    from edgeqa.local import free_port
+
     with tempfile.TemporaryDirectory(prefix="edgeqa-http-") as tmp:
         store = FileStore(Path(tmp) / "store")
         # the semantic tier on: the work the hint spares (an uncalibrated one would never run)

@@ -27,36 +27,36 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
-
-import httpx
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from base.logs import LogWriter
-from base.store import FileStore, StoreError
-from edge_index.server.app import create_app
-from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
-from edgeqa.local import LocalServer
-from semantic.loading import load_embedder
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 
-class OutageStore(FileStore):
-    """A folder that, once ``down``, stalls 0.2 s and fails every write (a timing-out S3)."""
+def outage_store(root: Path) -> Any:
+    """A folder that, once its ``down`` is set, stalls 0.2 s and fails every write (a timing-out
+    S3). The class is made here: ``base`` is imported once the arguments are parsed."""
+    from base.store import FileStore, StoreError
 
-    down = False
+    class OutageStore(FileStore):
+        down = False
 
-    def put(self, path: str, data: bytes, content_type: str | None = None) -> None:
-        if self.down:
-            time.sleep(0.2)
-            raise StoreError(f"{path}: the store is unreachable")
-        super().put(path, data, content_type)
+        def put(self, path: str, data: bytes, content_type: str | None = None) -> None:
+            if self.down:
+                time.sleep(0.2)
+                raise StoreError(f"{path}: the store is unreachable")
+            super().put(path, data, content_type)
+
+    return OutageStore(root)
 
 
 async def drive(url: str, rate: float, seconds: float) -> tuple[list[float], int]:
     """Latencies (ms) of lookups sent every 1/rate s for ``seconds`` (open loop), and how many
     failed (a timeout or a refused connection; their latency is the time to the failure)."""
+    import httpx
+
     latencies: list[float] = []
     failures = 0
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=100)
@@ -82,6 +82,8 @@ async def drive(url: str, rate: float, seconds: float) -> tuple[list[float], int
 
 
 def summary(writer: str, phase: str, latencies: list[float], failures: int) -> dict[str, Any]:
+    import numpy as np
+
     values = np.asarray(latencies)
     return {
         "writer": writer,
@@ -94,17 +96,28 @@ def summary(writer: str, phase: str, latencies: list[float], failures: int) -> d
     }
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="15 s per phase instead of 60")
     parser.add_argument("--rate", type=float, default=50.0, help="lookups per second")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    from base.logs import LogWriter
+    from base.store import StoreError
+    from edge_index.server.app import create_app
+    from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
+    from edgeqa.local import LocalServer
+    from semantic.loading import load_embedder
+
     seconds = 15.0 if args.quick else 60.0
     embedder = load_embedder("embedded")
     results, memory = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("inline", "background"):
-            store = OutageStore(Path(tmp) / name / "store")
+            store = outage_store(Path(tmp) / name / "store")
             if name == "inline":
                 logs = LogWriter(store, source="edge", max_rows=200, flush_interval_s=0)
             else:

@@ -37,14 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from base.keys import key
 from benchmarks._common import DATA_DIR
-from precompute.config import MiningConfig
-from precompute.mining import mine
-from precompute.samplelogs import INTENTS
-from precompute.textrules import text_problem
-from semantic.guard import content_tokens
-from semantic.loading import load_embedder
 
 NOW = datetime(2026, 11, 29, tzinfo=UTC)
 ASIDES = (", I am Anna Kowalczyk", " - Jan Nowak here", " for my son Piotr")
@@ -93,6 +86,12 @@ def measure(
     threshold: float,
     k: int,
 ) -> dict[str, dict[str, Any]]:
+    from base.keys import key
+    from precompute.config import MiningConfig
+    from precompute.mining import mine
+    from precompute.textrules import text_problem
+    from semantic.guard import content_tokens
+
     label = {key(w): n for n, wordings in enumerate(questions) for w in wordings}
     typed: dict[str, set[str]] = defaultdict(set)
     for row in rows:
@@ -131,14 +130,21 @@ def measure(
     return {"k_per_wording": before, "k_per_question": now}
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--thresholds", default="0.9,0.8,0.7", help="cluster cosine thresholds")
     parser.add_argument("--min-people", type=int, default=6)
     parser.add_argument("--max-people", type=int, default=20)
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    from precompute.samplelogs import INTENTS
+    from semantic.loading import load_embedder
+
     embedder = load_embedder("embedded")
     sets = {"sample": [list(q) for q in INTENTS]}
     if (DATA_DIR / "banking77" / "train.csv").exists():

@@ -16,17 +16,47 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.utils import logging as hf_logging
-
-from origin.model import embedded_gguf_path, load_model
-from origin.sampling import SamplingParams
-from tests.origin.reference import answer
+if TYPE_CHECKING:
+    from origin.sampling import SamplingParams
 
 QUESTION = "What is the capital of France?"
+
+
+def answer(model: Any, tokenizer: Any, question: str, params: SamplingParams) -> str:
+    """The answer by the simplest path from a question to its tokens: one ``DynamicCache``,
+    ``transformers``' own forward, the origin's chat template and sampling. The tests' reference
+    generator's (``tests/origin/reference.py``), restated: a benchmark imports no test code."""
+    import torch
+    from transformers import DynamicCache
+
+    from origin.chat import chat_messages, encode_chat, eos_token_ids
+    from origin.detokenizer import IncrementalDetokenizer
+    from origin.sampling import sample_next
+
+    prompt = encode_chat(tokenizer, chat_messages(question))
+    stop_ids = eos_token_ids(model, tokenizer)
+    generator = None
+    if params.seed is not None:
+        generator = torch.Generator(device="cpu").manual_seed(params.seed)
+    detok = IncrementalDetokenizer(tokenizer)
+    cache = DynamicCache(config=model.config)
+    input_ids = torch.tensor([prompt], device=model.device)
+    deltas = []
+    with torch.inference_mode():
+        for _ in range(params.max_tokens):
+            logits = model(input_ids=input_ids, cache=cache, use_cache=True).logits[0, -1]
+            token = sample_next(logits.cpu(), params, generator)
+            if token in stop_ids:
+                break
+            delta = detok.push(token)
+            if delta:
+                deltas.append(delta)
+            input_ids = torch.tensor([[token]], device=model.device)
+    return "".join(deltas)
 
 
 def _timed(fn):  # type: ignore[no-untyped-def]
@@ -35,10 +65,21 @@ def _timed(fn):  # type: ignore[no-untyped-def]
     return time.perf_counter() - started, result
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=3, help="cached loads to time")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from origin.model import embedded_gguf_path, load_model
+    from origin.sampling import SamplingParams
+
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     gguf = embedded_gguf_path()

@@ -25,22 +25,22 @@ import time
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as day_time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from base.languages import DEFAULT_LANGUAGE
-from base.store import FileStore
-from origin.model import embedded_gguf_path, ensure_converted
-from precompute.config import PipelineConfig
-from precompute.pipeline import RunParams, run_pipeline
-from precompute.samplelogs import generate_rows, write_logs
-from semantic.loading import load_embedder
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from base.store import FileStore
+    from precompute.config import PipelineConfig
 
 UNTIL = date(2026, 11, 28)
 
 
 def night(logs: FileStore, out: FileStore, until: date, config: PipelineConfig) -> dict[str, Any]:
+    from precompute.pipeline import RunParams, run_pipeline
+
     started = datetime.combine(until, day_time.max, UTC)  # the DAG's data interval end
     params = RunParams(
         logs.uri,
@@ -71,10 +71,22 @@ def night(logs: FileStore, out: FileStore, until: date, config: PipelineConfig) 
     }
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--max-tokens", type=int, default=None, help="default EDGEQA_MAX_TOKENS")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    from base.languages import DEFAULT_LANGUAGE
+    from base.store import FileStore
+    from origin.conversion import ensure_converted
+    from origin.model import embedded_gguf_path
+    from precompute.config import PipelineConfig
+    from precompute.samplelogs import generate_rows, write_logs
+    from semantic.loading import load_embedder
+
     config = PipelineConfig.from_env(max_tokens=args.max_tokens)
     settings = config.settings
     ensure_converted(embedded_gguf_path(), Path(settings.cache_dir).expanduser())

@@ -36,26 +36,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-
-import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _llama_cpp
 from _common import ROOT
 from http_serving import start_origin
 
-from edgeqa.libraries import OPENMP_SPIN
-from edgeqa.local import free_port
-from origin.model import embedded_gguf_path, load_tokenizer
-
 VLLM_CLIENT = ROOT / "tests" / "third_party" / "vllm_benchmarks"
 MODEL_NAME = "SmolLM2-135M-Instruct"  # the name the origin serves the embedded model under
 
 
 def _healthy(url: str, child: subprocess.Popen[str], timeout: float = 300) -> None:
+    import httpx
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if child.poll() is not None:
@@ -71,6 +67,9 @@ def _healthy(url: str, child: subprocess.Popen[str], timeout: float = 300) -> No
 
 @contextmanager
 def llama_server(threads: int, slots: int) -> Iterator[str]:
+    from edgeqa.local import free_port
+    from origin.model import embedded_gguf_path
+
     path = _llama_cpp.binary("llama-server")
     if path is None:
         raise FileNotFoundError("no llama-server: set LLAMA_SERVER or pass --build-llama-cpp")
@@ -94,6 +93,8 @@ def llama_server(threads: int, slots: int) -> Iterator[str]:
 
 @contextmanager
 def edgeqa_origin(slots: int, precision: str) -> Iterator[str]:
+    from edgeqa.local import free_port
+
     port = free_port()
     with tempfile.TemporaryDirectory() as store:
         env = {
@@ -144,7 +145,7 @@ def vllm_bench(url: str, tokenizer: Path, rate: float, args: argparse.Namespace)
     }
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="32 prompts per rate (default 64)")
     parser.add_argument("--prompts", type=int, default=64)
@@ -158,7 +159,14 @@ def main() -> None:
         help="edgeqa's weights: the first is the 'edgeqa' row, others 'edgeqa <precision>'",
     )  # fmt: skip
     parser.add_argument("--build-llama-cpp", action="store_true")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    from edgeqa.libraries import OPENMP_SPIN
+    from origin.model import load_tokenizer
+
     if args.quick:
         args.prompts = 32
     if args.build_llama_cpp and _llama_cpp.binary("llama-server") is None:

@@ -56,7 +56,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -287,7 +287,7 @@ def bound(requests: int, latency_ms: float, concurrency: int, wall_s: float) -> 
 # --- the run -------------------------------------------------------------------------------
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n", 1)[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -316,10 +316,15 @@ def main() -> None:
     parser.add_argument(
         "--out", type=Path, default=ROOT / "benchmarks" / "out" / "publish.json", help="JSON copy"
     )
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    cli = parser()
+    args = cli.parse_args(argv)
     answers = args.answers or (2_000 if args.quick else 100_000)
     if not 0 < args.changed <= 1:
-        parser.error("--changed must be in (0, 1]")
+        cli.error("--changed must be in (0, 1]")
     if args.concurrency is not None:
         os.environ["EDGEQA_S3_CONCURRENCY"] = str(args.concurrency)
 

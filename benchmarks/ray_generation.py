@@ -30,23 +30,23 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from base.keys import key, normalize
-from base.store import FileStore
 from benchmarks._common import banking_questions
-from precompute.config import PrecomputeSettings
-from precompute.fleet import connect
-from precompute.fleet.generation import Job, generate_on_fleet
-from precompute.generate import generate_all, nightly_engine, read_partitions
-from precompute.questions import HotQuestion, Phrasing
-from precompute.workarea import WorkArea
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from precompute.questions import HotQuestion
 
 
 def _hot(questions: list[str]) -> list[HotQuestion]:
     """``questions`` as mined ones (one wording each), in order: what a run's ``hot/`` holds."""
+    from base.keys import key, normalize
+    from precompute.questions import HotQuestion, Phrasing
+
     hot = []
     for question in questions:
         wording = Phrasing(key(question), normalize(question), question, set(), 1, {})
@@ -68,14 +68,26 @@ def _system(report: Any, wall: float) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="48 questions, 32 tokens")
     parser.add_argument("--questions", type=int, default=192)
     parser.add_argument("--partition-size", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--quantization", default="int8", choices=("int8", "bf16", "none"))
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    from base.keys import key
+    from base.store import FileStore
+    from precompute.config import PrecomputeSettings
+    from precompute.fleet import connect
+    from precompute.fleet.generation import Job, generate_on_fleet
+    from precompute.generate import generate_all, nightly_engine, read_partitions
+    from precompute.workarea import WorkArea
+
     if args.quick:
         args.questions, args.max_tokens = 48, 32
     os.environ.pop("EDGEQA_RAY_ADDRESS", None)  # the local Ray: what this compares

@@ -95,6 +95,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -143,11 +144,12 @@ def _params(logs: Path, out: Path, until: date = UNTIL, **mining: Any) -> Any:
     )
 
 
-def _work_area(params: Any, mined: dict[str, Any]) -> Any:
+def _work_area(params: Any, mined: Any) -> Any:
+    """The work area of ``mined``'s run (``precompute.results.Mined``)."""
     from base.store import open_store
     from precompute.workarea import WorkArea
 
-    return WorkArea(open_store(params.out_uri), mined["profile"], mined["run"])
+    return WorkArea(open_store(params.out_uri), mined.profile, mined.run)
 
 
 def _stand_in_answers(hot: list[Any], now: datetime) -> dict[str, dict[str, Any]]:
@@ -188,9 +190,7 @@ def child_mine(args: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {
         "stage_s": round(seconds, 2),
         "peak_rss_mb": _peak_rss_mb(),
-        "logs": mined["logs"],
-        "excluded_rows": mined["excluded_rows"],
-        "mining": mined["mining"],
+        **mined.model_dump(mode="json", include={"logs", "excluded_rows", "mining"}),
     }
     if args["calibrate"]:
         hot = list(work.hot())
@@ -674,21 +674,21 @@ def child_release(args: dict[str, Any]) -> dict[str, Any]:
     published = timed("publish_file", lambda: publish_stage(params, mined))
     return {
         "questions_asked": int(args["n"]),
-        "clusters": built["clusters"],
-        "rows": built["rows"],
-        "curated": mined["curated"],
+        "clusters": built.clusters,
+        "rows": built.rows,
+        "curated": mined.curated,
         "timings_s": timings,
         "build_validate_publish_file_s": round(
             timings["build"] + timings["validate"] + timings["publish_file"], 2
         ),
-        "validate": validated["status"],
-        "published": published["status"],
+        "validate": validated.status,
+        "published": published.status,
         # the build's steps (rows, embed, calibrate, write: wall and CPU seconds) and where its
         # rows were embedded; the stage's seconds less these and the upload: the embedder's load
-        "build_release_s": built["seconds"],
-        "build_steps": built["steps"],
-        "build_embedded_on": built["embedded_on"],
-        "upload": built.get("upload"),
+        "build_release_s": built.seconds,
+        "build_steps": built.steps,
+        "build_embedded_on": built.embedded_on,
+        "upload": built.upload,
         "peak_rss_mb": _peak_rss_mb(),
     }
 
@@ -701,6 +701,7 @@ def child_stage(args: dict[str, Any]) -> dict[str, Any]:
     from the work area by the others): its seconds and its own peak RSS; mine's FAISS lists
     in bytes per wording, and its peak without them."""
     import precompute.pipeline as pipeline
+    from precompute.results import Mined
 
     work = Path(args["work"])
     params = _release_night(work, int(args["n"]))
@@ -709,18 +710,19 @@ def child_stage(args: dict[str, Any]) -> dict[str, Any]:
         params = dataclasses.replace(params, config=config)
     stage = args["stage"]
     began = time.perf_counter()
+    done: Any  # the stage's result (``precompute/results.py``)
     if stage == "mine":
         done = pipeline.mine_stage(params)
-        (work / "mined.json").write_text(json.dumps(done))
+        (work / "mined.json").write_text(json.dumps(done.as_json()))
     else:
-        mined = json.loads((work / "mined.json").read_text())
+        mined = Mined.of(json.loads((work / "mined.json").read_text()))
         done = getattr(pipeline, f"{stage}_stage")(params, mined)
     result: dict[str, Any] = {
         "stage_s": round(time.perf_counter() - began, 2),
         "peak_rss_mb": _peak_rss_mb(),
     }
     if stage == "mine":
-        clustering = done["mining"]["clustering"]
+        clustering = done.mining["clustering"]
         result["wordings"] = clustering["wordings"]
         result["index"] = clustering["index"]
         result["index_bytes_per_wording"] = clustering["index_bytes_per_wording"]
@@ -728,7 +730,7 @@ def child_stage(args: dict[str, Any]) -> dict[str, Any]:
         result["peak_rss_without_lists_mb"] = round(result["peak_rss_mb"] - lists_mb, 1)
         result["ray_shared_mb"] = _shared_rss_mb()  # the object store's pages, in it to the end
     if stage == "build":
-        result["rows"] = done["rows"]
+        result["rows"] = done.rows
         # the writer holds one shard's index at a time: the largest, apart (as mine's lists)
         from base.release import read_manifest
 
@@ -1170,7 +1172,7 @@ def mine_sizes(sizes: list[int], work: Path, seed: int, exact_at: int | None) ->
     return results
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sizes", default="100000,1000000", help="log rows to mine, in order")
     parser.add_argument("--full", action="store_true", help="also 10,000,000 rows (aggregate)")
@@ -1248,7 +1250,11 @@ def main() -> None:
     parser.add_argument("--work", default=str(ROOT / "benchmarks" / "out" / "scale"))
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-args", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if args.child:
         print(json.dumps(CHILDREN[args.child](json.loads(args.child_args))))
         return

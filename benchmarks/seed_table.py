@@ -43,30 +43,18 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import nq_questions, summary_ms
-from transformers import GenerationConfig
-from transformers.generation.streamers import BaseStreamer
-from transformers.utils import logging as hf_logging
 
-from base.keys import InvalidQueryError, key_of_normalized, normalize
-from base.store import FileStore
-from edge_index import tiers
-from edge_index.lookup import Hit, ReleaseIndex
-from edge_index.profiles import load_index
-from origin.chat import encode_chat
-from origin.engine import Engine, EngineConfig
-from origin.model import load_model
-from origin.sampling import SamplingParams
-from origin.server.cache import OnlineCache
-from precompute.config import PipelineConfig
-from precompute.pipeline import RunParams, run_pipeline
-from precompute.samplelogs import generate_rows, write_logs
-from semantic.loading import load_embedder
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from base.store import FileStore
+    from edge_index.lookup import ReleaseIndex
+    from origin.engine import Engine
+    from origin.server.cache import OnlineCache
 
 Answered = tuple[float, float, bool]  # (first token, done) monotonic seconds; a hit?
 
@@ -92,20 +80,6 @@ def make_trace(args: argparse.Namespace) -> tuple[list[tuple[float, str]], list[
         else:
             trace.append((at, next(novel)))
     return trace, popular
-
-
-class _FirstToken(BaseStreamer):
-    def __init__(self) -> None:
-        self.first: float | None = None
-        self.calls = 0
-
-    def put(self, value: Any) -> None:
-        self.calls += 1
-        if self.calls == 2 and self.first is None:  # the first call is the prompt
-            self.first = time.monotonic()
-
-    def end(self) -> None:
-        pass
 
 
 async def replay(
@@ -139,6 +113,25 @@ async def replay(
 def serial_hf(
     model: Any, tokenizer: Any, max_tokens: int
 ) -> Callable[[str, float], Awaitable[Answered]]:
+    import torch
+    from transformers import GenerationConfig
+    from transformers.generation.streamers import BaseStreamer
+
+    from origin.chat import encode_chat
+
+    class _FirstToken(BaseStreamer):
+        def __init__(self) -> None:
+            self.first: float | None = None
+            self.calls = 0
+
+        def put(self, value: Any) -> None:
+            self.calls += 1
+            if self.calls == 2 and self.first is None:  # the first call is the prompt
+                self.first = time.monotonic()
+
+        def end(self) -> None:
+            pass
+
     config = GenerationConfig(
         max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
         pad_token_id=0, eos_token_id=None,
@@ -164,6 +157,8 @@ def serial_hf(
 def engine_answer(
     engine: Engine, max_tokens: int
 ) -> Callable[[str, float], Awaitable[tuple[Answered, str]]]:
+    from origin.sampling import SamplingParams
+
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
 
     async def answer(question: str, arrival: float) -> tuple[Answered, str]:
@@ -195,6 +190,9 @@ def cached(
 ) -> Callable[[str, float], Awaitable[Answered]]:
     """The tier cascade in front of generation, as the origin runs it: the release's exact tier,
     the online cache, the release's semantic tier; a generated answer goes into the cache."""
+    from base.keys import InvalidQueryError, key_of_normalized, normalize
+    from edge_index import tiers
+    from edge_index.lookup import Hit
 
     async def answer(question: str, arrival: float) -> Answered:
         try:
@@ -228,6 +226,12 @@ def nightly_release(
     store: FileStore, popular: list[list[str]], args: argparse.Namespace
 ) -> ReleaseIndex:
     """Yesterday's logs of the popular pool through the real nightly pipeline; the release."""
+    from edge_index.profiles import load_index
+    from precompute.config import PipelineConfig
+    from precompute.pipeline import RunParams, run_pipeline
+    from precompute.samplelogs import generate_rows, write_logs
+    from semantic.loading import load_embedder
+
     until = datetime.now(UTC).date()
     rows = generate_rows(
         until, days=2, users=200, asks=40 * len(popular), seed=args.seed, questions=popular,
@@ -246,7 +250,7 @@ def nightly_release(
     return load_index(store, report["profile"], embedder)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--quick", action="store_true", help="80 requests at 1 req/s (default 1,000)"
@@ -258,7 +262,19 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from base.store import FileStore
+    from origin.engine import Engine, EngineConfig
+    from origin.model import load_model
+    from origin.server.cache import OnlineCache
+
     if args.quick:
         args.requests, args.popular = 80, 12
     hf_logging.disable_progress_bar()

@@ -26,29 +26,26 @@ Run: .venv/bin/python benchmarks/serving.py [--quick]
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import queue
 import random
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import banking_questions, summary_ms
-from transformers import GenerationConfig
-from transformers.generation.streamers import BaseStreamer
-from transformers.utils import logging as hf_logging
 
-from origin.chat import encode_chat
-from origin.engine import Engine, EngineConfig, RequestOutput, default_quantization
-from origin.model import load_model
-from origin.sampling import SamplingParams
+if TYPE_CHECKING:
+    import torch
+
+    from origin.engine import RequestOutput
 
 
 @dataclass
@@ -70,28 +67,38 @@ class System:
     def stop(self) -> None: ...
 
 
-class _FirstTokenStreamer(BaseStreamer):
-    """Marks the first generated token of a (batched) ``generate`` call on the given records."""
+@functools.cache
+def _first_token_streamer() -> Any:
+    """The streamer class, made on first use (importing this module imports no transformers)."""
+    from transformers.generation.streamers import BaseStreamer
 
-    def __init__(self, records: list[Record]) -> None:
-        self.records = records
-        self.calls = 0
+    class _FirstTokenStreamer(BaseStreamer):
+        """Marks the first generated token of a (batched) ``generate`` call on the given
+        records."""
 
-    def put(self, value: torch.Tensor) -> None:
-        self.calls += 1
-        if self.calls == 2:  # the first call carries the prompt
-            now = time.perf_counter()
-            for record in self.records:
-                record.first = now
+        def __init__(self, records: list[Record]) -> None:
+            self.records = records
+            self.calls = 0
 
-    def end(self) -> None:
-        pass
+        def put(self, value: torch.Tensor) -> None:
+            self.calls += 1
+            if self.calls == 2:  # the first call carries the prompt
+                now = time.perf_counter()
+                for record in self.records:
+                    record.first = now
+
+        def end(self) -> None:
+            pass
+
+    return _FirstTokenStreamer
 
 
 class _GenerateWorker(System):
     """A worker thread that serves a FIFO queue with padded ``model.generate`` batches."""
 
     def __init__(self, model, tokenizer, max_tokens: int, batch: int, wait_s: float) -> None:  # type: ignore[no-untyped-def]
+        from transformers import GenerationConfig
+
         self.model, self.tokenizer = model, tokenizer
         self.batch, self.wait_s = batch, wait_s
         self.config = GenerationConfig(
@@ -136,6 +143,8 @@ class _GenerateWorker(System):
         return items
 
     def _run(self) -> None:
+        import torch
+
         while (items := self._collect()) is not None:
             records = [r for _, r in items]
             padded = self.tokenizer.pad(
@@ -143,7 +152,9 @@ class _GenerateWorker(System):
             )
             with torch.inference_mode():
                 out = self.model.generate(
-                    **padded, generation_config=self.config, streamer=_FirstTokenStreamer(records)
+                    **padded,
+                    generation_config=self.config,
+                    streamer=_first_token_streamer()(records),
                 )
             now = time.perf_counter()
             for record in records:
@@ -169,6 +180,8 @@ class HFContinuousBatching(System):
     name = "hf_cb"
 
     def __init__(self, model, max_tokens: int) -> None:  # type: ignore[no-untyped-def]
+        from transformers import GenerationConfig
+
         config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=-1)
         self.manager = model.init_continuous_batching(generation_config=config)
         self.max_tokens = max_tokens
@@ -221,6 +234,9 @@ class EdgeqaSystem(System):
         speculative: str | None = None,
         batch_invariant: bool = True,
     ) -> None:
+        from origin.engine import Engine, EngineConfig
+        from origin.sampling import SamplingParams
+
         self.name = name
         config = EngineConfig(
             batch_invariant=batch_invariant,
@@ -235,6 +251,8 @@ class EdgeqaSystem(System):
         self.params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
 
     def start(self) -> None:
+        from origin.sampling import SamplingParams
+
         # warm-up outside the measured window
         self.engine.generate_many([[1, 2, 3]], SamplingParams(max_tokens=2), progress=False)
         self.engine.start()
@@ -291,7 +309,7 @@ def summarize(records: list[Record], total: int) -> dict[str, object]:
     }
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--quick", action="store_true", help="64 requests x 48 tokens, 90 s per system (< 5 min)"
@@ -305,7 +323,18 @@ def main() -> None:
         "--systems",
         default="sequential,static,edgeqa,edgeqa_library,edgeqa+spec,edgeqa_fp32,edgeqa_int8,hf_cb",
     )
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from origin.chat import encode_chat
+    from origin.engine import default_quantization
+    from origin.model import load_model
+
     if args.quick:
         args.requests, args.max_tokens, args.deadline_s = 64, 48, 90.0
     hf_logging.disable_progress_bar()

@@ -30,18 +30,17 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import DATA_DIR
-from transformers.utils import logging as hf_logging
 
-from origin.engine import Engine, EngineConfig
-from origin.model import load_model
-from origin.runtime import auto_quantization
-from origin.sampling import SamplingParams
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from origin.engine import Engine
+    from origin.sampling import SamplingParams
 
 
 def paraphrase_groups(intents: int, per_intent: int, seed: int) -> list[list[str]]:
@@ -70,7 +69,7 @@ def run(
     return texts, tokens / elapsed, tokens
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="5 intents x 3 phrasings (< 5 min)")
     parser.add_argument("--intents", type=int, default=10)
@@ -78,7 +77,19 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--proposers", default="ngram,suffix,draft")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from origin.engine import Engine, EngineConfig
+    from origin.model import load_model
+    from origin.runtime import auto_quantization
+    from origin.sampling import SamplingParams
+
     if args.quick:
         args.intents, args.per_intent, args.max_tokens = 5, 3, 48
     hf_logging.disable_progress_bar()

@@ -15,19 +15,29 @@ networks as 32-hex salted hashes):
   the same ask again).
 
 Seeded: the same arguments write the same logs.
+
+Imported by ``benchmarks/scale.py`` and ``benchmarks/cluster_scale.py``; run alone, it writes one
+window of logs and prints {"out", "rows", "files"}:
+
+    .venv/bin/python benchmarks/synthetic_logs.py OUT [--rows 100000] [--days 7] [--seed 0]
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import hashlib
 import io
+import json
 import random
+import sys
 from collections.abc import Iterator, Sequence
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 TRAILING_SHARE = 0.75
 MULTI_TURN, FAILED, EDGE_MISS = 0.03, 0.01, 0.04
@@ -49,6 +59,8 @@ def real_questions(data_dir: Path, n: int = 5000, seed: int = 0) -> list[str]:
 
 
 def _hashes(prefix: str, n: int) -> np.ndarray:
+    import numpy as np
+
     return np.array([hashlib.sha256(f"{prefix}{i}".encode()).hexdigest()[:32] for i in range(n)])
 
 
@@ -81,6 +93,7 @@ def synthetic_tables(
     file_rows: int = 50_000,
 ) -> Iterator[tuple[date, object]]:
     """(day, pyarrow Table) pieces of the logs, each at most ``file_rows`` rows, in time order."""
+    import numpy as np
     import pyarrow as pa
 
     from base.logs import schema
@@ -164,3 +177,31 @@ def write_synthetic_logs(
         (folder / f"synthetic-{seed}-{files:05d}.parquet").write_bytes(buffer.getvalue())
         files += 1
     return files
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("out", type=Path, help="the folder the logs go under (logs/dt=YYYY-MM-DD/)")
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--days", type=int, default=7)
+    parser.add_argument(
+        "--until", type=date.fromisoformat, default=None, help="the last day (default: today, UTC)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks._common import DATA_DIR
+
+    until = args.until or datetime.now(UTC).date()
+    files = write_synthetic_logs(
+        args.out, args.rows, real_questions(DATA_DIR), until, args.days, args.seed
+    )
+    print(json.dumps({"out": str(args.out), "rows": args.rows, "files": files}))
+
+
+if __name__ == "__main__":
+    main()

@@ -108,7 +108,8 @@ STAGE_HOURS = {"mine": 6, "generate": 8, "build": 6, "validate": 2, "publish": 6
 
 def _stage(stage: str, mined: Any = None) -> dict[str, Any]:
     """Run ``stage`` of this night as a Ray Job on the cluster (``precompute/fleet/jobs.py``) and
-    wait for it: its result, with what the task saw of the job (``ray_job``). A job still
+    wait for it: its result (``precompute/results.py``: the stage's model, read from the job's
+    last line) as XCom's JSON, with what the task saw of the job (``ray_job``). A job still
     running from an earlier try of this task is followed, not submitted again. The job is
     stopped once it has run ``STAGE_HOURS`` since it was submitted."""
     from precompute.fleet.jobs import (
@@ -118,9 +119,10 @@ def _stage(stage: str, mined: Any = None) -> dict[str, Any]:
         stage_resources,
         task_process,
     )
+    from precompute.results import RESULTS, Mined
 
     context = get_current_context()
-    run = f"{mined['profile']}/{mined['run']}" if mined else None
+    run = Mined.of(mined).ref if mined else None
     settings = PrecomputeSettings.from_env()
     night = _night()  # refused (a run config, the store) before anything is submitted
     job = StageJob(
@@ -132,7 +134,8 @@ def _stage(stage: str, mined: Any = None) -> dict[str, Any]:
         resources=stage_resources(stage, settings.ray_cpu_resource),
     )
     result, ran = job.run(timeout_s=STAGE_HOURS[stage] * 3600)
-    return {**result, "ray_job": {**ran, "task_process": task_process()}}
+    found = RESULTS[stage].of(result)
+    return {**found.as_json(), "ray_job": {**ran, "task_process": task_process()}}
 
 
 def _timeout(stage: str) -> timedelta:
@@ -173,10 +176,13 @@ def _pipeline() -> None:
     # (its job stopped) and is retried
     @task(execution_timeout=_timeout("mine"))
     def mine() -> dict[str, Any]:
+        from precompute.results import Mined
+
         mined = _stage("mine")
+        profile = Mined.of(mined).profile
         expected = get_current_context()["params"]["profile"]
-        if expected and expected != mined["profile"]:
-            raise ValueError(f"profile {mined['profile']} is not the expected {expected}")
+        if expected and expected != profile:
+            raise ValueError(f"profile {profile} is not the expected {expected}")
         return mined
 
     @task(retries=3, retry_exponential_backoff=True, execution_timeout=_timeout("generate"))

@@ -43,8 +43,8 @@ class Hit:
 class Miss:
     # "no_release", "no_match", "below_threshold", "margin", "agreement", "guard:<check>",
     # "expired", "revoked", "semantic_off" (the release's calibration failed: exact hits only)
-    # "language_not_served" (no profile of the question's language here), "skipped" (not
-    # searched: a client's lookup at the edge has just missed in this release, tiers.py)
+    # "language_not_served" (no profile of the question's language here), "skipped" (neither
+    # tier searched: a client's lookup at the edge has just missed in this release, tiers.py)
     reason: str
     version: str | None
     score: float | None = None
@@ -155,11 +155,16 @@ class ReleaseIndex:
             return None
         return Hit("exact", key, self.questions[row], self.answers[row], 1.0, self.version)
 
-    def lookup_semantic(self, query: str, normalized: str | None = None) -> Hit | Miss:
+    def lookup_semantic(
+        self, query: str, normalized: str | None = None, key: str | None = None
+    ) -> Hit | Miss:
+        """``normalized`` and ``key``: ``query``'s, when the caller has them (``tiers.lookup``
+        does): not computed again."""
         if not self.semantic:  # not even embedded
             return Miss("semantic_off", self.version)
         normalized = normalized if normalized is not None else normalize(query)
-        if key_of_normalized(normalized) in self.revoked:
+        key = key if key is not None else key_of_normalized(normalized)
+        if key in self.revoked:
             # the revoked wording itself never gets a neighbour's answer in its place
             return Miss("revoked", self.version)
         vector = self.embed([normalized])

@@ -32,8 +32,8 @@ from base.answer_objects import (
 )
 from base.keys import key
 from base.languages import language_of
+from base.missed import MISSED_HEADER, missed_hint
 from base.pointers import client_verdict
-from edge_index.tiers import MISSED_HEADER, missed_hint
 
 MAX_BUCKETS = 64  # buckets of the key index a client keeps (~30 KB each at a million keys)
 

@@ -7,10 +7,14 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from base.languages import DEFAULT_LANGUAGE, LANGUAGES, language_of
 from edgeqa.libraries import quiet_libraries
+
+if TYPE_CHECKING:
+    from base.manifest import Threshold
+    from precompute.views import ReleaseDiff, ReleaseSummary, ReleaseView
 
 
 def add_release_commands(commands: Any) -> None:
@@ -109,25 +113,28 @@ def _release_context(args: argparse.Namespace, writes: bool = False) -> tuple[An
 
 
 def _print(args: argparse.Namespace, value: Any, text: Callable[[Any], str]) -> None:
-    """``--json``: the value as JSON; else the human text."""
-    print(json.dumps(value, indent=2, default=str) if args.json else text(value))
+    """``--json``: the value as JSON (a view, or views: ``as_json``); else the human text."""
+    from precompute.views import as_json
+
+    print(json.dumps(as_json(value), indent=2, default=str) if args.json else text(value))
 
 
 def _cmd_release_list(args: argparse.Namespace) -> int:
-    from precompute.releases import describe_semantic_tier, list_releases
+    from precompute.releases import list_releases
+    from precompute.views import describe_semantic_tier
 
     _, store, profile = _release_context(args)
     listed = list_releases(store, profile)
 
-    def text(rows: list[dict[str, Any]]) -> str:
+    def text(rows: list[ReleaseSummary]) -> str:
         lines = [f"{profile}: {len(rows)} kept release(s)"]
         for r in rows:
-            c = r["calibration"]
+            c = r.calibration
             lines.append(
-                f"{'*' if r['current'] else ' '} {r['version']}  created {r['created_at']}  "
-                f"parent {r['parent'] or '-'}  {r['entries']} entries  "
-                f"{describe_semantic_tier(c)}  threshold {c['value']} "
-                f"(precision {c['precision']})  signed {r['signed_by'] or 'no'}"
+                f"{'*' if r.current else ' '} {r.version}  created {r.created_at}  "
+                f"parent {r.parent or '-'}  {r.entries} entries  "
+                f"{describe_semantic_tier(c)}  threshold {c.value} "
+                f"(precision {c.precision})  signed {r.signed_by or 'no'}"
             )
         return "\n".join(lines)
 
@@ -136,7 +143,8 @@ def _cmd_release_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_release_show(args: argparse.Namespace) -> int:
-    from precompute.releases import describe_semantic_tier, show_release
+    from precompute.releases import show_release
+    from precompute.views import describe_semantic_tier
 
     settings, store, profile = _release_context(args)
     shown = show_release(store, profile, args.version, settings.public_keys, top=args.top)
@@ -147,38 +155,36 @@ def _cmd_release_show(args: argparse.Namespace) -> int:
         from precompute.releases import diff_releases
         from precompute.report import render_html
 
-        parent = shown["parent"]
         diff = None
-        if parent in list_versions(store, profile):
+        if shown.parent in list_versions(store, profile):
             keys = settings.public_keys
-            diff = diff_releases(store, profile, parent, shown["version"], keys)
+            diff = diff_releases(store, profile, shown.parent, shown.version, keys)
         Path(args.html).write_text(render_html(shown, diff), encoding="utf-8")
         print(f"wrote {args.html}", file=sys.stderr)
 
-    def text(r: dict[str, Any]) -> str:
+    def text(r: ReleaseView) -> str:
         lines = [
-            f"{profile}/{r['version']}{' (current)' if r['current'] else ''}: created "
-            f"{r['created_at']}, parent {r['parent'] or '-'}, runner {r['runner']}",
-            f"counts: {r['counts']}",
-            f"excluded rows (mining): {r['excluded']['rows']}",
-            f"excluded clusters (generation, build): {r['excluded']['clusters']}",
-            describe_semantic_tier(r["calibration"]),
-            f"calibration: {_calibration_line(r['calibration'])}",
-            f"embedder: {r['embedder']}",
+            f"{profile}/{r.version}{' (current)' if r.current else ''}: created "
+            f"{r.created_at}, parent {r.parent or '-'}, runner {r.runner}",
+            f"counts: {r.counts.as_dict()}",
+            f"excluded rows (mining): {r.excluded.rows}",
+            f"excluded clusters (generation, build): {r.excluded.clusters}",
+            describe_semantic_tier(r.calibration),
+            f"calibration: {_calibration_line(r.calibration)}",
+            f"embedder: {r.embedder.as_dict()}",
             "top questions:",
         ]
-        lines += [f"  {q['hits']:>6} hits  {q['question']}" for q in r["top_questions"]]
+        lines += [f"  {q.hits:>6} hits  {q.question}" for q in r.top_questions]
         return "\n".join(lines)
 
     _print(args, shown, text)
     return 0
 
 
-def _calibration_line(c: dict[str, Any]) -> str:
+def _calibration_line(c: Threshold) -> str:
     return (
-        f"threshold {c.get('value')}, margin {c.get('margin')}, agreement {c.get('agreement')}, "
-        f"precision {c.get('precision')}, hit rate {c.get('hit_rate')}, "
-        f"calibrated {c.get('calibrated')}"
+        f"threshold {c.value}, margin {c.margin}, agreement {c.agreement}, "
+        f"precision {c.precision}, hit rate {c.hit_rate}, calibrated {c.calibrated}"
     )
 
 
@@ -188,14 +194,13 @@ def _cmd_release_diff(args: argparse.Namespace) -> int:
     settings, store, profile = _release_context(args)
     diff = diff_releases(store, profile, args.old, args.new, settings.public_keys)
 
-    def text(d: dict[str, Any]) -> str:
-        lines = [f"{d['old']} -> {d['new']}: {d['counts']}"]
-        lines += [f"+ {c['question']}" for c in d["added"]]
-        lines += [f"- {c['question']}" for c in d["dropped"]]
-        lines += [f"~ {c['question']}" for c in d["changed"]]
-        old, new = d["calibration"]["old"], d["calibration"]["new"]
-        lines.append(f"calibration: {_calibration_line(old)}")
-        lines.append(f"         ->  {_calibration_line(new)}")
+    def text(d: ReleaseDiff) -> str:
+        lines = [f"{d.old} -> {d.new}: {d.counts.model_dump()}"]
+        lines += [f"+ {c.question}" for c in d.added]
+        lines += [f"- {c.question}" for c in d.dropped]
+        lines += [f"~ {c.question}" for c in d.changed]
+        lines.append(f"calibration: {_calibration_line(d.calibration.old)}")
+        lines.append(f"         ->  {_calibration_line(d.calibration.new)}")
         return "\n".join(lines)
 
     _print(args, diff, text)

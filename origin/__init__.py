@@ -2,7 +2,9 @@
 
 config.py     the origin's EDGEQA_* settings
 precision.py  the precision registry: each precision's linear, forward path and devices
-model.py      loading the model (the embedded GGUF converted once into the cache)
+model.py      which model a spec names, and loading it (model and tokenizer)
+conversion.py  a GGUF file converted once into a folder in the cache (the gguf patch, locked)
+model_folder.py  a model's folder as a value: the conversion marker, files kept beside it
 lean_model.py  a Llama's weights read for the engine without transformers' model classes
 chat.py       the chat template: prompts, and the tokens that end an answer
 runtime.py    assembling the engine and the served releases (build_engine, load_runtime)

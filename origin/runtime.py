@@ -96,8 +96,11 @@ def auto_quantization(
         from origin.engine import kernels
         from origin.engine.gguf_blocks import servable
         from origin.engine.runner import unsupported_reason
+        from origin.model_folder import ModelFolder
 
-        if model is None or unsupported_reason(model, max_len) is not None or not servable(model):
+        if model is None or unsupported_reason(model, max_len) is not None:
+            return False
+        if not servable(ModelFolder.of(model)):
             return False
         reason = kernels.unavailable_reason()
         if reason is not None:

@@ -1,6 +1,7 @@
 """The nightly library: request logs in, a signed release out (docs/precompute.md).
 
 pipeline.py    the stages, in order: mine, generate, build, validate, publish, prune
+results.py     what each stage returns (typed; its JSON passed on as XCom): Mined, Built, ...
 config.py      the nightly job's settings and run options
 mining.py      the hot questions (with logwindow.py: the window in DuckDB; dayparts.py: each
                log day reduced once, kept across nights, the days merged; reduction.py: one
@@ -25,6 +26,8 @@ prune.py       old and refused releases, and the answer objects no kept release 
 parent.py      what a run takes from the release it follows
 revocations.py the signed revocation list and derived releases
 releases.py    operating what is published: list, show, diff, rollback, renew
+views.py       what list, show and diff say of releases: typed models holding the manifest's
+               own (its Threshold...); their dumps are ``--json``
 report.py      the HTML report of a release
 workarea.py    the state between stages, in the store
 samplelogs.py  sample request logs for the demo and the tests

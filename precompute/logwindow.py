@@ -194,7 +194,7 @@ class LogWindow:
     # -- rows in --------------------------------------------------------------------------------
 
     def add(self, rows: Iterable[Mapping[str, Any] | pa.Table]) -> None:
-        """Add rows: Arrow tables of the logs' columns (``base.logs.read_log_tables``),
+        """Add rows: Arrow tables of the logs' columns (``base.logreader.read_log_tables``),
         or dicts (``ts``, ``user``, ``query``; ``network``, ``turns``, ``tier``, ``status`` when
         known), in log order."""
         import pyarrow as pa

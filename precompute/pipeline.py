@@ -6,7 +6,8 @@
 and the demo call. The Airflow DAG (``dags/nightly_edge_release.py``) runs each stage as one task,
 maybe on different workers (a test checks that its tasks are these stages in this order). A stage
 reads what the previous ones left in the run's work area (``workarea.py``) and returns a small
-JSON-able dict (passed on as XCom): every path runs the same code, the quality gate included.
+typed result (``results.py``), passed on as JSON (XCom): every path runs the same code, the
+quality gate included.
 
 - ``mine_stage``: read the logs of the window, mine the hot questions with the evidence carried
   from the parent release's run (the current one, verified: ``parent.night_parent``), decide the
@@ -33,12 +34,12 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from base.config import peak_rss_mb
 from base.errors import EdgeQAError
@@ -58,11 +59,23 @@ from precompute.generate import (
     nightly_engine,
 )
 from precompute.incremental import NightCaches
-from precompute.mining import MiningReport, drop_clusters, mine_to
+from precompute.mining import drop_clusters, mine_to
 from precompute.parent import night_parent, parent_flagged, parent_phrasings, parent_rows
 from precompute.prune import mark_checked, mark_refused, prune
 from precompute.publish import PublishConflictError, publish_uploaded, same_release, upload_release
 from precompute.questions import HotQuestion, Phrasing
+from precompute.results import (
+    Built,
+    BuiltRelease,
+    Generated,
+    LogsRead,
+    Mined,
+    Pruned,
+    Published,
+    StageResult,
+    Validated,
+    excluded_rows,
+)
 from precompute.revocations import is_revoked, nightly_revocations
 from precompute.workarea import WorkArea, empty_answers, parse_run
 
@@ -72,7 +85,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Mined = Mapping[str, Any]  # what mine_stage returned: profile, run, partitions, ...
+Result = TypeVar("Result", bound=StageResult)
 MINED = "mined.json"  # mine_stage's result, in the run's work area
 BUILT = "built.json"  # build_stage's: the release built (version, manifest sha256, rows)
 # the mining settings a release's manifest records
@@ -116,7 +129,7 @@ class RunParams:
 
 
 def _work(params: RunParams, mined: Mined) -> WorkArea:
-    return WorkArea(open_store(params.out_uri), mined["profile"], mined["run"])
+    return WorkArea(open_store(params.out_uri), mined.profile, mined.run)
 
 
 def _answered(
@@ -141,13 +154,6 @@ def _answered(
         yield cluster, row
 
 
-def excluded_rows(stats: LogReadStats, mining: MiningReport) -> dict[str, int]:
-    """Log rows left out of the release, by reason: malformed ones, then mining's reasons."""
-    excluded = {"malformed": stats.malformed_rows} if stats.malformed_rows else {}
-    excluded.update(mining.excluded_rows)
-    return excluded
-
-
 def scaled(config: PipelineConfig, spec: str) -> PipelineConfig:
     """``config`` with the thresholds it leaves open (None) set to embedder ``spec``'s measured
     scale (``semantic.embedder.score_scale``); an embedder without one keeps them open."""
@@ -166,7 +172,7 @@ def scaled(config: PipelineConfig, spec: str) -> PipelineConfig:
 
 def mine_stage(
     params: RunParams, model: LoadedModel | None = None, progress: bool = False
-) -> dict[str, Any]:
+) -> Mined:
     from precompute.fleet.embedding import wordings_encoder
     from precompute.fleet.llm import run_profile
 
@@ -243,25 +249,21 @@ def mine_stage(
     finally:
         shutil.rmtree(spill, ignore_errors=True)
     count = -(-questions // config.generation.partition_size)
-    mined = {
-        "profile": profile.name,
-        "run": run,
-        "parent": parent.version if parent else None,
-        "questions": questions,
-        "reusable": reused,
-        "curated": answered,
-        "partitions": count,
-        "logs": {**stats.__dict__, "rows": mining.rows},
-        "excluded_rows": excluded_rows(stats, mining),
+    mined = Mined(
+        profile=profile.name,
+        run=run,
+        parent=parent.version if parent else None,
+        questions=questions,
+        reusable=reused,
+        curated=answered,
+        partitions=count,
+        logs=LogsRead.of(stats, mining.rows),
+        excluded_rows=excluded_rows(stats, mining),
         # the run report's ``mining`` (docs/precompute.md#curated-answers: ``mining.curated``)
-        "mining": {
-            **mining.as_dict(),
-            "curated": answered,
-            "cluster_report": clusters,
-        },
-    }
+        mining={**mining.as_dict(), "curated": answered, "cluster_report": clusters},
+    )
     # what the stages after this one read when they run in another process (``run_stage``)
-    work.put_json(MINED, mined)
+    work.put_json(MINED, mined.as_json())
     return mined
 
 
@@ -308,7 +310,7 @@ class _Reuse:
 
 def generate_stage(
     params: RunParams, mined: Mined, model: LoadedModel | None = None, progress: bool = False
-) -> dict[str, Any]:
+) -> Generated:
     """Answer every partition not answered yet: on Ray (``precompute/fleet/``: a local Ray, or
     the cluster ``EDGEQA_RAY_ADDRESS`` names), one engine per actor; or, given a ``model``
     loaded in this process, here with it (one engine for every partition)."""
@@ -328,9 +330,9 @@ def generate_stage(
             work,
             params.now,
             size,
-            int(mined["questions"]),
+            mined.questions,
         )
-        return generate_on_fleet(fleet, job, work, progress).as_dict()
+        return Generated.of(generate_on_fleet(fleet, job, work, progress).as_dict())
     keys: list[str] = []
     questions: list[str] = []
     for table in work.hot_tables(["key", "question"]):  # what generation needs of each
@@ -348,17 +350,17 @@ def generate_stage(
         progress=progress,
         reused=reused,
     )
-    return report.as_dict()
+    return Generated.of(report.as_dict())
 
 
-def build_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
+def build_stage(params: RunParams, mined: Mined) -> Built:
     from precompute.build import build_release, finetuned_embedder
     from precompute.fleet.embedding import release_encoder
     from semantic.loading import load_embedder
 
     config, settings = params.config, params.config.settings
     work = _work(params, mined)
-    partitions = [work.partition(index) for index in range(int(mined["partitions"]))]
+    partitions = [work.partition(index) for index in range(mined.partitions)]
     written = set(work.store.list(work.partition(0).rsplit("/", 1)[0]))  # one listing
     missing = [path for path in partitions if path not in written]
     if missing:
@@ -389,7 +391,7 @@ def build_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
                 "run_id": work.run,
                 "runner": params.runner,
                 "log_range": {"since": params.since.isoformat(), "until": params.until.isoformat()},
-                "excluded_rows": dict(sorted(mined["excluded_rows"].items())),
+                "excluded_rows": dict(sorted(mined.excluded_rows.items())),
                 "revoked": nightly_revocations(work.store, work.profile, settings),
                 "mining": {name: getattr(config.mining, name) for name in MANIFEST_MINING},
             },
@@ -398,48 +400,46 @@ def build_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
             embedder_info=embedder_info,
             encode=encode,
         )
-        built = {
-            "version": manifest.version,
-            "manifest_sha256": sha256_hex((Path(tmp) / "release" / "manifest.json").read_bytes()),
-            "rows": manifest.counts.rows,
-        }
+        sha = sha256_hex((Path(tmp) / "release" / "manifest.json").read_bytes())
         upload = {}
         if manifest.counts.rows:  # an empty release is never published: nothing to write
             try:
                 upload = upload_release(work.store, Path(tmp) / "release").as_dict()
             except PublishConflictError:  # built before by another run? then go on with it
-                built["manifest_sha256"] = same_release(work.store, manifest)
-        work.put_json(BUILT, built)
-    return {
-        "version": manifest.version,
-        "parent": parent,
-        "semantic": manifest.threshold.semantic,
-        "semantic_off_reason": manifest.threshold.semantic_off_reason,
+                sha = same_release(work.store, manifest)
+        built = BuiltRelease(
+            version=manifest.version, manifest_sha256=sha, rows=manifest.counts.rows
+        )
+        work.put_json(BUILT, built.as_json())
+    return Built(
+        version=manifest.version,
+        parent=parent,
+        semantic=manifest.threshold.semantic,
+        semantic_off_reason=manifest.threshold.semantic_off_reason,
         **report.as_dict(),
-        "upload": upload,
-    }
+        upload=upload,
+    )
 
 
-def validate_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
+def validate_stage(params: RunParams, mined: Mined) -> Validated:
     """The quality gate, and the release checked where it is served: raise ``QualityGateError``
     naming every failed check (the release is then marked refused: never published, pruned).
     A release with no rows is not refused: there is nothing to publish, and the previous
     release stays."""
     gate, work = params.config.gate, _work(params, mined)
-    built = work.get_json(BUILT)
-    result: dict[str, Any] = {"version": built["version"], "rows": built["rows"]}
-    if built["rows"] == 0:
-        return {**result, "precision": None, "status": "nothing_to_publish"}
-    store, version = work.store, built["version"]
+    built = BuiltRelease.of(work.get_json(BUILT))
+    if built.rows == 0:
+        return Validated(version=built.version, rows=0, precision=None, status="nothing_to_publish")
+    store, version = work.store, built.version
     manifest, sha = read_manifest(store, work.profile, version)
-    if sha != built["manifest_sha256"]:
+    if sha != built.manifest_sha256:
         raise EdgeQAError(f"release {work.profile}/{version} is not the one this run built")
     rows, threshold, prefix = (
         manifest.counts.rows,
         manifest.threshold,
         release_prefix(work.profile, version),
     )
-    result["precision"], failures = threshold.precision, []
+    failures: list[str] = []
     try:
         check_release(store, work.profile, version, sha)
     except ReleaseError as error:
@@ -465,45 +465,45 @@ def validate_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
         raise QualityGateError(reason)
     mark_refused(store, work.profile, version, None)  # passed: a refusal under other rules lifted
     mark_checked(store, work.profile, version, sha)
-    return {**result, "status": "passed", "parent_rows": before, "empty_answers": empty}
+    checked = {"parent_rows": before, "empty_answers": empty}
+    return Validated(version=version, rows=rows, precision=precision, status="passed", **checked)
 
 
-def publish_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
+def publish_stage(params: RunParams, mined: Mined) -> Published:
     work = _work(params, mined)
-    built = work.get_json(BUILT)
-    if built["rows"] == 0:
-        return {"version": None, "status": "nothing_to_publish"}
+    built = BuiltRelease.of(work.get_json(BUILT))
+    if built.rows == 0:
+        return Published(version=None, status="nothing_to_publish")
     pointer, _ = read_pointer(work.store, work.profile)
-    if pointer and pointer.version == built["version"]:
-        return {"version": built["version"], "status": "already_current"}
+    if pointer and pointer.version == built.version:
+        return Published(version=built.version, status="already_current")
     report = publish_uploaded(
         work.store,
         work.profile,
-        built["version"],
-        built["manifest_sha256"],
+        built.version,
+        built.manifest_sha256,
         keep=params.config.keep,
         signer=params.config.settings.signer(),
         expires_s=params.config.settings.pointer_expires_s,
         public_keys=params.config.settings.public_keys,
         high_water=params.config.settings.high_water(),
     )
-    return {"status": "published", **report.as_dict()}
+    return Published(status="published", **report.as_dict())
 
 
-def prune_stage(params: RunParams, mined: Mined) -> dict[str, Any]:
-    removed = prune(open_store(params.out_uri), mined["profile"], params.config.keep)
-    return {"removed": removed}
+def prune_stage(params: RunParams, mined: Mined) -> Pruned:
+    return Pruned(removed=prune(open_store(params.out_uri), mined.profile, params.config.keep))
 
 
 def run_stage(name: str, params: RunParams, run: str | None = None) -> dict[str, Any]:
     """One stage on its own, as ``edgeqa precompute stage`` (a Ray Job of the DAG's) runs it:
     ``mine``, or a later stage of the run ``run`` (``<profile>/<run>``, as mine decided), whose
     mine result it reads from the run's work area. The stages themselves are the ones
-    ``run_pipeline`` calls in one process."""
+    ``run_pipeline`` calls in one process. Its result's JSON (what the stage's job prints)."""
     if name == "mine":
         with handed_back(params.config.settings):  # GPUs asked for ahead: not on a failure
-            return mine_stage(params)
-    stages: dict[str, Callable[[RunParams, Mined], dict[str, Any]]] = {
+            return mine_stage(params).as_json()
+    stages: dict[str, Callable[[RunParams, Mined], StageResult]] = {
         "generate": generate_stage,
         "build": build_stage,
         "validate": validate_stage,
@@ -516,11 +516,11 @@ def run_stage(name: str, params: RunParams, run: str | None = None) -> dict[str,
         raise EdgeQAError(f"stage {name} needs the run mine decided (--run <profile>/<run>)")
     profile, run_id = parse_run(run)
     try:
-        mined = WorkArea(open_store(params.out_uri), profile, run_id).get_json(MINED)
+        mined = Mined.of(WorkArea(open_store(params.out_uri), profile, run_id).get_json(MINED))
     except ObjectNotFoundError:
         raise EdgeQAError(f"run {run} has not been mined in {params.out_uri}") from None
     with handed_back(params.config.settings):
-        return stages[name](params, mined)
+        return stages[name](params, mined).as_json()
 
 
 def run_pipeline(
@@ -538,35 +538,31 @@ def run_pipeline(
         "timings_s": {},
     }
 
-    def stage(name: str, call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    def stage(name: str, call: Callable[[], Result]) -> Result:
         started = time.perf_counter()
         with handed_back(params.config.settings):  # GPUs asked for ahead: not on a failure
             result = call()
         seconds = time.perf_counter() - started
         report["timings_s"][name] = round(seconds, 2)
         if on_stage is not None:
-            on_stage(name, result, seconds)
+            on_stage(name, result.as_json(), seconds)  # as the DAG passes it on
         return result
 
     mined = stage("mine", lambda: mine_stage(params, model, progress))
-    report.update(
-        profile=mined["profile"],
-        run_id=mined["run"],
-        logs=mined["logs"],
-        mining=mined["mining"],
-        excluded_rows=mined["excluded_rows"],
-    )
-    report["generation"] = stage("generate", lambda: generate_stage(params, mined, model, progress))
-    report["build"] = stage("build", lambda: build_stage(params, mined))
+    reported = mined.model_dump(mode="json", include={"logs", "mining", "excluded_rows"})
+    report.update(profile=mined.profile, run_id=mined.run, **reported)
+    generated = stage("generate", lambda: generate_stage(params, mined, model, progress))
+    report["generation"] = generated.as_json()
+    report["build"] = stage("build", lambda: build_stage(params, mined)).as_json()
     try:
-        report["validate"] = stage("validate", lambda: validate_stage(params, mined))
+        report["validate"] = stage("validate", lambda: validate_stage(params, mined)).as_json()
     except QualityGateError as error:
         error.report = {**report, "status": "refused", "version": None, "refused": str(error)}
         raise
-    report["publish"] = stage("publish", lambda: publish_stage(params, mined))
-    report["prune"] = stage("prune", lambda: prune_stage(params, mined))
-    report["status"] = report["publish"]["status"]
-    report["version"] = report["publish"]["version"]
+    published = stage("publish", lambda: publish_stage(params, mined))
+    report["publish"] = published.as_json()
+    report["prune"] = stage("prune", lambda: prune_stage(params, mined)).as_json()
+    report.update(status=published.status, version=published.version)
     report["ran_on"] = ran_on(report)
     assert list(report["timings_s"]) == list(STAGES), "run_pipeline must run STAGES in order"
     return report

@@ -14,12 +14,15 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import StrictStr, TypeAdapter
+
 from base.errors import EdgeQAError
 from base.highwater import HighWater, HighWaterError, checked_sequence
-from base.manifest import Manifest
+from base.manifest import Document, EmbedderEntry
 from base.pointers import DEFAULT_EXPIRES_S, new_pointer
 from base.release import (
     LoadedRelease,
@@ -35,10 +38,24 @@ from base.signing import MAX_SIGNATURE_BYTES, SIGNATURE, SignatureError, Signer,
 from base.store import ObjectNotFoundError, Store
 from precompute.prune import REFUSED, is_checked
 from precompute.publish import flip_pointer
+from precompute.views import (
+    ROW_FIELDS,
+    CalibrationChange,
+    ChangedCluster,
+    ClusterBrief,
+    ClusterPhrasing,
+    DiffCounts,
+    Excluded,
+    ReleaseCounts,
+    ReleaseDiff,
+    ReleaseSummary,
+    ReleaseView,
+    Row,
+    TopCluster,
+    TopQuestion,
+)
 
 log = logging.getLogger(__name__)
-
-ROW_FIELDS = ("key", "question", "answer", "cluster", "canonical", "hits", "users", "expires_at")
 
 
 class RollbackError(EdgeQAError, ValueError):
@@ -46,45 +63,23 @@ class RollbackError(EdgeQAError, ValueError):
     pointer cannot be signed (readers check signatures, and no signing key is set)."""
 
 
-def _signature(store: Store, profile: str, version: str) -> dict[str, Any] | None:
+class _Signature(Document):
+    """``manifest.sig`` (``base/signing.py``), for the id of the key that signed it."""
+
+    key_id: StrictStr | None = None
+
+
+def _signed_by(store: Store, profile: str, version: str) -> str | None:
+    """The id of the key that signed ``version``, None when it is not signed."""
     try:
         data = store.get(f"{release_prefix(profile, version)}/{SIGNATURE}", MAX_SIGNATURE_BYTES)
     except ObjectNotFoundError:
         return None
     found = json.loads(data)
-    return found if isinstance(found, dict) else None
+    return _Signature.of(found).key_id if isinstance(found, dict) else None
 
 
-def describe_semantic_tier(threshold: dict[str, Any]) -> str:
-    """Whether a release's semantic tier serves, and why not, as ``release show``, ``release
-    list`` and the HTML report say it first: its threshold and precision mean nothing to the
-    edge when it is off. ``threshold``: the manifest's (or ``list_releases``' calibration)."""
-    if threshold.get("semantic"):
-        return "semantic tier: on"
-    # the edge reads a manifest without the flag as off, too (``ReleaseIndex``)
-    reason = threshold.get("semantic_off_reason") or "the manifest records no reason"
-    return f"semantic tier: OFF ({reason})"
-
-
-def _calibration(manifest: Manifest) -> dict[str, Any]:
-    threshold = manifest.threshold
-    return {
-        "semantic": threshold.semantic,
-        "semantic_off_reason": threshold.semantic_off_reason,
-        "value": threshold.value,
-        "margin": threshold.margin,
-        "agreement": threshold.agreement,
-        "calibrated": threshold.calibrated,
-        "precision": threshold.precision,
-        "hit_rate": threshold.hit_rate,
-    }
-
-
-def _derived(manifest: Manifest) -> dict[str, Any] | None:
-    return manifest.derived.as_dict() if manifest.derived else None
-
-
-def list_releases(store: Store, profile: str) -> list[dict[str, Any]]:
+def list_releases(store: Store, profile: str) -> list[ReleaseSummary]:
     """Every kept version, oldest first: created, parent, entries, calibration (whether the
     semantic tier serves first), current."""
     pointer, _ = read_pointer(store, profile)
@@ -92,27 +87,18 @@ def list_releases(store: Store, profile: str) -> list[dict[str, Any]]:
     listed = []
     for version in list_versions(store, profile):
         manifest, _ = read_manifest(store, profile, version)
-        signed = _signature(store, profile, version)
-        listed.append(
-            {
-                "version": version,
-                "current": version == current,
-                "created_at": manifest.created_at,
-                "parent": manifest.parent,
-                "entries": manifest.counts.rows,
-                "clusters": manifest.counts.clusters,
-                "calibration": _calibration(manifest),
-                "signed_by": signed.get("key_id") if signed else None,
-                "derived": _derived(manifest),
-            }
-        )
+        signed_by = _signed_by(store, profile, version)
+        listed.append(ReleaseSummary.of(manifest, version == current, signed_by))
     return listed
 
 
-def _rows(release: LoadedRelease) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+_ROWS = TypeAdapter(list[Row])
+
+
+def _rows(release: LoadedRelease) -> list[Row]:
+    rows: list[Row] = []
     for shard in release.shards:
-        rows.extend(shard.rows.select(list(ROW_FIELDS)).to_pylist())
+        rows.extend(_ROWS.validate_python(shard.rows.select(list(ROW_FIELDS)).to_pylist()))
     return rows
 
 
@@ -134,7 +120,7 @@ def show_release(
     public_keys: Iterable[str] = (),
     top: int = 20,
     now: datetime | None = None,
-) -> dict[str, Any]:
+) -> ReleaseView:
     """One release (the current one when ``version`` is None): what went in and what was left
     out at each stage, its calibration, its most asked questions, its profile."""
     release = _load(store, profile, version, public_keys)
@@ -142,65 +128,81 @@ def show_release(
     rows = _rows(release)
     now = now or datetime.now(UTC)
     pointer, _ = read_pointer(store, profile)
-    asked = sorted(rows, key=lambda r: (-int(r["hits"]), r["key"]))[:top]
-    return {
-        "version": release.version,
-        "current": pointer is not None and pointer.version == release.version,
-        "created_at": manifest.created_at,
-        "parent": manifest.parent,
-        "derived": _derived(manifest),
-        "runner": manifest.runner,
-        "log_range": manifest.log_range.as_dict() if manifest.log_range else None,
-        "counts": {
-            **manifest.counts.as_dict(),
-            "expired": sum(r["expires_at"] <= now for r in rows),
-        },
-        "excluded": {
-            "rows": manifest.excluded_rows,  # mining (logs -> hot questions)
-            "clusters": manifest.excluded_clusters,  # generation and build
-        },
-        "calibration": manifest.threshold.as_dict(),
-        "profile": manifest.profile.as_dict(),
-        "embedder": manifest.embedder.as_dict(exclude={"files"}),
-        "index": manifest.index.as_dict(),
-        "expiry": manifest.expiry.as_dict(),
-        "signed_by": (_signature(store, profile, release.version) or {}).get("key_id"),
-        "top_questions": [
-            {k: r[k] for k in ("question", "hits", "users", "cluster", "canonical")} for r in asked
-        ],
-        "top_clusters": _top_clusters(rows, top),
-    }
+    asked = sorted(rows, key=lambda r: (-r.hits, r.key))[:top]
+    counts = manifest.counts.as_dict()
+    return ReleaseView(
+        version=release.version,
+        current=pointer is not None and pointer.version == release.version,
+        created_at=manifest.created_at,
+        parent=manifest.parent,
+        derived=manifest.derived,
+        runner=manifest.runner,
+        log_range=manifest.log_range,
+        counts=ReleaseCounts.of({**counts, "expired": sum(r.expires_at <= now for r in rows)}),
+        excluded=Excluded(
+            rows=manifest.excluded_rows,  # mining (logs -> hot questions)
+            clusters=manifest.excluded_clusters,  # generation and build
+        ),
+        calibration=manifest.threshold,
+        profile=manifest.profile,
+        embedder=EmbedderEntry.of(manifest.embedder.as_dict(exclude={"files"})),
+        index=manifest.index,
+        expiry=manifest.expiry,
+        signed_by=_signed_by(store, profile, release.version),
+        top_questions=[TopQuestion.model_validate(r, from_attributes=True) for r in asked],
+        top_clusters=_top_clusters(rows, top),
+    )
 
 
-def _top_clusters(rows: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
+def _top_clusters(rows: list[Row], top: int) -> list[TopCluster]:
     """The most asked clusters: their answer and every phrasing, most asked first."""
-    by_cluster: dict[str, list[dict[str, Any]]] = {}
+    by_cluster: dict[str, list[Row]] = {}
     for row in rows:
-        by_cluster.setdefault(row["cluster"], []).append(row)
-    ranked = sorted(by_cluster.items(), key=lambda c: (-sum(r["hits"] for r in c[1]), c[0]))
+        by_cluster.setdefault(row.cluster, []).append(row)
+    ranked = sorted(by_cluster.items(), key=lambda c: (-sum(r.hits for r in c[1]), c[0]))
     return [
-        {
-            "cluster": cluster,
-            "hits": sum(r["hits"] for r in members),
-            "answer": members[0]["answer"],
-            "phrasings": [
-                {"question": r["question"], "hits": r["hits"], "canonical": r["canonical"]}
-                for r in sorted(members, key=lambda r: (-r["hits"], r["key"]))
+        TopCluster(
+            cluster=cluster,
+            hits=sum(r.hits for r in members),
+            answer=members[0].answer,
+            phrasings=[
+                ClusterPhrasing.model_validate(r, from_attributes=True)
+                for r in sorted(members, key=lambda r: (-r.hits, r.key))
             ],
-        }
+        )
         for cluster, members in ranked[:top]
     ]
 
 
-def _clusters(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    clusters: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        entry = clusters.setdefault(
-            row["cluster"], {"answer": row["answer"], "question": row["question"], "keys": set()}
+@dataclass
+class _Cluster:
+    """A cluster of a release, to compare: its answer, its canonical question, its keys."""
+
+    answer: str
+    question: str
+    keys: set[str] = field(default_factory=set)
+
+    def brief(self, cluster: str) -> ClusterBrief:
+        return ClusterBrief(cluster=cluster, question=self.question, phrasings=len(self.keys))
+
+    def changed(self, cluster: str, old: _Cluster) -> ChangedCluster:
+        """This cluster, whose answer was ``old``'s."""
+        return ChangedCluster(
+            cluster=cluster,
+            question=self.question,
+            phrasings=len(self.keys),
+            old_answer=old.answer,
+            new_answer=self.answer,
         )
-        entry["keys"].add(row["key"])
-        if row["canonical"]:
-            entry["question"] = row["question"]
+
+
+def _clusters(rows: list[Row]) -> dict[str, _Cluster]:
+    clusters: dict[str, _Cluster] = {}
+    for row in rows:
+        entry = clusters.setdefault(row.cluster, _Cluster(row.answer, row.question))
+        entry.keys.add(row.key)
+        if row.canonical:
+            entry.question = row.question
     return clusters
 
 
@@ -211,48 +213,38 @@ def diff_releases(
     new: str,
     public_keys: Iterable[str] = (),
     limit: int = 50,
-) -> dict[str, Any]:
+) -> ReleaseDiff:
     """What changed from ``old`` to ``new``, by cluster: added, dropped, answer changed, and
     phrasings gained or lost by the clusters in both; the calibration before and after."""
     before, after = (_load(store, profile, v, public_keys) for v in (old, new))
     a, b = _clusters(_rows(before)), _clusters(_rows(after))
     # a cluster is the same one when its id is (its canonical phrasing) or, its canonical
     # having changed, when it shares phrasings with it
-    owner = {k: c for c, entry in a.items() for k in entry["keys"]}
+    owner = {k: c for c, entry in a.items() for k in entry.keys}
     pairs: dict[str, str] = {}  # new cluster -> the old one
     for c, entry in b.items():
-        shared = Counter(owner[k] for k in entry["keys"] if k in owner)
+        shared = Counter(owner[k] for k in entry.keys if k in owner)
         if c in a or shared:
             pairs[c] = c if c in a else shared.most_common(1)[0][0]
     added = sorted(set(b) - set(pairs))
     dropped = sorted(set(a) - set(pairs.values()))
-    changed = [c for c in sorted(pairs) if a[pairs[c]]["answer"] != b[c]["answer"]]
-
-    def brief(entry: dict[str, Any], cluster: str) -> dict[str, Any]:
-        return {"cluster": cluster, "question": entry["question"], "phrasings": len(entry["keys"])}
-
-    return {
-        "old": old,
-        "new": new,
-        "counts": {
-            "added": len(added),
-            "dropped": len(dropped),
-            "changed": len(changed),
-            "unchanged": len(pairs) - len(changed),
-            "phrasings_gained": sum(len(b[c]["keys"] - a[o]["keys"]) for c, o in pairs.items()),
-            "phrasings_lost": sum(len(a[o]["keys"] - b[c]["keys"]) for c, o in pairs.items()),
-        },
-        "added": [brief(b[c], c) for c in added[:limit]],
-        "dropped": [brief(a[c], c) for c in dropped[:limit]],
-        "changed": [
-            {**brief(b[c], c), "old_answer": a[pairs[c]]["answer"], "new_answer": b[c]["answer"]}
-            for c in changed[:limit]
-        ],
-        "calibration": {
-            "old": _calibration(before.manifest),
-            "new": _calibration(after.manifest),
-        },
-    }
+    changed = [c for c in sorted(pairs) if a[pairs[c]].answer != b[c].answer]
+    return ReleaseDiff(
+        old=old,
+        new=new,
+        counts=DiffCounts(
+            added=len(added),
+            dropped=len(dropped),
+            changed=len(changed),
+            unchanged=len(pairs) - len(changed),
+            phrasings_gained=sum(len(b[c].keys - a[o].keys) for c, o in pairs.items()),
+            phrasings_lost=sum(len(a[o].keys - b[c].keys) for c, o in pairs.items()),
+        ),
+        added=[b[c].brief(c) for c in added[:limit]],
+        dropped=[a[c].brief(c) for c in dropped[:limit]],
+        changed=[b[c].changed(c, a[pairs[c]]) for c in changed[:limit]],
+        calibration=CalibrationChange(old=before.manifest.threshold, new=after.manifest.threshold),
+    )
 
 
 def _signing(signer: Signer | None, public_keys: tuple[str, ...]) -> tuple[str, ...]:

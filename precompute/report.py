@@ -12,7 +12,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from precompute.releases import describe_semantic_tier
+from base.manifest import Threshold
+from precompute.views import ReleaseDiff, ReleaseView, describe_semantic_tier
 
 _STYLE = """
 body { font: 15px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 1100px;
@@ -31,27 +32,26 @@ def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _calibration_figure(calibration: dict[str, Any]) -> Any:
+def _calibration_figure(threshold: Threshold) -> Any:
     import plotly.graph_objects as go
 
-    curve = calibration.get("curve") or []
+    curve = threshold.curve
     thresholds = [point[0] for point in curve]
     figure = go.Figure()
     figure.add_scatter(
         x=thresholds, y=[point[1] for point in curve], name="precision", mode="lines"
     )
     figure.add_scatter(x=thresholds, y=[point[2] for point in curve], name="hit rate", mode="lines")
-    chosen = calibration.get("value")
-    if chosen is not None:
-        figure.add_scatter(
-            x=[chosen, chosen],
-            y=[calibration.get("precision"), calibration.get("hit_rate")],
-            name=f"chosen: threshold {chosen}",
-            mode="markers",
-            marker={"size": 12, "symbol": "diamond"},
-        )
-        figure.add_vline(x=chosen, line_dash="dot")
-    target = calibration.get("target_precision")
+    chosen = threshold.value
+    figure.add_scatter(
+        x=[chosen, chosen],
+        y=[threshold.precision, threshold.hit_rate],
+        name=f"chosen: threshold {chosen}",
+        mode="markers",
+        marker={"size": 12, "symbol": "diamond"},
+    )
+    figure.add_vline(x=chosen, line_dash="dot")
+    target = threshold.target_precision
     if target is not None:
         figure.add_hline(y=target, line_dash="dash", annotation_text=f"target {target}")
     figure.update_layout(
@@ -87,46 +87,45 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return f"<table>{thead}<tbody>{body}</tbody></table>"
 
 
-def render_html(shown: dict[str, Any], diff: dict[str, Any] | None) -> str:
-    """The page for ``show_release``'s dict, with ``diff_releases`` (parent -> this) if any."""
-    figures = [_calibration_figure(shown["calibration"])]
-    excluded = shown["excluded"]
-    for title, counts in (
-        ("Log rows left out by mining", excluded["rows"]),
-        ("Clusters left out by generation and build", excluded["clusters"]),
+def render_html(shown: ReleaseView, diff: ReleaseDiff | None) -> str:
+    """The page for ``show_release``'s view, with ``diff_releases`` (parent -> this) if any."""
+    calibration = shown.calibration
+    figures = [_calibration_figure(calibration)]
+    for title, reasons in (
+        ("Log rows left out by mining", shown.excluded.rows),
+        ("Clusters left out by generation and build", shown.excluded.clusters),
     ):
-        if counts:
-            figures.append(_exclusions_figure(title, counts))
+        if reasons:
+            figures.append(_exclusions_figure(title, reasons))
     charts = [
         figure.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"chart-{i}")
         for i, figure in enumerate(figures)
     ]
-    calibration = shown["calibration"]
-    counts = shown["counts"]
+    counts = shown.counts
     facts = [
-        ["version", _e(shown["version"]) + (" (current)" if shown["current"] else "")],
-        ["created", _e(shown["created_at"])],
-        ["parent", _e(shown["parent"] or "none")],
-        ["runner", _e(shown.get("runner"))],
-        ["entries", f"{_e(counts.get('rows'))} phrasings, {_e(counts.get('clusters'))} clusters"],
-        ["expired now", _e(counts.get("expired"))],
-        ["model", _e(shown["profile"].get("inputs", {}).get("model", ""))],
-        ["profile", _e(shown["profile"].get("name", ""))],
-        ["embedder", _e(shown["embedder"].get("name", ""))],
-        ["signed by", _e(shown.get("signed_by") or "unsigned")],
+        ["version", _e(shown.version) + (" (current)" if shown.current else "")],
+        ["created", _e(shown.created_at)],
+        ["parent", _e(shown.parent or "none")],
+        ["runner", _e(shown.runner)],
+        ["entries", f"{_e(counts.rows)} phrasings, {_e(counts.clusters)} clusters"],
+        ["expired now", _e(counts.expired)],
+        ["model", _e(shown.answering_model)],
+        ["profile", _e(shown.profile.name)],
+        ["embedder", _e(shown.embedder.name)],
+        ["signed by", _e(shown.signed_by or "unsigned")],
         [
             "decision",
             _e(
-                f"{describe_semantic_tier(calibration)}; threshold {calibration.get('value')}, "
-                f"margin {calibration.get('margin')}, agreement {calibration.get('agreement')}; "
-                f"precision {calibration.get('precision')}, hit rate {calibration.get('hit_rate')}"
+                f"{describe_semantic_tier(calibration)}; threshold {calibration.value}, "
+                f"margin {calibration.margin}, agreement {calibration.agreement}; "
+                f"precision {calibration.precision}, hit rate {calibration.hit_rate}"
             ),
         ],
     ]
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
-        f"<title>edgeqa release {_e(shown['version'])}</title><style>{_STYLE}</style></head>",
-        f"<body><h1>Release {_e(shown['version'])}</h1>",
+        f"<title>edgeqa release {_e(shown.version)}</title><style>{_STYLE}</style></head>",
+        f"<body><h1>Release {_e(shown.version)}</h1>",
         _table([], [[f"<th>{k}</th>", f"<td>{v}</td>"] for k, v in facts]),
         "<h2>Calibration</h2>",
         f"<div class='chart'>{charts[0]}</div>",
@@ -135,17 +134,16 @@ def render_html(shown: dict[str, Any], diff: dict[str, Any] | None) -> str:
         "</div><h2>Most asked clusters</h2>",
     ]
     cluster_rows = []
-    for cluster in shown.get("top_clusters", []):
+    for cluster in shown.top_clusters:
         phrasings = "<br>".join(
-            _e(p["question"])
-            + (" <span class='muted'>(canonical)</span>" if p["canonical"] else "")
-            for p in cluster["phrasings"]
+            _e(p.question) + (" <span class='muted'>(canonical)</span>" if p.canonical else "")
+            for p in cluster.phrasings
         )
         cluster_rows.append(
             [
-                f"<td class='n'>{_e(cluster['hits'])}</td>",
+                f"<td class='n'>{_e(cluster.hits)}</td>",
                 f"<td>{phrasings}</td>",
-                f"<td class='answer'>{_e(cluster['answer'])}</td>",
+                f"<td class='answer'>{_e(cluster.answer)}</td>",
             ]
         )
     parts.append(_table(["hits", "phrasings", "answer"], cluster_rows))
@@ -154,16 +152,18 @@ def render_html(shown: dict[str, Any], diff: dict[str, Any] | None) -> str:
         parts.append("<p class='muted'>No parent release is kept to compare with.</p>")
     else:
         parts.append(
-            f"<p>{_e(diff['old'])} → {_e(diff['new'])}: "
-            + ", ".join(f"{_e(v)} {_e(k.replace('_', ' '))}" for k, v in diff["counts"].items())
+            f"<p>{_e(diff.old)} → {_e(diff.new)}: "
+            + ", ".join(
+                f"{_e(v)} {_e(k.replace('_', ' '))}" for k, v in diff.counts.model_dump().items()
+            )
             + "</p>"
         )
         changes = [
-            [f"<td>{sign}</td>", f"<td>{_e(c['question'])}</td>"]
-            for sign, items in (("added", diff["added"]), ("dropped", diff["dropped"]))
+            [f"<td>{sign}</td>", f"<td>{_e(c.question)}</td>"]
+            for sign, items in (("added", diff.added), ("dropped", diff.dropped))
             for c in items
         ]
-        changes += [["<td>changed</td>", f"<td>{_e(c['question'])}</td>"] for c in diff["changed"]]
+        changes += [["<td>changed</td>", f"<td>{_e(c.question)}</td>"] for c in diff.changed]
         parts.append(_table(["", "cluster (canonical question)"], changes))
     parts.append("</body></html>")
     return "".join(parts)

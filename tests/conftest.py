@@ -93,9 +93,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def model_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cache dir holding the converted embedded model, converted once per test run: the
-    workers of a parallel run share it (the conversion is locked, ``origin.model``), and with it
-    what is kept beside the conversion (the INT8 calibration, the packed GGUF blocks)."""
-    from origin.model import embedded_gguf_path, ensure_converted
+    workers of a parallel run share it (the conversion is locked, ``origin.conversion``), and
+    with it what is kept beside the conversion (the INT8 calibration, the packed GGUF blocks)."""
+    from origin.conversion import ensure_converted
+    from origin.model import embedded_gguf_path
 
     if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's base temp is in the run's
         cache = tmp_path_factory.getbasetemp().parent / "edgeqa-cache"

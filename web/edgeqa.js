@@ -85,7 +85,7 @@ const MISSED = /^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\/[A-Za-z0-9_][A-Za-z0-9_.-]{0
 
 // The x-edgeqa-missed value for an edge miss in `profile`'s `version` (its 404 body's fields), or
 // null when they do not make one: both must be plain names of at most 128 characters
-// (edge_index/tiers.py missed_hint, on tests/vectors/missed.json).
+// (base/missed.py missed_hint, on tests/vectors/missed.json).
 export function missedHint(profile, version) {
   if (typeof profile !== "string" || typeof version !== "string") return null;
   const hint = `${profile}/${version}`;

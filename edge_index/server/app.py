@@ -6,7 +6,7 @@ out of URLs and access logs)
   normalized question's key is in the release) or ``semantic`` (FAISS nearest neighbours cleared
   the release's calibrated threshold, margin, agreement and guard);
   404 ``{"miss": true, "version", "reason", "profile"}`` — ask the origin, saying which release
-  missed (``tiers.MISSED_HEADER``);
+  missed (``base/missed.py``);
   400 ``{"error": {"field": "q", "reason", "message"}}`` — empty, over-long or malformed query.
 ``GET /health``  200 ``{"status": "ok", "version", "entries", "age_s"}`` while a release is
   served; 200 ``{"status": "degraded", "reason"}`` while none is (``no_release``, ``refused``,
@@ -17,8 +17,9 @@ out of URLs and access logs)
   ``Authorization: Bearer <token>`` (401 otherwise).
 
 The release is the one ``ReleaseWatcher`` (``watcher.py``) serves: polled, verified and swapped in
-without failing a lookup. A lookup runs the tier cascade (``tiers.py``) and is written to the
-Parquet request logs with the user as a salted hash (``users.py``).
+without failing a lookup. A lookup normalizes and keys the question once, runs the tier cascade
+(``tiers.py``) on that key and is written to the Parquet request logs with the user as a salted
+hash (``users.py``).
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ def create_app(
         # one release for the whole lookup, even if a swap happens now
         index = watcher.index if watcher is not None else None
         served_profile = watcher.profile if watcher is not None else None
-        key = key_of_normalized(normalized)
+        key = key_of_normalized(normalized)  # once: every tier looks up by it
         result = await tiers.lookup(index, query, normalized, key)
         if watcher is None and isinstance(result, Miss):
             result = Miss("language_not_served", None)
@@ -200,7 +201,7 @@ def create_app(
         if isinstance(result, Miss):
             metrics.lookups.labels(tier, "miss").inc()
             record(request, query, normalized, key, "miss", 404, started, served_profile)
-            # the release searched: a client says so to the origin (tiers.missed_hint)
+            # the release searched: a client says so to the origin (base.missed.missed_hint)
             body: dict[str, Any] = {
                 "miss": True,
                 "version": result.version,

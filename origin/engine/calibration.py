@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,6 +20,8 @@ from filelock import FileLock, Timeout
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from origin.model_folder import ModelFolder
 
 # Varied, generic prompts: only their activation statistics are used.
 CALIBRATION_PROMPTS = (
@@ -40,7 +41,7 @@ CALIBRATION_PROMPTS = (
 
 ALPHAS = (0.0, 0.25, 0.5, 0.75)
 _MAX_ROWS = 512
-# the chosen scales, kept beside a converted model (``origin.model``'s cache folder): collecting
+# the chosen scales, kept beside a converted model (its ``ModelFolder``): collecting
 # the activations and searching the alphas take seconds per engine built (7 s on 2 cores), which
 # every INT8 origin start and every nightly actor would spend again on the same weights
 CACHE_FILE = "edgeqa-int8-calibration.safetensors"
@@ -57,29 +58,31 @@ def awq_scales(
     tokenizer: PreTrainedTokenizerBase,
     weights: Mapping[tuple[int, str], torch.Tensor],
     quantize: Quantize,
+    folder: ModelFolder,
 ) -> dict[tuple[int, str], torch.Tensor | None]:
     """Per linear (``weights``: (layer, name) -> [out, in]), the input-channel scales that
     ``activation_scales`` picks (None: scaling does not help it). A model converted into the
-    cache (``origin.model``) keeps them beside its weights, keyed by its source file, this
-    method, the calibration prompts and the CPU's kernels, so the next engine built on the same
-    weights reads them back instead of calibrating again."""
-    key = _cache_key(model, quantize)
+    cache (``folder``: the one it was read from, holding a conversion marker) keeps them beside
+    its weights, keyed by its source file, this method, the calibration prompts and the CPU's
+    kernels, so the next engine built on the same weights reads them back instead of
+    calibrating again."""
+    key = _cache_key(model, folder, quantize)
     if not key:
         return _calibrate(model, tokenizer, weights, quantize)
-    cached = _read(model, key, weights)
+    cached = _read(folder, key, weights)
     if cached is not None:
         return cached
     # engines built at once on the same weights (a machine's Ray actors, origin workers) wait
     # for the first one's scales instead of each calibrating; a folder where no lock can be made
     # (read-only), or a holder stuck past the timeout, only costs the calibration here
-    lock = FileLock(str(Path(str(model.name_or_path)) / f"{CACHE_FILE}.lock"), _LOCK_TIMEOUT_S)
+    lock = FileLock(str(folder.file(f"{CACHE_FILE}.lock")), _LOCK_TIMEOUT_S)
     try:
         with lock:
-            cached = _read(model, key, weights)
+            cached = _read(folder, key, weights)
             if cached is not None:
                 return cached
             chosen = _calibrate(model, tokenizer, weights, quantize)
-            _write(model, key, chosen)
+            _write(folder, key, chosen)
             return chosen
     except (OSError, Timeout):
         return _calibrate(model, tokenizer, weights, quantize)
@@ -99,18 +102,14 @@ def _calibrate(
     }
 
 
-def _cache_key(model: PreTrainedModel, quantize: Quantize) -> str | None:
+def _cache_key(model: PreTrainedModel, folder: ModelFolder, quantize: Quantize) -> str | None:
     """What the chosen scales depend on, or None for a model not converted into the cache (a
     folder of the user's own: calibrated every time, nothing written into it)."""
     import transformers
 
-    from origin.model import MARKER
-
-    folder = Path(str(model.name_or_path))
     try:
-        record = json.loads((folder / MARKER).read_text())
-        fingerprint = str(record["fingerprint"])
-        weights = (folder / "model.safetensors").stat()  # the converted weights, as written
+        _, fingerprint = folder.source()
+        weights = folder.file("model.safetensors").stat()  # the converted weights, as written
     except (OSError, ValueError, KeyError, TypeError):
         return None
     parts = {
@@ -134,12 +133,12 @@ def _cache_key(model: PreTrainedModel, quantize: Quantize) -> str | None:
 
 
 def _read(
-    model: PreTrainedModel, key: str, weights: Mapping[tuple[int, str], torch.Tensor]
+    folder: ModelFolder, key: str, weights: Mapping[tuple[int, str], torch.Tensor]
 ) -> dict[tuple[int, str], torch.Tensor | None] | None:
     from safetensors import SafetensorError, safe_open
 
     try:
-        with safe_open(str(Path(str(model.name_or_path)) / CACHE_FILE), "pt") as f:
+        with safe_open(str(folder.file(CACHE_FILE)), "pt") as f:
             meta = f.metadata() or {}
             if meta.get("key") != key:
                 return None
@@ -170,14 +169,13 @@ def _usable(scales: torch.Tensor, in_features: int) -> bool:
 
 
 def _write(
-    model: PreTrainedModel, key: str, scales: Mapping[tuple[int, str], torch.Tensor | None]
+    folder: ModelFolder, key: str, scales: Mapping[tuple[int, str], torch.Tensor | None]
 ) -> None:
-    from origin.model import keep_beside
+    from origin.model_folder import keep_beside
 
-    target = Path(str(model.name_or_path)) / CACHE_FILE
     tensors = {f"{i}.{n}": s.float().contiguous() for (i, n), s in scales.items() if s is not None}
     meta = {"key": key, "linears": json.dumps(sorted(f"{i}.{n}" for i, n in scales))}
-    keep_beside(target, tensors, meta, "the INT8 calibration")
+    keep_beside(folder.file(CACHE_FILE), tensors, meta, "the INT8 calibration")
 
 
 def collect_linear_inputs(

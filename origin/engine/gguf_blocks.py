@@ -23,6 +23,8 @@ from origin.engine import kernels
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from origin.model_folder import ModelFolder
+
 # GGUF names of a Llama layer's projections, in the runner's fused order
 LAYER_GROUPS = {
     "qkv": ("attn_q", "attn_k", "attn_v"),
@@ -37,23 +39,22 @@ class GGUFWeightsError(ValueError):
     or blocks that do not reproduce the model's weights)."""
 
 
-def source_gguf(model: PreTrainedModel) -> tuple[Path, str]:
-    """The GGUF file ``model`` was converted from (``origin.model``'s conversion marker), if it is
-    still the same file, and its fingerprint."""
-    from origin.model import MARKER, gguf_fingerprint
+def source_gguf(folder: ModelFolder) -> tuple[Path, str]:
+    """The GGUF file the model in ``folder`` was converted from (its conversion marker), if it
+    is still the same file, and its fingerprint."""
+    from origin.model_folder import MARKER, gguf_fingerprint
 
-    marker = Path(str(getattr(model, "name_or_path", ""))) / MARKER
     try:
-        record = json.loads(marker.read_text())
-        source = Path(record["source"])
-        same = source.is_file() and gguf_fingerprint(source) == record["fingerprint"]
+        source, fingerprint = folder.source()
+        same = source.is_file() and gguf_fingerprint(source) == fingerprint
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise GGUFWeightsError(
-            f"precision gguf needs a model converted from a GGUF file; {marker}: {error}"
+            f"precision gguf needs a model converted from a GGUF file; "
+            f"{folder.file(MARKER)}: {error}"
         ) from error
     if not same:
         raise GGUFWeightsError(f"{source} is gone or changed since the conversion")
-    return source, str(record["fingerprint"])
+    return source, fingerprint
 
 
 # the packed blocks, kept beside the conversion: parsing the GGUF's metadata (its tokenizer) and
@@ -62,18 +63,18 @@ BLOCKS_FILE = "edgeqa-gguf-blocks.safetensors"
 _LAYOUT = "panels-q4_1-row-pairs-1"  # kernels.pack_q4_1 / pack_q8_0's layout
 
 
-def _cache_file(model: PreTrainedModel) -> Path:
-    return Path(str(model.name_or_path)) / BLOCKS_FILE
+def _cache_file(folder: ModelFolder) -> Path:
+    return folder.file(BLOCKS_FILE)
 
 
 def _load_cached(
-    model: PreTrainedModel, fingerprint: str, tensors: bool = True
+    folder: ModelFolder, fingerprint: str, tensors: bool = True
 ) -> dict[str, kernels.PackedLinear] | None:
     """The packed blocks saved for this GGUF (checked when saved), or None."""
     from safetensors import SafetensorError, safe_open
 
     try:
-        with safe_open(str(_cache_file(model)), "pt") as f:
+        with safe_open(str(_cache_file(folder)), "pt") as f:
             meta = f.metadata() or {}
             if meta.get("fingerprint") != fingerprint or meta.get("layout") != _LAYOUT:
                 return None
@@ -89,9 +90,9 @@ def _load_cached(
 
 
 def _save_cached(
-    model: PreTrainedModel, fingerprint: str, linears: dict[str, kernels.PackedLinear]
+    folder: ModelFolder, fingerprint: str, linears: dict[str, kernels.PackedLinear]
 ) -> None:
-    from origin.model import keep_beside
+    from origin.model_folder import keep_beside
 
     meta = {
         "fingerprint": fingerprint,
@@ -99,7 +100,7 @@ def _save_cached(
         "linears": json.dumps({n: (p.out_features, p.kind) for n, p in linears.items()}),
     }
     tensors = {n: p.packed.contiguous() for n, p in linears.items()}
-    keep_beside(_cache_file(model), tensors, meta, "the packed GGUF blocks")
+    keep_beside(_cache_file(folder), tensors, meta, "the packed GGUF blocks")
 
 
 @functools.cache
@@ -109,12 +110,13 @@ def _reader(path: Path) -> Any:
     return gguf.GGUFReader(str(path))
 
 
-def servable(model: PreTrainedModel) -> bool:
-    """Whether ``model``'s weights can be its GGUF file's blocks: converted from a GGUF file still
-    in place, every matrix in Q4_1 or Q8_0 (the runner must support the architecture too)."""
+def servable(folder: ModelFolder) -> bool:
+    """Whether the weights of the model in ``folder`` can be its GGUF file's blocks: converted
+    from a GGUF file still in place, every matrix in Q4_1 or Q8_0 (the runner must support the
+    architecture too)."""
     try:
-        source, fingerprint = source_gguf(model)
-        if _load_cached(model, fingerprint, tensors=False) is not None:
+        source, fingerprint = source_gguf(folder)
+        if _load_cached(folder, fingerprint, tensors=False) is not None:
             return True
         tensors = _reader(source).tensors
     except (GGUFWeightsError, OSError, ValueError):
@@ -165,15 +167,17 @@ def _pack(
 
 def gguf_linears(
     model: PreTrainedModel,
+    folder: ModelFolder,
     weights: dict[tuple[int, str], torch.Tensor],
     head: torch.Tensor,
     activations_8bit: bool = False,
 ) -> tuple[dict[tuple[int, str], kernels.PackedLinear], kernels.PackedLinear]:
     """Packed blocks for every fused projection (``weights``: (layer, "qkv" | "o" | "gate_up" |
     "down") -> the runner's fused fp32 weight [out, in]) and the LM head (the output tensor, or
-    the tied embedding). Packed once per GGUF file and kept beside the conversion;
-    ``activations_8bit``: laid out for the kernels that quantize activations (``gguf-a8``)."""
-    packed, head_packed = _gguf_linears(model, weights, head)
+    the tied embedding) of ``model``, read from ``folder``. Packed once per GGUF file and kept
+    beside the conversion; ``activations_8bit``: laid out for the kernels that quantize
+    activations (``gguf-a8``)."""
+    packed, head_packed = _gguf_linears(model, folder, weights, head)
     if not activations_8bit:
         return packed, head_packed
 
@@ -189,10 +193,13 @@ def gguf_linears(
 
 
 def _gguf_linears(
-    model: PreTrainedModel, weights: dict[tuple[int, str], torch.Tensor], head: torch.Tensor
+    model: PreTrainedModel,
+    folder: ModelFolder,
+    weights: dict[tuple[int, str], torch.Tensor],
+    head: torch.Tensor,
 ) -> tuple[dict[tuple[int, str], kernels.PackedLinear], kernels.PackedLinear]:
-    source, fingerprint = source_gguf(model)
-    cached = _load_cached(model, fingerprint)
+    source, fingerprint = source_gguf(folder)
+    cached = _load_cached(folder, fingerprint)
     keys = {f"{layer}.{group}": (layer, group) for layer, group in weights}
     if cached is not None and set(cached) == {*keys, "head"}:
         return {keys[n]: p for n, p in cached.items() if n != "head"}, cached["head"]
@@ -209,5 +216,5 @@ def _gguf_linears(
     name = "output.weight" if "output.weight" in tensors else "token_embd.weight"
     head_packed = _pack([_rows(tensors[name], config, "output")], head, "LM head")
     by_name = {name: packed[key] for name, key in keys.items()}
-    _save_cached(model, fingerprint, {**by_name, "head": head_packed})
+    _save_cached(folder, fingerprint, {**by_name, "head": head_packed})
     return packed, head_packed

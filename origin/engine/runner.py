@@ -28,6 +28,7 @@ from origin.engine.attention import AttentionPlan
 from origin.engine.kv_cache import SlotKVCache
 from origin.engine.linear import Linear, make_linear, quantize_per_channel_int8
 from origin.engine.ops import rms_norm, rope_table, rotate, silu_mul
+from origin.model_folder import ModelFolder
 from origin.precision import (
     Backend,
     ForwardPath,
@@ -217,7 +218,9 @@ _HEAD_ACT_BITS = 10
 class LlamaRunner:
     """``quantization``: a precision of the registry (``origin/precision.py``), looked up once
     here; its entry says how the weights are built, which class multiplies them and which of
-    the three forward paths a step takes (``ForwardPath``)."""
+    the three forward paths a step takes (``ForwardPath``). ``folder``: the model's folder, where
+    a converted model's INT8 calibration and packed GGUF blocks are kept (by default the one it
+    was read from, ``ModelFolder.of``)."""
 
     def __init__(
         self,
@@ -227,10 +230,12 @@ class LlamaRunner:
         quantization: str = "none",
         tokenizer: PreTrainedTokenizerBase | None = None,
         batch_invariant: bool = True,
+        folder: ModelFolder | None = None,
     ) -> None:
         reason = unsupported_reason(model, max_len)
         if reason:
             raise ValueError(f"LlamaRunner cannot run this model: {reason}")
+        folder = ModelFolder.of(model) if folder is None else folder
         config = model.config
         self.device = model.device
         self.precision = lookup(quantization)
@@ -254,9 +259,9 @@ class LlamaRunner:
                 if self.takes_weights
                 else [fused_projections(layer) for layer in base.layers]
             )
-        calibration = self._calibration(model, tokenizer, fused)
+        calibration = self._calibration(model, tokenizer, fused, folder)
         with torch.no_grad():
-            linears, lm_head = self._linears(model, fused, calibration)
+            linears, lm_head = self._linears(model, fused, calibration, folder)
             if self.forward_path is ForwardPath.FUSED:
                 linears, lm_head = _on_huge_pages(linears, lm_head)
             self.layers = [
@@ -290,6 +295,7 @@ class LlamaRunner:
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase | None,
         fused: Sequence[Fused],
+        folder: ModelFolder,
     ) -> dict[tuple[int, str], torch.Tensor | None]:
         """Activation-aware INT8 scales per (layer, linear) where the precision calibrates on
         this device and a tokenizer is given; else none."""
@@ -297,20 +303,21 @@ class LlamaRunner:
             return {}
         from origin.engine.calibration import awq_scales
 
-        return awq_scales(model, tokenizer, _FusedWeights(fused), quantize_per_channel_int8)
+        return awq_scales(model, tokenizer, _FusedWeights(fused), quantize_per_channel_int8, folder)
 
     def _linears(
         self,
         model: PreTrainedModel,
         fused: Sequence[Fused],
         calibration: dict[tuple[int, str], torch.Tensor | None],
+        folder: ModelFolder,
     ) -> tuple[list[dict[str, Linear]], Linear]:
         """Every layer's linears and the LM head, as the precision's entry builds them; taking
         the weights over (``takes_weights``), each layer's are released once its are built."""
         precision, backend = self.precision, self.backend
         head_weight = model.lm_head.weight.detach()
         if precision.weights.from_gguf_file:
-            return _gguf_linears(model, fused, head_weight, precision)
+            return _gguf_linears(model, folder, fused, head_weight, precision)
         base: Any = model.model
         layers: list[dict[str, Linear]] = []
         for i, group in enumerate(fused):
@@ -426,6 +433,7 @@ def _packed(linear: Linear) -> kernels.PackedLinear:
 
 def _gguf_linears(
     model: PreTrainedModel,
+    folder: ModelFolder,
     fused: Sequence[Fused],
     head_weight: torch.Tensor,
     precision: Precision,
@@ -441,7 +449,7 @@ def _gguf_linears(
             "gguf's (the same answers as with AVX2 or VNNI); prefer gguf here",
             precision.name,
         )
-    packed, packed_head = gguf_linears(model, matrices, head_weight, activations_8bit)
+    packed, packed_head = gguf_linears(model, folder, matrices, head_weight, activations_8bit)
 
     def with_bias(linear: kernels.PackedLinear, bias: torch.Tensor | None) -> Linear:
         if bias is None:
@@ -530,15 +538,19 @@ def make_runner(
     quantization: str = "none",
     tokenizer: PreTrainedTokenizerBase | None = None,
     batch_invariant: bool = True,
+    folder: ModelFolder | None = None,
 ) -> Runner:
     """The lean runner when the architecture allows, else the generic one (no INT8 there).
 
     With a tokenizer, CPU INT8 is calibrated on a few prompts (activation-aware scaling; the
     chosen scales kept beside a converted model: ``calibration.awq_scales``);
-    ``batch_invariant``: a row's numbers never depend on the rest of the step (``docs/engine.md``).
+    ``batch_invariant``: a row's numbers never depend on the rest of the step (``docs/engine.md``);
+    ``folder``: where those scales and packed GGUF blocks are kept (``LlamaRunner``).
     The generic runner computes one segment per forward, so only its prompt chunking can vary."""
     if unsupported_reason(model, max_len) is None:
-        return LlamaRunner(model, num_slots, max_len, quantization, tokenizer, batch_invariant)
+        return LlamaRunner(
+            model, num_slots, max_len, quantization, tokenizer, batch_invariant, folder
+        )
     if lookup(quantization).weights is not WeightFormat.AS_LOADED:
         raise ValueError(
             f"quantization={quantization!r} needs a Llama-family model: "

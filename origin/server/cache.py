@@ -14,10 +14,10 @@ the viewer's /24 or /48; an asker without a network counts its identity as its n
 row without one does). Like a published answer, a cached one never tells anyone what fewer than k
 people asked lately, and five /64s of one /48 are one network, not five.
 
-An entry remembers whether the release's semantic tier was searched for its question before it
-was generated (``checked``): a client that had just missed at the edge lets the origin skip that
-search (``edge_index/tiers.py``), and what it generated then must not answer another caller
-ahead of that tier (``origin/server/tiers.py``).
+An entry remembers whether the release's tiers were searched for its question before it was
+generated (``checked``): a client that had just missed at the edge lets the origin skip them
+(``base/missed.py``), and what it generated then must not answer another caller ahead of them
+(``origin/server/tiers.py``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class CachedAnswer:
     expires_at: float  # monotonic seconds
     askers: set[str] = field(default_factory=set)  # up to min_users hashed identities
     networks: set[str] = field(default_factory=set)  # up to min_users hashed networks
-    # the release's semantic tier missed its question (False: a client's hint skipped it)
+    # the release's tiers missed its question (False: a client's hint skipped them)
     checked: bool = True
 
 

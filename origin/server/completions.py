@@ -4,7 +4,7 @@ check the key -> the runtime must be ready -> read and parse the body (and the m
 header) -> the model must be ours -> the asker's and its network's shares: hold a place in them or
 refuse (429) -> the prompt's length in characters -> the prompt (a place in the tokenizer's
 bounded queue, or 429) -> (a single question) look it up in the tiers, past
-the semantic tier the client has just missed in, and send a hit -> admit it to the engine or
+the release the client has just missed in, and send a hit -> admit it to the engine or
 refuse it (429) -> stream it or answer it whole. Every request is counted and logged, refused ones
 included, and a refusal is charged to its asker's share.
 """
@@ -100,7 +100,7 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
         cacheable = (
             tiers.cache_key(parsed, settings.system_prompt) if settings.origin_tiers else None
         )
-        skip_semantic = None
+        skip_release = None
         if cacheable is not None:
             normalized, key = cacheable
             watcher = server.release_for(parsed.question)  # routed once, for the log row too
@@ -108,9 +108,9 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
             row.update(normalized=normalized, key=key, profile=profile or "")
             # one release for the whole lookup, even if a swap happens now
             index = watcher.index if watcher else None
-            skip_semantic = tiers.skips_semantic(missed, profile, index)
-            if skip_semantic is not None:
-                server.metrics.observe_missed_hint(skip_semantic)
+            skip_release = tiers.skips_release(missed, profile, index)
+            if skip_release is not None:
+                server.metrics.observe_missed_hint(skip_release)
             scoped = tiers.scoped_key(key, key_id, row["tenant"])
             answer = await look_up(
                 server,
@@ -121,7 +121,7 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
                 scoped,
                 asker,
                 prompt.params.max_tokens,
-                semantic=not skip_semantic,
+                release=not skip_release,
             )
             if answer is not None:
                 server.metrics.observe_hit(answer.tier, time.monotonic() - arrival)
@@ -151,7 +151,7 @@ async def create_completion(server: OriginServer, request: Request, kind: str) -
             row,
             cache_key,
             scope,
-            checked=not skip_semantic,
+            checked=not skip_release,
         )
         try:
             server.check_admitting()  # a shutdown may have begun while the tiers were looked up
@@ -209,10 +209,10 @@ async def look_up(
     cache_key: str,
     asker: Asker,
     max_tokens: int,
-    semantic: bool = True,
+    release: bool = True,
 ) -> Answer | None:
     """The tiers' answer, or None: a broken release or cache must not fail the request.
-    ``semantic=False``: the client has just missed in ``index``'s release at the edge."""
+    ``release=False``: the client has just missed in ``index``'s release at the edge."""
     runtime = server.runtime
     if runtime is None:
         return None
@@ -227,7 +227,7 @@ async def look_up(
             max_tokens,
             cache_key,
             asker.user,
-            semantic,
+            release,
             asker.network,
         )
     except Exception:

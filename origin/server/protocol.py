@@ -18,7 +18,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
 from base.bodies import BodyError, parse_body
-from edge_index.tiers import MISSED_HEADER, Missed, parse_missed
+from base.missed import MISSED_HEADER, Missed, parse_missed
 from origin.chat import Message
 from origin.sampling import SamplingParams
 

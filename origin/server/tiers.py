@@ -6,10 +6,12 @@ current release's exact tier, the online cache of answers generated here lately,
 semantic tier. A hit is cut to the request's ``max_tokens`` as generation would have cut it.
 
 A client that has just missed at the edge in the release the origin serves for the question
-(``skips_semantic``) spares the origin the semantic tier: the edge has just embedded and searched
-the question in it. Its generated answer is cached unchecked (``CachedAnswer.checked``); such an
-entry answers a caller that sends no hint only once the semantic tier has missed for it too, so a
-hint, true or not, can never put an answer in front of the release's for someone else.
+(``skips_release``, the hint ``base/missed.py``) spares the origin both of that release's tiers:
+the edge has just looked the question up in its key map and embedded and searched it; only the
+online cache is new here. Its generated answer is cached unchecked (``CachedAnswer.checked``); such
+an entry answers a caller that sends no hint only once the release's exact and semantic tiers
+have both missed for it too, so a hint, true or not, can never put an answer in front of the
+release's for someone else.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from base.keys import InvalidQueryError, key_of_normalized, normalize
+from base.missed import Missed
 from edge_index import tiers
 from edge_index.lookup import Hit, Miss
 from origin.server.cache import CachedAnswer, OnlineCache
@@ -37,7 +40,8 @@ _NOT_SEARCHED = frozenset({"no_release", "semantic_off"})
 @dataclass(frozen=True)
 class Looked:
     """The tiers' answer (None: generate) and what the release's semantic tier did: ``hit``,
-    ``miss`` (searched), ``skipped`` (a client's hint), or None (not reached)."""
+    ``miss`` (searched), ``skipped`` (a client's hint: the release's exact tier skipped too), or
+    None (not reached)."""
 
     answer: Answer | None
     semantic: str | None
@@ -78,13 +82,13 @@ def revoke_cached(cache: OnlineCache, keys: frozenset[str]) -> int:
     return cache.revoke(lambda scoped: scoped.rsplit("\x1f", 1)[-1] in keys)
 
 
-def skips_semantic(
-    missed: tiers.Missed | None, profile: str | None, index: ReleaseIndex | None
+def skips_release(
+    missed: Missed | None, profile: str | None, index: ReleaseIndex | None
 ) -> bool | None:
-    """Whether a client's ``missed`` hint spares the semantic tier: it names the release the
-    origin is about to look the question up in (``profile``'s ``index``). None without a hint;
-    False for a hint naming another profile or version (a client behind, or ahead of, this
-    origin), which is ignored."""
+    """Whether a client's ``missed`` hint spares the release's tiers, the semantic one and the
+    exact one: it names the release the origin is about to look the question up in
+    (``profile``'s ``index``). None without a hint; False for a hint naming another profile or
+    version (a client behind, or ahead of, this origin), which is ignored."""
     if missed is None:
         return None
     return index is not None and (profile, index.version) == (missed.profile, missed.version)
@@ -100,28 +104,28 @@ async def lookup(
     max_tokens: int,
     cache_key: str,
     asker: str,
-    semantic: bool = True,
+    release: bool = True,
     network: str = "",
 ) -> Looked:
     """The tiers' answer, cut at ``max_tokens`` (the request's, within the room its prompt
     leaves), or None. ``cache_key``: ``key`` in the caller's tenant (``scoped_key``);
     ``asker``, ``network``: the caller's hashed identity and network, counted toward the cache's
-    k; ``semantic=False``: the caller has just missed in ``index``'s semantic tier
-    (``skips_semantic``)."""
-    held: list[CachedAnswer] = []  # an unchecked entry, waiting for the semantic tier's miss
+    k; ``release=False``: the caller has just missed in ``index``'s tiers at the edge
+    (``skips_release``): the online cache only."""
+    held: list[CachedAnswer] = []  # an unchecked entry, waiting for the release's tiers' miss
 
     def online(key: str) -> Hit | None:
         entry = cache.get(cache_key, asker, network)
         if entry is None:
             return None
-        if semantic and not entry.checked:
+        if release and not entry.checked:
             held.append(entry)
             return None
         return _cached(key, parsed.question, entry)
 
-    found = await tiers.lookup(index, parsed.question, normalized, key, online, semantic)
+    found = await tiers.lookup(index, parsed.question, normalized, key, online, release)
     semantic_outcome = _semantic_outcome(found)
-    if isinstance(found, Miss) and held:  # the semantic tier has missed for it now
+    if isinstance(found, Miss) and held:  # the release's tiers have both missed for it now
         cache.check(cache_key)
         found = _cached(key, parsed.question, held[0])
     answer = fit(tokenizer, max_tokens, found) if isinstance(found, Hit) else None

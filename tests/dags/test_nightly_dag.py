@@ -33,6 +33,7 @@ from precompute.pipeline import (
     publish_stage,
     validate_stage,
 )
+from precompute.results import Built, Generated, Mined
 from precompute.samplelogs import generate_rows, write_logs
 from tests.conftest import fast_weights, new_bucket
 from tests.serving import Server
@@ -196,7 +197,7 @@ def ray_head(
     finally:  # its raylet, GCS, dashboard and workers; ended hard, quickly, after a grace
         os.killpg(head.pid, signal.SIGTERM)
         try:
-            head.wait(timeout=10)
+            head.wait(timeout=3)  # `ray start --block` takes longer than this to leave anyway
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait(timeout=30)
@@ -357,7 +358,7 @@ def _params(dag_night: dict[str, Any]) -> RunParams:
     return RunParams(uri, uri, since, until, config, runner="test")
 
 
-def _run(params: RunParams) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _run(params: RunParams) -> tuple[Mined, Generated, Built]:
     mined = mine_stage(params)
     generated = generate_stage(params, mined)
     built = build_stage(params, mined)
@@ -384,17 +385,18 @@ def test_rerunning_the_interval_reuses_every_answer_then_the_quality_gate_refuse
     # the published one) and builds the same content as of the same instant: the same version,
     # which is already current
     mined, regenerated, rebuilt = _run(params)
-    assert mined["run"] != dag_night["manifest"]["run_id"]
-    assert regenerated["generated"] == 0 and regenerated["answers"] > 0
+    assert mined.run != dag_night["manifest"]["run_id"]
+    assert regenerated.generated == 0 and regenerated.answers > 0
     reused_here = {"nothing to generate", "this process (every answer reused)"}
-    assert regenerated["ran_on"] in reused_here
-    assert rebuilt["version"] == live.version
-    assert rebuilt["rows"] == dag_night["manifest"]["counts"]["rows"]
+    assert regenerated.ran_on in reused_here
+    assert rebuilt.version == live.version
+    assert rebuilt.rows == dag_night["manifest"]["counts"]["rows"]
     validate_stage(params, mined)
-    assert publish_stage(params, mined) == {"version": live.version, "status": "already_current"}
-    profile = mined["profile"]
+    published = publish_stage(params, mined)
+    assert published.as_json() == {"version": live.version, "status": "already_current"}
+    profile = mined.profile
 
-    def refused(p: RunParams, night: dict[str, Any], match: str) -> None:
+    def refused(p: RunParams, night: Mined, match: str) -> None:
         with pytest.raises(QualityGateError, match=match):
             validate_stage(p, night)
 
@@ -410,10 +412,10 @@ def test_rerunning_the_interval_reuses_every_answer_then_the_quality_gate_refuse
         params, config=params.config.replace(mining={"top_n": 1}, gate={"max_shrink": 0.1})
     )
     shrunk, regenerated, _ = _run(later)
-    assert regenerated["generated"] == 0 and regenerated["ran_on"] in reused_here
+    assert regenerated.generated == 0 and regenerated.ran_on in reused_here
     refused(later, shrunk, "shrinks")
     # the shrunk release is marked refused: never published, pruned
-    version = json.loads(store.get(f"{profile}/work/{shrunk['run']}/built.json"))["version"]
+    version = json.loads(store.get(f"{profile}/work/{shrunk.run}/built.json"))["version"]
     staged = f"{profile}/releases/{version}"
     assert store.exists(f"{staged}/refused.json")
     # an empty answer in its rows

@@ -82,7 +82,7 @@ def test_tiers_errors_health_and_metrics(embedder, s3_store: Store, tmp_path: Pa
         for unrelated in ("What is the capital of France?", "Tell me a joke about cats"):
             miss = client.get("/v1/lookup", params={"q": unrelated})
             assert miss.status_code == 404
-            # the release searched, which a client names to the origin (tiers.missed_hint)
+            # the release searched, which a client names to the origin (base.missed.missed_hint)
             assert (miss.json()["profile"], miss.json()["version"]) == (PROFILE, version)
         # the guard: a different number or a different named entity never matches
         for changed in (

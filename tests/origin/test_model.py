@@ -12,23 +12,23 @@ from typing import Any
 import pytest
 import torch
 
+from origin.conversion import converted_dir, is_complete
 from origin.model import (
     EMBEDDED_INSTALL,
-    MARKER,
     ModelNotFoundError,
-    converted_dir,
     embedded_gguf_path,
-    is_complete,
     load_model,
     resolve_model_path,
 )
+from origin.model_folder import MARKER, ModelFolder
 from origin.sampling import SamplingParams
 from tests.origin.reference import answer
 
 ROOT = Path(__file__).resolve().parents[2]
 CONVERT = (
     "import sys; from pathlib import Path; "
-    "from origin.model import embedded_gguf_path, ensure_converted; "
+    "from origin.conversion import ensure_converted; "
+    "from origin.model import embedded_gguf_path; "
     "print(ensure_converted(embedded_gguf_path(), Path(sys.argv[1])))"
 )
 
@@ -181,8 +181,8 @@ def test_a_conversion_whose_source_is_gone_takes_the_installed_gguf(
     file as its source, so precision gguf reads its blocks from a file that is there."""
     from types import SimpleNamespace
 
+    from origin.conversion import ensure_converted
     from origin.engine.gguf_blocks import GGUFWeightsError, source_gguf
-    from origin.model import ensure_converted
 
     cache = tmp_path / "cache"
     shutil.copytree(model_cache_dir, cache)
@@ -191,13 +191,13 @@ def test_a_conversion_whose_source_is_gone_takes_the_installed_gguf(
     record = json.loads((folder / MARKER).read_text())
     gone = tmp_path / "deleted-venv" / gguf.name
     (folder / MARKER).write_text(json.dumps({**record, "source": str(gone)}))
-    model = SimpleNamespace(name_or_path=str(folder))
+    model = ModelFolder.of(SimpleNamespace(name_or_path=str(folder)))
     with pytest.raises(GGUFWeightsError, match="gone or changed"):
-        source_gguf(model)  # type: ignore[arg-type]
+        source_gguf(model)
     weights = (folder / "model.safetensors").stat()
 
     assert ensure_converted(gguf, cache) == folder
-    assert source_gguf(model) == (gguf, record["fingerprint"])  # type: ignore[arg-type]
+    assert source_gguf(model) == (gguf, record["fingerprint"])
     assert json.loads((folder / MARKER).read_text()) == record
     assert (folder / "model.safetensors").stat().st_mtime_ns == weights.st_mtime_ns  # not redone
 

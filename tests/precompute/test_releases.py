@@ -24,13 +24,13 @@ from edge_index.watcher import EDGE_METRICS, ReleaseWatcher
 from precompute.publish import publish
 from precompute.releases import (
     RollbackError,
-    describe_semantic_tier,
     diff_releases,
     list_releases,
     renew,
     rollback,
     show_release,
 )
+from precompute.views import describe_semantic_tier
 from tests.releases import PROFILE, QUESTIONS, build
 from tests.serving import Server
 from tests.test_cli import edgeqa_here as _edgeqa
@@ -59,21 +59,21 @@ def test_list_show_diff_and_rollback(embedder, store: Store, tmp_path: Path) -> 
     first, second = _two_releases(embedder, store, tmp_path, LocalSigner(private))
 
     listed = list_releases(store, PROFILE)
-    assert [r["version"] for r in listed] == [first, second]
-    assert [r["current"] for r in listed] == [False, True]
-    assert listed[1]["parent"] == first and listed[1]["entries"] == 4
-    assert listed[1]["signed_by"] and listed[1]["calibration"]["value"] is not None
+    assert [r.version for r in listed] == [first, second]
+    assert [r.current for r in listed] == [False, True]
+    assert listed[1].parent == first and listed[1].entries == 4
+    assert listed[1].signed_by and listed[1].calibration.value is not None
 
     shown = show_release(store, PROFILE, public_keys=(public,), top=2)
-    assert shown["version"] == second and shown["current"]
-    assert shown["counts"]["rows"] == 4 and shown["counts"]["expired"] == 0
-    assert len(shown["top_questions"]) == 2 and shown["profile"]["name"] == PROFILE
-    assert shown["excluded"]["clusters"] == {}  # every mined cluster had its answer
+    assert shown.version == second and shown.current
+    assert shown.counts.rows == 4 and shown.counts.expired == 0
+    assert len(shown.top_questions) == 2 and shown.profile.name == PROFILE
+    assert shown.excluded.clusters == {}  # every mined cluster had its answer
     with pytest.raises(ReleaseError, match="trusted key"):
         show_release(store, PROFILE, first, public_keys=(generate_keypair()[1],))
 
     diff = diff_releases(store, PROFILE, first, second, (public,))
-    assert diff["counts"] == {
+    assert diff.counts.model_dump() == {
         "added": 1,
         "dropped": 1,
         "changed": 2,
@@ -81,9 +81,9 @@ def test_list_show_diff_and_rollback(embedder, store: Store, tmp_path: Path) -> 
         "phrasings_gained": 0,
         "phrasings_lost": 0,
     }
-    assert [c["question"] for c in diff["added"]] == [NEW]
-    assert [c["question"] for c in diff["dropped"]] == [QUESTIONS[3]]
-    assert {c["question"] for c in diff["changed"]} == set(QUESTIONS[1:3])
+    assert [c.question for c in diff.added] == [NEW]
+    assert [c.question for c in diff.dropped] == [QUESTIONS[3]]
+    assert {c.question for c in diff.changed} == set(QUESTIONS[1:3])
 
     # readers check signatures: a rollback signs the pointer again, so it needs the key
     with pytest.raises(RollbackError, match="EDGEQA_SIGNING_KEY"):
@@ -166,10 +166,10 @@ def test_a_release_serving_exact_hits_only_says_so_first(
     build(embedder, tmp_path / "r1", store, semantic_uncalibrated=False)
     version = publish(store, tmp_path / "r1").version
     (listed,) = list_releases(store, PROFILE)
-    off = describe_semantic_tier(listed["calibration"])
+    off = describe_semantic_tier(listed.calibration)
     assert off.startswith("semantic tier: OFF (calibration could not show precision"), off
-    assert off.endswith(": exact tier only)") and listed["calibration"]["value"] is not None
-    assert off == describe_semantic_tier(show_release(store, PROFILE)["calibration"])
+    assert off.endswith(": exact tier only)") and listed.calibration.value is not None
+    assert off == describe_semantic_tier(show_release(store, PROFILE).calibration)
 
     env = {**cli_env, "EDGEQA_STORE": str(store.root), "EDGEQA_PROFILE": PROFILE}
     listed_text = _edgeqa(env, "release", "list")

@@ -216,14 +216,14 @@ def test_nightly_mining_leaves_revoked_clusters_out(embedded_model: Any, tmp_pat
         started=datetime(2026, 11, 29, tzinfo=UTC),
     )
     first = mine_stage(params, model=embedded_model)
-    hot = list(WorkArea(out, first["profile"], first["run"]).hot())
-    assert len(hot) >= 2 and "revoked" not in first["excluded_rows"]
+    hot = list(WorkArea(out, first.profile, first.run).hot())
+    assert len(hot) >= 2 and "revoked" not in first.excluded_rows
     canonical = hot[0].key  # a cluster's id is its canonical phrasing's key
-    record_revocation(out, first["profile"], canonical, [canonical], "q", "r", "ops", "t")
+    record_revocation(out, first.profile, canonical, [canonical], "q", "r", "ops", "t")
     second = mine_stage(params, model=embedded_model)
-    remaining = list(WorkArea(out, second["profile"], second["run"]).hot())
+    remaining = list(WorkArea(out, second.profile, second.run).hot())
     assert [h.key for h in remaining] == [h.key for h in hot[1:]]
-    assert second["excluded_rows"]["revoked"] == hot[0].hits
+    assert second.excluded_rows["revoked"] == hot[0].hits
 
 
 def test_a_revoked_wording_gets_no_semantic_hit_in_its_place(embedder, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -271,8 +271,8 @@ def test_the_release_report_opens_offline_with_its_charts(embedder, tmp_path: Pa
     )
     second = publish(store, tmp_path / "r2").version
     shown = show_release(store, PROFILE)
-    assert shown["calibration"]["curve"], "the manifest records the calibration curve"
-    shown["excluded"]["rows"] = {"below_k": 120, "pii": 7}  # as a nightly run reports them
+    assert shown.calibration.curve, "the manifest records the calibration curve"
+    shown.excluded.rows = {"below_k": 120, "pii": 7}  # as a nightly run reports them
     page = tmp_path / "report.html"
     page.write_text(render_html(shown, diff_releases(store, PROFILE, first, second)))
     report = _in_chromium("report.mjs", str(page))

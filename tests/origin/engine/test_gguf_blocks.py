@@ -10,6 +10,7 @@ import torch
 
 from origin.engine import gguf_blocks
 from origin.engine.runner import LlamaRunner, Segment
+from origin.model_folder import ModelFolder
 from origin.precision import ForwardPath
 from origin.runtime import auto_quantization
 from tests.origin.engine.conftest import needs_kernels
@@ -40,9 +41,10 @@ def test_gguf_blocks_compute_the_fp32_models_logits_bit_for_bit(
     for got in (_logits(packed), _logits(from_cache)):
         assert all(torch.equal(a, b) for a, b in zip(got, fp32, strict=True))
     # blocks kept for another file (another fingerprint) are not used: packed again, and kept
-    _, fingerprint = gguf_blocks.source_gguf(model)
-    assert gguf_blocks._load_cached(model, fingerprint) is not None
-    assert gguf_blocks._load_cached(model, "another file") is None
+    folder = ModelFolder.of(model)
+    _, fingerprint = gguf_blocks.source_gguf(folder)
+    assert gguf_blocks._load_cached(folder, fingerprint) is not None
+    assert gguf_blocks._load_cached(folder, "another file") is None
 
 
 def test_a_model_not_converted_from_gguf_is_refused_with_the_reason(embedded_model) -> None:  # type: ignore[no-untyped-def]
@@ -52,9 +54,10 @@ def test_a_model_not_converted_from_gguf_is_refused_with_the_reason(embedded_mod
         name_or_path = "/nonexistent/model"
         config = model.config
 
-    assert not gguf_blocks.servable(Elsewhere())  # type: ignore[arg-type]
+    elsewhere = ModelFolder.of(Elsewhere())
+    assert not gguf_blocks.servable(elsewhere)
     with pytest.raises(gguf_blocks.GGUFWeightsError, match="converted from a GGUF file"):
-        gguf_blocks.gguf_linears(Elsewhere(), {}, torch.zeros(1, 1))  # type: ignore[arg-type]
+        gguf_blocks.gguf_linears(Elsewhere(), elsewhere, {}, torch.zeros(1, 1))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not on CUDA"):
         LlamaRunner(_OnCuda(model), 1, 64, "gguf")  # type: ignore[arg-type]
 

@@ -160,8 +160,9 @@ def own_conversion(model_cache_dir, tmp_path, monkeypatch):  # type: ignore[no-u
     import os
     import shutil
 
+    from origin.conversion import converted_dir
     from origin.engine import calibration
-    from origin.model import converted_dir, embedded_gguf_path, load_model
+    from origin.model import embedded_gguf_path, load_model
 
     monkeypatch.setattr(calibration, "CALIBRATION_PROMPTS", calibration.CALIBRATION_PROMPTS[:1])
     folder = tmp_path / "models" / "converted"
@@ -274,6 +275,8 @@ def test_a_model_folder_of_the_users_own_gets_no_calibration_written(tmp_path) -
 
     from origin.engine import calibration
     from origin.engine.linear import quantize_per_channel_int8
+    from origin.model_folder import ModelFolder
 
     mine = SimpleNamespace(name_or_path=str(tmp_path))
-    assert calibration._cache_key(mine, quantize_per_channel_int8) is None  # type: ignore[arg-type]
+    folder = ModelFolder.of(mine)
+    assert calibration._cache_key(mine, folder, quantize_per_channel_int8) is None  # type: ignore[arg-type]

@@ -33,6 +33,7 @@ from base.logreader import read_logs
 from base.logs import LogWriter
 from base.store import FileStore
 from base.users import mint_user_token
+from edge_index.lookup import ReleaseIndex
 from edge_index.releases import Releases
 from edge_index.watcher import ORIGIN_METRICS, ReleaseWatcher
 from origin.config import OriginSettings
@@ -904,22 +905,35 @@ def _missed(origin: Origin) -> dict[str, str]:
     return {"x-edgeqa-missed": f"{PROFILE}/{origin.server.release_version()}"}
 
 
-def test_a_client_that_missed_at_the_edge_spares_the_origin_the_semantic_search(
-    origin: Origin,
+def test_a_client_that_missed_at_the_edge_spares_the_origin_the_release_lookups(
+    origin: Origin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     missed, version = _missed(origin), origin.server.release_version()
+    exact_lookups: list[str] = []  # keys looked up in the release's exact tier
+    lookup_exact = ReleaseIndex.lookup_exact
+
+    def spy(index: ReleaseIndex, key: str) -> Any:
+        exact_lookups.append(key)
+        return lookup_exact(index, key)
+
+    monkeypatch.setattr(ReleaseIndex, "lookup_exact", spy)
     with origin.client() as client:
         ask = _asking(client)
-        # without the hint, as before: a novel question is embedded and searched, then generated
+        # without the hint, as before: a novel question is looked up in both of the release's
+        # tiers (embedded and searched), then generated
         tier, _, moved = ask("Which planet has the most moons?", "ann", max_tokens=8)
         assert (tier, moved) == ("generated", {"semantic=miss": 1})
-        # with it: not searched again
+        assert len(exact_lookups) == 1
+        # with it: not looked up in that release again, by either tier (the edge has just run
+        # both); only the online cache is consulted
+        exact_lookups.clear()
         tier, _, moved = ask("Name a famous painter.", "ann", max_tokens=8, headers=missed)
         assert (tier, moved) == ("generated", {"semantic=skipped": 1, "hint=honoured": 1})
-        # a published wording is still answered (the exact tier is a dictionary lookup)
-        tier, answer, moved = ask(QUESTIONS[0], "ann", headers=missed)
-        assert (tier, answer) == ("exact", f"v1: answer to {QUESTIONS[0]}")
-        assert moved == {"hint=honoured": 1}
+        assert exact_lookups == []
+        # a false hint on a published wording gets its sender a generated answer
+        tier, _, moved = ask(QUESTIONS[0], "ann", max_tokens=8, headers=missed)
+        assert (tier, moved) == ("generated", {"semantic=skipped": 1, "hint=honoured": 1})
+        assert exact_lookups == []
 
         # a hint naming another release is ignored: searched as without it
         for other in (f"{PROFILE}/20000101T000000Z-00000000", f"other-profile/{version}"):
@@ -979,6 +993,13 @@ def test_with_the_hint_the_online_cache_still_answers_and_never_jumps_the_releas
         assert moved == {"semantic=hit": 1}
         tier, answer, _ = ask(paraphrase, "cy", headers=missed)
         assert (tier, answer) == ("origin_cache", "Planted.")  # its sender's own doing
+        # nor ahead of the release's exact tier, which a hinted request skips as well
+        published = QUESTIONS[2]
+        assert cache.put(key_of(published), "Planted.", 2, asker="mallory", checked=False)
+        tier, answer, moved = ask(published, "bob")
+        assert (tier, answer, moved) == ("exact", f"v1: answer to {published}", {})
+        tier, answer, moved = ask(published, "cy", headers=missed)
+        assert (tier, answer, moved) == ("origin_cache", "Planted.", {"hint=honoured": 1})
 
         # end to end: a hinted generation writes such an entry
         question = "Say hello."
