@@ -149,11 +149,9 @@ class SsmHighWater:
     """Marks in SSM String parameters, ``/<prefix>/<profile>`` (``ssm://``)."""
 
     def __init__(self, prefix: str, client: Any = None) -> None:
-        import boto3
-
         self.prefix = "/" + prefix.strip("/")
         self.uri = f"ssm:/{self.prefix}"
-        self._client = client or boto3.client("ssm")
+        self._client = client or _client("ssm", self.uri)
 
     def _name(self, profile: str) -> str:
         return f"{self.prefix}/{profile}"
@@ -198,11 +196,9 @@ class DynamoHighWater:
     (``dynamodb://``)."""
 
     def __init__(self, table: str, client: Any = None) -> None:
-        import boto3
-
         self.table = table
         self.uri = f"dynamodb://{table}"
-        self._client = client or boto3.client("dynamodb")
+        self._client = client or _client("dynamodb", self.uri)
 
     def read(self, profile: str) -> Marks:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -243,6 +239,18 @@ class DynamoHighWater:
             raise HighWaterError(f"cannot record the high-water mark {self.uri}: {error}") from None
         except BotoCoreError as error:
             raise HighWaterError(f"cannot record the high-water mark {self.uri}: {error}") from None
+
+
+def _client(service: str, uri: str) -> Any:
+    """boto3's client of ``service``; ``HighWaterError`` naming ``uri`` when it cannot be made
+    (no region configured, say)."""
+    import boto3
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        return boto3.client(service)
+    except BotoCoreError as error:
+        raise HighWaterError(f"cannot reach the high-water mark {uri}: {error}") from None
 
 
 def parse_high_water(uri: str) -> tuple[str, str] | None:

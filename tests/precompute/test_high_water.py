@@ -260,3 +260,12 @@ def test_the_dynamodb_and_ssm_marks_only_rise(s3_endpoint: str) -> None:
     assert missing is not None
     with pytest.raises(HighWaterError, match="cannot read"):
         missing.read("en")
+
+
+def test_a_mark_without_a_region_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    for uri in ("dynamodb://marks", "ssm://edgeqa/marks"):
+        with pytest.raises(HighWaterError, match=f"cannot reach the high-water mark {uri}"):
+            open_high_water(uri)
