@@ -199,6 +199,11 @@ class ProfileEntry(Document):
         """``en`` for a release made before languages."""
         return str(self.inputs.get("language", DEFAULT_LANGUAGE))
 
+    @property
+    def model(self) -> str:
+        """The model that answered, '' when the inputs name none (a release made without)."""
+        return str(self.inputs.get("model", ""))
+
 
 class IndexSettings(Document):
     """The FAISS factory of the largest shard and its knobs."""

@@ -35,6 +35,7 @@ def engine_batch(
     settings: PrecomputeSettings, quantization: str, model: Any, questions: list[str]
 ) -> dict[str, Any]:
     from origin.chat import chat_messages
+    from origin.engine import generate_many
     from origin.sampling import SamplingParams
     from precompute.generate import nightly_engine
 
@@ -42,7 +43,7 @@ def engine_batch(
     prompts = [chat_messages(q, settings.system_prompt) for q in questions]
     params = SamplingParams(max_tokens=settings.max_tokens)
     started = time.perf_counter()
-    results = engine.generate_many(prompts, params, progress=False)
+    results = generate_many(engine, prompts, params, progress=False)
     seconds = time.perf_counter() - started
     tokens = sum(len(r.token_ids) for r in results)
     return _rates(len(questions), tokens, seconds, f"edgeqa engine, {quantization}, batched")

@@ -94,11 +94,12 @@ def hf_generate_rates(model, prompts: list[list[int]], n: int) -> dict[str, floa
 
 
 def engine_rates(engine: Engine, prompts: list[list[int]], n: int) -> dict[str, float]:
+    from origin.engine import generate_many
     from origin.sampling import SamplingParams
 
     def run(ids: list[int], tokens: int) -> None:
         params = SamplingParams(max_tokens=tokens, ignore_eos=True)
-        engine.generate_many([ids], params, progress=False)
+        generate_many(engine, [ids], params, progress=False)
 
     return _rates(run, prompts, n)
 

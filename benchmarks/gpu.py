@@ -255,13 +255,16 @@ def engine_rate(engine: Any, prompts: list[list[int]], max_new_tokens: int) -> d
     """Every prompt at once through the engine, ``max_new_tokens`` each (EOS ignored)."""
     import torch
 
+    from origin.engine import generate_many
     from origin.sampling import SamplingParams
 
-    engine.generate_many(prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True), progress=False)
+    generate_many(
+        engine, prompts[:2], SamplingParams(max_tokens=4, ignore_eos=True), progress=False
+    )
     params = SamplingParams(max_tokens=max_new_tokens, ignore_eos=True)
     torch.cuda.synchronize()
     started = time.perf_counter()
-    results = engine.generate_many(prompts, params, progress=False)
+    results = generate_many(engine, prompts, params, progress=False)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - started
     tokens = sum(r.completion_tokens or len(r.token_ids) for r in results)

@@ -157,6 +157,7 @@ def serial_hf(
 def engine_answer(
     engine: Engine, max_tokens: int
 ) -> Callable[[str, float], Awaitable[tuple[Answered, str]]]:
+    from origin.chat import prompt_ids
     from origin.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
@@ -174,9 +175,8 @@ def engine_answer(
             if out.finished:
                 loop.call_soon_threadsafe(finished.set_result, None)
 
-        engine.add_request(
-            [{"role": "user", "content": question}], params, on_output, arrival=arrival
-        )
+        ids = prompt_ids(engine.tokenizer, question)  # the one user turn, in the template
+        engine.add_request(ids, params, on_output, arrival=arrival)
         await finished
         return (first[0], time.monotonic(), False), "".join(text)
 

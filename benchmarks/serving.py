@@ -251,10 +251,11 @@ class EdgeqaSystem(System):
         self.params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
 
     def start(self) -> None:
+        from origin.engine import generate_many
         from origin.sampling import SamplingParams
 
         # warm-up outside the measured window
-        self.engine.generate_many([[1, 2, 3]], SamplingParams(max_tokens=2), progress=False)
+        generate_many(self.engine, [[1, 2, 3]], SamplingParams(max_tokens=2), progress=False)
         self.engine.start()
 
     def submit(self, index: int, ids: list[int], record: Record) -> None:

@@ -59,10 +59,12 @@ def run(
     engine: Engine, questions: list[str], params: SamplingParams
 ) -> tuple[list[str], float, int]:
     """Answer one at a time: the answers, output tokens per second, output tokens."""
+    from origin.engine import generate_many
+
     texts, tokens, elapsed = [], 0, 0.0
     for question in questions:
         started = time.perf_counter()
-        result = engine.generate_many([question], params, progress=False)[0]
+        result = generate_many(engine, [question], params, progress=False)[0]
         elapsed += time.perf_counter() - started
         texts.append(result.text)
         tokens += len(result.token_ids)
@@ -85,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from origin.engine import Engine, EngineConfig
+    from origin.engine import Engine, EngineConfig, seed_answers
     from origin.model import load_model
     from origin.runtime import auto_quantization
     from origin.sampling import SamplingParams
@@ -105,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     baseline = Engine(model, tokenizer, EngineConfig(**settings))  # type: ignore[arg-type]
     run(baseline, measured[:1], params)  # warm-up
-    seed_answers, _, _ = run(baseline, seeds, params)
+    seeded, _, _ = run(baseline, seeds, params)
     reference, baseline_tps, _ = run(baseline, measured, params)
     systems: dict[str, dict[str, object]] = {"baseline": {"tok_per_s": round(baseline_tps, 2)}}
 
@@ -118,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             draft=draft,  # type: ignore[arg-type]
         )
         if proposer == "suffix":
-            engine.seed_answers(seed_answers, seeds)
+            seed_answers(engine, seeded, seeds)
         run(engine, measured[:1], SamplingParams(max_tokens=4))  # warm-up, tiny
         before = engine.spec_metrics()
         texts, tps, tokens = run(engine, measured, params)
@@ -147,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "config": {
                     "intents": args.intents,
                     "measured_questions": len(measured),
-                    "seeded_answers": len(seed_answers),
+                    "seeded_answers": len(seeded),
                     "max_tokens": args.max_tokens,
                     "num_speculative_tokens": EngineConfig().num_speculative_tokens,
                     "weights": weights or "fp32",

@@ -13,14 +13,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from base.keys import key_of_normalized, normalize
+from edge_index.explain import (
+    Candidate,
+    DecisionBars,
+    ExactState,
+    Explanation,
+    Features,
+    Outcome,
+    Phrasing,
+    Trace,
+)
 from semantic.guard import Guard
-from semantic.matcher import DEFAULT_K, Decision, as_dict, decision_from_manifest, features
+from semantic.matcher import DEFAULT_K, Decision, decision_from_manifest, features
 from semantic.query import QueryEncoder, query_encoder
 
 if TYPE_CHECKING:
@@ -176,11 +186,11 @@ class ReleaseIndex:
         query: str,
         scores: np.ndarray,
         ids: np.ndarray,
-        trace: dict[str, Any] | None = None,
+        trace: Trace | None = None,
     ) -> Hit | Miss:
         """The semantic tier's decision on ``query``'s candidates; ``trace`` (when given) receives
         the features and the guard's verdict the decision was made on (``explain``)."""
-        trace = trace if trace is not None else {}
+        trace = trace if trace is not None else Trace()
         if not self.semantic:
             return Miss("semantic_off", self.version)
         answers = [int(self.answer_ids[i]) if i >= 0 else -1 for i in ids]
@@ -188,12 +198,12 @@ class ReleaseIndex:
         if f is None:
             return Miss("no_match", self.version)
         row = int(ids[f.position])
-        trace["features"] = {
-            "score": round(f.score, 6),
-            "margin": round(f.margin, 6),
-            "agreement": round(f.agreement, 6),
-            "nearest": {"key": self.keys[row], "question": self.questions[row]},
-        }
+        trace.features = Features(
+            score=round(f.score, 6),
+            margin=round(f.margin, 6),
+            agreement=round(f.agreement, 6),
+            nearest=Phrasing(key=self.keys[row], question=self.questions[row]),
+        )
         if f.score < self.decision.threshold:
             return Miss("below_threshold", self.version, f.score)
         if f.margin < self.decision.margin:
@@ -201,7 +211,7 @@ class ReleaseIndex:
         if f.agreement < self.decision.agreement:
             return Miss("agreement", self.version, f.score)
         refused = self.guard.check(query, self.questions[row])
-        trace["guard"] = refused or "passed"
+        trace.guard = refused or "passed"
         if refused:
             return Miss(f"guard:{refused}", self.version, f.score)
         if self.expired(row):
@@ -217,7 +227,7 @@ class ReleaseIndex:
             self.version,
         )
 
-    def explain(self, query: str, candidates: int = 10) -> dict[str, Any]:
+    def explain(self, query: str, candidates: int = 10) -> Explanation:
         """Why a lookup of ``query`` in this release ends as it does, by the steps a lookup takes
         (``tiers.lookup`` without a tier of the caller's own): the key and the exact tier, the
         nearest phrasings with their scores, the features against the calibrated decision, the
@@ -227,36 +237,40 @@ class ReleaseIndex:
         row = self.exact.get(key)
         exact = self.lookup_exact(key)
         scores, ids = self.search(self.embed([normalized]), self.k)
-        trace: dict[str, Any] = {}
+        trace = Trace()
         semantic = self.decide(query, scores[0], ids[0], trace)
         outcome = exact if exact is not None else semantic
         nearest = [
-            {
-                "key": self.keys[i],
-                "question": self.questions[i],
-                "cluster": self.clusters[i],
-                "score": round(float(score), 6),
-            }
+            Candidate(
+                key=self.keys[i],
+                question=self.questions[i],
+                cluster=self.clusters[i],
+                score=round(float(score), 6),
+            )
             for score, i in zip(scores[0].tolist(), ids[0].tolist(), strict=True)
             if i >= 0
         ]
         if isinstance(outcome, Hit):
-            result: dict[str, Any] = {"hit": True, "tier": outcome.tier, "key": outcome.key}
-            result.update(question=outcome.question, answer=outcome.answer)
+            result = Outcome(
+                hit=True,
+                tier=outcome.tier,
+                key=outcome.key,
+                question=outcome.question,
+                answer=outcome.answer,
+            )
         else:
-            result = {"hit": False, "reason": outcome.reason}
-        return {
-            "query": query,
-            "normalized": normalized,
-            "key": key,
-            "version": self.version,
-            "exact": {
-                "published": row is not None,
-                "served": exact is not None,
-                "revoked": key in self.revoked,
-            },
-            "candidates": nearest[:candidates],
-            "decision": as_dict(self.decision),
-            **trace,
-            "outcome": result,
-        }
+            result = Outcome(hit=False, reason=outcome.reason)
+        return Explanation(
+            query=query,
+            normalized=normalized,
+            key=key,
+            version=self.version,
+            exact=ExactState(
+                published=row is not None, served=exact is not None, revoked=key in self.revoked
+            ),
+            candidates=nearest[:candidates],
+            decision=DecisionBars(**asdict(self.decision)),
+            features=trace.features,
+            guard=trace.guard,
+            outcome=result,
+        )

@@ -53,7 +53,7 @@ def _cmd_keys_generate(args: argparse.Namespace) -> int:
 def _cmd_ask(args: argparse.Namespace) -> int:
     quiet_libraries()
     from base.keys import normalize
-    from origin.chat import chat_messages
+    from origin.chat import chat_messages, encode_chat
     from origin.config import EngineSettings
     from origin.runtime import build_engine
     from origin.sampling import SamplingParams
@@ -74,7 +74,7 @@ def _cmd_ask(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     messages = chat_messages(args.question, settings.system_prompt)
-    request = engine.add_request(messages, params, write)
+    request = engine.add_request(encode_chat(engine.tokenizer, messages), params, write)
     while not request.finished:
         engine.step()
     sys.stdout.write("\n")

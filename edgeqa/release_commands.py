@@ -14,6 +14,7 @@ from edgeqa.libraries import quiet_libraries
 
 if TYPE_CHECKING:
     from base.manifest import Threshold
+    from edge_index.explain import Explanation
     from precompute.views import ReleaseDiff, ReleaseSummary, ReleaseView
 
 
@@ -219,28 +220,28 @@ def _cmd_release_explain(args: argparse.Namespace) -> int:
     index = load_index(store, profile, embedder, settings.public_keys, spec, args.version)
     explained = index.explain(args.question)
 
-    def text(e: dict[str, Any]) -> str:
-        outcome = e["outcome"]
+    def text(e: Explanation) -> str:
+        outcome, exact = e.outcome, e.exact
         lines = [
-            f"{e['version']}: {e['query']!r} -> normalized {e['normalized']!r}, key {e['key']}",
-            f"exact tier: {'published' if e['exact']['published'] else 'not published'}"
-            + (" (revoked)" if e["exact"]["revoked"] else "")
-            + (" (expired)" if e["exact"]["published"] and not e["exact"]["served"] else ""),
+            f"{e.version}: {e.query!r} -> normalized {e.normalized!r}, key {e.key}",
+            f"exact tier: {'published' if exact.published else 'not published'}"
+            + (" (revoked)" if exact.revoked else "")
+            + (" (expired)" if exact.published and not exact.served else ""),
             "nearest phrasings:",
         ]
-        lines += [f"  {c['score']:.4f}  {c['question']}" for c in e["candidates"]]
-        if "features" in e:
-            f, d = e["features"], e["decision"]
+        lines += [f"  {c.score:.4f}  {c.question}" for c in e.candidates]
+        if e.features is not None:
+            f, d = e.features, e.decision
             lines.append(
-                f"score {f['score']:.4f} (>= {d['threshold']}), margin {f['margin']:.4f} "
-                f"(>= {d['margin']}), agreement {f['agreement']:.2f} (>= {d['agreement']})"
+                f"score {f.score:.4f} (>= {d.threshold}), margin {f.margin:.4f} "
+                f"(>= {d.margin}), agreement {f.agreement:.2f} (>= {d.agreement})"
             )
-        if "guard" in e:
-            lines.append(f"guard: {e['guard']}")
-        if outcome["hit"]:
-            lines.append(f"decision: {outcome['tier']} hit -> {outcome['question']!r}")
+        if e.guard is not None:
+            lines.append(f"guard: {e.guard}")
+        if outcome.hit:
+            lines.append(f"decision: {outcome.tier} hit -> {outcome.question!r}")
         else:
-            lines.append(f"decision: miss ({outcome['reason']})")
+            lines.append(f"decision: miss ({outcome.reason})")
         return "\n".join(lines)
 
     _print(args, explained, text)

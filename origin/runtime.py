@@ -124,10 +124,12 @@ def build_engine(
     """An engine (not started) for ``settings``; ``model``: an already loaded (model, tokenizer)
     to reuse; ``engine_options``: passed to ``Engine`` (a custom ``runner``, a ``draft``)."""
     from origin.engine import Engine
+    from origin.model_folder import ModelFolder
 
     weights, tokenizer = model or load(settings)
     config = engine_config(settings, str(weights.device), weights)
-    return Engine(weights, tokenizer, config, **engine_options)
+    options = {"folder": ModelFolder.of(weights), **engine_options}
+    return Engine(weights, tokenizer, config, **options)
 
 
 @dataclass

@@ -352,6 +352,7 @@ def generate_partition(
     import pyarrow as pa
 
     from origin.chat import chat_messages
+    from origin.engine.offline import generate_many
     from origin.sampling import SamplingParams
 
     reused = reused or {}
@@ -360,7 +361,7 @@ def generate_partition(
     if todo:
         prompts = [chat_messages(q, system_prompt) for _, q in todo]
         params = SamplingParams(max_tokens=max_tokens)
-        results = engine_factory().generate_many(prompts, params, progress=False)
+        results = generate_many(engine_factory(), prompts, params, progress=False)
     generated = {
         k: answered_row(k, q, r.text, r.completion_tokens, r.finish_reason, r.error, generated_at)
         for (k, q), r in zip(todo, results, strict=True)

@@ -63,11 +63,11 @@ class View(BaseModel):
 
 
 def as_json(value: Any) -> Any:
-    """``value`` as ``--json`` prints it: a view (or a list of views) as its ``as_json``,
-    anything else as it is."""
-    if isinstance(value, View):
+    """``value`` as ``--json`` prints it: a view (or a list of views), or any model with an
+    ``as_json`` (``edge_index.explain.Explanation``), as its ``as_json``; anything else as it is."""
+    if hasattr(value, "as_json"):
         return value.as_json()
-    if isinstance(value, list) and all(isinstance(item, View) for item in value):
+    if isinstance(value, list) and all(hasattr(item, "as_json") for item in value):
         return [item.as_json() for item in value]
     return value
 
@@ -188,7 +188,7 @@ class ReleaseView(View):
     @property
     def answering_model(self) -> str:
         """The model that answered (the profile's input), '' when it names none."""
-        return str(self.profile.inputs.get("model", ""))
+        return self.profile.model
 
 
 class DiffCounts(View):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -431,7 +431,3 @@ def calibrate(
         curve=_curve(loos[decision.vote_k], decision),
         held_back_samples=len(asked),
     )
-
-
-def as_dict(decision: Decision) -> dict[str, Any]:
-    return asdict(decision)

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 
 from origin.engine import kernels
-from origin.engine.kv_cache import SlotKVCache
-
-if TYPE_CHECKING:
-    from origin.engine.runner import Segment
+from origin.engine.kv_cache import Segment, SlotKVCache
 
 # steps with at most this many segments attend query by query (see AttentionPlan)
 EXACT_MAX_SEGMENTS = 8

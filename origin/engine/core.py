@@ -3,8 +3,13 @@
 Requests join and leave between steps (iteration-level continuous batching); long prompts are
 prefilled in chunks beside running decodes; a cancelled request leaves at the next step and its
 slot is free for the next waiting one. ``step()`` can be called by hand; ``start()`` runs it on a
-background thread. The front ends are their own modules, bound here as methods:
-``stream.py`` (async, for the server) and ``offline.py`` (``generate_many``). See docs/engine.md.
+background thread.
+
+The core takes token ids (vLLM v1's ``EngineCore``): chat templates and tokenizing belong to the
+front ends that wrap it, ``stream.py`` (async, for the server) and ``offline.py``
+(``generate_many``, the nightly job's); another front end plugs in at ``add_request``. The
+tokenizer it holds turns output tokens back into text (stop strings end a request here) and
+names the tokens that end one. See docs/engine.md.
 """
 
 from __future__ import annotations
@@ -19,24 +24,22 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from origin.chat import Message, encode_chat, eos_token_ids
+from origin.chat import eos_token_ids
 from origin.engine.config import EngineConfig
-from origin.engine.offline import generate_many
 from origin.engine.proposers import SuffixIndex
 from origin.engine.queue_load import QueueLoad
 from origin.engine.request import OutputCallback, Request
 from origin.engine.runner import Runner, Segment, make_runner
 from origin.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from origin.engine.speculative import Speculator, make_speculator
-from origin.engine.stream import open_stream
 from origin.sampling import SamplingParams, sample_rows
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-log = logging.getLogger(__name__)
+    from origin.model_folder import ModelFolder
 
-Prompt = str | Sequence[Message] | Sequence[int]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -61,7 +64,10 @@ class Engine:
         config: EngineConfig | None = None,
         runner: Runner | None = None,
         draft: tuple[PreTrainedModel, PreTrainedTokenizerBase] | None = None,
+        folder: ModelFolder | None = None,
     ) -> None:
+        """``folder``: where the model was read from (``ModelFolder.of``, the default), where
+        the runner keeps what it derives from the weights (calibration, packed GGUF blocks)."""
         self.config = config or EngineConfig()
         self.model = model
         self.tokenizer = tokenizer
@@ -72,10 +78,11 @@ class Engine:
             self.config.quantization,
             tokenizer,
             self.config.batch_invariant,
+            folder,
         )
         self.speculator: Speculator | None = None
         if self.config.speculative:
-            self.speculator = make_speculator(self.config, tokenizer, self.encode, draft)
+            self.speculator = make_speculator(self.config, tokenizer, draft)
         elif draft is not None:
             raise ValueError("a draft model was given but speculative does not include 'draft'")
         self.suffix_index: SuffixIndex | None = None
@@ -90,6 +97,7 @@ class Engine:
             share_prefixes=shares,
         )
         self.eos_ids = eos_token_ids(model, tokenizer)
+        self.vocab_size = len(tokenizer)  # the token ids a prompt may hold
         self.stats = EngineStats()
         self.queued = QueueLoad()
         self._ids = itertools.count()
@@ -102,46 +110,41 @@ class Engine:
         self.loop_error: BaseException | None = None
         self.step_hooks: list[Callable[[SchedulerOutput], None]] = []
 
-    def seed_answers(self, answers: Sequence[str], questions: Sequence[str] | None = None) -> int:
-        """Add known answers (a release's, say) to the suffix index; returns how many.
+    def seed_answers(
+        self,
+        answer_ids: Sequence[Sequence[int]],
+        prompt_ids: Sequence[Sequence[int]] | None = None,
+    ) -> int:
+        """Add known answers' tokens (a release's, say) to the suffix index; returns how many.
 
-        With ``questions``, later requests similar to one of them follow its answer first.
+        With their questions' ``prompt_ids``, later requests similar to one of them follow its
+        answer first (``offline.seed_answers`` takes text).
         """
         if self.suffix_index is None:
             raise ValueError("seed_answers needs speculative='suffix'")
-        if questions is not None and len(questions) != len(answers):
+        if prompt_ids is not None and len(prompt_ids) != len(answer_ids):
             raise ValueError("questions and answers must have the same length")
-        for i, text in enumerate(answers):
-            prompt = self.encode(questions[i]) if questions is not None else None
-            self.suffix_index.add(self.tokenizer.encode(text, add_special_tokens=False), prompt)
-        return len(answers)
+        for i, answer in enumerate(answer_ids):
+            prompt = list(prompt_ids[i]) if prompt_ids is not None else None
+            self.suffix_index.add(list(answer), prompt)
+        return len(answer_ids)
 
     # -- requests -------------------------------------------------------------------------------
-
-    def encode(self, prompt: Prompt) -> list[int]:
-        """A question (str), chat messages, or token ids, as the prompt's token ids."""
-        if isinstance(prompt, str):
-            return encode_chat(self.tokenizer, [{"role": "user", "content": prompt}])
-        items = list(prompt)
-        if not items:
-            raise ValueError("prompt is empty")
-        if all(isinstance(t, int) for t in items):
-            return [int(t) for t in items]  # type: ignore[call-overload]
-        return encode_chat(self.tokenizer, items)  # type: ignore[arg-type]
 
     def new_request_id(self, prefix: str = "req") -> str:
         return f"{prefix}-{next(self._ids)}"
 
     def add_request(
         self,
-        prompt: Prompt,
+        prompt_ids: Sequence[int],
         params: SamplingParams | None = None,
         on_output: OutputCallback | None = None,
         request_id: str | None = None,
         arrival: float | None = None,
         prefix_scope: str = "",
     ) -> Request:
-        """Queue a request; ``on_output`` is called from the engine thread with each output.
+        """Queue a request for ``prompt_ids`` (the front end's tokens, chat template applied);
+        ``on_output`` is called from the engine thread with each output.
 
         ``arrival`` (``time.monotonic()``) is when the request reached the caller, say the HTTP
         server, so that the queue part of the TTFT counts from there. ``prefix_scope``: the
@@ -150,7 +153,7 @@ class Engine:
         params = params or SamplingParams()
         request = Request(
             request_id or self.new_request_id(),
-            self.encode(prompt),
+            _token_ids(prompt_ids, self.vocab_size),
             params,
             self.tokenizer,
             self.eos_ids,
@@ -314,11 +317,6 @@ class Engine:
                 for request in aborted:
                     self._emit(request)
 
-    # -- front ends: their code is theirs (stream.py, offline.py); bound here as methods -------
-
-    open_stream = open_stream  # engine.open_stream(prompt, params, ...) -> OutputStream
-    generate_many = generate_many  # engine.generate_many(prompts, params, ...) -> [Completion]
-
     # -- metrics --------------------------------------------------------------------------------
 
     def metrics(self) -> dict[str, Any]:
@@ -338,6 +336,21 @@ class Engine:
     def spec_metrics(self) -> dict[str, Any]:
         """vLLM's spec_decode_* counters, plus acceptance per proposer."""
         return {} if self.speculator is None else self.speculator.stats.metrics()
+
+
+def _token_ids(prompt_ids: Sequence[int], vocab: int) -> list[int]:
+    """``prompt_ids`` checked: a non-empty sequence of ints, each a token of the vocabulary."""
+    if isinstance(prompt_ids, str | bytes):
+        raise TypeError("the engine core takes token ids: tokenize in a front end (origin.chat)")
+    ids = list(prompt_ids)
+    if not ids:
+        raise ValueError("prompt is empty")
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise TypeError(f"prompt token ids must be ints, got {type(t).__name__}")
+        if not 0 <= t < vocab:
+            raise ValueError(f"prompt token id {t} is outside the vocabulary (0..{vocab - 1})")
+    return ids
 
 
 def _segment(item: ScheduledRequest) -> Segment:

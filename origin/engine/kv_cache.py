@@ -3,11 +3,28 @@
 A request owns one slot for its lifetime in the running set. Its keys and values for position ``p``
 live at ``[:, slot, :, p]``; the slot's length is how many positions are valid. Finishing a request,
 cancelling it or rejecting speculative tokens only moves that length: nothing is copied or freed.
+A ``Segment`` is what one request computes in a step: its tokens, from a position of its slot.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass
+class Segment:
+    """Tokens of one request computed in one step, starting at cache position ``start``."""
+
+    slot: int
+    token_ids: list[int]
+    start: int
+    all_logits: bool = False  # logits for every token (verification) or only the last
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
 
 
 class SlotKVCache:

@@ -1,5 +1,7 @@
 """The offline front end: generate for a list of prompts, keeping the batch full.
 
+It owns the prompts' tokens (``origin.chat.prompt_ids``) and hands the core token ids; it also
+seeds the speculative suffix index with known answers as text (``seed_answers``).
 Used by the nightly batch job and the benchmarks. With the engine's loop running, the requests
 join it; otherwise this thread steps the engine itself until every request has finished.
 """
@@ -9,13 +11,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from origin.chat import Prompt, prompt_ids
+from origin.engine.core import Engine
+from origin.engine.request import RequestOutput
 from origin.sampling import SamplingParams
-
-if TYPE_CHECKING:
-    from origin.engine.core import Engine, Prompt
-    from origin.engine.request import RequestOutput
 
 
 @dataclass
@@ -76,8 +76,9 @@ def generate_many(
             if len(results) == len(prompts):
                 done.set()
 
+    encoded = [prompt_ids(engine.tokenizer, prompt) for prompt in prompts]  # before any is queued
     ids = []
-    for prompt, p in zip(prompts, per_prompt, strict=True):
+    for prompt, p in zip(encoded, per_prompt, strict=True):
         request_id = engine.new_request_id("batch")
         texts[request_id], tokens[request_id] = [], []
         ids.append(engine.add_request(prompt, p, collect, request_id).request_id)
@@ -90,3 +91,15 @@ def generate_many(
             engine.step()
     bar.close()
     return [results[i] for i in ids]
+
+
+def seed_answers(
+    engine: Engine, answers: Sequence[str], questions: Sequence[Prompt] | None = None
+) -> int:
+    """Add known answers (a release's, say) to ``engine``'s suffix index; returns how many.
+
+    With ``questions``, later requests similar to one of them follow its answer first."""
+    tokenizer = engine.tokenizer
+    answer_ids = [tokenizer.encode(text, add_special_tokens=False) for text in answers]
+    prompts = None if questions is None else [prompt_ids(tokenizer, q) for q in questions]
+    return engine.seed_answers(answer_ids, prompts)

@@ -18,14 +18,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
 import torch
 
 from origin.engine import kernels
 from origin.engine.attention import AttentionPlan
-from origin.engine.kv_cache import SlotKVCache
+from origin.engine.kv_cache import Segment, SlotKVCache
 from origin.engine.linear import Linear, make_linear, quantize_per_channel_int8
 from origin.engine.ops import rms_norm, rope_table, rotate, silu_mul
 from origin.model_folder import ModelFolder
@@ -44,20 +43,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2")
-
-
-@dataclass
-class Segment:
-    """Tokens of one request computed in one step, starting at cache position ``start``."""
-
-    slot: int
-    token_ids: list[int]
-    start: int
-    all_logits: bool = False  # logits for every token (verification) or only the last
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
 
 
 class Runner(Protocol):

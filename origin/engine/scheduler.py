@@ -22,16 +22,23 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from origin.engine.config import RequestTooLongError, SchedulerConfig
 from origin.engine.kv_cache import SlotKVCache
 from origin.engine.request import Request, Status
 
-if TYPE_CHECKING:
-    from origin.engine.speculative import Speculator
+
+class Proposals(Protocol):
+    """What the scheduler asks of speculative decoding (``speculative.Speculator``)."""
+
+    def propose(
+        self, requests: Sequence[Request], room: Sequence[int], num_decoding: int
+    ) -> list[tuple[str, list[int]]]:
+        """(proposer name, tokens) per request; empty tokens where it does not speculate."""
+        ...
 
 
 SHARED_PREFIX_MIN = 8  # the fewest shared tokens a request starts from instead of computing
@@ -76,7 +83,7 @@ class Scheduler:
         self,
         config: SchedulerConfig,
         cache: SlotKVCache,
-        speculator: Speculator | None = None,
+        speculator: Proposals | None = None,
         release: Callable[[int], None] | None = None,
         share_prefixes: bool = False,
     ) -> None:

@@ -18,10 +18,11 @@ of each proposal, and ``Speculator.remember`` with each step's finished requests
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from origin.chat import chat_messages, encode_chat
 from origin.engine.config import EngineConfigError
 from origin.engine.proposers import (
     DraftProposer,
@@ -201,11 +202,10 @@ class Speculator:
 def make_speculator(
     config: EngineConfig,
     tokenizer: PreTrainedTokenizerBase,
-    encode: Callable[[Any], list[int]],
     draft: tuple[PreTrainedModel, PreTrainedTokenizerBase] | None = None,
 ) -> Speculator:
-    """The speculator for ``config.speculative``; ``encode`` turns chat messages into prompt ids
-    (the suffix index ignores the chat template's tokens when comparing questions)."""
+    """The speculator for ``config.speculative`` (the suffix index ignores the chat template's
+    tokens when comparing questions)."""
     spec = SpecConfig(
         method=config.speculative or "",
         num_speculative_tokens=config.num_speculative_tokens,
@@ -217,7 +217,7 @@ def make_speculator(
             proposers.append(NgramProposer(spec.ngram_sizes))
         elif method == "suffix":
             index = SuffixIndex(spec.ngram_sizes, spec.suffix_max_tokens)
-            index.template_tokens = frozenset(encode([{"role": "user", "content": ""}]))
+            index.template_tokens = frozenset(encode_chat(tokenizer, chat_messages("")))
             proposers.append(SuffixProposer(index))
         else:
             if draft is None:

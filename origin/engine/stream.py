@@ -1,5 +1,7 @@
 """The async front end: one request's outputs as an async iterator, for the HTTP server.
 
+It owns the prompt's tokens (``origin.chat.prompt_ids``: a question or chat messages in the
+model's chat template, or token ids as they are) and hands the core token ids.
 ``open_stream`` queues the request at once (so the server admits and queues in one step) and
 returns an ``OutputStream``: outputs reach it from the engine thread through an asyncio queue.
 ``close()`` cancels the request, and past its deadline the iterator cancels it and raises
@@ -9,12 +11,11 @@ returns an ``OutputStream``: outputs reach it from the engine thread through an 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from origin.engine.core import Engine, Prompt
-    from origin.engine.request import RequestOutput
-    from origin.sampling import SamplingParams
+from origin.chat import Prompt, prompt_ids
+from origin.engine.core import Engine
+from origin.engine.request import RequestOutput
+from origin.sampling import SamplingParams
 
 
 def open_stream(
@@ -40,14 +41,15 @@ def open_stream(
         except RuntimeError:
             pass  # the consumer's event loop is gone; the request is being cancelled
 
-    request = engine.add_request(prompt, params, deliver, request_id, arrival, prefix_scope)
+    ids = prompt_ids(engine.tokenizer, prompt)
+    request = engine.add_request(ids, params, deliver, request_id, arrival, prefix_scope)
     engine.start()
     deadline = None if timeout_s is None else loop.time() + timeout_s
     return OutputStream(engine, request.request_id, queue, deadline)
 
 
 class OutputStream:
-    """The outputs of one request, as an async iterator (``Engine.open_stream``)."""
+    """The outputs of one request, as an async iterator (``open_stream``)."""
 
     def __init__(
         self,

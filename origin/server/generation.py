@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from origin.engine.stream import open_stream
 from origin.server.protocol import APIError, ParsedRequest
 from origin.server.responses import (
     DONE,
@@ -123,7 +124,8 @@ class Generation:
     def open(self) -> OutputStream:
         """Queue the request in the engine, within the request timeout (counted from arrival)."""
         timeout = self.server.settings.request_timeout_s - (time.monotonic() - self.arrival)
-        self.outputs = self.runtime.engine.open_stream(
+        self.outputs = open_stream(
+            self.runtime.engine,
             self.prompt.ids,
             self.prompt.params,
             self.row["request_id"],

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from anyio import CapacityLimiter, to_thread
 
+from origin.chat import encode_chat
 from origin.sampling import SamplingParams
 from origin.server.protocol import APIError, ParsedRequest
 
@@ -122,7 +123,7 @@ def build_prompt(
         if system_prompt and not any(m["role"] == "system" for m in messages):
             messages = [{"role": "system", "content": system_prompt}, *messages]
         with contextlib.nullcontext() if _locked else _TOKENIZING:
-            ids, field = engine.encode(messages), "messages"
+            ids, field = encode_chat(engine.tokenizer, messages), "messages"
     elif isinstance(parsed.prompt, str):
         with contextlib.nullcontext() if _locked else _TOKENIZING:
             ids = engine.tokenizer.encode(parsed.prompt, add_special_tokens=False)

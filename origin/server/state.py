@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from base.logs import LogWriter
 from base.users import UserHasher, user_hasher
@@ -28,9 +28,15 @@ from origin.server.protocol import APIError
 
 if TYPE_CHECKING:
     from edge_index.watcher import ReleaseWatcher
-    from origin.server.generation import Generation
 
 log = logging.getLogger(__name__)
+
+
+class InFlight(Protocol):
+    """A response the engine is generating (``generation.Generation``), as shutdown sees it."""
+
+    def interrupt(self) -> None:
+        """End the response now with a final error."""
 
 
 class OriginServer:
@@ -63,7 +69,7 @@ class OriginServer:
         self.runtime: Runtime | None = None
         self.load_error: BaseException | None = None
         self.draining = False
-        self.in_flight: set[Generation] = set()  # admitted to the engine, response not yet over
+        self.in_flight: set[InFlight] = set()  # admitted to the engine, response not yet over
         self.created = int(time.time())
 
     # -- loading and state ------------------------------------------------------------------------

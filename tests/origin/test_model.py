@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from origin.conversion import converted_dir, is_complete
+from origin.engine import generate_many
 from origin.model import (
     EMBEDDED_INSTALL,
     ModelNotFoundError,
@@ -379,5 +380,5 @@ def test_a_cuda_engine_holds_the_model_s_weights_once(
     held = torch.cuda.memory_allocated() - before - engine.runner.cache.bytes
     assert held < 1.2 * served, (held, served)
     question = ["What is the capital of France?"]
-    result = engine.generate_many(question, SamplingParams(max_tokens=24), progress=False)
+    result = generate_many(engine, question, SamplingParams(max_tokens=24), progress=False)
     assert "Paris" in result[0].text

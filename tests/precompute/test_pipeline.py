@@ -20,6 +20,7 @@ import pytest
 from base.keys import InvalidQueryError, key
 from base.release import load_release, read_pointer
 from base.store import FileStore, Store, open_store
+from origin.engine.offline import generate_many
 from policy.pii import find_pii
 from precompute.config import PipelineConfig, PrecomputeSettings
 from precompute.generate import generate_all, nightly_engine
@@ -271,38 +272,43 @@ def test_the_cluster_report_is_parquet_parts_read_back_as_written(
 
 
 def test_generation_resumes_after_a_crash_without_redoing_finished_partitions(
-    embedded_model: Any, tmp_path: Path
+    embedded_model: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import origin.engine.offline as offline
+
     work = WorkArea(FileStore(tmp_path), "p", "run")
     settings = PrecomputeSettings.from_env({"EDGEQA_MAX_TOKENS": "8"})
     questions = [f"What is {n} plus {n}?" for n in range(5)]
     keys = [key(q) for q in questions]
     generated: list[str] = []
+    engine = nightly_engine(settings, fast_weights(), embedded_model)
+    crash_after: list[int | None] = [None]  # the engine's worker dies past this many questions
 
-    class CrashingEngine:
-        def __init__(self, crash_after: int | None) -> None:
-            self.engine = nightly_engine(settings, fast_weights(), embedded_model)
-            self.crash_after = crash_after
+    def crashing(_: Any, prompts: Any, params: Any, progress: bool = False) -> Any:
+        if crash_after[0] is not None and len(generated) >= crash_after[0]:
+            raise RuntimeError("worker died")
+        generated.extend(p[-1]["content"] for p in prompts)
+        return generate_many(engine, prompts, params, progress=progress)
 
-        def generate_many(self, prompts: Any, params: Any, progress: bool = False) -> Any:
-            if self.crash_after is not None and len(generated) >= self.crash_after:
-                raise RuntimeError("worker died")
-            generated.extend(p[-1]["content"] for p in prompts)
-            return self.engine.generate_many(prompts, params, progress=progress)
+    def crashing_engine(after: int | None) -> Any:
+        crash_after[0] = after
+        return engine
+
+    monkeypatch.setattr(offline, "generate_many", crashing)
 
     with pytest.raises(RuntimeError, match="worker died"):
         generate_all(
-            lambda: CrashingEngine(2),
+            lambda: crashing_engine(2),
             work,
             keys,
             questions,
             settings,
-            2,  # type: ignore[arg-type,return-value]
+            2,
             progress=False,
         )
     assert generated == questions[:2]  # the first partition finished and was saved
     rows, report = generate_all(
-        lambda: CrashingEngine(None),  # type: ignore[arg-type,return-value]
+        lambda: crashing_engine(None),
         work,
         keys,
         questions,
@@ -317,7 +323,7 @@ def test_generation_resumes_after_a_crash_without_redoing_finished_partitions(
         assert r["flag"] == ("truncated" if r["finish_reason"] == "length" else "")
     # a third run reuses everything
     rows_again, again = generate_all(
-        lambda: CrashingEngine(0),  # type: ignore[arg-type,return-value]
+        lambda: crashing_engine(0),
         work,
         keys,
         questions,

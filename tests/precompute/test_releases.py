@@ -138,6 +138,13 @@ def test_release_commands_on_the_command_line(
     assert explained.returncode == 0, explained.stderr
     assert f"decision: semantic hit -> {QUESTIONS[0]!r}" in explained.stdout
     assert "nearest phrasings:" in explained.stdout and "guard: passed" in explained.stdout
+    as_json = _edgeqa(env, "release", "explain", "how can I freeze my card", "--json")
+    e = json.loads(as_json.stdout)
+    assert e["outcome"] == {**e["outcome"], "hit": True, "tier": "semantic"}, e
+    assert e["features"]["score"] >= e["decision"]["threshold"] and e["guard"] == "passed"
+    assert set(e["candidates"][0]) == {"key", "question", "cluster", "score"}
+    missed = json.loads(_edgeqa(env, "release", "explain", "zebra migration", "--json").stdout)
+    assert missed["outcome"]["hit"] is False and set(missed["outcome"]) == {"hit", "reason"}
     refused = _edgeqa(env, "release", "rollback", "nope")
     assert refused.returncode == 2 and "not a kept release" in refused.stderr
     assert "Traceback" not in refused.stderr
@@ -226,18 +233,18 @@ def test_explain_agrees_with_the_edge_on_200_random_queries(
     with Server(create_app(watcher)) as server, httpx.Client(base_url=server.url) as client:
         for query in _queries(random.Random(7), questions, 200):
             explained = index.explain(query)
-            assert explained["version"] == version
+            assert explained.version == version
             answer = client.post("/v1/lookup", json={"q": query})
-            outcome = explained["outcome"]
+            outcome = explained.outcome
             if answer.status_code == 200:
                 hit = answer.json()
-                assert outcome["hit"], (query, hit, explained)
-                assert (outcome["tier"], outcome["key"]) == (hit["tier"], hit["key"]), query
+                assert outcome.hit, (query, hit, explained)
+                assert (outcome.tier, outcome.key) == (hit["tier"], hit["key"]), query
                 seen[hit["tier"]] = seen.get(hit["tier"], 0) + 1
             else:
                 assert answer.status_code == 404, answer.text
-                assert not outcome["hit"], (query, explained)
-                assert outcome["reason"] == answer.json()["reason"], query
+                assert not outcome.hit, (query, explained)
+                assert outcome.reason == answer.json()["reason"], query
                 seen["miss"] = seen.get("miss", 0) + 1
     # the queries exercise every outcome
     assert seen.get("exact", 0) > 5 and seen.get("semantic", 0) > 5 and seen.get("miss", 0) > 5

@@ -89,8 +89,8 @@ def test_revoke_records_then_publishes_a_release_without_the_cluster(
     watcher = ReleaseWatcher(store, PROFILE, embedder, 3600, metrics_prefix=EDGE_METRICS)
     assert watcher.refresh() and watcher.index is not None
     for asked in (QUESTIONS[0], PARAPHRASE, "how do i freeze my card"):
-        assert watcher.index.explain(asked)["outcome"]["hit"] is False, asked
-    assert watcher.index.explain(QUESTIONS[1])["outcome"]["hit"] is True
+        assert watcher.index.explain(asked).outcome.hit is False, asked
+    assert watcher.index.explain(QUESTIONS[1]).outcome.hit is True
 
     # recorded, with who, when and why; revoking again widens the same entry
     document, _ = read_revocations(store, PROFILE)

@@ -20,7 +20,7 @@ import sys
 import torch
 
 from origin.config import EngineSettings
-from origin.engine import Engine, EngineConfig, kernels
+from origin.engine import Engine, EngineConfig, generate_many, kernels, seed_answers
 from origin.engine.runner import make_runner
 from origin.model import load_engine_model
 from origin.precision import WeightFormat, lookup
@@ -64,7 +64,7 @@ def check(
     params = SLOW_PARAMS if slow else PARAMS
 
     def tokens(eng: Engine, prompts: list[str]) -> list[list[int]]:
-        return [c.token_ids for c in eng.generate_many(prompts, params, progress=False)]
+        return [c.token_ids for c in generate_many(eng, prompts, params, progress=False)]
 
     # the quick check's mix: the long prompt among QUICK others (the full one: all eight)
     questions = QUESTIONS[:QUICK] if quick else QUESTIONS
@@ -87,7 +87,7 @@ def check(
     for method in ("ngram", "suffix", "draft") if spec else ():
         eng = engine(speculative=method)
         if method == "suffix":  # answers it has seen, as a release seeds them
-            eng.seed_answers([tokenizer.decode(t) for t in alone[:4]], QUESTIONS[:4])
+            seed_answers(eng, [tokenizer.decode(t) for t in alone[:4]], QUESTIONS[:4])
         one_at_a_time = [tokens(eng, [q])[0] for q in QUESTIONS[:4]]
         checks[f"{method}: speculation one at a time"] = one_at_a_time == alone[:4]
         checks[f"{method}: tokens accepted"] = eng.spec_metrics()["num_accepted_tokens"] > 0

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from origin.engine import Engine, EngineConfig
+from origin.chat import prompt_ids
+from origin.engine import Engine, EngineConfig, generate_many, seed_answers
 from origin.engine.proposers import SuffixIndex, find_continuation
 from origin.engine.request import Request
 from origin.engine.speculative import SpecConfig, Speculator
@@ -30,7 +31,7 @@ def reference(embedded_model) -> list[str]:  # type: ignore[no-untyped-def]
     engine = Engine(
         model, tokenizer, EngineConfig(max_num_seqs=4, max_model_len=512, quantization=WEIGHTS)
     )
-    return [c.text for c in engine.generate_many(QUESTIONS, PARAMS, progress=False)]
+    return [c.text for c in generate_many(engine, QUESTIONS, PARAMS, progress=False)]
 
 
 def _engine(embedded_model, method: str, **config: object) -> Engine:  # type: ignore[no-untyped-def]
@@ -77,8 +78,8 @@ def test_greedy_output_is_identical_at_batch_1_and_4(
     method: str,  # type: ignore[no-untyped-def]
 ) -> None:
     engine = _engine(embedded_model, method)
-    one_by_one = [engine.generate_many([q], PARAMS, progress=False)[0].text for q in QUESTIONS]
-    batched = [c.text for c in engine.generate_many(QUESTIONS, PARAMS, progress=False)]
+    one_by_one = [generate_many(engine, [q], PARAMS, progress=False)[0].text for q in QUESTIONS]
+    batched = [c.text for c in generate_many(engine, QUESTIONS, PARAMS, progress=False)]
     assert one_by_one == reference
     assert batched == reference
     metrics = engine.metrics()["spec_decode"]
@@ -96,10 +97,10 @@ def test_rejection_in_the_middle_of_a_proposal(embedded_model, reference: list[s
     words = true_answer.split(" ")
     assert len(words) > 8
     # a stored answer that agrees for a few words, then says something else
-    engine.seed_answers(
-        [" ".join(words[:5]) + " nothing but purple elephants dancing on the moon."]
+    seed_answers(
+        engine, [" ".join(words[:5]) + " nothing but purple elephants dancing on the moon."]
     )
-    out = engine.generate_many([QUESTIONS[2]], PARAMS, progress=False)[0]
+    out = generate_many(engine, [QUESTIONS[2]], PARAMS, progress=False)[0]
     assert out.text == true_answer
     stats = engine.speculator.stats  # type: ignore[union-attr]
     per_position = stats.accepted_per_position
@@ -111,7 +112,8 @@ def test_rejection_in_the_middle_of_a_proposal(embedded_model, reference: list[s
 def test_cancellation_during_verification_frees_the_slot(embedded_model) -> None:  # type: ignore[no-untyped-def]
     engine = _engine(embedded_model, "draft")
     outputs = []
-    request = engine.add_request(QUESTIONS[2], SamplingParams(max_tokens=100), outputs.append)
+    prompt = prompt_ids(engine.tokenizer, QUESTIONS[2])
+    request = engine.add_request(prompt, SamplingParams(max_tokens=100), outputs.append)
     for _ in range(3):
         engine.step()
     # one step by hand: schedule (with a proposal), cancel while it is verified, commit
@@ -132,11 +134,11 @@ def test_cancellation_during_verification_frees_the_slot(embedded_model) -> None
 @needs_kernels
 def test_back_off_when_the_batch_is_large(embedded_model, reference: list[str]) -> None:  # type: ignore[no-untyped-def]
     engine = _engine(embedded_model, "ngram", spec_max_batch=2)
-    batched = [c.text for c in engine.generate_many(QUESTIONS, PARAMS, progress=False)]
+    batched = [c.text for c in generate_many(engine, QUESTIONS, PARAMS, progress=False)]
     assert batched == reference
     steps_with_many = engine.speculator.stats.num_drafts  # type: ignore[union-attr]
     single = _engine(embedded_model, "ngram", spec_max_batch=2)
-    single.generate_many([QUESTIONS[3]], PARAMS, progress=False)
+    generate_many(single, [QUESTIONS[3]], PARAMS, progress=False)
     # with five requests decoding most steps speculate not at all
     assert steps_with_many < 5 * single.speculator.stats.num_drafts  # type: ignore[union-attr]
 
@@ -159,7 +161,7 @@ def test_back_off_when_acceptance_is_low(embedded_model) -> None:  # type: ignor
 def test_sampled_requests_never_speculate(embedded_model) -> None:  # type: ignore[no-untyped-def]
     engine = _engine(embedded_model, "ngram")
     params = SamplingParams(max_tokens=24, temperature=0.8, seed=3)
-    engine.generate_many([QUESTIONS[2]], params, progress=False)
+    generate_many(engine, [QUESTIONS[2]], params, progress=False)
     assert engine.metrics()["spec_decode"]["num_drafts"] == 0
 
 

@@ -43,6 +43,9 @@ class FakeTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "a" * len(ids)
 
+    def apply_chat_template(self, messages: Any, **_: Any) -> dict[str, list[int]]:
+        return {"input_ids": [1] * sum(1 + len(m["content"]) // 4 for m in messages)}
+
 
 class FakeConfig:
     max_num_seqs = 4
@@ -65,9 +68,6 @@ class FullEngine:
 
     def queue_load(self) -> tuple[int, int]:
         return 1_000_000, 0
-
-    def encode(self, messages: Any) -> list[int]:
-        return [1] * sum(1 + len(m["content"]) // 4 for m in messages)
 
 
 def _origin(**env: str) -> OriginServer:
