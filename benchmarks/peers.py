@@ -5,11 +5,12 @@ an otherwise idle machine: ``llama-server -t <threads> -np <slots> -c <slots x 5
 from ``LLAMA_SERVER`` or the cached build: ``benchmarks/_llama_cpp.py``) and ``edgeqa origin
 serve`` with ``EDGEQA_ORIGIN_TIERS=0`` (every request generated) and
 ``EDGEQA_MAX_NUM_SEQS=<slots>``: the same number of sequences in flight; edgeqa with
-``EDGEQA_QUANTIZATION`` from ``--precisions`` (the first, ``gguf-a8``, multiplies the GGUF's
-blocks with 8-bit activations as llama.cpp does; the second, ``gguf``, is the CPU default, the
-fp32 model's arithmetic). Each runs as shipped: ``edgeqa origin serve`` sets libgomp's
-``GOMP_SPINCOUNT`` itself (``edgeqa/libraries.py``), and llama-server, also on libgomp, runs
-without it (its own default, ``_llama_cpp.environment``), as a user would start it. Each is
+``EDGEQA_QUANTIZATION`` from ``--precisions`` (the first, ``auto``, is the origin's default: on
+a CPU whose 8-bit dot products run in SIMD ``gguf-a8``, the GGUF's blocks times 8-bit
+activations as llama.cpp computes; the second, ``gguf``, the fp32 model's arithmetic). Each
+runs as shipped: ``edgeqa origin serve`` sets libgomp's ``GOMP_SPINCOUNT`` itself
+(``edgeqa/libraries.py``), and llama-server, also on libgomp, runs without it (its own
+default, ``_llama_cpp.environment``), as a user would start it. Each is
 driven by vLLM's ``benchmark_serving.py`` (vendored, unchanged:
 ``tests/third_party/vllm_benchmarks``) on its random dataset (the same prompts for both: one
 seed), through the OpenAI chat endpoint with ``--ignore-eos``, at each Poisson rate of
@@ -18,8 +19,9 @@ above llama-server's saturation (~3-4 req/s) and near edgeqa's, 16 above both.
 
 Prints one JSON object::
 
-  {"config": {...}, "rates": {"<rate>": {"systems": {"edgeqa": {...}, "llama.cpp": {...},
-   "edgeqa gguf": {...}}, "edgeqa_over_llama_cpp_tok_per_s": x}}}
+  {"config": {...}, "rates": {"<rate>": {"offered_tok_per_s": rate x output_len, "systems":
+   {"edgeqa": {...}, "llama.cpp": {...}, "edgeqa gguf": {...}},
+   "edgeqa_over_llama_cpp_tok_per_s": x, "edgeqa_p99_ttft_over_llama_cpp": y}}}
 
 with, per system: ``output_tok_per_s``, ``ttft_ms: {mean, p99}``, ``tpot_ms: {mean, p99}``,
 ``completed``, ``errors``.
@@ -92,7 +94,8 @@ def llama_server(threads: int, slots: int) -> Iterator[str]:
 
 
 @contextmanager
-def edgeqa_origin(slots: int, precision: str) -> Iterator[str]:
+def edgeqa_origin(slots: int, precision: str, pids: list[int] | None = None) -> Iterator[str]:
+    """``edgeqa origin serve`` with every request generated; ``pids`` gets its process id."""
     from edgeqa.local import free_port
 
     port = free_port()
@@ -104,6 +107,8 @@ def edgeqa_origin(slots: int, precision: str) -> Iterator[str]:
             "EDGEQA_MAX_QUEUED_TOKENS": "1000000", "EDGEQA_MAX_TOKENIZE_QUEUE": "1024",
         }  # fmt: skip
         child = start_origin(None, port, env)
+        if pids is not None:
+            pids.append(child.pid)
         try:
             yield f"http://127.0.0.1:{port}"
         finally:
@@ -145,6 +150,15 @@ def vllm_bench(url: str, tokenizer: Path, rate: float, args: argparse.Namespace)
     }
 
 
+def auto_precision() -> str:
+    """What ``EDGEQA_QUANTIZATION=auto`` serves the embedded model with on this machine."""
+    from origin.model import load_engine_model
+    from origin.runtime import auto_quantization
+
+    model, _ = load_engine_model("embedded", "cpu", "auto")
+    return auto_quantization("cpu", model, 512)
+
+
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="32 prompts per rate (default 64)")
@@ -155,8 +169,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--slots", type=int, default=32, help="-np and EDGEQA_MAX_NUM_SEQS")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument(
-        "--precisions", default="gguf-a8,gguf",
-        help="edgeqa's weights: the first is the 'edgeqa' row, others 'edgeqa <precision>'",
+        "--precisions", default="auto,gguf",
+        help="edgeqa's weights (EDGEQA_QUANTIZATION): the first is the 'edgeqa' row, others "
+        "'edgeqa <precision>'; auto: the origin's default (config.auto says what it chose)",
     )  # fmt: skip
     parser.add_argument("--build-llama-cpp", action="store_true")
     return parser
@@ -199,13 +214,21 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "config": {
                     **{k: v for k, v in vars(args).items() if k != "build_llama_cpp"},
                     "edgeqa_gomp_spincount": os.environ.get("GOMP_SPINCOUNT", OPENMP_SPIN),
+                    "auto": auto_precision() if "auto" in precisions else None,
                 },
                 "rates": {
                     rate: {
+                        # what arrives: no server outputs more than this for long at this rate
+                        "offered_tok_per_s": float(rate) * args.output_len,
                         "systems": row,
                         "edgeqa_over_llama_cpp_tok_per_s": round(
                             row["edgeqa"]["output_tok_per_s"]
                             / max(row["llama.cpp"]["output_tok_per_s"], 1e-9),
+                            2,
+                        ),
+                        "edgeqa_p99_ttft_over_llama_cpp": round(
+                            row["edgeqa"]["ttft_ms"]["p99"]
+                            / max(row["llama.cpp"]["ttft_ms"]["p99"], 1e-9),
                             2,
                         ),
                     }

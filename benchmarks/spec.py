@@ -12,10 +12,12 @@ another CPU's arithmetic (``config.aten_capability`` says which ran).
 Prints one JSON object:
   {"config": {...}, "systems": {"baseline": {"tok_per_s"},
    "<proposer>": {"tok_per_s", "speedup", "acceptance_rate", "identical",
-                  "mean_accepted_per_draft", "forward_reduction"}}}
+                  "mean_accepted_per_draft", "forward_reduction", "verification_cost"}}}
 
 ``forward_reduction`` is output tokens / target forwards: the speedup the proposer would give if
-verifying a draft cost no more than a plain decoding step, i.e. the ceiling its predictions allow.
+verifying a draft cost no more than a plain decoding step, i.e. the ceiling its predictions allow;
+``verification_cost`` = ``forward_reduction / speedup``, what a verifying forward cost against a
+plain one as measured: speculation pays exactly where ``forward_reduction`` is above it.
 
 Run: .venv/bin/python benchmarks/spec.py [--quick]
 """
@@ -139,6 +141,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             # the speedup if a verification cost no more than a plain step: an upper bound set
             # by how much of the answers the proposer predicts
             "forward_reduction": round(tokens / max(tokens - spec["num_accepted_tokens"], 1), 2),
+            # what a verifying forward cost against a plain step, as measured: speculation pays
+            # where forward_reduction is above it
+            "verification_cost": round(
+                tokens / max(tokens - spec["num_accepted_tokens"], 1) / (tps / baseline_tps), 2
+            ),
             "identical": texts == reference,
         }
         print(f"{proposer}: {systems[proposer]}", file=sys.stderr, flush=True)

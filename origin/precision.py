@@ -97,6 +97,10 @@ class Needs(enum.Enum):
         "the fixed-order kernels that read them"
     )
     NATIVE_BF16 = "a CPU with native bf16 dot products (AVX512-BF16, AMX)"
+    FAST_A8 = (
+        "the kernels' integer dot products for 8-bit activations in SIMD (AVX-512 VNNI or "
+        "AVX2), not plain C"
+    )
 
 
 @dataclass(frozen=True)
@@ -168,7 +172,7 @@ REGISTRY: tuple[Precision, ...] = (
         ForwardPath.FUSED,
         Invariance.FIXED_ORDER,
         head="none",
-        auto=Auto(2, ("cpu", "cuda")),
+        auto=Auto(3, ("cpu", "cuda")),
     ),
     Precision(
         "bf16",
@@ -180,7 +184,7 @@ REGISTRY: tuple[Precision, ...] = (
         Invariance.FIXED_ORDER,
         head="bf16",
         # 2x the fp32 throughput at 0.99 greedy agreement where the CPU multiplies bf16 natively
-        auto=Auto(1, ("cpu",), frozenset({Needs.NATIVE_BF16})),
+        auto=Auto(2, ("cpu",), frozenset({Needs.NATIVE_BF16})),
     ),
     Precision(
         "int8",
@@ -217,8 +221,8 @@ REGISTRY: tuple[Precision, ...] = (
         ForwardPath.FUSED,
         Invariance.FIXED_ORDER,
         head="gguf",
-        # the fastest batch-1 decode and the fp32 model's answers (benchmarks/decode.py)
-        auto=Auto(0, ("cpu",), frozenset({Needs.GGUF_BLOCKS})),
+        # the fp32 model's answers; auto's choice where 8-bit activations would run in plain C
+        auto=Auto(1, ("cpu",), frozenset({Needs.GGUF_BLOCKS})),
     ),
     Precision(
         "gguf-a8",
@@ -228,6 +232,9 @@ REGISTRY: tuple[Precision, ...] = (
         ForwardPath.FUSED,
         Invariance.FIXED_ORDER,
         head="gguf-a8",
+        # the origin's tail under load: 2-2.5x gguf's batched step on AVX-512 VNNI, ahead on
+        # AVX2 too; greedy agreement with fp32 0.97 (docs/origin.md, "The default precision")
+        auto=Auto(0, ("cpu",), frozenset({Needs.GGUF_BLOCKS, Needs.FAST_A8})),
     ),
 )
 

@@ -82,15 +82,20 @@ def auto_quantization(
 ) -> EngineQuantization:
     """``auto``'s weights: the registry's choice for ``device`` (``origin/precision.py``,
     ``choose_auto``), with what each precision needs checked here. On a CPU, a model converted
-    from a GGUF file with Q4_1/Q8_0 blocks runs on those blocks (``gguf``: the fp32 model's
-    results at a fifth of the bytes, the fastest batch-1 decode: ``benchmarks/decode.py``) when
-    the fixed-order kernels that read them load; else the device's default
+    from a GGUF file with Q4_1/Q8_0 blocks runs on those blocks when the fixed-order kernels
+    that read them load: times 8-bit activations (``gguf-a8``: the origin's tail under load,
+    ``benchmarks/peers.py``) where their integer dot products run in SIMD, else ``gguf`` (the
+    fp32 model's results at a fifth of the bytes); else the device's default
     (``default_quantization``)."""
     from origin.engine.config import device_meets
 
     no_kernels: list[str] = []
 
     def met(need: Needs) -> bool:
+        if need is Needs.FAST_A8:
+            from origin.engine import kernels
+
+            return kernels.unavailable_reason() is None and kernels.a8_path() != "c"
         if need is not Needs.GGUF_BLOCKS:
             return device_meets(need, device)
         from origin.engine import kernels
@@ -108,7 +113,7 @@ def auto_quantization(
         return reason is None
 
     choice = choose_auto(device, met)
-    for reason in no_kernels:
+    for reason in dict.fromkeys(no_kernels):  # once, however many choices needed them
         logger.warning(
             "%s. The model's GGUF blocks are read by those kernels alone: serving %s weights "
             "instead (more memory, slower decode)",

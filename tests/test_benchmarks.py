@@ -71,3 +71,37 @@ def test_every_help_renders_without_importing_anything_heavy() -> None:
     assert sorted(found["helps"]) == sorted(names)
     assert all(text.startswith("usage: ") for text in found["helps"].values())
     assert HEAVY & set(found["modules"]) == set()
+
+
+def test_the_step_profile_groups_perfs_samples_by_the_code_they_land_in() -> None:
+    """``step_profile.py`` sums perf's lines into categories, the server's Python by thread."""
+    sys.path[:0] = [str(BENCHMARKS), str(ROOT)]
+    try:
+        from step_profile import categorize
+    finally:
+        del sys.path[:2]
+    report = "\n".join(
+        [
+            "# comment",
+            "  40.10% |  101:python |_fixed_order.abi3.so |[.] q4_tile",
+            "  10.00% |  102:python |_fixed_order.abi3.so |[.] group512_q4_1",
+            "  12.50% |  102:python |_fixed_order.abi3.so |[.] attend_64",
+            "   5.00% |  101:python |libm.so.6            |[.] __expf_fma",
+            "   4.00% |  102:python |libgomp.so.1         |[.] 0x000000000001e02a",
+            "   3.00% |  101:python |libpython3.11.so.1.0 |[.] _PyEval_EvalFrameDefault",
+            "   2.00% |  103:python |libpython3.11.so.1.0 |[.] _PyEval_EvalFrameDefault",
+            "   1.00% |  101:python |[kernel.kallsyms]    |[k] schedule",
+            "   0.50% |  101:python |_fixed_order.abi3.so |[.] fo_forward._omp_fn.0",
+        ]
+    )
+    assert categorize(report) == {
+        "matmuls": 50.1,
+        "attention": 12.5,
+        "python": 5.0,
+        "norms and activations": 5.0,
+        "openmp": 4.0,
+        "kernel": 1.0,
+        "other": 0.5,
+    }
+    by_thread = categorize(report, loop_thread=101)
+    assert by_thread["python: event loop (HTTP)"] == 3.0 and by_thread["python: engine"] == 2.0

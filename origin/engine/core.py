@@ -54,6 +54,11 @@ class EngineStats:
     last_step_tokens: int = 0
     last_step_seqs: int = 0
     busy_s: float = 0.0
+    # busy_s by part of the step (where a step's time goes: docs/engine.md, "Where a step's time
+    # goes"): schedule, the forward, sampling and verifying, then update and the outputs
+    phase_s: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("schedule", "forward", "sample", "update"), 0.0)
+    )
 
 
 class Engine:
@@ -204,9 +209,12 @@ class Engine:
         self.queued.remove([s.request for s in out.scheduled] + out.aborted)
         for request in out.aborted:
             self._emit(request)
+        scheduled = time.perf_counter()
+        self.stats.phase_s["schedule"] += scheduled - started
         if out.scheduled:
             self.stats.prompt_tokens += _prefill_tokens(out)
             sampled = self._execute(out)
+            executed = time.perf_counter()
             finished = self.scheduler.update(out, sampled)
             if self.speculator is not None:
                 self.speculator.remember(finished)
@@ -214,6 +222,7 @@ class Engine:
                 if item.request.request_id in sampled or item.request.finished:
                     self._emit(item.request)
             self.stats.generation_tokens += sum(len(t) for t in sampled.values())
+            self.stats.phase_s["update"] += time.perf_counter() - executed
         self._record_step(out, time.perf_counter() - started)
         for hook in self.step_hooks:
             hook(out)
@@ -228,7 +237,10 @@ class Engine:
     def _execute(self, out: SchedulerOutput) -> dict[str, list[int]]:
         """Run the step's forward; the new tokens of each request that completed its known ones
         (a verified proposal yields several)."""
+        started = time.perf_counter()
         logits = self.runner.forward([_segment(item) for item in out.scheduled])
+        forwarded = time.perf_counter()
+        self.stats.phase_s["forward"] += forwarded - started
         sampled: dict[str, list[int]] = {}
         plain = []
         for i, item in enumerate(out.scheduled):
@@ -245,6 +257,7 @@ class Engine:
             )
             for request, token in zip(requests, tokens, strict=True):
                 sampled[request.request_id] = [token]
+        self.stats.phase_s["sample"] += time.perf_counter() - forwarded
         return sampled
 
     def _emit(self, request: Request) -> None:
@@ -331,6 +344,7 @@ class Engine:
             "prefix_tokens_shared": self.scheduler.prefix_tokens_shared,
             "requests_finished": dict(self.stats.requests_finished),
             "spec_decode": self.spec_metrics(),
+            "step_seconds": dict(self.stats.phase_s),
         }
 
     def spec_metrics(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ full list is in ``docs/origin.md``; ``docs/grafana-dashboard.json`` plots them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -261,6 +261,20 @@ class EngineCollector(Collector):
         c.add_metric([self.model_name], value)
         return c
 
+    def _by(
+        self,
+        family: type[CounterMetricFamily] | type[GaugeMetricFamily],
+        name: str,
+        doc: str,
+        label: str,
+        values: Mapping[Any, float] | Iterable[tuple[Any, float]],
+    ) -> Metric:
+        """One series per value, labelled with the model and ``label``."""
+        metric = family(name, doc, labels=["model_name", label])
+        for key, value in values.items() if isinstance(values, Mapping) else values:
+            metric.add_metric([self.model_name, str(key)], value)
+        return metric
+
     def collect(self) -> Iterator[Metric]:
         yield from self._cache_metrics()
         engine = self.engine()
@@ -283,6 +297,13 @@ class EngineCollector(Collector):
             "Prompt tokens started from a shared prefix instead of computed",
             m["prefix_tokens_shared"],
         )
+        yield self._by(
+            CounterMetricFamily,
+            "edgeqa_engine_step_seconds",
+            "The engine loop's busy seconds by part of the step",
+            "phase",
+            m["step_seconds"],
+        )
         spec = m["spec_decode"]
         if not spec:
             return
@@ -293,22 +314,20 @@ class EngineCollector(Collector):
         yield self._counter(
             "vllm:spec_decode_num_accepted_tokens", "Accepted tokens", spec["num_accepted_tokens"]
         )
-        per_pos = CounterMetricFamily(
+        yield self._by(
+            CounterMetricFamily,
             "vllm:spec_decode_num_accepted_tokens_per_pos",
             "Accepted tokens by position",
-            labels=["model_name", "position"],
+            "position",
+            enumerate(spec["num_accepted_tokens_per_pos"]),
         )
-        for position, count in enumerate(spec["num_accepted_tokens_per_pos"]):
-            per_pos.add_metric([self.model_name, str(position)], count)
-        yield per_pos
-        rate = GaugeMetricFamily(
+        yield self._by(
+            GaugeMetricFamily,
             "edgeqa_spec_decode_acceptance_rate",
             "Accepted / proposed tokens by proposer",
-            labels=["model_name", "proposer"],
+            "proposer",
+            spec["acceptance_rate_by_proposer"],
         )
-        for proposer, value in spec["acceptance_rate_by_proposer"].items():
-            rate.add_metric([self.model_name, proposer], value)
-        yield rate
 
     def _cache_metrics(self) -> Iterator[Metric]:
         cache = self.cache

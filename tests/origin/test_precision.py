@@ -97,7 +97,11 @@ def test_auto_asks_the_registry_what_each_choice_needs() -> None:
     def meeting(*needs: Needs):  # type: ignore[no-untyped-def]
         return lambda need: need in needs
 
-    assert choose_auto("cpu", meeting(*Needs)).weights.from_gguf_file
+    assert choose_auto("cpu", meeting(*Needs)) is lookup("gguf-a8")
+    # 8-bit activations in plain C: the GGUF's blocks times fp32 activations
+    assert choose_auto("cpu", meeting(Needs.GGUF_BLOCKS)) is lookup("gguf")
+    assert choose_auto("cpu", meeting(Needs.GGUF_BLOCKS, Needs.NATIVE_BF16)) is lookup("gguf")
+    assert choose_auto("cpu", meeting(Needs.FAST_A8, Needs.NATIVE_BF16)) is lookup("bf16")
     assert choose_auto("cpu", meeting(Needs.NATIVE_BF16)) is lookup("bf16")
     assert choose_auto("cpu", meeting()) is lookup("none")
     # on CUDA the weights as loaded (fp16), whatever else holds

@@ -850,6 +850,18 @@ def test_metrics_use_vllm_names_and_split_ttft(origin: Origin) -> None:
         assert samples[name + label] > 0, name
     assert samples["vllm:num_requests_running" + label] >= 0
     assert samples["vllm:num_requests_waiting" + label] >= 0
+    # where the engine's steps spent their time: every part counted, the model the most
+    step = {
+        phase: samples[f'edgeqa_engine_step_seconds_total{{model_name="{MODEL}",phase="{phase}"}}']
+        for phase in ("schedule", "forward", "sample", "update")
+    }
+    assert all(s > 0 for s in step.values()) and max(step, key=step.__getitem__) == "forward"
+    per_pos = (
+        f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="{MODEL}",position="0"}}'
+    )
+    assert samples[per_pos] >= 0
+    rates = [k for k in samples if k.startswith("edgeqa_spec_decode_acceptance_rate{")]
+    assert rates and all('proposer="' in k for k in rates), rates
     assert samples['edgeqa_origin_requests_total{status="200",tier="exact"}'] >= 1
     assert samples['edgeqa_origin_requests_total{status="200",tier="generated"}'] >= 1
     version = origin.server.release_version()
