@@ -2,8 +2,9 @@
 
 Systems: ``llama.cpp`` (``llama-bench`` on the same GGUF file and threads, when a binary is there:
 ``benchmarks/_llama_cpp.py``), ``transformers generate (fp32)`` (the model as loaded,
-``model.generate``), and the edgeqa engine on the GGUF file's own blocks (``gguf``, the default on
-a CPU; ``gguf-a8``: with 8-bit activations, as llama.cpp computes) and with fp32, bf16 and int8
+``model.generate``), and the edgeqa engine on the GGUF file's own blocks (``gguf``, the fp32
+model's arithmetic; ``gguf-a8``: with 8-bit activations, as llama.cpp computes, the CPU default
+where they run in SIMD) and with fp32, bf16 and int8
 weights, each batch-invariant (the default: fixed-order kernels) and with the library kernels
 (``batch_invariant=False``). Each generates the same number of tokens (EOS ignored) for the same
 prompts (real questions from NQ-open), one request at a time.
