@@ -118,7 +118,7 @@ def engine_child(args: argparse.Namespace) -> None:
     import random
 
     from edgeqa.libraries import quiet_libraries
-    from origin.chat import chat_messages, encode_chat
+    from origin.chat import prompt_ids
     from origin.config import EngineSettings
     from origin.engine import generate_many
     from origin.runtime import build_engine
@@ -133,7 +133,7 @@ def engine_child(args: argparse.Namespace) -> None:
     prompts = []
     for _ in range(args.prompts):
         words = [rng.randrange(1000, len(tokenizer) - 1000) for _ in range(args.input_len)]
-        prompts.append(encode_chat(tokenizer, chat_messages(tokenizer.decode(words))))
+        prompts.append(prompt_ids(tokenizer, tokenizer.decode(words)))
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True)
     generate_many(engine, prompts[:2], SamplingParams(max_tokens=4), progress=False)
     before = dict(engine.stats.phase_s)

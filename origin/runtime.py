@@ -92,13 +92,12 @@ def auto_quantization(
     no_kernels: list[str] = []
 
     def met(need: Needs) -> bool:
-        if need is Needs.FAST_A8:
-            from origin.engine import kernels
-
-            return kernels.unavailable_reason() is None and kernels.a8_path() != "c"
-        if need is not Needs.GGUF_BLOCKS:
+        if need not in (Needs.GGUF_BLOCKS, Needs.FAST_A8):
             return device_meets(need, device)
         from origin.engine import kernels
+
+        if need is Needs.FAST_A8:  # what GGUF_BLOCKS says of the kernels is its own warning
+            return kernels.unavailable_reason() is None and kernels.a8_path() != "c"
         from origin.engine.gguf_blocks import servable
         from origin.engine.runner import unsupported_reason
         from origin.model_folder import ModelFolder

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from origin.chat import chat_messages, encode_chat
+from origin.chat import prompt_ids
 from origin.engine.config import EngineConfigError
 from origin.engine.proposers import (
     DraftProposer,
@@ -217,7 +217,7 @@ def make_speculator(
             proposers.append(NgramProposer(spec.ngram_sizes))
         elif method == "suffix":
             index = SuffixIndex(spec.ngram_sizes, spec.suffix_max_tokens)
-            index.template_tokens = frozenset(encode_chat(tokenizer, chat_messages("")))
+            index.template_tokens = frozenset(prompt_ids(tokenizer, ""))
             proposers.append(SuffixProposer(index))
         else:
             if draft is None:
